@@ -1,0 +1,66 @@
+"""compute-agent: the daemon.
+
+    compute-agent --config-file F          run until SIGTERM
+    compute-agent --config-file F --once   run one update cycle and exit
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+from agent.cmd.common import exit_config_error, load_config
+from agent.exception import ConfigError
+from agent.service import Agent, sd_notify
+
+LOG = logging.getLogger(__name__)
+
+cli_opts = [
+    cfg.BoolOpt("once", default=False,
+                help="Run exactly one update cycle, then exit: 0 on success, "
+                     "1 with a one-line reason otherwise."),
+]
+
+
+def main(argv=None) -> int:
+    try:
+        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts)
+        agent = Agent.from_conf(conf)
+    except ConfigError as e:
+        return exit_config_error(e)
+    if conf.once:
+        agent.driver.init_host()
+        try:
+            outcome = agent.run_cycle()
+        finally:
+            agent.driver.cleanup()
+        if not outcome.ok:
+            print(f"compute-agent: {outcome.reason}", file=sys.stderr)
+            return 1
+        return 0
+
+    stopped = threading.Event()
+
+    def on_term(signum, frame):
+        LOG.info("Signal %d: stopping", signum)
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, lambda signum, frame: agent.drop_cache())
+    agent.start()
+    sd_notify("READY=1")
+    LOG.info("compute-agent running as host %s", conf.host)
+    while not stopped.wait(3600):
+        pass
+    sd_notify("STOPPING=1")
+    agent.stop()
+    LOG.info("compute-agent stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

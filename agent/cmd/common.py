@@ -1,0 +1,59 @@
+"""Start-up shared by the console scripts: read the config, check every
+value, set up logging. A bad value is one line naming the option, exit 2."""
+from __future__ import annotations
+
+import configparser
+import sys
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+from agent import config
+from agent.exception import ConfigError
+
+CONFIG_ERROR_EXIT = 2
+
+
+def _raw_value(conf: cfg.ConfigOpts, group: str, name: str) -> str | None:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    try:
+        parser.read(conf.config_file or [])
+        return parser.get(group, name, fallback=None)
+    except configparser.Error:
+        return None
+
+
+def check_all_values(conf: cfg.ConfigOpts) -> None:
+    """oslo.config checks a value only when it is first read: read them all
+    now, so a typo fails at start-up and not an hour later."""
+    for group, opts in config.list_opts():
+        for opt in opts:
+            try:
+                (conf[group] if group else conf)[opt.dest]
+            except (cfg.ConfigFileValueError, ValueError) as e:
+                section = group or "DEFAULT"
+                reason = str(e).split("is not valid: ", 1)[-1]
+                raw = _raw_value(conf, section, opt.name)
+                raise ConfigError(f"[{section}] {opt.name}: {reason} "
+                                  f"(value: {raw!r})") from None
+            except cfg.NoSuchOptError:
+                pass
+
+
+def load_config(argv: list[str], cli_opts=(), project="compute-agent") -> cfg.ConfigOpts:
+    """Raises ConfigError naming the option and the value."""
+    conf = cfg.ConfigOpts()
+    config.register_opts(conf)
+    conf.register_cli_opts(list(cli_opts))
+    try:
+        conf(argv, project=project)
+    except cfg.Error as e:
+        raise ConfigError(str(e)) from None
+    check_all_values(conf)
+    logging.setup(conf, project)
+    return conf
+
+
+def exit_config_error(error: ConfigError) -> int:
+    print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {error}", file=sys.stderr)
+    return CONFIG_ERROR_EXIT

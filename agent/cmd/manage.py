@@ -1,0 +1,84 @@
+"""compute-agent-manage: operator commands.
+
+    compute-agent-manage --config-file F tree [--json]
+        The host's provider tree as Placement shows it now.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from oslo_config import cfg
+
+from agent import node_identity
+from agent.cmd.common import exit_config_error, load_config
+from agent.exception import AgentError, ConfigError
+from agent.placement import PlacementClient, adapter_from_conf
+from agent.provider_tree import ProviderTree
+from agent.tree_sync import TreeSync
+
+
+def _tree_from_placement(conf: cfg.ConfigOpts) -> ProviderTree:
+    if not (Path(conf.state_path) / node_identity.FILENAME).exists():
+        raise AgentError(f"{conf.state_path}/{node_identity.FILENAME} does not "
+                         "exist: the agent has not registered this host yet")
+    root_uuid = node_identity.load_or_create(conf.state_path)
+    view = TreeSync(PlacementClient(adapter_from_conf(conf)), root_uuid)
+    view.refresh()
+    return view.cache
+
+
+def _describe_inventory(rc: str, rec: dict) -> str:
+    extras = [f"{k} {rec[k]}" for k in ("reserved", "allocation_ratio")
+              if rec.get(k) not in (None, 0, 1, 1.0)]
+    return f"{rc}={rec['total']}" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def print_tree(tree: ProviderTree, out=sys.stdout) -> None:
+    depth = {}
+    for p in tree.depth_first():
+        depth[p.uuid] = depth.get(p.parent_uuid, -1) + 1
+        indent = "    " * depth[p.uuid]
+        print(f"{indent}{p.name}  [{p.uuid}] generation {p.generation}", file=out)
+        if p.inventories:
+            print(f"{indent}    inventory: " + ", ".join(
+                _describe_inventory(rc, rec) for rc, rec in sorted(p.inventories.items())),
+                file=out)
+        if p.traits:
+            print(f"{indent}    traits: {', '.join(sorted(p.traits))}", file=out)
+
+
+def tree_as_json(tree: ProviderTree) -> list[dict]:
+    return [{"uuid": p.uuid, "name": p.name, "parent_uuid": p.parent_uuid,
+             "generation": p.generation, "inventories": p.inventories,
+             "traits": sorted(p.traits)} for p in tree.depth_first()]
+
+
+def add_parsers(subparsers) -> None:
+    tree = subparsers.add_parser("tree", help="Show the host's provider tree "
+                                 "as Placement has it.")
+    tree.add_argument("--json", action="store_true")
+
+
+def main(argv=None) -> int:
+    command = cfg.SubCommandOpt("command", handler=add_parsers)
+    try:
+        conf = load_config(sys.argv[1:] if argv is None else argv, [command])
+    except ConfigError as e:
+        return exit_config_error(e)
+    try:
+        tree = _tree_from_placement(conf)
+    except AgentError as e:
+        print(f"compute-agent-manage: {e}", file=sys.stderr)
+        return 1
+    if conf.command.json:
+        json.dump(tree_as_json(tree), sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        print_tree(tree)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

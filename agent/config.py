@@ -1,0 +1,210 @@
+"""Every option the agent reads, grouped, with ``list_opts()`` for
+oslo-config-generator. Options that only a later stage validates (JSON device
+specs, CPU sets) are still declared here, so the sample config is complete."""
+from __future__ import annotations
+
+import socket
+
+from keystoneauth1 import loading as ks_loading
+from oslo_config import cfg
+from oslo_log import log as logging
+
+PLACEMENT_GROUP = "placement"
+
+default_opts = [
+    cfg.StrOpt(
+        "host",
+        default=socket.gethostname(),
+        sample_default="<hostname>",
+        help="Name of this compute host. It names the root resource provider "
+        "and prefixes every child provider's name.",
+    ),
+    cfg.StrOpt(
+        "state_path",
+        default="/var/lib/compute-agent",
+        help="Directory for the agent's durable state. The node UUID is kept "
+        "in 'compute_id' here, the same file nova-compute uses, so pointing "
+        "this at a nova host's state path adopts its providers in place.",
+    ),
+    cfg.IntOpt(
+        "update_interval",
+        default=60,
+        min=1,
+        help="Seconds between two runs of update_provider_tree.",
+    ),
+    cfg.IntOpt(
+        "update_jitter",
+        default=5,
+        min=0,
+        help="Up to this many seconds, chosen at random, are added to each "
+        "interval so that a fleet of hosts does not call Placement in step.",
+    ),
+    cfg.StrOpt(
+        "compute_driver",
+        default="libvirt",
+        choices=[
+            ("libvirt", "The production driver."),
+            ("fake", "An in-memory host described by [fake] host_file."),
+        ],
+        help="Hypervisor driver.",
+    ),
+    cfg.StrOpt(
+        "sysfs_root",
+        default="/sys",
+        help="Where sysfs is mounted. Tests and demos point this at a tree of "
+        "files.",
+    ),
+]
+
+compute_opts = [
+    cfg.StrOpt(
+        "provider_tree_mode",
+        default="nested",
+        choices=[
+            ("nested", "NUMA cells are child providers that carry VCPU, PCPU "
+             "and MEMORY_MB; devices sit under their cell."),
+            ("flat", "nova-compatible: VCPU, PCPU and MEMORY_MB stay on the "
+             "root, and devices sit directly under it."),
+        ],
+        help="Shape of the provider tree.",
+    ),
+    cfg.StrOpt(
+        "cpu_dedicated_set",
+        help="Host CPUs reported as PCPU, for pinned guests, as a CPU list "
+        "such as '4-15,^8'.",
+    ),
+    cfg.StrOpt(
+        "cpu_shared_set",
+        help="Host CPUs reported as VCPU. When neither set is given, every "
+        "host CPU is a VCPU.",
+    ),
+    cfg.IntOpt(
+        "reserved_host_memory_mb",
+        default=512,
+        min=0,
+        help="Memory kept for the host, reserved on the first NUMA cell (or "
+        "on the root in flat mode).",
+    ),
+    cfg.IntOpt(
+        "reserved_host_disk_mb",
+        default=0,
+        min=0,
+        help="Disk kept for the host.",
+    ),
+    cfg.FloatOpt("cpu_allocation_ratio", default=4.0, min=0.0,
+                 help="Allocation ratio of VCPU."),
+    cfg.FloatOpt("ram_allocation_ratio", default=1.0, min=0.0,
+                 help="Allocation ratio of MEMORY_MB."),
+    cfg.FloatOpt("disk_allocation_ratio", default=1.0, min=0.0,
+                 help="Allocation ratio of DISK_GB."),
+]
+
+libvirt_opts = [
+    cfg.StrOpt(
+        "connection_uri",
+        default="qemu:///system",
+        help="libvirt URI. 'test:///<path to host XML>' runs the libvirt test "
+        "driver on a host of your own description.",
+    ),
+    cfg.StrOpt(
+        "instances_path",
+        default="$state_path/instances",
+        help="Directory whose file system's size is reported as DISK_GB.",
+    ),
+]
+
+pci_opts = [
+    cfg.MultiStrOpt(
+        "device_spec",
+        default=[],
+        help="The PCI allowlist: one JSON object per entry. Keys: vendor_id, "
+        "product_id, address (a string with '*' wildcards, or an object of "
+        "domain/bus/slot/function where each part may be a range 'a-b'), "
+        "resource_class and traits. A spec that matches a PF's VFs reports "
+        "them on the PF's provider. Nothing is assignable without a match.",
+    ),
+]
+
+devices_opts = [
+    cfg.ListOpt(
+        "enabled_mdev_types",
+        default=[],
+        help="mdev types to report. For each type T, an optional group "
+        "[mdev_T] takes 'device_addresses' (the GPUs that offer it) and "
+        "'mdev_class' (the resource class; default VGPU).",
+    ),
+]
+
+mdev_type_opts = [
+    cfg.ListOpt("device_addresses", default=[],
+                help="PCI addresses of the GPUs that offer this type."),
+    cfg.StrOpt("mdev_class", default="VGPU",
+               help="Resource class for this type."),
+]
+
+pmem_opts = [
+    cfg.ListOpt(
+        "namespaces",
+        default=[],
+        help="Labels and the namespaces they group, as nova writes them: "
+        "'LABEL:ns0|ns1,LABEL2:ns2'. Each label becomes the resource class "
+        "CUSTOM_PMEM_NAMESPACE_<LABEL>.",
+    ),
+    cfg.StrOpt(
+        "ndctl_json",
+        help="A file holding the output of 'ndctl list -N'. When set, "
+        "namespaces are read from it instead of /sys/bus/nd/devices.",
+    ),
+]
+
+fake_opts = [
+    cfg.StrOpt(
+        "host_file",
+        help="JSON or YAML description of the fake driver's host.",
+    ),
+]
+
+
+def _placement_opts() -> list[cfg.Opt]:
+    return (
+        ks_loading.get_session_conf_options()
+        + ks_loading.get_auth_common_conf_options()
+        + ks_loading.get_auth_plugin_conf_options("password")
+        + ks_loading.get_adapter_conf_options(include_deprecated=False)
+    )
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    conf.register_opts(default_opts)
+    conf.register_opts(compute_opts, group="compute")
+    conf.register_opts(libvirt_opts, group="libvirt")
+    conf.register_opts(pci_opts, group="pci")
+    conf.register_opts(devices_opts, group="devices")
+    conf.register_opts(pmem_opts, group="pmem")
+    conf.register_opts(fake_opts, group="fake")
+    ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
+    ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
+    ks_loading.register_adapter_conf_options(
+        conf, PLACEMENT_GROUP, include_deprecated=False)
+    conf.set_default("service_type", "placement", group=PLACEMENT_GROUP)
+    logging.register_options(conf)
+
+
+def register_mdev_type_groups(conf: cfg.ConfigOpts) -> None:
+    """Register [mdev_<type>] for each enabled type; their names are only
+    known once the config has been read."""
+    for type_id in conf.devices.enabled_mdev_types:
+        conf.register_opts(mdev_type_opts, group=f"mdev_{type_id}")
+
+
+def list_opts():
+    return [
+        (None, default_opts),
+        ("compute", compute_opts),
+        ("libvirt", libvirt_opts),
+        ("pci", pci_opts),
+        ("devices", devices_opts),
+        ("pmem", pmem_opts),
+        ("fake", fake_opts),
+        (PLACEMENT_GROUP, _placement_opts()),
+    ]

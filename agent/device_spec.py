@@ -1,0 +1,172 @@
+"""The PCI allowlist: ``[pci] device_spec`` entries and how they match.
+
+Each entry is a JSON object. Every key it sets must match:
+
+- ``vendor_id``, ``product_id``: hex, compared without case;
+- ``address``: either a string ``[domain:]bus:slot.function`` where any part
+  may be ``*``, or an object of ``domain``/``bus``/``slot``/``function``
+  where each part is hex, ``*`` or a hex range ``a-b``. A VF also matches
+  through its PF's address, so ``{"address": <PF>, "product_id": <VF id>}``
+  allowlists exactly that PF's VFs, as in nova.
+- ``resource_class`` and ``traits`` (a list or a comma-separated string)
+  say how matching devices are reported; they never affect matching.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import os_resource_classes as orc
+import os_traits
+
+from agent.exception import ConfigError
+from drivers.base import PciDevice
+
+OPTION = "[pci] device_spec"
+_KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits"}
+_ADDRESS_PARTS = (("domain", 0xFFFF), ("bus", 0xFF), ("slot", 0x1F),
+                  ("function", 0x7))
+_HEX = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
+
+
+@dataclass(frozen=True)
+class HexRange:
+    low: int
+    high: int
+
+    def __contains__(self, value: int) -> bool:
+        return self.low <= value <= self.high
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    text: str  # the entry as the operator wrote it, for messages
+    vendor_id: int | None
+    product_id: int | None
+    address: tuple[HexRange, ...] | None  # domain, bus, slot, function
+    resource_class: str | None
+    traits: frozenset[str]
+
+    def matches(self, device: PciDevice) -> bool:
+        if self.vendor_id is not None and int(device.vendor_id, 16) != self.vendor_id:
+            return False
+        if self.product_id is not None and int(device.product_id, 16) != self.product_id:
+            return False
+        if self.address is None:
+            return True
+        candidates = [device.address]
+        if device.parent_address:
+            candidates.append(device.parent_address)
+        return any(self._address_matches(a) for a in candidates)
+
+    def _address_matches(self, address: str) -> bool:
+        parts = split_address(address)
+        return all(v in r for v, r in zip(parts, self.address))
+
+
+def split_address(address: str) -> tuple[int, int, int, int]:
+    domain, bus, rest = address.split(":")
+    slot, function = rest.split(".")
+    return int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16)
+
+
+def _fail(text: str, field: str, value, reason: str) -> ConfigError:
+    return ConfigError(f"{OPTION}: {field}: {reason} (value: {value!r}; "
+                       f"entry: {text})")
+
+
+def _hex_id(text: str, field: str, value) -> int:
+    if not isinstance(value, str) or not _HEX.match(value):
+        raise _fail(text, field, value, "must be up to four hex digits")
+    return int(value, 16)
+
+
+def _address_part(text: str, name: str, limit: int, value) -> HexRange:
+    if value is None or value == "*" or value == "":
+        return HexRange(0, limit)
+    if not isinstance(value, str):
+        raise _fail(text, f"address.{name}", value, "must be a string")
+    low, _, high = value.partition("-")
+    try:
+        lo, hi = int(low, 16), int(high or low, 16)
+    except ValueError:
+        raise _fail(text, f"address.{name}", value,
+                    "must be hex, '*' or a range 'a-b'") from None
+    if not 0 <= lo <= hi <= limit:
+        raise _fail(text, f"address.{name}", value,
+                    f"must lie within 0-{limit:x}, low before high")
+    return HexRange(lo, hi)
+
+
+def _address(text: str, value) -> tuple[HexRange, ...]:
+    if isinstance(value, dict):
+        unknown = set(value) - {n for n, _ in _ADDRESS_PARTS}
+        if unknown:
+            raise _fail(text, "address", value,
+                        f"unknown parts {sorted(unknown)}")
+        parts = [value.get(n) for n, _ in _ADDRESS_PARTS]
+    elif isinstance(value, str):
+        m = re.match(r"^(?:([^:]*):)?([^:]*):([^.:]*)\.([^.:]*)$", value)
+        if not m:
+            raise _fail(text, "address", value,
+                        "must look like [domain:]bus:slot.function")
+        parts = list(m.groups())
+    else:
+        raise _fail(text, "address", value, "must be a string or an object")
+    return tuple(_address_part(text, name, limit, part)
+                 for (name, limit), part in zip(_ADDRESS_PARTS, parts))
+
+
+def _traits(text: str, value) -> frozenset[str]:
+    if isinstance(value, str):
+        value = [t for t in value.split(",") if t.strip()]
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise _fail(text, "traits", value, "must be a list of names")
+    out = set()
+    for t in value:
+        t = t.strip().upper()
+        out.add(t if t in os_traits.get_traits() else os_traits.normalize_name(t))
+    return frozenset(out)
+
+
+def _resource_class(text: str, value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(text, "resource_class", value, "must be a name")
+    value = value.strip().upper()
+    return value if value in orc.STANDARDS else orc.normalize_name(value)
+
+
+def parse_spec(text: str) -> DeviceSpec:
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"{OPTION}: not valid JSON: {e} (value: {text!r})") from None
+    if not isinstance(data, dict):
+        raise _fail(text, "entry", data, "must be a JSON object")
+    unknown = set(data) - _KNOWN_KEYS
+    if unknown:
+        raise _fail(text, sorted(unknown)[0], data[sorted(unknown)[0]],
+                    f"unknown key; known keys are {sorted(_KNOWN_KEYS)}")
+    if not {"vendor_id", "product_id", "address"} & set(data):
+        raise _fail(text, "entry", data, "must name vendor_id, product_id or "
+                    "address, so that it cannot allowlist every device")
+    return DeviceSpec(
+        text=text,
+        vendor_id=(_hex_id(text, "vendor_id", data["vendor_id"])
+                   if "vendor_id" in data else None),
+        product_id=(_hex_id(text, "product_id", data["product_id"])
+                    if "product_id" in data else None),
+        address=_address(text, data["address"]) if "address" in data else None,
+        resource_class=(_resource_class(text, data["resource_class"])
+                        if "resource_class" in data else None),
+        traits=_traits(text, data.get("traits", [])),
+    )
+
+
+def parse_specs(texts: list[str]) -> tuple[DeviceSpec, ...]:
+    return tuple(parse_spec(t) for t in texts)
+
+
+def first_match(specs: tuple[DeviceSpec, ...], device: PciDevice) -> DeviceSpec | None:
+    return next((s for s in specs if s.matches(device)), None)

@@ -1,0 +1,286 @@
+"""Build the desired provider tree from a host inventory (pure).
+
+This is where operator policy meets what the driver found: the PCI
+allowlist, enabled mdev types, pmem labels, CPU sets, reservations and the
+tree mode. Names follow nova's wherever nova has one, so a host that
+nova-compute registered can be adopted in place.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import os_resource_classes as orc
+import os_traits
+
+from agent.device_spec import DeviceSpec, first_match
+from agent.exception import ConfigError
+from agent.provider_tree import Provider, ProviderTree, inventory
+from drivers.base import HostInventory, MdevParent, PciDevice, PciKind
+
+
+@dataclass(frozen=True)
+class MdevTypePolicy:
+    type_id: str
+    resource_class: str = orc.VGPU
+    # None: every GPU that offers the type.
+    addresses: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class TreePolicy:
+    host: str
+    root_uuid: str
+    nested: bool = True
+    dedicated_cpus: frozenset[int] | None = None
+    shared_cpus: frozenset[int] | None = None
+    reserved_memory_mb: int = 0
+    reserved_disk_mb: int = 0
+    cpu_allocation_ratio: float = 4.0
+    ram_allocation_ratio: float = 1.0
+    disk_allocation_ratio: float = 1.0
+    device_specs: tuple[DeviceSpec, ...] = ()
+    mdev_types: tuple[MdevTypePolicy, ...] = ()
+    # label -> namespace names
+    pmem_labels: tuple[tuple[str, frozenset[str]], ...] = ()
+
+
+@dataclass
+class BuiltTree:
+    tree: ProviderTree
+    warnings: list[str] = field(default_factory=list)
+
+
+def child_uuid(root_uuid: str, name: str) -> str:
+    """Stable across restarts and known before creation, which the
+    reshaper needs."""
+    return str(uuid.uuid5(uuid.UUID(root_uuid), name))
+
+
+def pci_provider_name(host: str, address: str) -> str:
+    return f"{host}_{address.upper()}"
+
+
+def gpu_provider_name(host: str, address: str) -> str:
+    return f"{host}_pci_{address.replace(':', '_').replace('.', '_')}"
+
+
+def numa_provider_name(host: str, cell_id: int) -> str:
+    return f"{host}_numa_{cell_id}"
+
+
+def pmem_provider_name(host: str, label: str, cell_id: int | None) -> str:
+    suffix = "" if cell_id is None else f"_numa_{cell_id}"
+    return f"{host}_pmem_{label}{suffix}"
+
+
+def mdev_type_trait(type_id: str) -> str:
+    return os_traits.normalize_name(f"MDEV_TYPE_{type_id}")
+
+
+def pmem_resource_class(label: str) -> str:
+    return orc.normalize_name(f"PMEM_NAMESPACE_{label}")
+
+
+def pci_resource_class(device: PciDevice) -> str:
+    return orc.normalize_name(f"PCI_{device.vendor_id}_{device.product_id}")
+
+
+class _Builder:
+    def __init__(self, inv: HostInventory, policy: TreePolicy):
+        self.inv = inv
+        self.policy = policy
+        self.tree = ProviderTree()
+        self.warnings: list[str] = []
+        self.cells = {c.id: c for c in inv.numa_cells}
+
+    def add(self, name: str, parent: Provider, inventories=None,
+            traits=frozenset()) -> Provider:
+        existing = self.tree.by_name(name)
+        if existing is not None:
+            existing.inventories.update(inventories or {})
+            existing.traits = existing.traits | traits
+            return existing
+        p = Provider(uuid=child_uuid(self.policy.root_uuid, name), name=name,
+                     parent_uuid=parent.uuid, inventories=dict(inventories or {}),
+                     traits=frozenset(traits))
+        self.tree.add(p)
+        return p
+
+    def parent_for(self, numa_node: int | None, what: str) -> Provider:
+        if not self.policy.nested or numa_node is None:
+            return self.root
+        if numa_node not in self.cells:
+            self.warnings.append(f"{what}: numa_node: cell {numa_node} is not "
+                                 "among the host's cells; placed under the root")
+            return self.root
+        return self.tree.get(child_uuid(self.policy.root_uuid,
+                                        numa_provider_name(self.policy.host,
+                                                           numa_node)))
+
+    # --- compute --------------------------------------------------------
+
+    def cpu_split(self) -> tuple[frozenset[int], frozenset[int]]:
+        """(shared, dedicated) host CPUs."""
+        p, host_cpus = self.policy, self.inv.cpus
+        for option, cpus in (("[compute] cpu_dedicated_set", p.dedicated_cpus),
+                             ("[compute] cpu_shared_set", p.shared_cpus)):
+            if cpus and not cpus <= host_cpus:
+                raise ConfigError(f"{option}: CPUs {sorted(cpus - host_cpus)} "
+                                  "are not on this host")
+        if p.dedicated_cpus and p.shared_cpus and p.dedicated_cpus & p.shared_cpus:
+            raise ConfigError(
+                "[compute] cpu_dedicated_set and cpu_shared_set overlap on CPUs "
+                f"{sorted(p.dedicated_cpus & p.shared_cpus)}")
+        if p.dedicated_cpus is None:
+            shared = p.shared_cpus if p.shared_cpus is not None else host_cpus
+            return shared, frozenset()
+        return p.shared_cpus or frozenset(), p.dedicated_cpus
+
+    def compute_inventory(self, cpus: frozenset[int], memory_mb: int,
+                          reserve_memory: bool) -> dict:
+        shared, dedicated = self.cpu_split()
+        p = self.policy
+        out = {}
+        if cpus & shared:
+            out[orc.VCPU] = inventory(len(cpus & shared),
+                                      allocation_ratio=p.cpu_allocation_ratio)
+        if cpus & dedicated:
+            out[orc.PCPU] = inventory(len(cpus & dedicated))
+        if memory_mb > 0:
+            reserved = min(p.reserved_memory_mb, memory_mb) if reserve_memory else 0
+            out[orc.MEMORY_MB] = inventory(memory_mb, reserved=reserved,
+                                           allocation_ratio=p.ram_allocation_ratio)
+        return out
+
+    def build_root(self) -> None:
+        p, inv = self.policy, self.inv
+        invs = {}
+        if inv.disk_gb > 0:
+            invs[orc.DISK_GB] = inventory(
+                inv.disk_gb,
+                reserved=min(inv.disk_gb, math.ceil(p.reserved_disk_mb / 1024)),
+                allocation_ratio=p.disk_allocation_ratio)
+        if not p.nested or not inv.numa_cells:
+            invs.update(self.compute_inventory(inv.cpus, inv.memory_mb, True))
+        self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs)
+        self.tree.add(self.root)
+
+    def build_cells(self) -> None:
+        if not self.policy.nested:
+            return
+        for i, cell in enumerate(sorted(self.inv.numa_cells, key=lambda c: c.id)):
+            self.add(numa_provider_name(self.policy.host, cell.id), self.root,
+                     self.compute_inventory(cell.cpus, cell.memory_mb, i == 0),
+                     frozenset({os_traits.HW_NUMA_ROOT}))
+
+    # --- PCI ------------------------------------------------------------
+
+    def build_pci(self) -> None:
+        specs = self.policy.device_specs
+        devices = {d.address: d for d in self.inv.pci_devices}
+        matched = {d.address: s for d in self.inv.pci_devices
+                   if (s := first_match(specs, d)) is not None}
+        vf_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        vf_traits: dict[str, set[str]] = defaultdict(set)
+        for address, spec in sorted(matched.items()):
+            device = devices[address]
+            if device.kind is PciKind.VF and device.parent_address:
+                pf_spec = matched.get(device.parent_address)
+                if pf_spec is not None:
+                    raise ConfigError(
+                        f"[pci] device_spec: PF {device.parent_address} and its "
+                        f"VF {address} are both allowlisted, by {pf_spec.text} "
+                        f"and {spec.text}; allowlist one or the other")
+                rc = spec.resource_class or orc.SRIOV_NET_VF
+                vf_counts[device.parent_address][rc] += 1
+                vf_traits[device.parent_address] |= spec.traits
+                continue
+            rc = spec.resource_class or pci_resource_class(device)
+            self.add(pci_provider_name(self.policy.host, address),
+                     self.parent_for(device.numa_node, address),
+                     {rc: inventory(1)},
+                     frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits)
+        for pf_address, counts in sorted(vf_counts.items()):
+            pf = devices.get(pf_address)
+            numa = pf.numa_node if pf else next(
+                d.numa_node for d in devices.values()
+                if d.parent_address == pf_address)
+            self.add(pci_provider_name(self.policy.host, pf_address),
+                     self.parent_for(numa, pf_address),
+                     {rc: inventory(n) for rc, n in counts.items()},
+                     frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE})
+                     | vf_traits[pf_address])
+
+    # --- vGPU -----------------------------------------------------------
+
+    def mdev_policy_for(self, parent: MdevParent) -> MdevTypePolicy | None:
+        offered = {t.id for t in parent.types}
+        for tp in self.policy.mdev_types:
+            if tp.type_id in offered and (tp.addresses is None
+                                          or parent.address in tp.addresses):
+                return tp
+        return None
+
+    def build_vgpu(self) -> None:
+        allowlisted = {d.address for d in self.inv.pci_devices
+                       if first_match(self.policy.device_specs, d)}
+        for parent in sorted(self.inv.mdev_parents, key=lambda g: g.address):
+            tp = self.mdev_policy_for(parent)
+            if tp is None:
+                continue
+            if parent.address in allowlisted:
+                raise ConfigError(
+                    f"GPU {parent.address} is both in [pci] device_spec and in "
+                    f"[mdev_{tp.type_id}]; a device is passed through whole "
+                    "or split into mdevs, not both")
+            mdev_type = next(t for t in parent.types if t.id == tp.type_id)
+            existing = sum(1 for m in self.inv.mdevs
+                           if m.parent_address == parent.address
+                           and m.type_id == tp.type_id)
+            total = existing + mdev_type.available_instances
+            if total <= 0:
+                continue
+            self.add(gpu_provider_name(self.policy.host, parent.address),
+                     self.parent_for(parent.numa_node, parent.address),
+                     {tp.resource_class: inventory(total)},
+                     frozenset({mdev_type_trait(tp.type_id)}))
+
+    # --- vPMEM ----------------------------------------------------------
+
+    def build_pmem(self) -> None:
+        by_name = {ns.name: ns for ns in self.inv.pmem_namespaces}
+        owner: dict[str, str] = {}
+        groups: dict[tuple[str, int | None], int] = defaultdict(int)
+        for label, names in self.policy.pmem_labels:
+            for name in sorted(names):
+                if name in owner:
+                    raise ConfigError(f"[pmem] namespaces: {name} is under both "
+                                      f"{owner[name]} and {label}")
+                owner[name] = label
+                ns = by_name.get(name)
+                if ns is None:
+                    self.warnings.append(f"pmem namespace {name}: name: not "
+                                         "found on this host; not reported")
+                    continue
+                cell = ns.numa_node if (self.policy.nested
+                                        and ns.numa_node in self.cells) else None
+                groups[(label, cell)] += 1
+        for (label, cell), count in sorted(groups.items(),
+                                           key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+            self.add(pmem_provider_name(self.policy.host, label, cell),
+                     self.parent_for(cell, f"pmem {label}"),
+                     {pmem_resource_class(label): inventory(count)})
+
+
+def build_tree(inv: HostInventory, policy: TreePolicy) -> BuiltTree:
+    """Raises ConfigError when the policy contradicts itself on this host."""
+    b = _Builder(inv, policy)
+    b.build_root()
+    b.build_cells()
+    b.build_pci()
+    b.build_vgpu()
+    b.build_pmem()
+    return BuiltTree(b.tree, b.warnings)

@@ -1,0 +1,158 @@
+"""The Placement client: one method per Placement call the agent makes.
+
+It speaks through a keystoneauth1 adapter, negotiates the microversion once,
+and turns every failure into one of three typed errors: PlacementUnavailable
+(no answer or 5xx: give up this cycle), GenerationConflict (409
+concurrent_update: re-read and retry) and PlacementError (anything else).
+"""
+from __future__ import annotations
+
+import logging
+
+from keystoneauth1 import exceptions as ks_exc
+from keystoneauth1 import loading as ks_loading
+from oslo_config import cfg
+
+from agent.config import PLACEMENT_GROUP
+from agent.exception import GenerationConflict, PlacementError, PlacementUnavailable
+
+LOG = logging.getLogger(__name__)
+
+# 1.20: POST /resource_providers answers with the provider. 1.30: reshaper.
+MIN_VERSION = (1, 30)
+MAX_VERSION = (1, 39)
+
+
+def _version_tuple(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def adapter_from_conf(conf: cfg.ConfigOpts):
+    auth = ks_loading.load_auth_from_conf_options(conf, PLACEMENT_GROUP)
+    session = ks_loading.load_session_from_conf_options(
+        conf, PLACEMENT_GROUP, auth=auth)
+    return ks_loading.load_adapter_from_conf_options(
+        conf, PLACEMENT_GROUP, session=session, auth=auth)
+
+
+class PlacementClient:
+    def __init__(self, adapter):
+        self.adapter = adapter
+        self.version: str | None = None
+
+    # --- plumbing -------------------------------------------------------
+
+    def _call(self, method: str, url: str, body=None, expected=(200,)):
+        if self.version is None and url != "/":
+            self.negotiate()
+        kwargs = {"raise_exc": False}
+        if body is not None:
+            kwargs["json"] = body
+        if url != "/":
+            kwargs["microversion"] = self.version
+        try:
+            resp = self.adapter.request(url, method, **kwargs)
+        except ks_exc.ClientException as e:
+            raise PlacementUnavailable(f"Placement did not answer {method} {url}: "
+                                       f"{type(e).__name__}: {e}") from None
+        if resp.status_code in expected:
+            return resp.json() if resp.content else None
+        code, detail = _error_of(resp)
+        if resp.status_code >= 500:
+            raise PlacementUnavailable(
+                f"Placement answered {resp.status_code} to {method} {url}: {detail}")
+        if resp.status_code == 409 and code == "placement.concurrent_update":
+            raise GenerationConflict(f"{method} {url}: {detail}", 409, code)
+        raise PlacementError(f"Placement answered {resp.status_code} to "
+                             f"{method} {url}: {detail}", resp.status_code, code)
+
+    def negotiate(self) -> str:
+        doc = self._call("GET", "/")
+        server_max = max(_version_tuple(v["max_version"]) for v in doc["versions"])
+        if server_max < MIN_VERSION:
+            raise PlacementError("Placement's newest microversion is "
+                                 f"{server_max[0]}.{server_max[1]}; the agent "
+                                 f"needs {MIN_VERSION[0]}.{MIN_VERSION[1]}")
+        chosen = min(server_max, MAX_VERSION)
+        self.version = f"{chosen[0]}.{chosen[1]}"
+        LOG.info("Placement microversion %s", self.version)
+        return self.version
+
+    # --- providers ------------------------------------------------------
+
+    def get_tree(self, root_uuid: str) -> list[dict]:
+        return self._call("GET", f"/resource_providers?in_tree={root_uuid}"
+                          )["resource_providers"]
+
+    def create_provider(self, uuid: str, name: str, parent_uuid: str | None) -> int:
+        body = {"uuid": uuid, "name": name}
+        if parent_uuid:
+            body["parent_provider_uuid"] = parent_uuid
+        return self._call("POST", "/resource_providers", body)["generation"]
+
+    def update_provider(self, uuid: str, name: str, parent_uuid: str | None) -> int:
+        return self._call("PUT", f"/resource_providers/{uuid}",
+                          {"name": name, "parent_provider_uuid": parent_uuid}
+                          )["generation"]
+
+    def delete_provider(self, uuid: str) -> None:
+        self._call("DELETE", f"/resource_providers/{uuid}", expected=(204,))
+
+    def get_inventories(self, uuid: str) -> tuple[int, dict]:
+        doc = self._call("GET", f"/resource_providers/{uuid}/inventories")
+        return doc["resource_provider_generation"], doc["inventories"]
+
+    def set_inventories(self, uuid: str, generation: int, inventories: dict) -> int:
+        return self._call("PUT", f"/resource_providers/{uuid}/inventories",
+                          {"resource_provider_generation": generation,
+                           "inventories": inventories}
+                          )["resource_provider_generation"]
+
+    def get_traits(self, uuid: str) -> tuple[int, frozenset[str]]:
+        doc = self._call("GET", f"/resource_providers/{uuid}/traits")
+        return doc["resource_provider_generation"], frozenset(doc["traits"])
+
+    def set_traits(self, uuid: str, generation: int, traits) -> int:
+        return self._call("PUT", f"/resource_providers/{uuid}/traits",
+                          {"resource_provider_generation": generation,
+                           "traits": sorted(traits)}
+                          )["resource_provider_generation"]
+
+    def get_aggregates(self, uuid: str) -> tuple[int, frozenset[str]]:
+        doc = self._call("GET", f"/resource_providers/{uuid}/aggregates")
+        return doc["resource_provider_generation"], frozenset(doc["aggregates"])
+
+    def set_aggregates(self, uuid: str, generation: int, aggregates) -> int:
+        return self._call("PUT", f"/resource_providers/{uuid}/aggregates",
+                          {"resource_provider_generation": generation,
+                           "aggregates": sorted(aggregates)}
+                          )["resource_provider_generation"]
+
+    def reshape(self, inventories: dict[str, tuple[int, dict]],
+                allocations: dict | None = None) -> None:
+        """Set many providers' inventories (and move allocations) in one
+        atomic call. Generations must be re-read afterwards: Placement
+        does not return them."""
+        self._call("POST", "/reshaper", {
+            "inventories": {u: {"resource_provider_generation": g,
+                                "inventories": inv}
+                            for u, (g, inv) in inventories.items()},
+            "allocations": allocations or {},
+        }, expected=(204,))
+
+    # --- names ----------------------------------------------------------
+
+    def ensure_resource_class(self, name: str) -> None:
+        self._call("PUT", f"/resource_classes/{name}", expected=(201, 204))
+
+    def ensure_trait(self, name: str) -> None:
+        self._call("PUT", f"/traits/{name}", expected=(201, 204))
+
+
+def _error_of(resp) -> tuple[str | None, str]:
+    try:
+        err = resp.json()["errors"][0]
+        return err.get("code"), " ".join(err.get("detail", "").split())
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None, resp.text[:200]

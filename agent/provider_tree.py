@@ -1,0 +1,210 @@
+"""A pure model of a resource-provider tree and the diff between two trees.
+
+``diff(current, desired)`` yields the fewest Placement operations that turn
+``current`` (what Placement holds) into ``desired`` (what the host has). It
+does no I/O, so it is tested without Placement.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Union
+
+# Inventory fields as Placement names them; a record is a plain dict of them.
+INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
+                    "allocation_ratio")
+INVENTORY_DEFAULTS = {"reserved": 0, "min_unit": 1, "step_size": 1,
+                      "allocation_ratio": 1.0}
+
+
+def inventory(total: int, **fields) -> dict:
+    """One inventory record with Placement's defaults filled in."""
+    record = {"total": total, **INVENTORY_DEFAULTS, "max_unit": total}
+    record.update(fields)
+    unknown = set(record) - set(INVENTORY_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown inventory fields: {sorted(unknown)}")
+    return record
+
+
+def normalized_inventories(invs: Mapping[str, Mapping]) -> dict[str, dict]:
+    """Compare inventories the way Placement stores them: every field set,
+    ratios as floats."""
+    out = {}
+    for rc, rec in invs.items():
+        full = {**INVENTORY_DEFAULTS, "max_unit": rec["total"], **rec}
+        full = {k: full[k] for k in INVENTORY_FIELDS}
+        full["allocation_ratio"] = float(full["allocation_ratio"])
+        out[rc] = full
+    return out
+
+
+@dataclass
+class Provider:
+    uuid: str
+    name: str
+    parent_uuid: str | None = None
+    inventories: dict[str, dict] = field(default_factory=dict)
+    traits: frozenset[str] = frozenset()
+    # None means "not managed": the agent leaves aggregates alone.
+    aggregates: frozenset[str] | None = None
+    generation: int | None = None
+
+
+class ProviderTree:
+    """Providers by UUID. Parents always precede children in iteration."""
+
+    def __init__(self, providers: Iterable[Provider] = ()):
+        self._by_uuid: dict[str, Provider] = {}
+        for p in providers:
+            self.add(p)
+
+    def add(self, provider: Provider) -> None:
+        if provider.uuid in self._by_uuid:
+            raise ValueError(f"duplicate provider uuid {provider.uuid}")
+        if provider.parent_uuid and provider.parent_uuid not in self._by_uuid:
+            raise ValueError(f"provider {provider.name}: parent "
+                             f"{provider.parent_uuid} is not in the tree")
+        self._by_uuid[provider.uuid] = provider
+
+    def replace(self, provider: Provider) -> None:
+        self._by_uuid[provider.uuid] = provider
+
+    def remove(self, uuid: str) -> None:
+        self._by_uuid.pop(uuid, None)
+
+    def get(self, uuid: str) -> Provider | None:
+        return self._by_uuid.get(uuid)
+
+    def by_name(self, name: str) -> Provider | None:
+        return next((p for p in self if p.name == name), None)
+
+    def __contains__(self, uuid: str) -> bool:
+        return uuid in self._by_uuid
+
+    def __iter__(self) -> Iterator[Provider]:
+        return iter(list(self._by_uuid.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_uuid)
+
+    @property
+    def root(self) -> Provider | None:
+        return next((p for p in self if p.parent_uuid is None), None)
+
+    def depth_first(self) -> list[Provider]:
+        """Parents before children, children in name order."""
+        children: dict[str | None, list[Provider]] = {}
+        for p in self:
+            parent = p.parent_uuid if p.parent_uuid in self._by_uuid else None
+            children.setdefault(parent, []).append(p)
+        out: list[Provider] = []
+
+        def walk(parent):
+            for child in sorted(children.get(parent, []), key=lambda p: p.name):
+                out.append(child)
+                walk(child.uuid)
+
+        walk(None)
+        return out
+
+    def copy(self) -> "ProviderTree":
+        return ProviderTree(dataclasses.replace(p) for p in self.depth_first())
+
+
+# --- operations ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CreateProvider:
+    provider: Provider
+
+
+@dataclass(frozen=True)
+class UpdateProvider:
+    """Rename or re-parent."""
+    uuid: str
+    name: str
+    parent_uuid: str | None
+
+
+@dataclass(frozen=True)
+class SetInventories:
+    uuid: str
+    inventories: dict
+
+
+@dataclass(frozen=True)
+class SetTraits:
+    uuid: str
+    traits: frozenset[str]
+
+
+@dataclass(frozen=True)
+class SetAggregates:
+    uuid: str
+    aggregates: frozenset[str]
+
+
+@dataclass(frozen=True)
+class DeleteProvider:
+    uuid: str
+    name: str
+
+
+Operation = Union[CreateProvider, UpdateProvider, SetInventories, SetTraits,
+                  SetAggregates, DeleteProvider]
+
+
+def adopt_uuids(desired: ProviderTree, current: ProviderTree) -> ProviderTree:
+    """A provider that already stands in the tree under the same name keeps
+    the UUID it has, whatever UUID the builder derived for it."""
+    rename = {}
+    for p in desired:
+        existing = current.by_name(p.name)
+        if existing is not None and existing.uuid != p.uuid:
+            rename[p.uuid] = existing.uuid
+    if not rename:
+        return desired
+    return ProviderTree(
+        dataclasses.replace(p, uuid=rename.get(p.uuid, p.uuid),
+                            parent_uuid=rename.get(p.parent_uuid, p.parent_uuid))
+        for p in desired.depth_first())
+
+
+def provider_diff(current: Provider | None, desired: Provider) -> list[Operation]:
+    """Operations that make one provider match; ``current`` None creates it."""
+    if current is None:
+        ops: list[Operation] = [CreateProvider(desired)]
+        if desired.inventories:
+            ops.append(SetInventories(desired.uuid, desired.inventories))
+        if desired.traits:
+            ops.append(SetTraits(desired.uuid, desired.traits))
+        if desired.aggregates:
+            ops.append(SetAggregates(desired.uuid, desired.aggregates))
+        return ops
+    ops = []
+    if (current.name, current.parent_uuid) != (desired.name, desired.parent_uuid):
+        ops.append(UpdateProvider(desired.uuid, desired.name, desired.parent_uuid))
+    if (normalized_inventories(current.inventories)
+            != normalized_inventories(desired.inventories)):
+        ops.append(SetInventories(desired.uuid, desired.inventories))
+    if current.traits != desired.traits:
+        ops.append(SetTraits(desired.uuid, desired.traits))
+    if desired.aggregates is not None and current.aggregates != desired.aggregates:
+        ops.append(SetAggregates(desired.uuid, desired.aggregates))
+    return ops
+
+
+def diff(current: ProviderTree, desired: ProviderTree,
+         owned=lambda provider: True) -> list[Operation]:
+    """Creates and updates parent-first, then deletes leaf-first.
+
+    Only providers for which ``owned`` is true are deleted: others (a
+    neutron agent's bandwidth providers, say) may live in our tree too."""
+    ops: list[Operation] = []
+    for p in desired.depth_first():
+        ops.extend(provider_diff(current.get(p.uuid), p))
+    for p in reversed(current.depth_first()):
+        if p.uuid not in desired and owned(p):
+            ops.append(DeleteProvider(p.uuid, p.name))
+    return ops

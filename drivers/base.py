@@ -1,0 +1,126 @@
+"""The driver interface and the host inventory it reports.
+
+A driver reports what the host *has*, raw and unfiltered. Operator policy
+(the PCI allowlist, enabled mdev types, pmem labels, CPU sets) is applied
+later, by the pure tree builder in ``agent.host_tree``, so the same rules
+hold for every driver.
+"""
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class PciKind(str, enum.Enum):
+    """nova's PCI device types, by the same strings."""
+
+    PF = "type-PF"
+    VF = "type-VF"
+    PCI = "type-PCI"
+
+
+@dataclass(frozen=True)
+class NumaCell:
+    id: int
+    cpus: frozenset[int]
+    memory_mb: int
+    # Each entry is one core's thread siblings.
+    siblings: tuple[frozenset[int], ...] = ()
+    # Page size in KiB -> number of pages.
+    pages: tuple[tuple[int, int], ...] = ()
+    # Other cell id -> distance.
+    distances: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str  # canonical, lower case: "0000:81:00.0"
+    vendor_id: str  # four lower-case hex digits
+    product_id: str
+    kind: PciKind
+    numa_node: int | None  # None when the device has no NUMA affinity (-1)
+    parent_address: str | None = None  # the PF of a VF
+    class_id: str | None = None  # "020000"
+    iommu_group: int | None = None
+    driver: str | None = None
+    total_vfs: int = 0
+    num_vfs: int = 0
+
+
+@dataclass(frozen=True)
+class MdevType:
+    id: str  # "nvidia-35"
+    available_instances: int
+    name: str | None = None  # the vendor's display name, "GRID M60-2Q"
+    device_api: str = "vfio-pci"
+
+
+@dataclass(frozen=True)
+class MdevParent:
+    """A device that can host mediated devices: a physical GPU, or one of
+    its VFs in NVIDIA's vendor-specific VFIO layout."""
+
+    address: str
+    numa_node: int | None
+    types: tuple[MdevType, ...]
+    vendor_id: str | None = None
+    product_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Mdev:
+    uuid: str
+    type_id: str
+    parent_address: str
+
+
+@dataclass(frozen=True)
+class PmemNamespace:
+    name: str  # the name the operator's [pmem] namespaces refers to
+    size_bytes: int
+    numa_node: int | None
+    mode: str = "devdax"
+    uuid: str | None = None
+    dev: str | None = None  # "dax0.0"
+
+
+@dataclass(frozen=True)
+class HostInventory:
+    """Everything a driver discovered in one pass. No I/O is left in it."""
+
+    cpus: frozenset[int]
+    memory_mb: int
+    disk_gb: int
+    uuid: str | None = None  # the hypervisor's host UUID, when it has one
+    numa_cells: tuple[NumaCell, ...] = ()
+    pci_devices: tuple[PciDevice, ...] = ()
+    mdev_parents: tuple[MdevParent, ...] = ()
+    mdevs: tuple[Mdev, ...] = ()
+    pmem_namespaces: tuple[PmemNamespace, ...] = ()
+    # Devices the driver could not read, as "device: field: reason" lines.
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+
+class ComputeDriver(abc.ABC):
+    """What the agent needs from a hypervisor driver."""
+
+    def init_host(self) -> None:
+        """Connect and prepare; called once before the first cycle."""
+
+    @abc.abstractmethod
+    def get_host_inventory(self) -> HostInventory:
+        """Discover the host. Raises DriverUnavailable when the hypervisor
+        cannot be reached; unreadable devices are skipped with a warning."""
+
+    def register_change_listener(self, callback: Callable[[], None]) -> None:
+        """Ask to be told when the host's devices change between periods.
+        Drivers without change events ignore this."""
+
+    def cleanup(self) -> None:
+        """Release connections and threads."""
+
+
+class DriverUnavailable(Exception):
+    """The hypervisor cannot be reached right now; the cycle is skipped."""

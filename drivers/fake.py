@@ -1,0 +1,183 @@
+"""A complete in-memory driver for unit tests and for our users' own tests.
+
+The host is described by a dict, or a JSON or YAML file of the same shape::
+
+    disk_gb: 100
+    numa_cells:
+      - {id: 0, cpus: "0-7", memory_mb: 16384}
+    pci_devices:
+      - address: "0000:81:00.0"
+        vendor_id: "8086"
+        product_id: "1572"
+        numa_node: 0
+        vfs: {count: 8, product_id: "154c"}   # makes it a PF with 8 VFs
+    gpus:
+      - address: "0000:84:00.0"
+        numa_node: 1
+        mdev_types: {nvidia-35: {available_instances: 16}}
+        mdevs: [{uuid: "…", type: nvidia-35}]
+    pmem_namespaces:
+      - {name: ns0, size_bytes: 4294967296, numa_node: 0}
+
+``cpus`` and ``memory_mb`` at the top level default to the cells' sums. A
+test changes the host with ``set_host``, which notifies the agent as a real
+driver's device events would.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from agent.cpuset import parse_cpu_set
+from drivers.base import (ComputeDriver, HostInventory, Mdev, MdevParent, MdevType,
+                          NumaCell, PciDevice, PciKind, PmemNamespace)
+
+
+class InvalidFakeHost(ValueError):
+    """The fake host description is malformed; the message names the field."""
+
+
+def _get(d: dict, key: str, where: str, kind=None, default: Any = ...):
+    if not isinstance(d, dict):
+        raise InvalidFakeHost(f"{where}: must be a mapping (value: {d!r})")
+    if key not in d:
+        if default is ...:
+            raise InvalidFakeHost(f"{where}.{key}: missing")
+        return default
+    value = d[key]
+    if kind is not None and value is not None and not isinstance(value, kind):
+        raise InvalidFakeHost(f"{where}.{key}: expected {getattr(kind, '__name__', kind)} "
+                              f"(value: {value!r})")
+    return value
+
+
+def _cpus(value, where: str) -> frozenset[int]:
+    if isinstance(value, list):
+        return frozenset(int(c) for c in value)
+    try:
+        return parse_cpu_set(str(value), allow_exclusions=False)
+    except ValueError as e:
+        raise InvalidFakeHost(f"{where}: {e}") from None
+
+
+def _hex4(value, where: str) -> str:
+    text = str(value).lower().removeprefix("0x")
+    if len(text) > 4 or not all(c in "0123456789abcdef" for c in text) or not text:
+        raise InvalidFakeHost(f"{where}: must be up to four hex digits (value: {value!r})")
+    return text.rjust(4, "0")
+
+
+def vf_address(pf_address: str, index: int) -> str:
+    """Where the fake puts a PF's VFs: slot 0x10 on, eight functions each."""
+    domain, bus, _ = pf_address.split(":")
+    return f"{domain}:{bus}:{0x10 + index // 8:02x}.{index % 8}"
+
+
+def _pci(entry: dict, where: str) -> list[PciDevice]:
+    address = _get(entry, "address", where, str).lower()
+    vendor = _hex4(_get(entry, "vendor_id", where), f"{where}.vendor_id")
+    product = _hex4(_get(entry, "product_id", where), f"{where}.product_id")
+    numa = _get(entry, "numa_node", where, int, None)
+    vfs = _get(entry, "vfs", where, dict, None)
+    if vfs is None:
+        return [PciDevice(address, vendor, product, PciKind.PCI, numa)]
+    count = _get(vfs, "count", f"{where}.vfs", int)
+    vf_product = _hex4(_get(vfs, "product_id", f"{where}.vfs"), f"{where}.vfs.product_id")
+    devices = [PciDevice(address, vendor, product, PciKind.PF, numa,
+                         total_vfs=max(count, _get(vfs, "total", f"{where}.vfs", int, 0)),
+                         num_vfs=count)]
+    devices += [PciDevice(vf_address(address, i), vendor, vf_product, PciKind.VF,
+                          numa, parent_address=address) for i in range(count)]
+    return devices
+
+
+def _gpu(entry: dict, where: str) -> tuple[MdevParent, list[Mdev]]:
+    address = _get(entry, "address", where, str).lower()
+    types = []
+    for type_id, t in _get(entry, "mdev_types", where, dict).items():
+        tw = f"{where}.mdev_types.{type_id}"
+        types.append(MdevType(type_id, _get(t, "available_instances", tw, int),
+                              _get(t, "name", tw, str, None),
+                              _get(t, "device_api", tw, str, "vfio-pci")))
+    parent = MdevParent(address, _get(entry, "numa_node", where, int, None),
+                        tuple(types),
+                        _hex4(_get(entry, "vendor_id", where, default="10de"),
+                              f"{where}.vendor_id"),
+                        _hex4(_get(entry, "product_id", where, default="1eb8"),
+                              f"{where}.product_id"))
+    mdevs = [Mdev(_get(m, "uuid", f"{where}.mdevs[{i}]", str),
+                  _get(m, "type", f"{where}.mdevs[{i}]", str), address)
+             for i, m in enumerate(_get(entry, "mdevs", where, list, []))]
+    return parent, mdevs
+
+
+def host_from_dict(data: dict) -> HostInventory:
+    """Raises InvalidFakeHost naming the field that is wrong."""
+    cells = tuple(
+        NumaCell(_get(c, "id", f"numa_cells[{i}]", int),
+                 _cpus(_get(c, "cpus", f"numa_cells[{i}]"), f"numa_cells[{i}].cpus"),
+                 _get(c, "memory_mb", f"numa_cells[{i}]", int))
+        for i, c in enumerate(_get(data, "numa_cells", "host", list, [])))
+    pci = [d for i, e in enumerate(_get(data, "pci_devices", "host", list, []))
+           for d in _pci(e, f"pci_devices[{i}]")]
+    gpus = [_gpu(e, f"gpus[{i}]")
+            for i, e in enumerate(_get(data, "gpus", "host", list, []))]
+    pmem = tuple(
+        PmemNamespace(_get(n, "name", f"pmem_namespaces[{i}]", str),
+                      _get(n, "size_bytes", f"pmem_namespaces[{i}]", int),
+                      _get(n, "numa_node", f"pmem_namespaces[{i}]", int, None),
+                      dev=_get(n, "dev", f"pmem_namespaces[{i}]", str, None))
+        for i, n in enumerate(_get(data, "pmem_namespaces", "host", list, [])))
+    cpus = data.get("cpus")
+    return HostInventory(
+        cpus=(_cpus(cpus, "cpus") if cpus is not None
+              else frozenset().union(*(c.cpus for c in cells))),
+        memory_mb=_get(data, "memory_mb", "host", int, None)
+        or sum(c.memory_mb for c in cells),
+        disk_gb=_get(data, "disk_gb", "host", int, 0),
+        uuid=_get(data, "uuid", "host", str, None),
+        numa_cells=cells,
+        pci_devices=tuple(pci),
+        mdev_parents=tuple(p for p, _ in gpus),
+        mdevs=tuple(m for _, ms in gpus for m in ms),
+        pmem_namespaces=pmem,
+    )
+
+
+def load_host_file(path: str | Path) -> HostInventory:
+    text = Path(path).read_text()
+    try:
+        data = (json.loads(text) if str(path).endswith(".json")
+                else yaml.safe_load(text))
+    except (ValueError, yaml.YAMLError) as e:
+        raise InvalidFakeHost(f"{path}: not valid JSON/YAML: {e}") from None
+    return host_from_dict(data or {})
+
+
+class FakeDriver(ComputeDriver):
+    def __init__(self, host: HostInventory | dict | None = None):
+        if isinstance(host, dict):
+            host = host_from_dict(host)
+        self.host = host or HostInventory(cpus=frozenset(range(4)),
+                                          memory_mb=8192, disk_gb=100)
+        self._listeners: list[Callable[[], None]] = []
+
+    @classmethod
+    def from_conf(cls, conf) -> "FakeDriver":
+        if conf.fake.host_file:
+            return cls(load_host_file(conf.fake.host_file))
+        return cls()
+
+    def get_host_inventory(self) -> HostInventory:
+        return self.host
+
+    def set_host(self, host: HostInventory | dict) -> None:
+        self.host = host_from_dict(host) if isinstance(host, dict) else host
+        for listener in self._listeners:
+            listener()
+
+    def register_change_listener(self, callback: Callable[[], None]) -> None:
+        self._listeners.append(callback)

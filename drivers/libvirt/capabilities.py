@@ -1,0 +1,166 @@
+"""Parsing of libvirt's capabilities XML and of sysfs NUMA node files.
+
+Pure functions: the caller hands in text, these hand back the NumaCell
+dataclasses of drivers.base and a list of warnings. No libvirt, no file I/O.
+"""
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from lxml import etree
+
+from drivers.base import NumaCell
+from drivers.libvirt.errors import (
+    InvalidHostData, parse_cpulist, parse_int)
+
+DEVICE = "capabilities"
+# Units libvirt writes on <memory> and <pages>, as multiples of a KiB.
+_KIB_PER_UNIT = {"b": None, "bytes": None, "kib": 1, "k": 1, "mib": 1024,
+                 "m": 1024, "gib": 1024 ** 2, "g": 1024 ** 2}
+_MEMINFO_TOTAL = re.compile(r"^Node\s+(\d+)\s+MemTotal:\s+(\d+)\s+kB\s*$",
+                            re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    uuid: str | None
+    cells: tuple[NumaCell, ...]
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def cpus(self) -> frozenset[int]:
+        return frozenset().union(*(cell.cpus for cell in self.cells))
+
+
+def parse_xml(text: object, device: str) -> etree._Element:
+    """Parse XML from libvirt without trusting it: no entities, no network,
+    and any syntax problem becomes InvalidHostData."""
+    if not isinstance(text, (str, bytes)):
+        raise InvalidHostData(device, "xml", "not text", text)
+    try:
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        parser = etree.XMLParser(resolve_entities=False, no_network=True,
+                                 load_dtd=False, huge_tree=False)
+        root = etree.fromstring(data, parser)
+    except (etree.XMLSyntaxError, UnicodeError, ValueError) as exc:
+        raise InvalidHostData(device, "xml", f"malformed XML: {exc}",
+                              text) from None
+    if root is None:
+        raise InvalidHostData(device, "xml", "empty document", text)
+    return root
+
+
+def parse_capabilities(text: object) -> Capabilities:
+    """Host UUID and NUMA cells from ``virConnect.getCapabilities()``.
+
+    A document that is not capabilities XML raises InvalidHostData; a cell
+    that cannot be read is left out with a warning."""
+    root = parse_xml(text, DEVICE)
+    host = root.find("host") if root.tag == "capabilities" else None
+    if host is None:
+        raise InvalidHostData(DEVICE, "host", "no <capabilities><host>",
+                              text)
+    warnings: list[str] = []
+    host_uuid = None
+    uuid_text = host.findtext("uuid")
+    if uuid_text is not None:
+        try:
+            host_uuid = str(uuid.UUID(uuid_text.strip()))
+        except ValueError:
+            warnings.append(str(InvalidHostData(
+                DEVICE, "uuid", "not a UUID", uuid_text)))
+    cells: dict[int, NumaCell] = {}
+    for index, cell_el in enumerate(host.iterfind("topology/cells/cell")):
+        try:
+            cell = _parse_cell(cell_el, index)
+        except InvalidHostData as exc:
+            warnings.append(str(exc))
+            continue
+        if cell.id in cells:
+            warnings.append(str(InvalidHostData(
+                f"cell {cell.id}", "id", "duplicate cell id", cell.id)))
+            continue
+        cells[cell.id] = cell
+    return Capabilities(host_uuid, tuple(cells[i] for i in sorted(cells)),
+                        tuple(warnings))
+
+
+def _parse_cell(cell_el: etree._Element, index: int) -> NumaCell:
+    raw_id = cell_el.get("id")
+    device = f"cell {raw_id if raw_id is not None else f'#{index}'}"
+    cell_id = parse_int(raw_id, device, "id", maximum=4095)
+    memory_el = cell_el.find("memory")
+    if memory_el is None:
+        raise InvalidHostData(device, "memory", "missing", None)
+    memory_kib = _kib(memory_el, device, "memory",
+                      parse_int(memory_el.text, device, "memory"))
+    cpus: set[int] = set()
+    siblings: set[frozenset[int]] = set()
+    for cpu_el in cell_el.iterfind("cpus/cpu"):
+        cpu = parse_int(cpu_el.get("id"), device, "cpu id", maximum=65535)
+        cpus.add(cpu)
+        # A CPU with no siblings attribute is its own only thread.
+        threads = cpu_el.get("siblings")
+        group = (parse_cpulist(threads, device, f"cpu {cpu} siblings")
+                 if threads is not None else frozenset())
+        siblings.add(group | {cpu})
+    pages = []
+    for page_el in cell_el.iterfind("pages"):
+        size = _kib(page_el, device, "pages size",
+                    parse_int(page_el.get("size"), device, "pages size",
+                              minimum=1))
+        pages.append((size, parse_int(page_el.text, device, "pages")))
+    distances = [
+        (parse_int(sib.get("id"), device, "distance id", maximum=4095),
+         parse_int(sib.get("value"), device, "distance value"))
+        for sib in cell_el.iterfind("distances/sibling")]
+    return NumaCell(
+        id=cell_id, cpus=frozenset(cpus), memory_mb=memory_kib // 1024,
+        siblings=tuple(sorted(siblings, key=lambda s: (min(s), sorted(s)))),
+        pages=tuple(sorted(pages)), distances=tuple(sorted(distances)))
+
+
+def _kib(element: etree._Element, device: str, field_name: str,
+         amount: int) -> int:
+    unit = (element.get("unit") or "KiB").lower()
+    if unit not in _KIB_PER_UNIT:
+        raise InvalidHostData(device, f"{field_name} unit", "unknown unit",
+                              element.get("unit"))
+    per = _KIB_PER_UNIT[unit]
+    return amount // 1024 if per is None else amount * per
+
+
+def parse_sysfs_numa_node(node_id: int, cpulist: str, meminfo: str,
+                          hugepages: Mapping[int, str],
+                          base_page_kib: int = 4) -> NumaCell:
+    """One ``devices/system/node/node<N>`` directory's files as a cell.
+
+    ``hugepages`` maps a page size in KiB to that size's nr_hugepages text.
+    The base pages are what MemTotal leaves after the huge pages, as
+    libvirt counts them. Thread siblings and distances are left empty: the
+    node files do not say them."""
+    device = f"node{node_id}"
+    cpus = parse_cpulist(cpulist, device, "cpulist")
+    match = _MEMINFO_TOTAL.search(meminfo) if isinstance(meminfo, str) else None
+    if not match or int(match.group(1)) != node_id:
+        raise InvalidHostData(device, "meminfo", "no MemTotal line", meminfo)
+    total_kib = int(match.group(2))
+    pages = {size: parse_int(count, device,
+                             f"hugepages-{size}kB/nr_hugepages")
+             for size, count in hugepages.items()}
+    huge_kib = sum(size * count for size, count in pages.items())
+    pages[base_page_kib] = max(total_kib - huge_kib, 0) // base_page_kib
+    return NumaCell(id=node_id, cpus=cpus, memory_mb=total_kib // 1024,
+                    pages=tuple(sorted(pages.items())))
+
+
+def merge_cells(from_caps: Iterable[NumaCell],
+                from_sysfs: Iterable[NumaCell]) -> tuple[NumaCell, ...]:
+    """libvirt's view of a cell wins whole; sysfs only supplies cells that
+    libvirt did not describe (a file-based test driver describes none)."""
+    cells = {cell.id: cell for cell in from_sysfs}
+    cells.update((cell.id, cell) for cell in from_caps)
+    return tuple(cells[i] for i in sorted(cells))

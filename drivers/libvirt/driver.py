@@ -1,0 +1,216 @@
+"""The libvirt driver: what the host has, from libvirt first and sysfs second.
+
+libvirt names the devices; sysfs supplements what libvirt's XML omits or
+holds stale (SR-IOV counts, driver, available mdev instances, the NVIDIA
+vendor-specific layout), and supplies NUMA cells when libvirt reports none.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import libvirt
+
+from drivers.base import (
+    ComputeDriver, HostInventory, Mdev, MdevParent, PciDevice, PciKind)
+from drivers.libvirt import capabilities, nodedev, pmem
+from drivers.libvirt.connection import Connection, is_connection_error
+from drivers.libvirt.errors import InvalidHostData
+from drivers.libvirt.sysfs import SysfsReader
+
+LOG = logging.getLogger(__name__)
+_GIB = 1024 ** 3
+_DEVICE_FLAGS = (libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_PCI_DEV
+                 | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV)
+
+
+@dataclass(frozen=True)
+class _Cached:
+    """A node device's parse result; a device whose XML could not be used
+    is cached too, with its warning, so it is not re-read every cycle."""
+
+    device: nodedev.NodeDevice | None
+    warning: str | None = None
+
+
+class LibvirtDriver(ComputeDriver):
+    def __init__(self, conf) -> None:
+        self._conf = conf
+        self._sysfs = SysfsReader(conf.sysfs_root)
+        self._conn = Connection(conf.libvirt.connection_uri,
+                                on_event=self._on_event)
+        self._listeners: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._cache: dict[str, _Cached] = {}
+        self._cache_generation = 0
+        self._cache_stale = False
+
+    def init_host(self) -> None:
+        self._conn.call(lambda conn: conn.getLibVersion())
+
+    def register_change_listener(self, callback: Callable[[], None]) -> None:
+        self._listeners.append(callback)
+
+    def cleanup(self) -> None:
+        self._conn.close()
+
+    def get_host_inventory(self) -> HostInventory:
+        with self._lock:
+            return self._inventory()
+
+    def _inventory(self) -> HostInventory:
+        warnings: list[str] = []
+        caps = self._capabilities(warnings)
+        info = self._conn.call(lambda conn: conn.getInfo())
+        sysfs_cells, more = self._sysfs.numa_cells()
+        warnings += more
+        cells = capabilities.merge_cells(caps.cells if caps else (),
+                                         sysfs_cells)
+        cpus = (frozenset().union(*(cell.cpus for cell in cells))
+                or frozenset(range(info[2])))
+
+        devices = self._conn.call(self._node_devices)
+        for cached in devices:
+            if cached.warning:
+                warnings.append(cached.warning)
+        parsed = [c.device for c in devices if c.device is not None]
+        pci_devices, more = self._pci_devices(parsed)
+        warnings += more
+        mdev_parents, more = self._mdev_parents(parsed, pci_devices)
+        warnings += more
+        mdevs, more = self._mdevs(parsed)
+        warnings += more
+        try:
+            namespaces, more = pmem.read_namespaces(
+                self._sysfs, self._conf.pmem.ndctl_json)
+            warnings += more
+        except InvalidHostData as exc:
+            namespaces = []
+            warnings.append(str(exc))
+
+        warnings = list(dict.fromkeys(warnings))
+        for warning in warnings:
+            LOG.warning("%s", warning)
+        return HostInventory(
+            cpus=cpus, memory_mb=info[1], disk_gb=self._disk_gb(),
+            uuid=caps.uuid if caps else None, numa_cells=cells,
+            pci_devices=tuple(pci_devices), mdev_parents=mdev_parents,
+            mdevs=mdevs, pmem_namespaces=tuple(namespaces),
+            warnings=tuple(warnings))
+
+    def _capabilities(self, warnings: list[str]
+                      ) -> capabilities.Capabilities | None:
+        text = self._conn.call(lambda conn: conn.getCapabilities())
+        try:
+            caps = capabilities.parse_capabilities(text)
+        except InvalidHostData as exc:
+            warnings.append(str(exc))
+            return None
+        warnings.extend(caps.warnings)
+        return caps
+
+    def _node_devices(self, conn: libvirt.virConnect) -> list[_Cached]:
+        """Runs inside Connection.call, so a reconnect replays it whole on
+        the new connection, whose devices the cache must not assume."""
+        if self._cache_stale or self._cache_generation != self._conn.generation:
+            self._cache_stale = False
+            self._cache_generation = self._conn.generation
+            self._cache.clear()
+        listed: dict[str, _Cached] = {}
+        for dev in conn.listAllDevices(_DEVICE_FLAGS):
+            name = dev.name()
+            if name not in self._cache:
+                try:
+                    text = dev.XMLDesc(0)
+                except libvirt.libvirtError as exc:
+                    if is_connection_error(exc):
+                        raise
+                    # Gone between listing and reading: not cached, so it
+                    # is looked at again next cycle.
+                    listed[name] = _Cached(None, f"{name}: xml: {exc}")
+                    continue
+                found, warnings = nodedev.parse_node_devices([(name, text)])
+                self._cache[name] = _Cached(
+                    found[0] if found else None,
+                    warnings[0] if warnings else None)
+            listed[name] = self._cache[name]
+        for name in set(self._cache) - set(listed):
+            del self._cache[name]
+        return list(listed.values())
+
+    def _pci_devices(self, parsed: list[nodedev.NodeDevice]
+                     ) -> tuple[list[PciDevice], list[str]]:
+        from_libvirt = {d.pci.address: d.pci for d in parsed if d.pci}
+        from_sysfs, warnings = self._sysfs.pci_devices(from_libvirt)
+        merged = [_supplement(device, from_sysfs.get(address))
+                  for address, device in sorted(from_libvirt.items())]
+        return merged, warnings
+
+    def _mdev_parents(self, parsed: list[nodedev.NodeDevice],
+                      pci_devices: list[PciDevice]
+                      ) -> tuple[tuple[MdevParent, ...], list[str]]:
+        from_libvirt = {d.mdev_parent.address: d.mdev_parent.types
+                        for d in parsed if d.mdev_parent}
+        from_sysfs, warnings = self._sysfs.mdev_types()
+        parents = []
+        for pci in pci_devices:
+            types = {t.id: t for t in from_libvirt.get(pci.address, ())}
+            for fresh in from_sysfs.get(pci.address, ()):
+                old = types.get(fresh.id)
+                types[fresh.id] = fresh if old is None else replace(
+                    fresh, name=fresh.name or old.name)
+            if types:
+                parents.append(MdevParent(
+                    pci.address, pci.numa_node,
+                    tuple(types[i] for i in sorted(types)),
+                    pci.vendor_id, pci.product_id))
+        return tuple(parents), warnings
+
+    def _mdevs(self, parsed: list[nodedev.NodeDevice]
+               ) -> tuple[tuple[Mdev, ...], list[str]]:
+        mdevs = {d.mdev.uuid: d.mdev for d in parsed if d.mdev}
+        from_sysfs, warnings = self._sysfs.mdevs()
+        mdevs.update((m.uuid, m) for m in from_sysfs)
+        return tuple(mdevs[u] for u in sorted(mdevs)), warnings
+
+    def _disk_gb(self) -> int:
+        # Before the first instance the directory may not exist yet; its
+        # nearest existing parent is on the file system it will be on.
+        path = os.path.abspath(self._conf.libvirt.instances_path)
+        while not os.path.exists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        stat = os.statvfs(path)
+        return stat.f_blocks * stat.f_frsize // _GIB
+
+    def _on_event(self, kind: str, name: str, event: int) -> None:
+        if kind != "nodedev":
+            LOG.debug("libvirt %s event %s for %s", kind, event, name)
+            return
+        LOG.debug("node device %s event %s: dropping the device cache",
+                  name, event)
+        self._cache_stale = True
+        for listener in list(self._listeners):
+            listener()
+
+
+def _supplement(device: PciDevice, sysfs: PciDevice | None) -> PciDevice:
+    """libvirt's fields win; sysfs fills the gaps and, for a PF, gives the
+    current VF counts (the cached XML may predate a change to them)."""
+    if sysfs is None:
+        return device
+    sriov = sysfs.total_vfs > 0
+    return replace(
+        device,
+        kind=sysfs.kind if device.kind is PciKind.PCI else device.kind,
+        numa_node=(device.numa_node if device.numa_node is not None
+                   else sysfs.numa_node),
+        parent_address=device.parent_address or sysfs.parent_address,
+        class_id=device.class_id or sysfs.class_id,
+        iommu_group=(device.iommu_group if device.iommu_group is not None
+                     else sysfs.iommu_group),
+        driver=device.driver or sysfs.driver,
+        total_vfs=sysfs.total_vfs if sriov else device.total_vfs,
+        num_vfs=sysfs.num_vfs if sriov else device.num_vfs)

@@ -1,0 +1,91 @@
+"""The declared exception of every host-data parser, and the small value
+validators that raise it, so every parser words its complaints the same way."""
+from __future__ import annotations
+
+import re
+
+_MAX_VALUE_REPR = 80
+_PCI_ADDRESS = re.compile(
+    r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_HEX_ID = re.compile(r"^(?:0[xX])?([0-9a-fA-F]{4})$")
+
+
+class InvalidHostData(ValueError):
+    """Input from the host (libvirt XML, sysfs, ndctl JSON) that cannot be
+    used. ``device`` and ``field`` say where, so the warning an operator
+    reads points at the exact thing to look at."""
+
+    def __init__(self, device: str, field: str, reason: str,
+                 value: object = None) -> None:
+        self.device = device
+        self.field = field
+        self.reason = reason
+        self.value = value
+        shown = repr(value)
+        if len(shown) > _MAX_VALUE_REPR:
+            shown = shown[:_MAX_VALUE_REPR - 3] + "..."
+        super().__init__(f"{device}: {field}: {reason} (value: {shown})")
+
+
+def parse_int(text: object, device: str, field: str, *, minimum: int = 0,
+              maximum: int | None = None, base: int = 10) -> int:
+    """An integer from host text. ``base=0`` accepts a 0x prefix."""
+    if not isinstance(text, (str, int)) or isinstance(text, bool):
+        raise InvalidHostData(device, field, "not an integer", text)
+    try:
+        value = text if isinstance(text, int) else int(text.strip(), base)
+    except ValueError:
+        raise InvalidHostData(device, field, "not an integer", text) from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise InvalidHostData(device, field, "out of range", text)
+    return value
+
+
+def parse_numa_node(text: object, device: str, field: str = "numa_node"
+                    ) -> int | None:
+    """A NUMA node id; -1 (the kernel's "no affinity") becomes None."""
+    value = parse_int(text, device, field, minimum=-1, maximum=4095)
+    return None if value == -1 else value
+
+
+def parse_hex_id(text: object, device: str, field: str) -> str:
+    """A vendor or product id as four lower-case hex digits ("0x8086" ->
+    "8086")."""
+    match = _HEX_ID.match(text.strip()) if isinstance(text, str) else None
+    if not match:
+        raise InvalidHostData(device, field, "not a 4-digit hex id", text)
+    return match.group(1).lower()
+
+
+def parse_pci_address(text: object, device: str, field: str) -> str:
+    """A PCI address in canonical lower case, "0000:81:00.0"."""
+    match = _PCI_ADDRESS.match(text.strip()) if isinstance(text, str) else None
+    if not match:
+        raise InvalidHostData(device, field, "not a PCI address", text)
+    return "{}:{}:{}.{}".format(*match.groups()).lower()
+
+
+def format_pci_address(domain: int, bus: int, slot: int, function: int,
+                       device: str, field: str) -> str:
+    if not (0 <= domain <= 0xFFFF and 0 <= bus <= 0xFF and 0 <= slot <= 0x1F
+            and 0 <= function <= 7):
+        raise InvalidHostData(device, field, "PCI address out of range",
+                              (domain, bus, slot, function))
+    return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"
+
+
+def parse_cpulist(text: object, device: str, field: str) -> frozenset[int]:
+    """The kernel's and libvirt's CPU list syntax, "0-3,8-11" or "0,4"."""
+    if not isinstance(text, str):
+        raise InvalidHostData(device, field, "not a CPU list", text)
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, dash, last = part.partition("-")
+        low = parse_int(first, device, field, maximum=65535)
+        high = parse_int(last, device, field, maximum=65535) if dash else low
+        if high < low:
+            raise InvalidHostData(device, field, "descending CPU range", text)
+        cpus.update(range(low, high + 1))
+    return frozenset(cpus)

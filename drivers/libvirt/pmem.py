@@ -1,0 +1,106 @@
+"""Persistent-memory namespaces, from sysfs or from ``ndctl list -N`` JSON.
+
+Both sources are reduced to ndctl's keys (dev, mode, size, uuid, name,
+numa_node, chardev) and validated by one function, so a namespace means the
+same whichever way it was read.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Iterable, Mapping
+
+from drivers.base import PmemNamespace
+from drivers.libvirt.errors import InvalidHostData, parse_int, parse_numa_node
+from drivers.libvirt.sysfs import SysfsReader
+
+NDCTL = "ndctl JSON"
+
+
+def namespace_from_record(record: Mapping[str, object]) -> PmemNamespace | None:
+    """One namespace, or None for an unconfigured one (size 0, the seed
+    namespace every region keeps)."""
+    dev = record.get("dev")
+    if not isinstance(dev, str) or not dev.strip():
+        raise InvalidHostData(NDCTL, "dev", "missing or not a string", dev)
+    dev = dev.strip()
+    size = parse_int(record.get("size"), dev, "size")
+    if size == 0:
+        return None
+    mode = record.get("mode")
+    if not isinstance(mode, str) or not mode.strip():
+        raise InvalidHostData(dev, "mode", "missing or not a string", mode)
+    name = record.get("name")
+    if name is not None and not isinstance(name, str):
+        raise InvalidHostData(dev, "name", "not a string", name)
+    numa = record.get("numa_node")
+    ns_uuid = record.get("uuid")
+    if ns_uuid is not None:
+        try:
+            ns_uuid = str(uuid.UUID(str(ns_uuid).strip()))
+        except ValueError:
+            raise InvalidHostData(dev, "uuid", "not a UUID", ns_uuid) from None
+    chardev = record.get("chardev")
+    if chardev is not None and not isinstance(chardev, str):
+        raise InvalidHostData(dev, "chardev", "not a string", chardev)
+    return PmemNamespace(
+        name=(name or "").strip() or dev, size_bytes=size,
+        numa_node=None if numa is None else parse_numa_node(numa, dev),
+        mode=mode.strip(), uuid=ns_uuid, dev=chardev or None)
+
+
+def namespaces_from_records(records: Iterable[Mapping[str, object]]
+                            ) -> tuple[list[PmemNamespace], list[str]]:
+    found, warnings = [], []
+    for record in records:
+        try:
+            namespace = namespace_from_record(record)
+        except InvalidHostData as exc:
+            warnings.append(str(exc))
+            continue
+        if namespace is not None:
+            found.append(namespace)
+    return found, warnings
+
+
+def parse_ndctl_json(text: str) -> tuple[list[PmemNamespace], list[str]]:
+    """``ndctl list -N`` prints a list, or a bare object for a single
+    namespace. Anything else raises InvalidHostData."""
+    try:
+        data = json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise InvalidHostData(NDCTL, "json", f"not JSON: {exc}",
+                              text) from None
+    if isinstance(data, dict):
+        if "dev" not in data:
+            raise InvalidHostData(NDCTL, "dev", "not a namespace object",
+                                  data)
+        data = [data]
+    if not isinstance(data, list):
+        raise InvalidHostData(NDCTL, "json", "not a list of namespaces",
+                              data)
+    records, warnings = [], []
+    for index, entry in enumerate(data):
+        if isinstance(entry, dict):
+            records.append(entry)
+        else:
+            warnings.append(str(InvalidHostData(
+                NDCTL, f"[{index}]", "not an object", entry)))
+    found, more = namespaces_from_records(records)
+    return found, warnings + more
+
+
+def read_namespaces(reader: SysfsReader, ndctl_json: str | None
+                    ) -> tuple[list[PmemNamespace], list[str]]:
+    """From the ndctl JSON file when one is configured, else from sysfs."""
+    if not ndctl_json:
+        records, warnings = reader.nd_namespaces()
+        found, more = namespaces_from_records(records)
+        return found, warnings + more
+    try:
+        with open(ndctl_json, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InvalidHostData(NDCTL, "file", exc.strerror or str(exc),
+                              ndctl_json) from None
+    return parse_ndctl_json(text)

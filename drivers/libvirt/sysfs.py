@@ -1,0 +1,279 @@
+"""Reading the host's devices from a sysfs tree under a configurable root.
+
+Every method returns what it could read plus warnings: a device whose files
+are missing, vanish mid-read or hold junk is left out with one warning
+naming the device and the file, and the others are kept.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterable
+
+from drivers.base import Mdev, MdevType, NumaCell, PciDevice, PciKind
+from drivers.libvirt.capabilities import parse_sysfs_numa_node
+from drivers.libvirt.errors import (
+    InvalidHostData, parse_hex_id, parse_int, parse_numa_node,
+    parse_pci_address)
+
+_NODE_DIR = re.compile(r"^node(\d+)$")
+_HUGEPAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
+_VGPU_LINE = re.compile(r"^\s*(\d+)\s*:\s*(.*?)\s*$")
+_NVIDIA_TYPE_PREFIX = "nvidia-"
+
+
+class SysfsReader:
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    @staticmethod
+    def _read(path: str, device: str, field: str) -> str:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise InvalidHostData(device, field, exc.strerror or str(exc),
+                                  path) from None
+
+    @classmethod
+    def _read_optional(cls, path: str, device: str, field: str
+                       ) -> str | None:
+        return (cls._read(path, device, field) if os.path.lexists(path)
+                else None)
+
+    @staticmethod
+    def _listdir(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    @staticmethod
+    def _link_name(path: str) -> str | None:
+        """The last component of a symlink's target: how sysfs names a
+        device's driver, IOMMU group and PF."""
+        try:
+            return os.path.basename(os.readlink(path).rstrip("/"))
+        except OSError:
+            return None
+
+    # NUMA
+
+    def numa_cells(self) -> tuple[list[NumaCell], list[str]]:
+        base = self._path("devices", "system", "node")
+        cells, warnings = [], []
+        for entry in self._listdir(base):
+            match = _NODE_DIR.match(entry)
+            if not match:
+                continue
+            node_dir = os.path.join(base, entry)
+            try:
+                hugepages = {}
+                for size_dir in self._listdir(os.path.join(node_dir,
+                                                           "hugepages")):
+                    size = _HUGEPAGES_DIR.match(size_dir)
+                    if size:
+                        field = f"hugepages/{size_dir}/nr_hugepages"
+                        hugepages[int(size.group(1))] = self._read(
+                            os.path.join(node_dir, field), entry, field)
+                cells.append(parse_sysfs_numa_node(
+                    int(match.group(1)),
+                    self._read(os.path.join(node_dir, "cpulist"), entry,
+                               "cpulist"),
+                    self._read(os.path.join(node_dir, "meminfo"), entry,
+                               "meminfo"),
+                    hugepages))
+            except InvalidHostData as exc:
+                warnings.append(str(exc))
+        return cells, warnings
+
+    # PCI
+
+    def pci_addresses(self) -> list[str]:
+        return self._listdir(self._path("bus", "pci", "devices"))
+
+    def pci_device(self, address: str) -> PciDevice | None:
+        """One device's files, or None when sysfs has no such device."""
+        device_dir = self._path("bus", "pci", "devices", address)
+        if not os.path.isdir(device_dir):
+            return None
+        address = parse_pci_address(address, address, "address")
+
+        def read(name: str) -> str:
+            return self._read(os.path.join(device_dir, name), address, name)
+
+        def optional(name: str) -> str | None:
+            return self._read_optional(os.path.join(device_dir, name),
+                                       address, name)
+
+        vendor = parse_hex_id(read("vendor"), address, "vendor")
+        product = parse_hex_id(read("device"), address, "device")
+        class_text = optional("class")
+        class_id = (None if class_text is None else
+                    f"{parse_int(class_text, address, 'class', base=16, maximum=0xFFFFFF):06x}")
+        numa_text = optional("numa_node")
+        numa_node = (None if numa_text is None
+                     else parse_numa_node(numa_text, address))
+        total_vfs = parse_int(optional("sriov_totalvfs") or "0", address,
+                              "sriov_totalvfs")
+        num_vfs = parse_int(optional("sriov_numvfs") or "0", address,
+                            "sriov_numvfs")
+        group = self._link_name(os.path.join(device_dir, "iommu_group"))
+        iommu_group = (None if group is None
+                       else parse_int(group, address, "iommu_group"))
+        physfn = self._link_name(os.path.join(device_dir, "physfn"))
+        parent = (None if physfn is None
+                  else parse_pci_address(physfn, address, "physfn"))
+        has_virtfn = any(e.startswith("virtfn")
+                         for e in self._listdir(device_dir))
+        kind = (PciKind.VF if parent else
+                PciKind.PF if total_vfs > 0 or has_virtfn else PciKind.PCI)
+        return PciDevice(
+            address=address, vendor_id=vendor, product_id=product,
+            kind=kind, numa_node=numa_node, parent_address=parent,
+            class_id=class_id, iommu_group=iommu_group,
+            driver=self._link_name(os.path.join(device_dir, "driver")),
+            total_vfs=total_vfs, num_vfs=num_vfs)
+
+    def pci_devices(self, addresses: Iterable[str] | None = None
+                    ) -> tuple[dict[str, PciDevice], list[str]]:
+        found, warnings = {}, []
+        for address in (self.pci_addresses() if addresses is None
+                        else addresses):
+            try:
+                device = self.pci_device(address)
+            except InvalidHostData as exc:
+                warnings.append(str(exc))
+                continue
+            if device is not None:
+                found[device.address] = device
+        return found, warnings
+
+    # mdev
+
+    def mdev_types(self) -> tuple[dict[str, tuple[MdevType, ...]],
+                                  list[str]]:
+        """Parent address -> the types it offers, from both the mdev bus
+        and NVIDIA's vendor-specific VFIO layout."""
+        parents: dict[str, tuple[MdevType, ...]] = {}
+        warnings: list[str] = []
+        base = self._path("class", "mdev_bus")
+        for address in self._listdir(base):
+            try:
+                canonical = parse_pci_address(address, address, "address")
+            except InvalidHostData:
+                continue  # a non-PCI parent (s390 ccw/ap): not ours
+            types_dir = os.path.join(base, address, "mdev_supported_types")
+            types = []
+            for type_id in self._listdir(types_dir):
+                try:
+                    types.append(self._mdev_type(
+                        os.path.join(types_dir, type_id), canonical, type_id))
+                except InvalidHostData as exc:
+                    warnings.append(str(exc))
+            parents[canonical] = tuple(types)
+        for address in self.pci_addresses():
+            nvidia_dir = self._path("bus", "pci", "devices", address,
+                                    "nvidia")
+            if not os.path.isdir(nvidia_dir):
+                continue
+            try:
+                canonical = parse_pci_address(address, address, "address")
+                parents[canonical] = self._nvidia_types(nvidia_dir, canonical)
+            except InvalidHostData as exc:
+                warnings.append(str(exc))
+        return parents, warnings
+
+    def _mdev_type(self, type_dir: str, address: str, type_id: str
+                   ) -> MdevType:
+        field = f"mdev_supported_types/{type_id}"
+        # A type can vanish between listdir and read (the driver reloaded):
+        # reading its files then fails, and the type is skipped.
+        available = parse_int(
+            self._read(os.path.join(type_dir, "available_instances"),
+                       address, f"{field}/available_instances"),
+            address, f"{field}/available_instances")
+        name = self._read_optional(os.path.join(type_dir, "name"), address,
+                                   f"{field}/name")
+        api = self._read_optional(os.path.join(type_dir, "device_api"),
+                                  address, f"{field}/device_api")
+        return MdevType(id=type_id, available_instances=available,
+                        name=name or None, device_api=api or "vfio-pci")
+
+    def _nvidia_types(self, nvidia_dir: str, address: str
+                      ) -> tuple[MdevType, ...]:
+        """A VF in the vendor-specific layout hosts at most one vGPU: it
+        offers each creatable type once while current_vgpu_type is 0."""
+        table = self._read(os.path.join(nvidia_dir, "creatable_vgpu_types"),
+                           address, "nvidia/creatable_vgpu_types")
+        current = parse_int(
+            self._read(os.path.join(nvidia_dir, "current_vgpu_type"),
+                       address, "nvidia/current_vgpu_type"),
+            address, "nvidia/current_vgpu_type")
+        names: dict[int, str] = {}
+        for line in table.splitlines():
+            match = _VGPU_LINE.match(line)
+            if match:
+                names[int(match.group(1))] = match.group(2)
+            elif line.strip() and not line.lstrip().startswith("ID"):
+                raise InvalidHostData(address, "nvidia/creatable_vgpu_types",
+                                      "not an 'ID : name' line", line)
+        if current:
+            return (MdevType(f"{_NVIDIA_TYPE_PREFIX}{current}", 0,
+                             names.get(current)),)
+        return tuple(MdevType(f"{_NVIDIA_TYPE_PREFIX}{type_id}", 1, name)
+                     for type_id, name in sorted(names.items()))
+
+    def mdevs(self) -> tuple[list[Mdev], list[str]]:
+        base = self._path("bus", "mdev", "devices")
+        found, warnings = [], []
+        for name in self._listdir(base):
+            type_link = os.path.join(base, name, "mdev_type")
+            # .../<parent>/mdev_supported_types/<type>
+            type_dir = os.path.realpath(type_link)
+            parent = os.path.basename(os.path.dirname(os.path.dirname(
+                type_dir)))
+            try:
+                if not os.path.isdir(type_dir):
+                    raise InvalidHostData(name, "mdev_type",
+                                          "missing or dangling", type_link)
+                found.append(Mdev(
+                    uuid=name.lower(), type_id=os.path.basename(type_dir),
+                    parent_address=parse_pci_address(parent, name,
+                                                     "mdev_type parent")))
+            except InvalidHostData as exc:
+                warnings.append(str(exc))
+        return found, warnings
+
+    # nvdimm
+
+    def nd_namespaces(self) -> tuple[list[dict[str, str | None]],
+                                     list[str]]:
+        """Each namespace's files under ndctl's key names, still as text;
+        pmem.py validates them the same way as ndctl's JSON."""
+        base = self._path("bus", "nd", "devices")
+        records, warnings = [], []
+        for name in self._listdir(base):
+            if not name.startswith("namespace"):
+                continue
+            ns_dir = os.path.join(base, name)
+            try:
+                record: dict[str, str | None] = {
+                    key: self._read_optional(os.path.join(ns_dir, file),
+                                             name, file)
+                    for key, file in (("size", "size"), ("mode", "mode"),
+                                      ("uuid", "uuid"),
+                                      ("name", "alt_name"),
+                                      ("numa_node", "numa_node"))}
+            except InvalidHostData as exc:
+                warnings.append(str(exc))
+                continue
+            record["dev"] = name
+            record["chardev"] = next(
+                (e for e in self._listdir(ns_dir) if e.startswith("dax")),
+                None)
+            records.append(record)
+        return records, warnings
