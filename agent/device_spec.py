@@ -126,7 +126,8 @@ def _traits(text: str, value) -> frozenset[str]:
     out = set()
     for t in value:
         t = t.strip().upper()
-        out.add(t if t in os_traits.get_traits() else os_traits.normalize_name(t))
+        known = t in os_traits.get_traits() or os_traits.is_custom(t)
+        out.add(t if known else os_traits.normalize_name(t))
     return frozenset(out)
 
 
@@ -134,7 +135,8 @@ def _resource_class(text: str, value) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _fail(text, "resource_class", value, "must be a name")
     value = value.strip().upper()
-    return value if value in orc.STANDARDS else orc.normalize_name(value)
+    known = value in orc.STANDARDS or orc.is_custom(value)
+    return value if known else orc.normalize_name(value)
 
 
 def parse_spec(text: str) -> DeviceSpec:

@@ -48,8 +48,12 @@ def _parent_first(rows: list[dict]) -> list[dict]:
 class TreeSync:
     def __init__(self, client: PlacementClient, root_uuid: str,
                  owned: Callable[[pt.Provider], bool] = lambda p: True,
-                 attempts: int = 4, backoff: float = 0.1):
+                 attempts: int = 4, backoff: float = 0.1,
+                 kept_retry_seconds: float = 300):
         self.client = client
+        # Deleting allocations does not move a provider's generation, so a
+        # kept provider is also retried after this long.
+        self.kept_retry_seconds = kept_retry_seconds
         self.root_uuid = root_uuid
         self.owned = owned
         self.attempts = attempts
@@ -60,8 +64,9 @@ class TreeSync:
         """Forget everything learnt from Placement (SIGHUP)."""
         self.cache = pt.ProviderTree()
         self._known_names: set[str] = set()
-        # uuid -> generation at which Placement refused to delete it.
-        self._kept: dict[str, int] = {}
+        # uuid -> (generation, monotonic time) when Placement refused to
+        # delete it.
+        self._kept: dict[str, tuple[int, float]] = {}
 
     # --- reading --------------------------------------------------------
 
@@ -189,8 +194,10 @@ class TreeSync:
 
     def _delete(self, op: pt.DeleteProvider, result: SyncResult) -> None:
         current = self.cache.get(op.uuid)
-        if self._kept.get(op.uuid) == current.generation:
-            return  # refused before and nothing has moved since
+        generation, refused_at = self._kept.get(op.uuid, (None, 0.0))
+        if (generation == current.generation
+                and time.monotonic() - refused_at < self.kept_retry_seconds):
+            return  # refused before, and too little has moved since
         try:
             self._do(op)
             result.writes += 1
@@ -209,7 +216,7 @@ class TreeSync:
         if reserved != current.inventories:
             result.writes += self._write(pt.SetInventories(op.uuid, reserved),
                                          pt.ProviderTree())
-        self._kept[op.uuid] = self.cache.get(op.uuid).generation
+        self._kept[op.uuid] = (self.cache.get(op.uuid).generation, time.monotonic())
 
     def sync(self, desired: pt.ProviderTree) -> SyncResult:
         """Make Placement show ``desired``. Raises PlacementUnavailable when

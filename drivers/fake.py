@@ -26,6 +26,7 @@ driver's device events would.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +35,9 @@ import yaml
 from agent.cpuset import parse_cpu_set
 from drivers.base import (ComputeDriver, HostInventory, Mdev, MdevParent, MdevType,
                           NumaCell, PciDevice, PciKind, PmemNamespace)
+
+
+_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$")
 
 
 class InvalidFakeHost(ValueError):
@@ -48,7 +52,10 @@ def _get(d: dict, key: str, where: str, kind=None, default: Any = ...):
             raise InvalidFakeHost(f"{where}.{key}: missing")
         return default
     value = d[key]
-    if kind is not None and value is not None and not isinstance(value, kind):
+    optional_null = value is None and default is not ...
+    wrong_type = kind is not None and (not isinstance(value, kind)
+                                       or (kind is int and isinstance(value, bool)))
+    if wrong_type and not optional_null:
         raise InvalidFakeHost(f"{where}.{key}: expected {getattr(kind, '__name__', kind)} "
                               f"(value: {value!r})")
     return value
@@ -56,11 +63,23 @@ def _get(d: dict, key: str, where: str, kind=None, default: Any = ...):
 
 def _cpus(value, where: str) -> frozenset[int]:
     if isinstance(value, list):
-        return frozenset(int(c) for c in value)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                   for c in value):
+            raise InvalidFakeHost(f"{where}: CPU numbers must be whole numbers "
+                                  f"(value: {value!r})")
+        return frozenset(value)
     try:
         return parse_cpu_set(str(value), allow_exclusions=False)
     except ValueError as e:
         raise InvalidFakeHost(f"{where}: {e}") from None
+
+
+def _address(entry: dict, where: str) -> str:
+    address = _get(entry, "address", where, str).lower()
+    if not _PCI_ADDRESS.match(address):
+        raise InvalidFakeHost(f"{where}.address: expected dddd:bb:ss.f "
+                              f"(value: {address!r})")
+    return address
 
 
 def _hex4(value, where: str) -> str:
@@ -76,11 +95,17 @@ def vf_address(pf_address: str, index: int) -> str:
     return f"{domain}:{bus}:{0x10 + index // 8:02x}.{index % 8}"
 
 
+def _numa(entry: dict, where: str) -> int | None:
+    """-1 is how sysfs says "no NUMA affinity"; the fake accepts it too."""
+    node = _get(entry, "numa_node", where, int, None)
+    return None if node == -1 else node
+
+
 def _pci(entry: dict, where: str) -> list[PciDevice]:
-    address = _get(entry, "address", where, str).lower()
+    address = _address(entry, where)
     vendor = _hex4(_get(entry, "vendor_id", where), f"{where}.vendor_id")
     product = _hex4(_get(entry, "product_id", where), f"{where}.product_id")
-    numa = _get(entry, "numa_node", where, int, None)
+    numa = _numa(entry, where)
     vfs = _get(entry, "vfs", where, dict, None)
     if vfs is None:
         return [PciDevice(address, vendor, product, PciKind.PCI, numa)]
@@ -95,14 +120,14 @@ def _pci(entry: dict, where: str) -> list[PciDevice]:
 
 
 def _gpu(entry: dict, where: str) -> tuple[MdevParent, list[Mdev]]:
-    address = _get(entry, "address", where, str).lower()
+    address = _address(entry, where)
     types = []
     for type_id, t in _get(entry, "mdev_types", where, dict).items():
         tw = f"{where}.mdev_types.{type_id}"
         types.append(MdevType(type_id, _get(t, "available_instances", tw, int),
                               _get(t, "name", tw, str, None),
                               _get(t, "device_api", tw, str, "vfio-pci")))
-    parent = MdevParent(address, _get(entry, "numa_node", where, int, None),
+    parent = MdevParent(address, _numa(entry, where),
                         tuple(types),
                         _hex4(_get(entry, "vendor_id", where, default="10de"),
                               f"{where}.vendor_id"),
@@ -128,7 +153,7 @@ def host_from_dict(data: dict) -> HostInventory:
     pmem = tuple(
         PmemNamespace(_get(n, "name", f"pmem_namespaces[{i}]", str),
                       _get(n, "size_bytes", f"pmem_namespaces[{i}]", int),
-                      _get(n, "numa_node", f"pmem_namespaces[{i}]", int, None),
+                      _numa(n, f"pmem_namespaces[{i}]"),
                       dev=_get(n, "dev", f"pmem_namespaces[{i}]", str, None))
         for i, n in enumerate(_get(data, "pmem_namespaces", "host", list, [])))
     cpus = data.get("cpus")

@@ -12,7 +12,7 @@ import threading
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from agent.cmd.common import exit_config_error, load_config
+from agent.cmd.common import exit_config_error, load_config, setup_logging
 from agent.exception import ConfigError
 from agent.service import Agent, sd_notify
 
@@ -28,6 +28,7 @@ cli_opts = [
 def main(argv=None) -> int:
     try:
         conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts)
+        setup_logging(conf)
         agent = Agent.from_conf(conf)
     except ConfigError as e:
         return exit_config_error(e)

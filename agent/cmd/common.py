@@ -50,8 +50,12 @@ def load_config(argv: list[str], cli_opts=(), project="compute-agent") -> cfg.Co
     except cfg.Error as e:
         raise ConfigError(str(e)) from None
     check_all_values(conf)
-    logging.setup(conf, project)
     return conf
+
+
+def setup_logging(conf: cfg.ConfigOpts, project="compute-agent") -> None:
+    """Console scripts only: oslo.log replaces the root logger's handlers."""
+    logging.setup(conf, project)
 
 
 def exit_config_error(error: ConfigError) -> int:

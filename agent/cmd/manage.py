@@ -12,7 +12,7 @@ from pathlib import Path
 from oslo_config import cfg
 
 from agent import node_identity
-from agent.cmd.common import exit_config_error, load_config
+from agent.cmd.common import exit_config_error, load_config, setup_logging
 from agent.exception import AgentError, ConfigError
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import ProviderTree
@@ -65,6 +65,7 @@ def main(argv=None) -> int:
     command = cfg.SubCommandOpt("command", handler=add_parsers)
     try:
         conf = load_config(sys.argv[1:] if argv is None else argv, [command])
+        setup_logging(conf)
     except ConfigError as e:
         return exit_config_error(e)
     try:

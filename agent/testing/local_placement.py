@@ -11,7 +11,9 @@ level, as Placement saw them.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -66,6 +68,7 @@ def write_config(directory: Path) -> Path:
 
 
 def serve(directory: Path, port: int) -> None:
+    faulthandler.register(signal.SIGUSR1)  # stacks to stderr, for a hang
     conf = write_config(directory)
     if not (directory / "placement.db").exists():
         subprocess.run([str(Path(sys.executable).with_name("placement-manage")),
@@ -78,6 +81,9 @@ def serve(directory: Path, port: int) -> None:
     server = make_server("127.0.0.1", port, app, server_class=_ThreadingServer,
                          handler_class=_QuietHandler)
     print(f"{READY} http://127.0.0.1:{server.server_port}", flush=True)
+    # Nobody reads the pipe after that line; Placement's own request log
+    # would fill it and block the server. Send it where stderr goes.
+    os.dup2(2, 1)
     server.serve_forever()
 
 

@@ -144,7 +144,8 @@ def parse_sysfs_numa_node(node_id: int, cpulist: str, meminfo: str,
     node files do not say them."""
     device = f"node{node_id}"
     cpus = parse_cpulist(cpulist, device, "cpulist")
-    match = _MEMINFO_TOTAL.search(meminfo) if isinstance(meminfo, str) else None
+    match = (_MEMINFO_TOTAL.search(meminfo) if isinstance(meminfo, str)
+             else None)
     if not match or int(match.group(1)) != node_id:
         raise InvalidHostData(device, "meminfo", "no MemTotal line", meminfo)
     total_kib = int(match.group(2))

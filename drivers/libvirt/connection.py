@@ -156,9 +156,10 @@ class Connection:
     def _register_events(self, conn: libvirt.virConnect) -> None:
         if self._on_event is None:
             return
-        self._register(conn, "nodedev", lambda: conn.nodeDeviceEventRegisterAny(
-            None, libvirt.VIR_NODE_DEVICE_EVENT_ID_LIFECYCLE,
-            self._node_device_event, None))
+        self._register(
+            conn, "nodedev", lambda: conn.nodeDeviceEventRegisterAny(
+                None, libvirt.VIR_NODE_DEVICE_EVENT_ID_LIFECYCLE,
+                self._node_device_event, None))
         self._register(conn, "domain", lambda: conn.domainEventRegisterAny(
             None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
             self._domain_event, None))

@@ -115,9 +115,10 @@ class LibvirtDriver(ComputeDriver):
     def _node_devices(self, conn: libvirt.virConnect) -> list[_Cached]:
         """Runs inside Connection.call, so a reconnect replays it whole on
         the new connection, whose devices the cache must not assume."""
-        if self._cache_stale or self._cache_generation != self._conn.generation:
+        generation = self._conn.generation
+        if self._cache_stale or self._cache_generation != generation:
             self._cache_stale = False
-            self._cache_generation = self._conn.generation
+            self._cache_generation = generation
             self._cache.clear()
         listed: dict[str, _Cached] = {}
         for dev in conn.listAllDevices(_DEVICE_FLAGS):

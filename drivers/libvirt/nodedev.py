@@ -106,8 +106,8 @@ def _parse_pci(cap: etree._Element, device: str, driver: str | None
     if class_text is not None:
         class_id = f"{_int_text(class_text, device, 'class', 0xFFFFFF):06x}"
     numa_el = cap.find("numa")
-    numa_node = (None if numa_el is None
-                 else parse_numa_node(numa_el.get("node"), device, "numa node"))
+    numa_node = (None if numa_el is None else
+                 parse_numa_node(numa_el.get("node"), device, "numa node"))
     group_el = cap.find("iommuGroup")
     iommu_group = (None if group_el is None else parse_int(
         group_el.get("number"), device, "iommuGroup number"))
@@ -155,9 +155,10 @@ def _parse_mdev_type(el: etree._Element, device: str) -> MdevType:
     available = parse_int(el.findtext("availableInstances"), device,
                           f"{field} availableInstances")
     name = el.findtext("name")
+    api = (el.findtext("deviceAPI") or "").strip()
     return MdevType(id=type_id, available_instances=available,
                     name=name.strip() if name else None,
-                    device_api=(el.findtext("deviceAPI") or "vfio-pci").strip())
+                    device_api=api or "vfio-pci")
 
 
 def _parse_mdev(cap: etree._Element, device: str, root: etree._Element

@@ -17,7 +17,8 @@ from drivers.libvirt.sysfs import SysfsReader
 NDCTL = "ndctl JSON"
 
 
-def namespace_from_record(record: Mapping[str, object]) -> PmemNamespace | None:
+def namespace_from_record(record: Mapping[str, object]
+                          ) -> PmemNamespace | None:
     """One namespace, or None for an unconfigured one (size 0, the seed
     namespace every region keeps)."""
     dev = record.get("dev")

@@ -112,8 +112,11 @@ class SysfsReader:
         vendor = parse_hex_id(read("vendor"), address, "vendor")
         product = parse_hex_id(read("device"), address, "device")
         class_text = optional("class")
-        class_id = (None if class_text is None else
-                    f"{parse_int(class_text, address, 'class', base=16, maximum=0xFFFFFF):06x}")
+        class_id = None
+        if class_text is not None:
+            class_value = parse_int(class_text, address, "class", base=16,
+                                    maximum=0xFFFFFF)
+            class_id = f"{class_value:06x}"
         numa_text = optional("numa_node")
         numa_node = (None if numa_text is None
                      else parse_numa_node(numa_text, address))

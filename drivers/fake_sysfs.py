@@ -1,0 +1,351 @@
+"""A realistic, writable sysfs tree for tests and demos, and the matching
+libvirt test-driver host XML, so a test sees one host through both views.
+
+    builder = SysfsBuilder(tmp / "sys")
+    builder.add_numa_node(0, "0-3", 8192)
+    pf = builder.add_pf("0000:81:00.0", "8086", "10fb", "10ed",
+                        numa_node=0, total_vfs=8, num_vfs=2)
+    builder.write_test_driver_host_xml(tmp / "host.xml")
+    # [DEFAULT] sysfs_root = tmp/sys, [libvirt] connection_uri =
+    # "test://" + str(tmp / "host.xml")
+
+Device directories live under devices/, and bus/, class/ and kernel/ hold
+symlinks to them, as in the kernel's sysfs, because the readers follow
+those links (physfn, virtfnN, driver, iommu_group, mdev_type).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid as uuid_lib
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+from drivers.libvirt.errors import parse_cpulist
+
+# Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
+# PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...
+_VF_OFFSET = 0x80
+_NVIDIA_VENDOR = "10de"
+
+
+@dataclass
+class _Pci:
+    address: str
+    vendor: str
+    product: str
+    class_id: str
+    numa_node: int | None
+    driver: str | None
+    iommu_group: int | None
+    physfn: str | None = None
+    total_vfs: int = 0
+    vf_product: str | None = None
+    vf_driver: str | None = None
+    vfs: list[str] = field(default_factory=list)
+    mdev_types: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+
+
+def _split(address: str) -> tuple[int, int, int, int]:
+    domain, bus, rest = address.split(":")
+    slot, function = rest.split(".")
+    return int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16)
+
+
+def _node_name(address: str) -> str:
+    return "pci_" + address.replace(":", "_").replace(".", "_")
+
+
+class SysfsBuilder:
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._numa: dict[int, tuple[str, int]] = {}
+        self._pci: dict[str, _Pci] = {}
+        self._mdevs: dict[str, tuple[str, str]] = {}
+        self._next_group = 1
+
+    # files
+
+    def _write(self, path: Path, text: object) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{text}\n")
+
+    def _link(self, link: Path, target: Path) -> None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(os.path.relpath(target, link.parent))
+
+    def device_dir(self, address: str) -> Path:
+        domain, bus, _, _ = _split(address)
+        return self.root / "devices" / f"pci{domain:04x}:{bus:02x}" / address
+
+    # NUMA
+
+    def add_numa_node(self, node_id: int, cpus: str, memory_mb: int,
+                      hugepages: dict[int, int] | None = None) -> None:
+        """``cpus`` in the kernel's list syntax; ``hugepages`` maps a page
+        size in KiB to a count (2 MiB and 1 GiB pages, 0 by default)."""
+        node = self.root / "devices" / "system" / "node" / f"node{node_id}"
+        self._write(node / "cpulist", cpus)
+        self._write(node / "meminfo",
+                    f"Node {node_id} MemTotal:       {memory_mb * 1024} kB\n"
+                    f"Node {node_id} MemFree:        {memory_mb * 512} kB")
+        pages = {2048: 0, 1048576: 0, **(hugepages or {})}
+        for size, count in pages.items():
+            self._write(node / "hugepages" / f"hugepages-{size}kB" /
+                        "nr_hugepages", count)
+        self._numa[node_id] = (cpus, memory_mb)
+
+    # PCI
+
+    def add_pci_device(self, address: str, vendor: str, product: str,
+                       class_id: str = "030000", numa_node: int | None = None,
+                       driver: str | None = None,
+                       iommu_group: int | None = None) -> Path:
+        if iommu_group is None:
+            iommu_group = self._next_group
+        self._next_group = max(self._next_group, iommu_group) + 1
+        dev = _Pci(address, vendor, product, class_id, numa_node, driver,
+                   iommu_group)
+        self._pci[address] = dev
+        path = self.device_dir(address)
+        self._write(path / "vendor", f"0x{vendor}")
+        self._write(path / "device", f"0x{product}")
+        self._write(path / "class", f"0x{class_id}")
+        self._write(path / "numa_node", -1 if numa_node is None else numa_node)
+        self._link(self.root / "bus" / "pci" / "devices" / address, path)
+        group_dir = self.root / "kernel" / "iommu_groups" / str(iommu_group)
+        self._link(group_dir / "devices" / address, path)
+        self._link(path / "iommu_group", group_dir)
+        if driver:
+            driver_dir = self.root / "bus" / "pci" / "drivers" / driver
+            driver_dir.mkdir(parents=True, exist_ok=True)
+            self._link(path / "driver", driver_dir)
+            self._link(driver_dir / address, path)
+        return path
+
+    def add_pf(self, address: str, vendor: str, product: str,
+               vf_product: str, numa_node: int | None, total_vfs: int,
+               num_vfs: int = 0, driver: str | None = None,
+               vf_driver: str | None = None,
+               class_id: str = "020000") -> list[str]:
+        """An SR-IOV PF with ``num_vfs`` VFs enabled; returns their
+        addresses."""
+        self.add_pci_device(address, vendor, product, class_id, numa_node,
+                            driver)
+        pf = self._pci[address]
+        pf.total_vfs, pf.vf_product = total_vfs, vf_product
+        pf.vf_driver = vf_driver
+        self._write(self.device_dir(address) / "sriov_totalvfs", total_vfs)
+        self.set_num_vfs(address, num_vfs)
+        return list(pf.vfs)
+
+    def vf_address(self, pf_address: str, index: int) -> str:
+        domain, bus, slot, function = _split(pf_address)
+        routing_id = (slot << 3 | function) + _VF_OFFSET + index
+        bus += routing_id >> 8
+        if bus > 0xFF:
+            raise ValueError(f"VF {index} of {pf_address} is past bus ff")
+        return (f"{domain:04x}:{bus:02x}:{(routing_id >> 3) & 0x1F:02x}."
+                f"{routing_id & 7}")
+
+    def set_num_vfs(self, pf_address: str, num_vfs: int) -> list[str]:
+        """Enable exactly ``num_vfs`` VFs, as writing sriov_numvfs does."""
+        pf = self._pci[pf_address]
+        if not 0 <= num_vfs <= pf.total_vfs:
+            raise ValueError(f"{pf_address}: {num_vfs} VFs of "
+                             f"{pf.total_vfs}")
+        pf_dir = self.device_dir(pf_address)
+        while len(pf.vfs) > num_vfs:
+            vf = pf.vfs.pop()
+            (pf_dir / f"virtfn{len(pf.vfs)}").unlink()
+            self.remove_device(vf)
+        while len(pf.vfs) < num_vfs:
+            index = len(pf.vfs)
+            vf = self.vf_address(pf_address, index)
+            vf_dir = self.add_pci_device(vf, pf.vendor, pf.vf_product or
+                                         pf.product, pf.class_id,
+                                         pf.numa_node, pf.vf_driver)
+            self._pci[vf].physfn = pf_address
+            self._link(vf_dir / "physfn", pf_dir)
+            self._link(pf_dir / f"virtfn{index}", vf_dir)
+            pf.vfs.append(vf)
+        self._write(pf_dir / "sriov_numvfs", num_vfs)
+        return list(pf.vfs)
+
+    def remove_device(self, address: str) -> None:
+        """Unplug a device, its VFs with it, and its mdevs."""
+        dev = self._pci.pop(address)
+        for vf in list(dev.vfs):
+            self.remove_device(vf)
+        for mdev_uuid, (parent, _) in list(self._mdevs.items()):
+            if parent == address:
+                del self._mdevs[mdev_uuid]
+                (self.root / "bus" / "mdev" / "devices" / mdev_uuid).unlink()
+        for link in (self.root / "bus" / "pci" / "devices" / address,
+                     self.root / "class" / "mdev_bus" / address,
+                     self.root / "kernel" / "iommu_groups" /
+                     str(dev.iommu_group) / "devices" / address,
+                     self.root / "bus" / "pci" / "drivers" / str(dev.driver) /
+                     address):
+            if link.is_symlink():
+                link.unlink()
+        shutil.rmtree(self.device_dir(address), ignore_errors=True)
+
+    # mdev
+
+    def add_mdev_parent(self, address: str, numa_node: int | None,
+                        types: dict[str, tuple[str | None, int]],
+                        vendor: str = _NVIDIA_VENDOR,
+                        product: str = "13f2") -> None:
+        """A GPU offering mdev types: ``{type_id: (name, available)}``."""
+        path = self.add_pci_device(address, vendor, product, "030000",
+                                   numa_node, "nvidia")
+        self._link(self.root / "class" / "mdev_bus" / address, path)
+        for type_id, (name, available) in types.items():
+            type_dir = path / "mdev_supported_types" / type_id
+            if name is not None:
+                self._write(type_dir / "name", name)
+            self._write(type_dir / "available_instances", available)
+            self._write(type_dir / "device_api", "vfio-pci")
+            (type_dir / "devices").mkdir(exist_ok=True)
+        self._pci[address].mdev_types = dict(types)
+
+    def add_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
+        """Create an mdev; its type's available_instances drops by one."""
+        dev = self._pci[parent]
+        name, available = dev.mdev_types[type_id]
+        dev.mdev_types[type_id] = (name, available - 1)
+        type_dir = (self.device_dir(parent) / "mdev_supported_types" /
+                    type_id)
+        self._write(type_dir / "available_instances", available - 1)
+        mdev_dir = self.device_dir(parent) / mdev_uuid
+        mdev_dir.mkdir(parents=True)
+        self._link(mdev_dir / "mdev_type", type_dir)
+        self._link(type_dir / "devices" / mdev_uuid, mdev_dir)
+        self._link(self.root / "bus" / "mdev" / "devices" / mdev_uuid,
+                   mdev_dir)
+        self._mdevs[mdev_uuid] = (parent, type_id)
+
+    def add_nvidia_vf_layout(self, pf_address: str, product: str,
+                             numa_node: int | None,
+                             vgpu_types: dict[int, str],
+                             num_vfs: int = 4) -> list[str]:
+        """A GPU in NVIDIA's vendor-specific VFIO layout: an SR-IOV PF whose
+        VFs each list ``vgpu_types`` (id -> name) as creatable."""
+        vfs = self.add_pf(pf_address, _NVIDIA_VENDOR, product, product,
+                          numa_node, total_vfs=num_vfs, num_vfs=num_vfs,
+                          driver="nvidia", vf_driver="nvidia",
+                          class_id="030200")
+        table = "ID    : vGPU Name\n" + "".join(
+            f"{type_id:<6}: {name}\n"
+            for type_id, name in sorted(vgpu_types.items()))
+        for vf in vfs:
+            nvidia = self.device_dir(vf) / "nvidia"
+            nvidia.mkdir()
+            (nvidia / "creatable_vgpu_types").write_text(table)
+            self._write(nvidia / "current_vgpu_type", 0)
+        return vfs
+
+    def set_current_vgpu_type(self, vf_address: str, type_id: int) -> None:
+        self._write(self.device_dir(vf_address) / "nvidia" /
+                    "current_vgpu_type", type_id)
+
+    # nvdimm
+
+    def add_pmem_namespace(self, region: int, index: int, size_bytes: int,
+                           numa_node: int | None, alt_name: str = "",
+                           mode: str = "devdax") -> str:
+        name = f"namespace{region}.{index}"
+        path = (self.root / "devices" / "ndbus0" / f"region{region}" / name)
+        self._write(path / "size", size_bytes)
+        self._write(path / "mode", mode)
+        self._write(path / "uuid", uuid_lib.uuid5(uuid_lib.NAMESPACE_OID,
+                                                  f"{self.root}/{name}"))
+        self._write(path / "alt_name", alt_name)
+        self._write(path / "numa_node", -1 if numa_node is None
+                    else numa_node)
+        if mode == "devdax":
+            (path / f"dax{region}.{index}").mkdir()
+        self._link(self.root / "bus" / "nd" / "devices" / name, path)
+        return name
+
+    # the libvirt view
+
+    def test_driver_host_xml(self, memory_mb: int | None = None) -> str:
+        """The libvirt test driver's host file for the same host: its CPUs,
+        memory and the PCI and mdev node devices built so far."""
+        cpus = sum(len(parse_cpulist(c, "fake", "cpus"))
+                   for c, _ in self._numa.values()) or 4
+        memory_mb = memory_mb or sum(m for _, m in self._numa.values()) or 8192
+        parts = ["<node>",
+                 f"  <cpu><mode>custom</mode><nodes>{max(len(self._numa), 1)}"
+                 f"</nodes><sockets>1</sockets><cores>{cpus}</cores>"
+                 f"<threads>1</threads><active>{cpus}</active>"
+                 "<mhz>2400</mhz><model>x86_64</model></cpu>",
+                 f"  <memory>{memory_mb * 1024}</memory>"]
+        parts += [self._pci_xml(dev) for _, dev in sorted(self._pci.items())]
+        parts += [_mdev_xml(u, parent, type_id)
+                  for u, (parent, type_id) in sorted(self._mdevs.items())]
+        parts.append("</node>")
+        return "\n".join(parts) + "\n"
+
+    def write_test_driver_host_xml(self, path: str | os.PathLike,
+                                   memory_mb: int | None = None) -> str:
+        """Write the host file; returns the URI that opens it."""
+        path = Path(path).absolute()
+        path.write_text(self.test_driver_host_xml(memory_mb))
+        return f"test://{path}"
+
+    def _pci_xml(self, dev: _Pci) -> str:
+        domain, bus, slot, function = _split(dev.address)
+        caps = []
+        if dev.total_vfs:
+            caps.append(f"<capability type='virt_functions' "
+                        f"maxCount='{dev.total_vfs}'>"
+                        + "".join(_address_xml(vf) for vf in dev.vfs)
+                        + "</capability>")
+        if dev.physfn:
+            caps.append("<capability type='phys_function'>"
+                        f"{_address_xml(dev.physfn)}</capability>")
+        if dev.mdev_types:
+            caps.append("<capability type='mdev_types'>" + "".join(
+                f"<type id={quoteattr(type_id)}>"
+                + (f"<name>{escape(name)}</name>" if name else "")
+                + "<deviceAPI>vfio-pci</deviceAPI>"
+                f"<availableInstances>{available}</availableInstances>"
+                "</type>"
+                for type_id, (name, available) in dev.mdev_types.items())
+                + "</capability>")
+        numa = ("" if dev.numa_node is None
+                else f"<numa node='{dev.numa_node}'/>")
+        driver = (f"<driver><name>{escape(dev.driver)}</name></driver>"
+                  if dev.driver else "")
+        return (f"  <device><name>{_node_name(dev.address)}</name>"
+                f"<parent>computer</parent>{driver}"
+                f"<capability type='pci'><class>0x{dev.class_id}</class>"
+                f"<domain>{domain}</domain><bus>{bus}</bus>"
+                f"<slot>{slot}</slot><function>{function}</function>"
+                f"<product id='0x{dev.product}'/>"
+                f"<vendor id='0x{dev.vendor}'/>{''.join(caps)}"
+                f"<iommuGroup number='{dev.iommu_group}'>"
+                f"{_address_xml(dev.address)}</iommuGroup>{numa}"
+                "</capability></device>")
+
+
+def _address_xml(address: str) -> str:
+    domain, bus, slot, function = _split(address)
+    return (f"<address domain='0x{domain:04x}' bus='0x{bus:02x}' "
+            f"slot='0x{slot:02x}' function='0x{function:x}'/>")
+
+
+def _mdev_xml(mdev_uuid: str, parent: str, type_id: str) -> str:
+    parent_name = _node_name(parent)
+    name = f"mdev_{mdev_uuid.replace('-', '_')}_{parent_name[4:]}"
+    return (f"  <device><name>{name}</name><parent>{parent_name}</parent>"
+            f"<capability type='mdev'><type id={quoteattr(type_id)}/>"
+            f"<uuid>{mdev_uuid}</uuid></capability></device>")
+

@@ -1,0 +1,103 @@
+"""Helpers for functional tests: agent configs, and reading Placement with
+plain HTTP, independently of the agent's own client."""
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import requests
+import yaml
+
+from agent.cmd.common import load_config
+from agent.service import Agent
+
+HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
+           "OpenStack-API-Version": "placement 1.39"}
+
+
+def write_conf(directory: Path, placement_url: str, host: str, host_dict: dict | None,
+               **sections) -> Path:
+    """A config file for a fake-driver agent; ``sections`` maps a group to
+    its options, e.g. pci={"device_spec": [...]}."""
+    directory.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, dict] = {
+        "DEFAULT": {"host": host, "state_path": str(directory / "state"),
+                    "compute_driver": "fake", "update_interval": 1,
+                    "update_jitter": 0},
+        "placement": {"auth_type": "placement_noauth2", "endpoint": placement_url},
+    }
+    if host_dict is not None:
+        (directory / "host.yaml").write_text(yaml.safe_dump(host_dict))
+        groups["fake"] = {"host_file": str(directory / "host.yaml")}
+    for group, opts in sections.items():
+        groups.setdefault(group, {}).update(opts)
+    lines = []
+    for group, opts in groups.items():
+        lines.append(f"[{group}]")
+        for key, value in opts.items():
+            for v in value if isinstance(value, list) else [value]:
+                lines.append(f"{key} = {v}")
+    path = directory / "agent.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def make_agent(tmp_path: Path, placement_url: str, host_dict: dict, **sections):
+    host = f"host-{uuid.uuid4().hex[:8]}"
+    path = write_conf(tmp_path, placement_url, host, host_dict, **sections)
+    return Agent.from_conf(load_config(["--config-file", str(path)]))
+
+
+def get(url: str, path: str):
+    resp = requests.get(url + path, headers=HEADERS, timeout=10)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def placement_tree(url: str, root_uuid: str) -> dict[str, dict]:
+    """Placement's view of a tree, by provider name: parent name,
+    inventories, traits, generation."""
+    rows = get(url, f"/resource_providers?in_tree={root_uuid}")["resource_providers"]
+    names = {r["uuid"]: r["name"] for r in rows}
+    out = {}
+    for r in rows:
+        out[r["name"]] = {
+            "uuid": r["uuid"],
+            "parent": names.get(r["parent_provider_uuid"]),
+            "generation": r["generation"],
+            "inventories": get(url, f"/resource_providers/{r['uuid']}/inventories")
+            ["inventories"],
+            "traits": set(get(url, f"/resource_providers/{r['uuid']}/traits")["traits"]),
+        }
+    return out
+
+
+def totals(node: dict) -> dict[str, int]:
+    return {rc: inv["total"] for rc, inv in node["inventories"].items()}
+
+
+def allocate(url: str, provider_uuid: str, resources: dict[str, int]) -> str:
+    consumer = str(uuid.uuid4())
+    resp = requests.put(f"{url}/allocations/{consumer}", headers=HEADERS, timeout=10, json={
+        "allocations": {provider_uuid: {"resources": resources}},
+        "project_id": str(uuid.uuid4()), "user_id": str(uuid.uuid4()),
+        "consumer_generation": None, "consumer_type": "INSTANCE"})
+    assert resp.status_code == 204, resp.text
+    return consumer
+
+
+def unallocate(url: str, consumer: str) -> None:
+    resp = requests.delete(f"{url}/allocations/{consumer}", headers=HEADERS, timeout=10)
+    assert resp.status_code == 204, resp.text
+
+
+def wait_for(predicate, timeout: float = 20, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(interval)

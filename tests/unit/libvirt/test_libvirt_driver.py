@@ -1,0 +1,184 @@
+"""The LibvirtDriver against the real libvirt test driver, reading a host
+file and a sysfs tree that SysfsBuilder wrote for the same host."""
+import threading
+
+import libvirt
+import pytest
+from oslo_config import cfg
+
+from agent import config
+from drivers.base import DriverUnavailable, Mdev, PciKind
+from drivers.fake_sysfs import SysfsBuilder
+from drivers.libvirt.connection import Connection
+from drivers.libvirt.driver import LibvirtDriver
+
+PF = "0000:81:00.0"
+GPU = "0000:06:00.0"
+NO_NUMA = "0000:00:1f.0"
+UUID = "4b20d080-1b54-4048-85b3-a6a62d165c01"
+
+
+@pytest.fixture
+def host(tmp_path):
+    builder = SysfsBuilder(tmp_path / "sys")
+    builder.add_numa_node(0, "0-3", 8192)
+    builder.add_numa_node(1, "4-7", 8192)
+    builder.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8,
+                   num_vfs=2, driver="ixgbe", vf_driver="ixgbevf")
+    builder.add_mdev_parent(GPU, 0, {"nvidia-35": ("GRID M60-2Q", 4),
+                                     "nvidia-36": ("GRID M60-4Q", 2)})
+    builder.add_mdev(UUID, GPU, "nvidia-35")
+    builder.add_pci_device(NO_NUMA, "8086", "a1c1", "060100")
+    builder.add_pmem_namespace(0, 0, 1 << 30, 0, "ns0")
+    return builder
+
+
+def make_driver(tmp_path, builder, uri=None):
+    conf = cfg.ConfigOpts()
+    config.register_opts(conf)
+    conf([], default_config_files=[])
+    conf.set_override("sysfs_root", str(builder.root))
+    uri = uri or builder.write_test_driver_host_xml(tmp_path / "host.xml")
+    conf.set_override("connection_uri", uri, "libvirt")
+    conf.set_override("instances_path", str(tmp_path / "not" / "yet"),
+                      "libvirt")
+    return LibvirtDriver(conf)
+
+
+@pytest.fixture
+def driver(tmp_path, host):
+    driver = make_driver(tmp_path, host)
+    driver.init_host()
+    yield driver
+    driver.cleanup()
+
+
+def test_inventory(driver):
+    inv = driver.get_host_inventory()
+    assert inv.warnings == ()
+    assert inv.cpus == frozenset(range(8)) and inv.memory_mb == 16384
+    assert inv.disk_gb > 0
+    assert [(c.id, sorted(c.cpus), c.memory_mb) for c in inv.numa_cells] == [
+        (0, [0, 1, 2, 3], 8192), (1, [4, 5, 6, 7], 8192)]
+    pci = {d.address: d for d in inv.pci_devices}
+    assert sorted(pci) == [NO_NUMA, GPU, PF, "0000:81:10.0", "0000:81:10.1"]
+    assert (pci[PF].kind, pci[PF].num_vfs, pci[PF].total_vfs) == (
+        PciKind.PF, 2, 8)
+    # The test driver drops <driver> from its XML; sysfs supplies it.
+    assert pci[PF].driver == "ixgbe"
+    vf = pci["0000:81:10.1"]
+    assert (vf.kind, vf.parent_address, vf.numa_node) == (PciKind.VF, PF, 1)
+    assert pci[NO_NUMA].numa_node is None
+    (parent,) = inv.mdev_parents
+    assert (parent.address, parent.numa_node) == (GPU, 0)
+    assert [(t.id, t.available_instances) for t in parent.types] == [
+        ("nvidia-35", 3), ("nvidia-36", 2)]
+    assert inv.mdevs == (Mdev(UUID, "nvidia-35", GPU),)
+    assert [n.name for n in inv.pmem_namespaces] == ["ns0"]
+
+
+def count_xmldesc(monkeypatch):
+    calls = []
+    real = libvirt.virNodeDevice.XMLDesc
+
+    def counting(self, flags=0):
+        calls.append(self.name())
+        return real(self, flags)
+
+    monkeypatch.setattr(libvirt.virNodeDevice, "XMLDesc", counting)
+    return calls
+
+
+def test_unchanged_cycle_reads_no_node_device_xml(driver, monkeypatch):
+    calls = count_xmldesc(monkeypatch)
+    first = driver.get_host_inventory()
+    assert len(calls) == 6  # five PCI devices and the mdev
+    calls.clear()
+    assert driver.get_host_inventory() == first
+    assert calls == []
+
+
+def test_node_device_event_drops_cache_and_notifies(driver, monkeypatch):
+    calls = count_xmldesc(monkeypatch)
+    notified = threading.Event()
+    driver.register_change_listener(notified.set)
+    driver.get_host_inventory()
+    # The test driver emits no node-device events for its devices, so this
+    # is the call Connection makes when libvirtd reports one.
+    driver._on_event("nodedev", "pci_0000_81_10_2",
+                     libvirt.VIR_NODE_DEVICE_EVENT_CREATED)
+    assert notified.is_set()
+    calls.clear()
+    driver.get_host_inventory()
+    assert len(calls) == 6
+
+
+def test_hot_change_raising_num_vfs(driver, host):
+    assert {d.address: d for d in driver.get_host_inventory().pci_devices
+            }[PF].num_vfs == 2
+    host.set_num_vfs(PF, 6)
+    pf = {d.address: d for d in driver.get_host_inventory().pci_devices}[PF]
+    assert pf.num_vfs == 6
+
+
+def test_mdev_available_instances_are_reread_from_sysfs(driver, host):
+    driver.get_host_inventory()
+    host.add_mdev("0c6b5e2a-9d41-4f37-8e20-5a1b3c4d5e6f", GPU, "nvidia-36")
+    inv = driver.get_host_inventory()
+    assert [(t.id, t.available_instances)
+            for t in inv.mdev_parents[0].types] == [("nvidia-35", 3),
+                                                    ("nvidia-36", 1)]
+    assert len(inv.mdevs) == 2
+
+
+def test_warnings_from_sysfs_reach_the_inventory(driver, host, caplog):
+    (host.device_dir(PF) / "sriov_numvfs").write_text("lots")
+    inv = driver.get_host_inventory()
+    assert [w.split(":")[0:4] for w in inv.warnings] == [
+        ["0000", "81", "00.0", " sriov_numvfs"]]
+    assert PF in {d.address for d in inv.pci_devices}  # libvirt's view kept
+    assert sum("sriov_numvfs" in r.message for r in caplog.records) == 1
+
+
+def test_sysfs_only_devices_are_ignored(tmp_path, host):
+    uri = host.write_test_driver_host_xml(tmp_path / "host.xml")
+    host.add_pci_device("0000:c1:00.0", "15b3", "1017", "020000", 1)
+    driver = make_driver(tmp_path, host, uri)
+    addresses = {d.address for d in driver.get_host_inventory().pci_devices}
+    assert "0000:c1:00.0" not in addresses and PF in addresses
+    driver.cleanup()
+
+
+def test_reconnects_after_the_connection_drops(driver, monkeypatch):
+    driver.get_host_inventory()
+    calls = count_xmldesc(monkeypatch)
+    # What a libvirtd restart looks like from here: the handle is dead.
+    driver._conn.call(lambda conn: conn).close()
+    inv = driver.get_host_inventory()
+    assert len(inv.pci_devices) == 5
+    assert len(calls) == 6  # the cache went with the old connection
+
+
+def test_unreachable_libvirt_raises_driver_unavailable(tmp_path, host):
+    driver = make_driver(tmp_path, host, "test:///no/such/host.xml")
+    with pytest.raises(DriverUnavailable, match="no/such/host.xml"):
+        driver.init_host()
+
+
+def test_connection_delivers_domain_events(tmp_path, host):
+    events = []
+    arrived = threading.Event()
+    uri = host.write_test_driver_host_xml(tmp_path / "host.xml")
+
+    def on_event(kind, name, event):
+        events.append((kind, name, event))
+        arrived.set()
+
+    conn = Connection(uri, on_event=on_event)
+    conn.call(lambda c: c.defineXML(
+        "<domain type='test'><name>vm1</name><memory>65536</memory>"
+        "<os><type>hvm</type></os></domain>"))
+    assert arrived.wait(5)
+    assert events == [("domain", "vm1", libvirt.VIR_DOMAIN_EVENT_DEFINED)]
+    conn.close()
+

@@ -1,0 +1,381 @@
+"""Building the desired provider tree from a host and the operator policy."""
+import json
+import uuid
+
+import pytest
+
+from agent.device_spec import parse_specs
+from agent.exception import ConfigError
+from agent.host_tree import (MdevTypePolicy, TreePolicy, build_tree, child_uuid,
+                             gpu_provider_name, numa_provider_name,
+                             pci_provider_name, pmem_provider_name)
+from agent.provider_tree import inventory, normalized_inventories
+from drivers.fake import host_from_dict
+
+ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
+HOST = "cmp1"
+
+PF = "0000:3b:00.0"
+WHOLE = "0000:5e:00.0"
+IGNORED = "0000:60:00.0"
+NO_NUMA = "0000:d8:00.0"
+GPU = "0000:af:00.0"
+
+VF_SPEC = json.dumps({"vendor_id": "8086", "product_id": "154c"})
+WHOLE_SPEC = json.dumps({"vendor_id": "10de", "product_id": "1db4"})
+NO_NUMA_SPEC = json.dumps({"address": NO_NUMA})
+
+
+def host_dict(**overrides) -> dict:
+    data = {
+        "disk_gb": 100,
+        "numa_cells": [
+            {"id": 0, "cpus": "0-7", "memory_mb": 16384},
+            {"id": 1, "cpus": "8-15", "memory_mb": 16384},
+        ],
+        "pci_devices": [
+            {"address": PF, "vendor_id": "8086", "product_id": "1572",
+             "numa_node": 0, "vfs": {"count": 8, "product_id": "154c"}},
+            {"address": WHOLE, "vendor_id": "10de", "product_id": "1db4",
+             "numa_node": 1},
+            {"address": IGNORED, "vendor_id": "1234", "product_id": "5678",
+             "numa_node": 0},
+            {"address": NO_NUMA, "vendor_id": "15b3", "product_id": "1017"},
+        ],
+        "gpus": [
+            {"address": GPU, "numa_node": 1,
+             "mdev_types": {"nvidia-35": {"available_instances": 14},
+                            "nvidia-36": {"available_instances": 8}},
+             "mdevs": [{"uuid": str(uuid.UUID(int=1)), "type": "nvidia-35"},
+                       {"uuid": str(uuid.UUID(int=2)), "type": "nvidia-35"},
+                       {"uuid": str(uuid.UUID(int=3)), "type": "nvidia-36"}]},
+        ],
+        "pmem_namespaces": [
+            {"name": "ns0", "size_bytes": 1 << 30, "numa_node": 0},
+            {"name": "ns1", "size_bytes": 1 << 30, "numa_node": 0},
+            {"name": "ns2", "size_bytes": 1 << 30, "numa_node": 1},
+            {"name": "ns3", "size_bytes": 1 << 34, "numa_node": 1},
+        ],
+    }
+    data.update(overrides)
+    return data
+
+
+def policy(**overrides) -> TreePolicy:
+    values = dict(
+        host=HOST, root_uuid=ROOT, reserved_memory_mb=512,
+        reserved_disk_mb=2048,
+        device_specs=parse_specs([VF_SPEC, WHOLE_SPEC, NO_NUMA_SPEC]),
+        mdev_types=(MdevTypePolicy("nvidia-35"),),
+        pmem_labels=(("SMALL", frozenset({"ns0", "ns1", "ns2"})),
+                     ("LARGE", frozenset({"ns3"}))))
+    values.update(overrides)
+    return TreePolicy(**values)
+
+
+def build(host=None, **policy_overrides):
+    return build_tree(host_from_dict(host or host_dict()),
+                      policy(**policy_overrides))
+
+
+def summary(tree) -> dict:
+    """name -> (parent name, normalized inventories, traits)."""
+    out = {}
+    for p in tree:
+        parent = tree.get(p.parent_uuid).name if p.parent_uuid else None
+        out[p.name] = (parent, normalized_inventories(p.inventories), p.traits)
+    return out
+
+
+def node(parent, invs, traits=()):
+    return (parent, normalized_inventories(invs), frozenset(traits))
+
+
+def n(suffix: str) -> str:
+    return f"{HOST}_{suffix}"
+
+
+# --- the full nested tree ----------------------------------------------------
+
+def test_full_nested_tree():
+    built = build()
+    assert built.warnings == []
+    assert summary(built.tree) == {
+        HOST: node(None, {"DISK_GB": inventory(100, reserved=2)}),
+        n("numa_0"): node(HOST, {
+            "VCPU": inventory(8, allocation_ratio=4.0),
+            "MEMORY_MB": inventory(16384, reserved=512)}, {"HW_NUMA_ROOT"}),
+        n("numa_1"): node(HOST, {
+            "VCPU": inventory(8, allocation_ratio=4.0),
+            "MEMORY_MB": inventory(16384)}, {"HW_NUMA_ROOT"}),
+        n("0000:3B:00.0"): node(n("numa_0"), {"SRIOV_NET_VF": inventory(8)},
+                                {"COMPUTE_MANAGED_PCI_DEVICE"}),
+        n("0000:5E:00.0"): node(n("numa_1"),
+                                {"CUSTOM_PCI_10DE_1DB4": inventory(1)},
+                                {"COMPUTE_MANAGED_PCI_DEVICE"}),
+        n("0000:D8:00.0"): node(HOST, {"CUSTOM_PCI_15B3_1017": inventory(1)},
+                                {"COMPUTE_MANAGED_PCI_DEVICE"}),
+        n("pci_0000_af_00_0"): node(n("numa_1"), {"VGPU": inventory(16)},
+                                    {"CUSTOM_MDEV_TYPE_NVIDIA_35"}),
+        n("pmem_SMALL_numa_0"): node(
+            n("numa_0"), {"CUSTOM_PMEM_NAMESPACE_SMALL": inventory(2)}),
+        n("pmem_SMALL_numa_1"): node(
+            n("numa_1"), {"CUSTOM_PMEM_NAMESPACE_SMALL": inventory(1)}),
+        n("pmem_LARGE_numa_1"): node(
+            n("numa_1"), {"CUSTOM_PMEM_NAMESPACE_LARGE": inventory(1)}),
+    }
+
+
+def test_root_is_the_host_with_its_own_uuid():
+    tree = build().tree
+    assert tree.root.uuid == ROOT
+    assert tree.root.name == HOST
+
+
+def test_provider_names_follow_nova():
+    assert pci_provider_name(HOST, PF) == "cmp1_0000:3B:00.0"
+    assert gpu_provider_name(HOST, GPU) == "cmp1_pci_0000_af_00_0"
+    assert numa_provider_name(HOST, 1) == "cmp1_numa_1"
+    assert pmem_provider_name(HOST, "SMALL", 0) == "cmp1_pmem_SMALL_numa_0"
+    assert pmem_provider_name(HOST, "SMALL", None) == "cmp1_pmem_SMALL"
+
+
+# --- PCI ---------------------------------------------------------------------
+
+def test_nothing_is_reported_without_an_allowlist():
+    tree = build(device_specs=()).tree
+    names = {p.name for p in tree}
+    assert not any(":" in name for name in names)
+    assert not any("PCI" in rc or rc == "SRIOV_NET_VF"
+                   for p in tree for rc in p.inventories)
+
+
+def test_device_not_allowlisted_is_not_reported():
+    names = {p.name for p in build().tree}
+    assert pci_provider_name(HOST, IGNORED) not in names
+
+
+def test_device_without_numa_affinity_goes_under_the_root():
+    tree = build().tree
+    assert tree.by_name(n("0000:D8:00.0")).parent_uuid == ROOT
+
+
+def test_device_on_an_unknown_cell_goes_under_the_root_with_a_warning():
+    host = host_dict()
+    host["pci_devices"][1]["numa_node"] = 7
+    built = build(host)
+    assert built.tree.by_name(n("0000:5E:00.0")).parent_uuid == ROOT
+    assert any(WHOLE in w and "7" in w for w in built.warnings)
+
+
+def test_vf_spec_resource_class_and_traits_land_on_the_pf_provider():
+    spec = json.dumps({"vendor_id": "8086", "product_id": "154c",
+                       "resource_class": "fast-vf",
+                       "traits": ["physnet1"]})
+    tree = build(device_specs=parse_specs([spec])).tree
+    pf = tree.by_name(n("0000:3B:00.0"))
+    assert pf.inventories == {"CUSTOM_FAST_VF": inventory(8)}
+    assert pf.traits == {"COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1"}
+
+
+def test_vfs_of_one_pf_allowlisted_by_its_address_and_vf_product():
+    spec = json.dumps({"address": PF, "product_id": "154c"})
+    tree = build(device_specs=parse_specs([spec])).tree
+    assert (tree.by_name(n("0000:3B:00.0")).inventories
+            == {"SRIOV_NET_VF": inventory(8)})
+
+
+def test_whole_pf_allowlisted_uses_the_pci_class():
+    spec = json.dumps({"vendor_id": "8086", "product_id": "1572"})
+    tree = build(device_specs=parse_specs([spec])).tree
+    assert (tree.by_name(n("0000:3B:00.0")).inventories
+            == {"CUSTOM_PCI_8086_1572": inventory(1)})
+
+
+def test_pf_and_its_own_vf_both_allowlisted_is_refused_naming_both_specs():
+    pf_spec = json.dumps({"vendor_id": "8086", "product_id": "1572"})
+    with pytest.raises(ConfigError) as err:
+        build(device_specs=parse_specs([pf_spec, VF_SPEC]))
+    message = str(err.value)
+    assert "[pci] device_spec" in message
+    assert pf_spec in message and VF_SPEC in message
+    assert PF in message
+
+
+# --- vGPU --------------------------------------------------------------------
+
+def test_vgpu_total_counts_existing_mdevs_of_the_enabled_type_only():
+    tree = build(mdev_types=(MdevTypePolicy("nvidia-36"),)).tree
+    gpu = tree.by_name(n("pci_0000_af_00_0"))
+    assert gpu.inventories == {"VGPU": inventory(9)}
+    assert gpu.traits == {"CUSTOM_MDEV_TYPE_NVIDIA_36"}
+
+
+def test_gpu_without_an_enabled_type_is_not_reported():
+    tree = build(mdev_types=()).tree
+    assert tree.by_name(n("pci_0000_af_00_0")) is None
+
+
+def test_mdev_type_restricted_to_other_addresses_skips_the_gpu():
+    tree = build(mdev_types=(MdevTypePolicy(
+        "nvidia-35", addresses=frozenset({"0000:00:01.0"})),)).tree
+    assert tree.by_name(n("pci_0000_af_00_0")) is None
+
+
+def test_mdev_type_with_a_custom_class():
+    tree = build(mdev_types=(MdevTypePolicy("nvidia-35", "CUSTOM_VGPU_2Q"),)).tree
+    assert (tree.by_name(n("pci_0000_af_00_0")).inventories
+            == {"CUSTOM_VGPU_2Q": inventory(16)})
+
+
+def test_gpu_both_passed_through_and_split_into_mdevs_is_refused():
+    host = host_dict()
+    host["pci_devices"].append({"address": GPU, "vendor_id": "10de",
+                                "product_id": "1eb8", "numa_node": 1})
+    spec = json.dumps({"address": GPU})
+    with pytest.raises(ConfigError, match="0000:af:00.0"):
+        build(host, device_specs=parse_specs([spec]))
+
+
+# --- flat mode ---------------------------------------------------------------
+
+def test_flat_mode_keeps_compute_on_the_root_and_devices_under_it():
+    tree = build(nested=False).tree
+    root = tree.root
+    assert root.inventories["VCPU"] == inventory(16, allocation_ratio=4.0)
+    assert root.inventories["MEMORY_MB"] == inventory(32768, reserved=512)
+    assert tree.by_name(n("numa_0")) is None
+    assert all(p.parent_uuid == ROOT for p in tree if p is not root)
+    assert (tree.by_name(n("pmem_SMALL")).inventories
+            == {"CUSTOM_PMEM_NAMESPACE_SMALL": inventory(3)})
+    assert tree.by_name(n("0000:3B:00.0")) is not None
+    assert tree.by_name(n("pci_0000_af_00_0")) is not None
+
+
+def test_nested_host_without_cells_keeps_compute_on_the_root():
+    host = {"cpus": "0-3", "memory_mb": 4096, "disk_gb": 10}
+    tree = build(host).tree
+    assert len(tree) == 1
+    assert set(tree.root.inventories) == {"VCPU", "MEMORY_MB", "DISK_GB"}
+
+
+# --- CPU sets ----------------------------------------------------------------
+
+def test_dedicated_and_shared_sets_split_pcpu_and_vcpu_per_cell():
+    tree = build(dedicated_cpus=frozenset({0, 1, 2, 8}),
+                 shared_cpus=frozenset({3, 4, 9, 10, 11})).tree
+    cell0 = tree.by_name(n("numa_0")).inventories
+    cell1 = tree.by_name(n("numa_1")).inventories
+    assert cell0["PCPU"] == inventory(3)
+    assert cell0["VCPU"] == inventory(2, allocation_ratio=4.0)
+    assert cell1["PCPU"] == inventory(1)
+    assert cell1["VCPU"] == inventory(3, allocation_ratio=4.0)
+
+
+def test_dedicated_set_alone_leaves_no_vcpu():
+    tree = build(dedicated_cpus=frozenset(range(4))).tree
+    cell0 = tree.by_name(n("numa_0")).inventories
+    cell1 = tree.by_name(n("numa_1")).inventories
+    assert cell0["PCPU"] == inventory(4)
+    assert "VCPU" not in cell0
+    assert "VCPU" not in cell1 and "PCPU" not in cell1
+
+
+def test_shared_set_alone_limits_vcpu():
+    tree = build(shared_cpus=frozenset({0, 1, 8})).tree
+    assert tree.by_name(n("numa_0")).inventories["VCPU"]["total"] == 2
+    assert tree.by_name(n("numa_1")).inventories["VCPU"]["total"] == 1
+    assert all("PCPU" not in p.inventories for p in tree)
+
+
+def test_overlapping_cpu_sets_are_refused_naming_both_options():
+    with pytest.raises(ConfigError) as err:
+        build(dedicated_cpus=frozenset({0, 1, 2}), shared_cpus=frozenset({2, 3}))
+    message = str(err.value)
+    assert "cpu_dedicated_set" in message and "cpu_shared_set" in message
+    assert "2" in message
+
+
+@pytest.mark.parametrize("option", ["dedicated_cpus", "shared_cpus"])
+def test_cpus_not_on_the_host_are_refused_naming_the_option(option):
+    with pytest.raises(ConfigError) as err:
+        build(**{option: frozenset({1, 99})})
+    message = str(err.value)
+    name = {"dedicated_cpus": "[compute] cpu_dedicated_set",
+            "shared_cpus": "[compute] cpu_shared_set"}[option]
+    assert name in message
+    assert "99" in message
+
+
+# --- memory and disk ---------------------------------------------------------
+
+def test_reserved_memory_is_on_the_first_cell_only():
+    host = host_dict(numa_cells=[
+        {"id": 1, "cpus": "8-15", "memory_mb": 16384},
+        {"id": 0, "cpus": "0-7", "memory_mb": 16384}])
+    tree = build(host, reserved_memory_mb=1024).tree
+    assert tree.by_name(n("numa_0")).inventories["MEMORY_MB"]["reserved"] == 1024
+    assert tree.by_name(n("numa_1")).inventories["MEMORY_MB"]["reserved"] == 0
+
+
+def test_reserved_memory_is_capped_at_the_cell_size():
+    tree = build(reserved_memory_mb=1 << 20).tree
+    assert tree.by_name(n("numa_0")).inventories["MEMORY_MB"]["reserved"] == 16384
+
+
+def test_reserved_disk_is_rounded_up_to_whole_gigabytes():
+    tree = build(reserved_disk_mb=1025).tree
+    assert tree.root.inventories["DISK_GB"]["reserved"] == 2
+
+
+def test_allocation_ratios_come_from_the_policy():
+    tree = build(cpu_allocation_ratio=2.0, ram_allocation_ratio=1.5,
+                 disk_allocation_ratio=3.0).tree
+    cell = tree.by_name(n("numa_0")).inventories
+    assert cell["VCPU"]["allocation_ratio"] == 2.0
+    assert cell["MEMORY_MB"]["allocation_ratio"] == 1.5
+    assert tree.root.inventories["DISK_GB"]["allocation_ratio"] == 3.0
+
+
+# --- UUIDs -------------------------------------------------------------------
+
+def test_child_uuids_are_uuid5_of_the_root_and_name():
+    tree = build().tree
+    for p in tree:
+        if p.uuid != ROOT:
+            assert p.uuid == str(uuid.uuid5(uuid.UUID(ROOT), p.name))
+            assert p.uuid == child_uuid(ROOT, p.name)
+
+
+def test_two_builds_give_the_same_tree():
+    first, second = build().tree, build().tree
+    assert summary(first) == summary(second)
+    assert {p.name: p.uuid for p in first} == {p.name: p.uuid for p in second}
+
+
+def test_another_root_gives_other_child_uuids():
+    other = str(uuid.UUID(int=42))
+    a, b = build().tree, build(root_uuid=other).tree
+    assert (a.by_name(n("numa_0")).uuid != b.by_name(n("numa_0")).uuid)
+
+
+# --- pmem --------------------------------------------------------------------
+
+def test_missing_pmem_namespace_warns_and_is_not_reported():
+    built = build(pmem_labels=(("SMALL", frozenset({"ns0", "nsX"})),))
+    assert any("nsX" in w for w in built.warnings)
+    assert (built.tree.by_name(n("pmem_SMALL_numa_0")).inventories
+            == {"CUSTOM_PMEM_NAMESPACE_SMALL": inventory(1)})
+
+
+def test_namespace_under_two_labels_is_refused():
+    with pytest.raises(ConfigError, match="ns0"):
+        build(pmem_labels=(("A", frozenset({"ns0"})), ("B", frozenset({"ns0"}))))
+
+
+def test_pmem_namespace_without_numa_goes_under_the_root():
+    host = host_dict(pmem_namespaces=[{"name": "ns0", "size_bytes": 1 << 30}])
+    tree = build(host, pmem_labels=(("SMALL", frozenset({"ns0"})),)).tree
+    p = tree.by_name(n("pmem_SMALL"))
+    assert p.parent_uuid == ROOT
+    assert p.inventories == {"CUSTOM_PMEM_NAMESPACE_SMALL": inventory(1)}
