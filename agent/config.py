@@ -10,6 +10,15 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 PLACEMENT_GROUP = "placement"
+placement_group = cfg.OptGroup(
+    PLACEMENT_GROUP,
+    title="Placement",
+    help="How to reach Placement: keystoneauth1's session, auth and adapter "
+    "options. With Keystone, use auth_type = password and give the agent's "
+    "service user, which needs the 'service' role for reshaping. For a "
+    "Placement that runs with auth_strategy = noauth2 (development, demos), "
+    "use auth_type = placement_noauth2 and endpoint = <Placement's URL>.",
+)
 
 default_opts = [
     cfg.StrOpt(
@@ -182,6 +191,7 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(devices_opts, group="devices")
     conf.register_opts(pmem_opts, group="pmem")
     conf.register_opts(fake_opts, group="fake")
+    conf.register_group(placement_group)
     ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(
@@ -206,5 +216,5 @@ def list_opts():
         ("devices", devices_opts),
         ("pmem", pmem_opts),
         ("fake", fake_opts),
-        (PLACEMENT_GROUP, _placement_opts()),
+        (placement_group, _placement_opts()),
     ]

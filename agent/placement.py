@@ -76,7 +76,7 @@ class PlacementClient:
                                  f"needs {MIN_VERSION[0]}.{MIN_VERSION[1]}")
         chosen = min(server_max, MAX_VERSION)
         self.version = f"{chosen[0]}.{chosen[1]}"
-        LOG.info("Placement microversion %s", self.version)
+        LOG.debug("Placement microversion %s", self.version)
         return self.version
 
     # --- providers ------------------------------------------------------

@@ -44,6 +44,7 @@ def load_config(argv: list[str], cli_opts=(), project="compute-agent") -> cfg.Co
     """Raises ConfigError naming the option and the value."""
     conf = cfg.ConfigOpts()
     config.register_opts(conf)
+    conf.set_default("use_stderr", True)
     conf.register_cli_opts(list(cli_opts))
     try:
         conf(argv, project=project)
@@ -54,7 +55,8 @@ def load_config(argv: list[str], cli_opts=(), project="compute-agent") -> cfg.Co
 
 
 def setup_logging(conf: cfg.ConfigOpts, project="compute-agent") -> None:
-    """Console scripts only: oslo.log replaces the root logger's handlers."""
+    """Console scripts only: oslo.log replaces the root logger's handlers.
+    Logs go to stderr unless a log file is set, so stdout stays for data."""
     logging.setup(conf, project)
 
 

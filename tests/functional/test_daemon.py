@@ -1,0 +1,104 @@
+"""compute-agent and compute-agent-manage as operators run them."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent.testing.local_placement import free_port
+from tests.functional.helpers import wait_for, write_conf
+
+BIN = Path(sys.executable).parent
+HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
+
+
+def run(command: str, conf: Path, *args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / command), "--config-file", str(conf), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_daemon(conf: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "compute-agent"), "--config-file", str(conf)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def test_once_registers_the_host_and_manage_shows_it(tmp_path, placement):
+    conf = write_conf(tmp_path, placement.url, "daemon-once", HOST)
+    done = run("compute-agent", conf, "--once")
+    assert done.returncode == 0, done.stderr
+
+    shown = run("compute-agent-manage", conf, "tree", "--json")
+    assert shown.returncode == 0, shown.stderr
+    tree = {p["name"]: p for p in json.loads(shown.stdout)}
+    assert tree["daemon-once_numa_0"]["inventories"]["VCPU"]["total"] == 4
+    assert tree["daemon-once_numa_0"]["parent_uuid"] == tree["daemon-once"]["uuid"]
+
+
+def test_an_invalid_option_is_one_line_naming_it_and_exit_2(tmp_path, placement):
+    conf = write_conf(tmp_path, placement.url, "bad-conf", HOST,
+                      DEFAULT={"update_interval": "soon"})
+    done = run("compute-agent", conf, "--once")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "[DEFAULT] update_interval" in lines[0] and "'soon'" in lines[0]
+
+
+def test_an_invalid_device_spec_names_the_option_and_the_field(tmp_path, placement):
+    conf = write_conf(tmp_path, placement.url, "bad-spec", HOST,
+                      pci={"device_spec": '{"vendor_id": "80861"}'})
+    done = run("compute-agent", conf, "--once")
+    assert done.returncode == 2
+    assert "[pci] device_spec: vendor_id" in done.stderr and "80861" in done.stderr
+
+
+def test_once_without_placement_fails_with_one_line(tmp_path):
+    conf = write_conf(tmp_path, f"http://127.0.0.1:{free_port()}", "no-placement", HOST)
+    done = run("compute-agent", conf, "--once")
+    assert done.returncode == 1
+    reason = [l for l in done.stderr.splitlines() if l.startswith("compute-agent:")]
+    assert len(reason) == 1 and "Placement unavailable" in reason[0], done.stderr
+
+
+def test_the_daemon_outlives_a_placement_that_does_not_answer(tmp_path):
+    conf = write_conf(tmp_path, f"http://127.0.0.1:{free_port()}", "lonely", HOST)
+    log = tmp_path / "agent.log"
+    proc = start_daemon(conf, log)
+    try:
+        wait_for(lambda: log.read_text().count("Placement unavailable") >= 3)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+def test_sigterm_stops_the_daemon_cleanly(tmp_path, placement):
+    conf = write_conf(tmp_path, placement.url, "sigterm", HOST)
+    log = tmp_path / "agent.log"
+    proc = start_daemon(conf, log)
+    wait_for(lambda: "sigterm_numa_0" in run("compute-agent-manage", conf, "tree").stdout)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert time.monotonic() - started < 10
+    assert "compute-agent stopped" in log.read_text()
+
+
+def test_sighup_drops_the_placement_cache(tmp_path, placement):
+    conf = write_conf(tmp_path, placement.url, "sighup", HOST,
+                      DEFAULT={"update_interval": 3600})
+    log = tmp_path / "agent.log"
+    proc = start_daemon(conf, log)
+    try:
+        wait_for(lambda: "sighup_numa_0" in run("compute-agent-manage", conf, "tree").stdout)
+        mark = placement.mark()
+        proc.send_signal(signal.SIGHUP)
+        # With its cache gone, the agent reads every provider again.
+        wait_for(lambda: any("/inventories" in r for r in placement.requests_since(mark)))
+        wait_for(lambda: "Placement cache dropped" in log.read_text())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0

@@ -1,0 +1,290 @@
+"""compute_driver = libvirt on the libvirt TEST driver, end to end.
+
+Each test describes one host twice, through SysfsBuilder: as a fake sysfs
+tree under tmp_path and as the test driver's host XML. The agent discovers
+it through the real LibvirtDriver and syncs it into the real Placement of
+the session; the assertions read Placement back with plain HTTP.
+
+The test driver keeps its device list for the life of a connection (it
+reads the host file when a connection opens). Where a test changes the
+host's devices, it rewrites the host file and closes the driver's
+connection, which is what a libvirtd restart looks like to the driver; the
+next cycle then reconnects and reads the new host.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent.cmd.common import load_config
+from agent.service import Agent
+from drivers.fake_sysfs import SysfsBuilder
+from tests.functional.helpers import (allocate, placement_tree, totals,
+                                      unallocate, write_conf)
+
+PF = "0000:81:00.0"            # Intel 82599, VFs 8086:10ed, cell 1
+GPU = "0000:06:00.0"           # mdev-capable GPU, cell 0
+NIC0 = "0000:3b:00.0"          # whole device, cell 0
+NO_NUMA = "0000:00:05.0"       # whole device, no NUMA affinity
+CHIPSET = "0000:00:1f.0"       # present, never allowlisted
+MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
+
+DEVICE_SPECS = [
+    json.dumps({"vendor_id": "8086", "product_id": "10ed"}),  # the PF's VFs
+    json.dumps({"vendor_id": "15b3", "product_id": "101b",
+                "traits": ["CUSTOM_FAST_NIC"]}),
+    json.dumps({"vendor_id": "1af4", "product_id": "1041"}),
+]
+
+
+class Host:
+    """One test host: its sysfs builder, host file and agent."""
+
+    def __init__(self, tmp_path: Path, placement_url: str) -> None:
+        self.dir = tmp_path
+        self.sys = SysfsBuilder(tmp_path / "sys")
+        self.host_xml = tmp_path / "host.xml"
+        self.name = f"lv-{uuid.uuid4().hex[:8]}"
+        self.url = placement_url
+        self.agent: Agent | None = None
+
+    def build_default(self) -> None:
+        b = self.sys
+        b.add_numa_node(0, "0-3", 8192)
+        b.add_numa_node(1, "4-7", 8192)
+        b.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8,
+                 num_vfs=2, driver="ixgbe", vf_driver="ixgbevf")
+        b.add_mdev_parent(GPU, 0, {"nvidia-35": ("GRID M60-2Q", 4),
+                                   "nvidia-36": ("GRID M60-4Q", 2)})
+        b.add_mdev(MDEV, GPU, "nvidia-35")
+        b.add_pci_device(NIC0, "15b3", "101b", "020000", numa_node=0,
+                         driver="mlx5_core")
+        b.add_pci_device(NO_NUMA, "1af4", "1041", "020000", numa_node=None)
+        b.add_pci_device(CHIPSET, "8086", "a1c1", "060100", numa_node=None)
+        b.add_pmem_namespace(0, 0, 64 << 30, 0, alt_name="ns0")
+        b.add_pmem_namespace(1, 0, 64 << 30, 1, alt_name="ns1")
+        b.add_pmem_namespace(1, 1, 64 << 30, 1, alt_name="ns2")
+        b.add_pmem_namespace(1, 2, 16 << 30, 1, alt_name="ns3")
+
+    def make_agent(self) -> Agent:
+        uri = self.sys.write_test_driver_host_xml(self.host_xml)
+        path = write_conf(
+            self.dir, self.url, self.name, host_dict=None,
+            DEFAULT={"compute_driver": "libvirt",
+                     "sysfs_root": str(self.sys.root)},
+            libvirt={"connection_uri": uri,
+                     "instances_path": str(self.dir / "instances")},
+            pci={"device_spec": DEVICE_SPECS},
+            devices={"enabled_mdev_types": "nvidia-35"},
+            pmem={"namespaces": "64G:ns0|ns1|ns2,16G:ns3"})
+        self.agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+        self.agent.driver.init_host()
+        return self.agent
+
+    def cycle(self) -> None:
+        outcome = self.agent.run_cycle()
+        assert outcome.ok, outcome.reason
+
+    def libvirt_sees_the_new_host(self) -> None:
+        """Rewrite the host file from the builder and drop the connection,
+        as a libvirtd restart would: the next cycle reads the new host."""
+        self.sys.write_test_driver_host_xml(self.host_xml)
+        self.agent.driver.cleanup()
+
+    def tree(self) -> dict[str, dict]:
+        return placement_tree(self.url, self.agent.policy.root_uuid)
+
+    def p(self, suffix: str) -> str:
+        return f"{self.name}_{suffix}"
+
+
+@pytest.fixture
+def host(tmp_path, placement):
+    h = Host(tmp_path, placement.url)
+    h.build_default()
+    h.make_agent()
+    yield h
+    h.agent.driver.cleanup()
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING]
+
+
+def test_the_host_appears_in_placement_as_the_nested_tree(host):
+    host.cycle()
+    tree = host.tree()
+    h, p = host.name, host.p
+    # Parents: cells from the fake sysfs; each device under its own cell,
+    # the one without NUMA affinity under the root; the chipset device and
+    # the PF itself (only its VFs are allowlisted) get nothing of their own.
+    assert {name: node["parent"] for name, node in tree.items()} == {
+        h: None,
+        p("numa_0"): h,
+        p("numa_1"): h,
+        p("0000:81:00.0"): p("numa_1"),
+        p("pci_0000_06_00_0"): p("numa_0"),
+        p("0000:3B:00.0"): p("numa_0"),
+        p("0000:00:05.0"): h,
+        p("pmem_64G_numa_0"): p("numa_0"),
+        p("pmem_64G_numa_1"): p("numa_1"),
+        p("pmem_16G_numa_1"): p("numa_1"),
+    }
+    assert set(totals(tree[h])) == {"DISK_GB"} and totals(tree[h])["DISK_GB"] > 0
+    for cell in (p("numa_0"), p("numa_1")):
+        assert totals(tree[cell]) == {"VCPU": 4, "MEMORY_MB": 8192}
+        assert tree[cell]["traits"] == {"HW_NUMA_ROOT"}
+    assert tree[p("numa_0")]["inventories"]["MEMORY_MB"]["reserved"] == 512
+    assert tree[p("numa_1")]["inventories"]["MEMORY_MB"]["reserved"] == 0
+
+    # SR-IOV: the two enabled VFs count on their PF's provider.
+    assert totals(tree[p("0000:81:00.0")]) == {"SRIOV_NET_VF": 2}
+    assert tree[p("0000:81:00.0")]["traits"] == {"COMPUTE_MANAGED_PCI_DEVICE"}
+
+    # vGPU: only the enabled type; one existing mdev + 3 still creatable.
+    gpu = tree[p("pci_0000_06_00_0")]
+    assert totals(gpu) == {"VGPU": 4}
+    assert gpu["traits"] == {"CUSTOM_MDEV_TYPE_NVIDIA_35"}
+
+    # Whole devices: nova's class name, the spec's traits.
+    assert totals(tree[p("0000:3B:00.0")]) == {"CUSTOM_PCI_15B3_101B": 1}
+    assert tree[p("0000:3B:00.0")]["traits"] == {
+        "COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_FAST_NIC"}
+    assert totals(tree[p("0000:00:05.0")]) == {"CUSTOM_PCI_1AF4_1041": 1}
+
+    # pmem: grouped by label and cell.
+    assert totals(tree[p("pmem_64G_numa_0")]) == {"CUSTOM_PMEM_NAMESPACE_64G": 1}
+    assert totals(tree[p("pmem_64G_numa_1")]) == {"CUSTOM_PMEM_NAMESPACE_64G": 2}
+    assert totals(tree[p("pmem_16G_numa_1")]) == {"CUSTOM_PMEM_NAMESPACE_16G": 1}
+
+
+def test_enabling_the_other_mdev_type_reports_it_instead(tmp_path, placement):
+    h = Host(tmp_path, placement.url)
+    h.build_default()
+    uri = h.sys.write_test_driver_host_xml(h.host_xml)
+    path = write_conf(
+        tmp_path, placement.url, h.name, host_dict=None,
+        DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(h.sys.root)},
+        libvirt={"connection_uri": uri,
+                 "instances_path": str(tmp_path / "instances")},
+        devices={"enabled_mdev_types": "nvidia-36"},
+        **{"mdev_nvidia-36": {"mdev_class": "CUSTOM_VGPU_4Q",
+                              "device_addresses": GPU}})
+    h.agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    h.agent.driver.init_host()
+    try:
+        h.cycle()
+        tree = h.tree()
+        gpu = tree[h.p("pci_0000_06_00_0")]
+        assert totals(gpu) == {"CUSTOM_VGPU_4Q": 2}
+        assert gpu["traits"] == {"CUSTOM_MDEV_TYPE_NVIDIA_36"}
+        # Nothing allowlisted: no PCI provider at all.
+        assert not any("COMPUTE_MANAGED_PCI_DEVICE" in n["traits"]
+                       for n in tree.values())
+    finally:
+        h.agent.driver.cleanup()
+
+
+def test_raising_sriov_numvfs_grows_the_tree_next_cycle(host):
+    host.cycle()
+    pf = host.p("0000:81:00.0")
+    assert totals(host.tree()[pf]) == {"SRIOV_NET_VF": 2}
+
+    host.sys.set_num_vfs(PF, 6)
+    host.libvirt_sees_the_new_host()
+    host.cycle()
+    assert totals(host.tree()[pf]) == {"SRIOV_NET_VF": 6}
+
+    host.sys.set_num_vfs(PF, 1)
+    host.libvirt_sees_the_new_host()
+    host.cycle()
+    assert totals(host.tree()[pf]) == {"SRIOV_NET_VF": 1}
+
+
+def test_a_removed_gpu_loses_its_provider(host):
+    host.cycle()
+    gpu = host.p("pci_0000_06_00_0")
+    assert gpu in host.tree()
+
+    host.sys.remove_device(GPU)
+    host.libvirt_sees_the_new_host()
+    host.cycle()
+    tree = host.tree()
+    assert gpu not in tree
+    assert host.p("0000:81:00.0") in tree  # the rest stays
+
+
+def test_a_removed_gpu_with_allocations_stays_fully_reserved(
+        host, placement, caplog):
+    host.cycle()
+    gpu = host.p("pci_0000_06_00_0")
+    consumer = allocate(placement.url, host.tree()[gpu]["uuid"], {"VGPU": 1})
+
+    host.sys.remove_device(GPU)
+    host.libvirt_sees_the_new_host()
+    with caplog.at_level(logging.WARNING):
+        host.cycle()
+    kept = host.tree()[gpu]["inventories"]["VGPU"]
+    assert kept["reserved"] == kept["total"] == 4
+    assert [w for w in warnings_of(caplog) if gpu in w and "reserved" in w]
+
+    unallocate(placement.url, consumer)
+    host.agent.sync.kept_retry_seconds = 0  # rather than wait five minutes
+    host.cycle()
+    assert gpu not in host.tree()
+
+
+def test_malformed_sysfs_values_are_skipped_with_a_warning(host, caplog):
+    # A PF's VF count that is not a number, and a namespace whose size is
+    # not a number: each one warning naming the device and the file.
+    (host.sys.device_dir(PF) / "sriov_numvfs").write_text("lots\n")
+    ns = host.sys.root / "bus" / "nd" / "devices" / "namespace1.1"
+    (ns / "size").write_text("big\n")
+
+    with caplog.at_level(logging.WARNING):
+        host.cycle()
+
+    warnings = warnings_of(caplog)
+    assert [w for w in warnings
+            if w.startswith(f"{PF}: sriov_numvfs: not an integer")], warnings
+    assert [w for w in warnings
+            if w.startswith("namespace1.1: size: not an integer")], warnings
+    tree = host.tree()
+    # The PF keeps libvirt's view of its VFs; the bad namespace alone is
+    # left out; every other device is there as before.
+    assert totals(tree[host.p("0000:81:00.0")]) == {"SRIOV_NET_VF": 2}
+    assert totals(tree[host.p("pmem_64G_numa_1")]) == {
+        "CUSTOM_PMEM_NAMESPACE_64G": 1}
+    assert totals(tree[host.p("pmem_64G_numa_0")]) == {
+        "CUSTOM_PMEM_NAMESPACE_64G": 1}
+    assert totals(tree[host.p("pci_0000_06_00_0")]) == {"VGPU": 4}
+    assert host.p("0000:3B:00.0") in tree and host.p("0000:00:05.0") in tree
+
+
+def test_a_non_numeric_numa_node_puts_only_that_device_aside(host, caplog):
+    # numa_node junk in sysfs for a device libvirt reports without NUMA:
+    # the warning names it; it stays under the root with libvirt's view.
+    (host.sys.device_dir(NO_NUMA) / "numa_node").write_text("zero\n")
+    with caplog.at_level(logging.WARNING):
+        host.cycle()
+    assert [w for w in warnings_of(caplog)
+            if w.startswith(f"{NO_NUMA}: numa_node: not an integer")]
+    tree = host.tree()
+    assert tree[host.p("0000:00:05.0")]["parent"] == host.name
+    assert totals(tree[host.p("0000:81:00.0")]) == {"SRIOV_NET_VF": 2}
+
+
+def test_agent_thread_runs_on_the_libvirt_driver(host):
+    """start()/stop() own the driver: the loop registers the host."""
+    host.agent.interval = 0.2
+    host.agent.start()
+    try:
+        from tests.functional.helpers import wait_for
+        wait_for(lambda: host.p("pmem_16G_numa_1") in host.tree())
+    finally:
+        host.agent.stop()

@@ -1,0 +1,161 @@
+"""compute_driver = libvirt against this machine's REAL libvirtd (QEMU/KVM,
+qemu:///system) and its real /sys, synced into the real Placement.
+
+Nothing is allowlisted, so no device of this machine may be reported as
+assignable; and no test here defines or starts a guest, so no host device
+is ever handed to one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import libvirt
+import pytest
+from lxml import etree
+
+from agent.cmd.common import load_config
+from agent.service import Agent
+from tests.functional.helpers import placement_tree, totals, wait_for, write_conf
+
+REPO = Path(__file__).resolve().parents[2]
+URI = "qemu:///system"
+LIBVIRTD = "/usr/sbin/libvirtd"
+
+
+@pytest.fixture(scope="session")
+def libvirtd():
+    """libvirtd (and RabbitMQ) running, started by the project's script."""
+    subprocess.run([str(REPO / "tools" / "services")], check=True,
+                   stdout=subprocess.DEVNULL, timeout=300)
+    conn = libvirt.open(URI)
+    try:
+        yield conn.getCapabilities(), conn.getInfo()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def agent(tmp_path, placement, libvirtd):
+    path = write_conf(
+        tmp_path, placement.url, f"real-{uuid.uuid4().hex[:8]}", host_dict=None,
+        DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
+        libvirt={"connection_uri": URI,
+                 "instances_path": str(tmp_path / "instances")})
+    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent.driver.init_host()
+    yield agent
+    agent.driver.cleanup()
+
+
+def capabilities_cells(caps_xml: str) -> list[tuple[int, int, int]]:
+    """(id, CPU count, memory MiB) of each NUMA cell libvirt reports."""
+    root = etree.fromstring(caps_xml.encode())
+    out = []
+    for cell in root.iterfind("host/topology/cells/cell"):
+        mem = cell.find("memory")
+        assert mem.get("unit", "KiB") == "KiB"
+        out.append((int(cell.get("id")), len(cell.findall("cpus/cpu")),
+                    int(mem.text) // 1024))
+    return out
+
+
+def test_the_real_host_appears_with_its_cpus_and_memory(agent, placement, libvirtd):
+    caps_xml, info = libvirtd
+    outcome = agent.run_cycle()
+    assert outcome.ok, outcome.reason
+
+    h = agent.policy.host
+    tree = placement_tree(placement.url, agent.policy.root_uuid)
+    cells = capabilities_cells(caps_xml)
+    assert cells, "libvirt reports no NUMA cell on this machine"
+    # The root and one provider a cell, nothing else: no device is
+    # allowlisted, so none is reported.
+    assert {n: node["parent"] for n, node in tree.items()} == {
+        h: None, **{f"{h}_numa_{cell_id}": h for cell_id, _, _ in cells}}
+    assert set(totals(tree[h])) == {"DISK_GB"}
+    assert not any("COMPUTE_MANAGED_PCI_DEVICE" in node["traits"]
+                   for node in tree.values())
+
+    vcpus = sum(totals(tree[f"{h}_numa_{c}"])["VCPU"] for c, _, _ in cells)
+    assert vcpus == os.cpu_count() == info[2]
+    for cell_id, ncpus, memory_mb in cells:
+        node = tree[f"{h}_numa_{cell_id}"]
+        assert node["traits"] == {"HW_NUMA_ROOT"}
+        assert totals(node) == {"VCPU": ncpus, "MEMORY_MB": memory_mb}
+    first = tree[f"{h}_numa_{cells[0][0]}"]["inventories"]["MEMORY_MB"]
+    assert first["reserved"] == 512
+    # getInfo() counts the same memory (MiB) as the cells, give or take
+    # less than what the host keeps for itself.
+    memory = sum(m for _, _, m in cells)
+    assert abs(memory - info[1]) < first["reserved"], (memory, info[1])
+
+
+def test_the_real_sys_is_read_and_nothing_is_assignable(agent, placement):
+    inv = agent.driver.get_host_inventory()
+    # The machine's real PCI devices were read from libvirt and /sys ...
+    assert inv.pci_devices, "libvirt lists no PCI device on this machine"
+    assert {d.address for d in inv.pci_devices} <= set(
+        os.listdir("/sys/bus/pci/devices"))
+    assert inv.cpus == frozenset(range(os.cpu_count()))
+    # ... without a warning about any of them ...
+    assert not [w for w in inv.warnings
+                if any(d.address in w for d in inv.pci_devices)], inv.warnings
+    # ... and the cycle built from them reports no device inventory.
+    outcome = agent.run_cycle()
+    assert outcome.ok, outcome.reason
+    tree = placement_tree(placement.url, agent.policy.root_uuid)
+    assert len(tree) == 1 + len(inv.numa_cells)
+    assert {rc for node in tree.values() for rc in totals(node)} <= {
+        "VCPU", "PCPU", "MEMORY_MB", "DISK_GB"}
+
+
+def _libvirtd_pid() -> int | None:
+    out = subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True,
+                         text=True).stdout.split()
+    return int(out[0]) if out else None
+
+
+def _libvirtd_answers() -> bool:
+    try:
+        conn = libvirt.open(URI)
+    except libvirt.libvirtError:
+        return False
+    try:
+        conn.getLibVersion()
+        return True
+    except libvirt.libvirtError:
+        return False
+    finally:
+        conn.close()
+
+
+def test_a_libvirtd_restart_skips_one_cycle_and_reconnects(agent, caplog):
+    assert agent.run_cycle().ok
+    pid = _libvirtd_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    try:
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=30,
+                 interval=0.05)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            outcome = agent.run_cycle()
+        assert not outcome.ok
+        assert "hypervisor unavailable" in outcome.reason
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert URI in warnings[0]
+    finally:
+        if _libvirtd_pid() is None:
+            subprocess.run([LIBVIRTD, "-d"], check=True)
+        wait_for(_libvirtd_answers, timeout=30, interval=0.05)
+
+    outcome = agent.run_cycle()
+    assert outcome.ok, outcome.reason

@@ -1,0 +1,99 @@
+"""The update loop against a real Placement, for fake hosts of growing size.
+
+For each size: requests to register the host the first time, requests per
+cycle when nothing changed, the wall time of such a cycle (median), the
+requests after a restart (empty cache) and for one inventory change.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from agent.host_tree import TreePolicy
+from agent.device_spec import parse_specs
+from agent.placement import PlacementClient
+from agent.placement_auth import NoAuth2
+from agent.service import Agent
+from agent.testing.local_placement import LocalPlacement
+from agent.tree_sync import TreeSync
+from drivers.fake import FakeDriver
+from keystoneauth1 import adapter, session
+
+SIZES = (10, 100, 1000)
+CYCLES = 7
+
+
+def fake_host(providers: int) -> dict:
+    """Root + two NUMA cells + one allowlisted PCI device per other provider."""
+    devices = providers - 3
+    return {
+        "disk_gb": 1000,
+        "numa_cells": [{"id": 0, "cpus": "0-31", "memory_mb": 262144},
+                       {"id": 1, "cpus": "32-63", "memory_mb": 262144}],
+        "pci_devices": [{"address": f"0000:{0x10 + i // 32:02x}:{i % 32:02x}.0",
+                         "vendor_id": "8086", "product_id": "0d5c",
+                         "numa_node": i % 2} for i in range(devices)],
+    }
+
+
+def make_agent(url: str, host: dict, root_uuid: str, name: str) -> Agent:
+    ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
+                         service_type="placement")
+    policy = TreePolicy(host=name, root_uuid=root_uuid,
+                        device_specs=parse_specs(['{"vendor_id": "8086"}']))
+    owned = lambda p: p.name == name or p.name.startswith(name + "_")  # noqa: E731
+    return Agent(FakeDriver(host), policy, TreeSync(PlacementClient(ks), root_uuid, owned))
+
+
+def measure(placement: LocalPlacement, providers: int) -> dict:
+    host, root_uuid = fake_host(providers), str(uuid.uuid4())
+    name = f"bench{providers}-{root_uuid[:6]}"
+    agent = make_agent(placement.url, host, root_uuid, name)
+
+    mark = placement.mark()
+    started = time.perf_counter()
+    agent.update_provider_tree()
+    register_s = time.perf_counter() - started
+    register = len(placement.requests_since(mark))
+
+    steady, wall = [], []
+    for _ in range(CYCLES):
+        mark = placement.mark()
+        started = time.perf_counter()
+        agent.update_provider_tree()
+        wall.append(time.perf_counter() - started)
+        steady.append(len(placement.requests_since(mark)))
+
+    host["numa_cells"][0]["memory_mb"] -= 1024
+    agent.driver.set_host(host)
+    mark = placement.mark()
+    agent.update_provider_tree()
+    one_change = len(placement.requests_since(mark))
+
+    restarted = make_agent(placement.url, host, root_uuid, name)
+    mark = placement.mark()
+    restarted.update_provider_tree()
+    restart = len(placement.requests_since(mark))
+
+    return {
+        "case": "placement_loop",
+        "providers": providers,
+        "custom_names": 1,  # CUSTOM_PCI_8086_0D5C
+        "register_requests": register,
+        "register_requests_per_provider": round(register / providers, 2),
+        "register_seconds": round(register_s, 3),
+        "steady_requests_per_cycle_max": max(steady),
+        "steady_cycle_ms_median": round(statistics.median(wall) * 1000, 1),
+        "one_change_requests": one_change,
+        "restart_requests": restart,
+    }
+
+
+def run(workdir: Path) -> list[dict]:
+    placement = LocalPlacement(workdir / "placement").start()
+    try:
+        return [measure(placement, n) for n in SIZES]
+    finally:
+        placement.stop()
