@@ -26,3 +26,41 @@ class PlacementError(AgentError):
 
 class GenerationConflict(PlacementError):
     """A write lost a race with another writer (409 concurrent_update)."""
+
+
+class InvalidRequest(AgentError):
+    """A request (RPC payload, claim) is malformed; nothing was changed."""
+
+    def __init__(self, field: str, value, reason: str):
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"{field}: {reason} (value: {shown})")
+        self.field = field
+        self.reason = reason
+
+
+class ClaimFailed(AgentError):
+    """The host cannot give what was asked; nothing was changed."""
+
+    def __init__(self, provider_uuid: str, resource_class: str, wanted: int,
+                 available: int):
+        super().__init__(f"cannot claim {wanted} {resource_class} from provider "
+                         f"{provider_uuid}: {available} free")
+        self.provider_uuid = provider_uuid
+        self.resource_class = resource_class
+
+
+class NoSuchInstance(AgentError):
+    def __init__(self, instance_uuid: str):
+        super().__init__(f"no such instance: {instance_uuid}")
+        self.instance_uuid = instance_uuid
+
+
+class MoveInProgress(AgentError):
+    """The instance is in another move; finish or revert it first."""
+
+    def __init__(self, instance_uuid: str, migration_uuid: str):
+        super().__init__(f"instance {instance_uuid} is in move {migration_uuid}")
+        self.instance_uuid = instance_uuid
+        self.migration_uuid = migration_uuid

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 import os_resource_classes as orc
 import os_traits
 
+from agent.claims import Pool, Slot
 from agent.device_spec import DeviceSpec, first_match
 from agent.exception import ConfigError
 from agent.provider_tree import Provider, ProviderTree, inventory
-from drivers.base import HostInventory, MdevParent, PciDevice, PciKind
+from drivers.base import (DeviceKind, HostInventory, MdevParent, MdevType, PciDevice,
+                          PciKind)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class TreePolicy:
 class BuiltTree:
     tree: ProviderTree
     warnings: list[str] = field(default_factory=list)
+    # What stands behind each provider's inventory, for claims.
+    pools: list[Pool] = field(default_factory=list)
 
 
 def child_uuid(root_uuid: str, name: str) -> str:
@@ -95,6 +99,7 @@ class _Builder:
         self.tree = ProviderTree()
         self.warnings: list[str] = []
         self.cells = {c.id: c for c in inv.numa_cells}
+        self.pools: list[Pool] = []
 
     def add(self, name: str, parent: Provider, inventories=None,
             traits=frozenset()) -> Provider:
@@ -139,11 +144,17 @@ class _Builder:
             return shared, frozenset()
         return p.shared_cpus or frozenset(), p.dedicated_cpus
 
-    def compute_inventory(self, cpus: frozenset[int], memory_mb: int,
+    def compute_inventory(self, provider_name: str, numa_node: int | None,
+                          cpus: frozenset[int], memory_mb: int,
                           reserve_memory: bool) -> dict:
         shared, dedicated = self.cpu_split()
         p = self.policy
         out = {}
+        pinned = sorted(cpus & dedicated)
+        if pinned:
+            self.pools.append(Pool(provider_name, orc.PCPU, DeviceKind.PCPU,
+                                   len(pinned), tuple(Slot(str(c), numa_node)
+                                                      for c in pinned), numa_node))
         if cpus & shared:
             out[orc.VCPU] = inventory(len(cpus & shared),
                                       allocation_ratio=p.cpu_allocation_ratio)
@@ -153,7 +164,15 @@ class _Builder:
             reserved = min(p.reserved_memory_mb, memory_mb) if reserve_memory else 0
             out[orc.MEMORY_MB] = inventory(memory_mb, reserved=reserved,
                                            allocation_ratio=p.ram_allocation_ratio)
+        self.counted(provider_name, numa_node, out, skip=(orc.PCPU,))
         return out
+
+    def counted(self, provider_name: str, numa_node: int | None, invs: dict,
+                skip=()) -> None:
+        for rc, rec in invs.items():
+            if rc not in skip:
+                self.pools.append(Pool(provider_name, rc, DeviceKind.NUMA,
+                                       rec["total"], numa_node=numa_node))
 
     def build_root(self) -> None:
         p, inv = self.policy, self.inv
@@ -163,8 +182,11 @@ class _Builder:
                 inv.disk_gb,
                 reserved=min(inv.disk_gb, math.ceil(p.reserved_disk_mb / 1024)),
                 allocation_ratio=p.disk_allocation_ratio)
+        if inv.disk_gb > 0:
+            self.counted(p.host, None, invs)
         if not p.nested or not inv.numa_cells:
-            invs.update(self.compute_inventory(inv.cpus, inv.memory_mb, True))
+            invs.update(self.compute_inventory(p.host, None, inv.cpus,
+                                               inv.memory_mb, True))
         self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs)
         self.tree.add(self.root)
 
@@ -172,8 +194,10 @@ class _Builder:
         if not self.policy.nested:
             return
         for i, cell in enumerate(sorted(self.inv.numa_cells, key=lambda c: c.id)):
-            self.add(numa_provider_name(self.policy.host, cell.id), self.root,
-                     self.compute_inventory(cell.cpus, cell.memory_mb, i == 0),
+            name = numa_provider_name(self.policy.host, cell.id)
+            self.add(name, self.root,
+                     self.compute_inventory(name, cell.id, cell.cpus, cell.memory_mb,
+                                            i == 0),
                      frozenset({os_traits.HW_NUMA_ROOT}))
 
     # --- PCI ------------------------------------------------------------
@@ -183,7 +207,7 @@ class _Builder:
         devices = {d.address: d for d in self.inv.pci_devices}
         matched = {d.address: s for d in self.inv.pci_devices
                    if (s := first_match(specs, d)) is not None}
-        vf_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        vf_slots: dict[str, dict[str, list[Slot]]] = defaultdict(lambda: defaultdict(list))
         vf_traits: dict[str, set[str]] = defaultdict(set)
         for address, spec in sorted(matched.items()):
             device = devices[address]
@@ -195,22 +219,28 @@ class _Builder:
                         f"VF {address} are both allowlisted, by {pf_spec.text} "
                         f"and {spec.text}; allowlist one or the other")
                 rc = spec.resource_class or orc.SRIOV_NET_VF
-                vf_counts[device.parent_address][rc] += 1
+                vf_slots[device.parent_address][rc].append(
+                    Slot(address, device.numa_node))
                 vf_traits[device.parent_address] |= spec.traits
                 continue
             rc = spec.resource_class or pci_resource_class(device)
-            self.add(pci_provider_name(self.policy.host, address),
+            name = pci_provider_name(self.policy.host, address)
+            self.pools.append(Pool(name, rc, DeviceKind.PCI, 1,
+                                   (Slot(address, device.numa_node),),
+                                   device.numa_node))
+            self.add(name,
                      self.parent_for(device.numa_node, address),
                      {rc: inventory(1)},
                      frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits)
-        for pf_address, counts in sorted(vf_counts.items()):
+        for pf_address, by_rc in sorted(vf_slots.items()):
             pf = devices.get(pf_address)
-            numa = pf.numa_node if pf else next(
-                d.numa_node for d in devices.values()
-                if d.parent_address == pf_address)
-            self.add(pci_provider_name(self.policy.host, pf_address),
-                     self.parent_for(numa, pf_address),
-                     {rc: inventory(n) for rc, n in counts.items()},
+            numa = pf.numa_node if pf else next(iter(by_rc.values()))[0].numa_node
+            name = pci_provider_name(self.policy.host, pf_address)
+            for rc, slots in by_rc.items():
+                self.pools.append(Pool(name, rc, DeviceKind.VF, len(slots),
+                                       tuple(slots), numa))
+            self.add(name, self.parent_for(numa, pf_address),
+                     {rc: inventory(len(slots)) for rc, slots in by_rc.items()},
                      frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE})
                      | vf_traits[pf_address])
 
@@ -224,9 +254,32 @@ class _Builder:
                 return tp
         return None
 
+    def vf_vgpus(self, parent: MdevParent, mdev_type: MdevType) -> int:
+        """How many vGPUs of ``mdev_type`` a GPU's SR-IOV VF accounts for:
+        a VF hosts at most one vGPU, so 0 or 1.
+
+        It holds one when an mdev of the type sits on it. In NVIDIA's
+        vendor-specific VFIO layout no mdev exists: the VF itself becomes
+        the vGPU once its current_vgpu_type is set, and the driver then
+        reports that type as the VF's only type, with no instance left. That
+        is one used instance, which must stay in the total (a VF that can
+        no longer create anything would otherwise drop out of the tree while
+        an instance uses it)."""
+        on_vf = [m for m in self.inv.mdevs
+                 if m.parent_address == parent.address]
+        if any(m.type_id == mdev_type.id for m in on_vf):
+            return 1
+        if on_vf:
+            return 0  # it holds a vGPU of another type
+        if mdev_type.available_instances > 0:
+            return 1
+        return 1 if parent.types == (mdev_type,) else 0
+
     def build_vgpu(self) -> None:
         allowlisted = {d.address for d in self.inv.pci_devices
                        if first_match(self.policy.device_specs, d)}
+        vfs = {d.address for d in self.inv.pci_devices
+               if d.kind is PciKind.VF}
         for parent in sorted(self.inv.mdev_parents, key=lambda g: g.address):
             tp = self.mdev_policy_for(parent)
             if tp is None:
@@ -237,13 +290,20 @@ class _Builder:
                     f"[mdev_{tp.type_id}]; a device is passed through whole "
                     "or split into mdevs, not both")
             mdev_type = next(t for t in parent.types if t.id == tp.type_id)
-            existing = sum(1 for m in self.inv.mdevs
-                           if m.parent_address == parent.address
-                           and m.type_id == tp.type_id)
-            total = existing + mdev_type.available_instances
+            existing = sorted(m.uuid for m in self.inv.mdevs
+                              if m.parent_address == parent.address
+                              and m.type_id == tp.type_id)
+            if parent.address in vfs:
+                total = self.vf_vgpus(parent, mdev_type)
+            else:
+                total = mdev_type.available_instances + len(existing)
             if total <= 0:
                 continue
-            self.add(gpu_provider_name(self.policy.host, parent.address),
+            name = gpu_provider_name(self.policy.host, parent.address)
+            self.pools.append(Pool(name, tp.resource_class, DeviceKind.MDEV, total,
+                                   tuple(Slot(u, parent.numa_node) for u in existing),
+                                   parent.numa_node, parent.address, tp.type_id))
+            self.add(name,
                      self.parent_for(parent.numa_node, parent.address),
                      {tp.resource_class: inventory(total)},
                      frozenset({mdev_type_trait(tp.type_id)}))
@@ -253,7 +313,7 @@ class _Builder:
     def build_pmem(self) -> None:
         by_name = {ns.name: ns for ns in self.inv.pmem_namespaces}
         owner: dict[str, str] = {}
-        groups: dict[tuple[str, int | None], int] = defaultdict(int)
+        groups: dict[tuple[str, int | None], list[Slot]] = defaultdict(list)
         for label, names in self.policy.pmem_labels:
             for name in sorted(names):
                 if name in owner:
@@ -267,12 +327,17 @@ class _Builder:
                     continue
                 cell = ns.numa_node if (self.policy.nested
                                         and ns.numa_node in self.cells) else None
-                groups[(label, cell)] += 1
-        for (label, cell), count in sorted(groups.items(),
+                groups[(label, cell)].append(Slot(
+                    name, ns.numa_node, ns.size_bytes,
+                    f"/dev/{ns.dev}" if ns.dev else None))
+        for (label, cell), slots in sorted(groups.items(),
                                            key=lambda kv: (kv[0][0], kv[0][1] or -1)):
-            self.add(pmem_provider_name(self.policy.host, label, cell),
-                     self.parent_for(cell, f"pmem {label}"),
-                     {pmem_resource_class(label): inventory(count)})
+            name = pmem_provider_name(self.policy.host, label, cell)
+            rc = pmem_resource_class(label)
+            self.pools.append(Pool(name, rc, DeviceKind.PMEM, len(slots),
+                                   tuple(slots), cell))
+            self.add(name, self.parent_for(cell, f"pmem {label}"),
+                     {rc: inventory(len(slots))})
 
 
 def build_tree(inv: HostInventory, policy: TreePolicy) -> BuiltTree:
@@ -283,4 +348,4 @@ def build_tree(inv: HostInventory, policy: TreePolicy) -> BuiltTree:
     b.build_pci()
     b.build_vgpu()
     b.build_pmem()
-    return BuiltTree(b.tree, b.warnings)
+    return BuiltTree(b.tree, b.warnings, b.pools)

@@ -103,6 +103,44 @@ class HostInventory:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
 
+class DeviceKind(str, enum.Enum):
+    """How an assigned device reaches the guest."""
+
+    PCI = "pci"  # a whole PCI device, as a hostdev
+    VF = "vf"  # an SR-IOV VF, as <interface type='hostdev'>
+    MDEV = "mdev"  # a mediated device (vGPU), by its UUID
+    PMEM = "pmem"  # a persistent-memory namespace, as an nvdimm
+    PCPU = "pcpu"  # dedicated host CPUs, pinned
+    NUMA = "numa"  # shared CPUs and memory of a NUMA cell
+
+
+@dataclass(frozen=True)
+class GuestDevice:
+    """One assigned device, as the guest definition needs it."""
+
+    assignment_id: str
+    kind: DeviceKind
+    device_id: str  # PCI address, mdev UUID, namespace name, or cell number
+    amount: int = 1
+    numa_node: int | None = None
+    # PCPU: the pinned host CPUs. PMEM: size_bytes and dev path. MDEV: the
+    # parent address and type, so a missing mdev can be created.
+    cpus: frozenset[int] = frozenset()
+    size_bytes: int = 0
+    dev_path: str | None = None
+    mdev_parent: str | None = None
+    mdev_type: str | None = None
+
+
+@dataclass(frozen=True)
+class GuestSpec:
+    instance_uuid: str
+    name: str
+    vcpus: int
+    memory_mb: int
+    devices: tuple[GuestDevice, ...] = ()
+
+
 class ComputeDriver(abc.ABC):
     """What the agent needs from a hypervisor driver."""
 
@@ -120,6 +158,45 @@ class ComputeDriver(abc.ABC):
 
     def cleanup(self) -> None:
         """Release connections and threads."""
+
+    # --- guests: called outside the tracker's lock -----------------------
+
+    def spawn(self, guest: GuestSpec) -> None:
+        """Create missing mdevs, define the guest with its devices and the
+        assignment ids in its metadata, and start it. Idempotent: a guest
+        that already exists is redefined and left running."""
+        raise NotImplementedError
+
+    def update_guest(self, guest: GuestSpec) -> None:
+        """Redefine an existing guest with new devices (a move finishing
+        here); it keeps running state as it was."""
+        raise NotImplementedError
+
+    def destroy(self, instance_uuid: str) -> None:
+        """Stop and undefine the guest, if it exists."""
+        raise NotImplementedError
+
+    def list_guests(self) -> dict[str, frozenset[str]]:
+        """Every guest this agent defined: instance uuid -> the assignment
+        ids recorded in its metadata."""
+        raise NotImplementedError
+
+    def guest_is_running(self, instance_uuid: str) -> bool:
+        """Whether the guest exists and is running."""
+        raise NotImplementedError
+
+    def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
+        """Create the mdev if it does not exist (after a reboot, say)."""
+        raise NotImplementedError
+
+    def remove_mdev(self, mdev_uuid: str) -> None:
+        """Remove the mdev if it exists."""
+        raise NotImplementedError
+
+    def boot_id(self) -> str:
+        """Changes at every host boot; claims record it."""
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
 
 
 class DriverUnavailable(Exception):

@@ -27,6 +27,23 @@ _CONNECTION_DOMAINS = frozenset({libvirt.VIR_FROM_REMOTE,
 
 _loop_lock = threading.Lock()
 _loop_started = False
+_errors_silenced = False
+
+
+def silence_default_error_printing() -> None:
+    """libvirt prints every error to stderr ("libvirt: XML-RPC error :
+    ...") unless a handler is registered. Each error also reaches us as a
+    libvirtError, which we handle and log once, so the print is noise: a
+    libvirtd restart would otherwise add lines outside the agent's log."""
+    global _errors_silenced
+    with _loop_lock:
+        if not _errors_silenced:
+            libvirt.registerErrorHandler(_ignore_error, None)
+            _errors_silenced = True
+
+
+def _ignore_error(ctx, error) -> None:
+    pass
 
 
 def start_event_loop() -> None:
@@ -107,6 +124,7 @@ class Connection:
             if self._conn is not None:
                 self._close_quietly(self._conn)
                 self._conn = None
+            silence_default_error_printing()
             if self._on_event is not None:
                 start_event_loop()
             try:

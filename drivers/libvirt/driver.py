@@ -45,6 +45,10 @@ class LibvirtDriver(ComputeDriver):
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._cache: dict[str, _Cached] = {}
+        # address -> the device as sysfs showed it, kept as long as the
+        # node-device cache: its fixed files are read once, and only what
+        # can change while it stays plugged is read again each cycle.
+        self._sysfs_cache: dict[str, PciDevice] = {}
         self._cache_generation = 0
         self._cache_stale = False
 
@@ -120,6 +124,7 @@ class LibvirtDriver(ComputeDriver):
             self._cache_stale = False
             self._cache_generation = generation
             self._cache.clear()
+            self._sysfs_cache.clear()
         listed: dict[str, _Cached] = {}
         for dev in conn.listAllDevices(_DEVICE_FLAGS):
             name = dev.name()
@@ -145,7 +150,22 @@ class LibvirtDriver(ComputeDriver):
     def _pci_devices(self, parsed: list[nodedev.NodeDevice]
                      ) -> tuple[list[PciDevice], list[str]]:
         from_libvirt = {d.pci.address: d.pci for d in parsed if d.pci}
-        from_sysfs, warnings = self._sysfs.pci_devices(from_libvirt)
+        cache = self._sysfs_cache
+        for address in set(cache) - set(from_libvirt):
+            del cache[address]
+        from_sysfs, warnings = self._sysfs.pci_devices(
+            [a for a in from_libvirt if a not in cache])
+        for address, known in list(cache.items()):
+            try:
+                fresh = self._sysfs.pci_refresh(known)
+            except InvalidHostData as exc:
+                fresh = None
+                warnings.append(str(exc))
+            if fresh is None:
+                del cache[address]  # read again whole next cycle
+            else:
+                from_sysfs[address] = fresh
+        cache.update(from_sysfs)
         merged = [_supplement(device, from_sysfs.get(address))
                   for address, device in sorted(from_libvirt.items())]
         return merged, warnings

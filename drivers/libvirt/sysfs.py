@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from typing import Iterable
 
 from drivers.base import Mdev, MdevType, NumaCell, PciDevice, PciKind
@@ -140,6 +141,23 @@ class SysfsReader:
             class_id=class_id, iommu_group=iommu_group,
             driver=self._link_name(os.path.join(device_dir, "driver")),
             total_vfs=total_vfs, num_vfs=num_vfs)
+
+    def pci_refresh(self, device: PciDevice) -> PciDevice | None:
+        """A device read before, with the fields that change while it stays
+        plugged read again: its driver binding and, on a PF, its VF counts.
+        None when sysfs has no such device any more."""
+        device_dir = self._path("bus", "pci", "devices", device.address)
+        if not os.path.isdir(device_dir):
+            return None
+        driver = self._link_name(os.path.join(device_dir, "driver"))
+        if device.kind is not PciKind.PF:
+            return replace(device, driver=driver)
+        counts = [parse_int(self._read_optional(
+            os.path.join(device_dir, name), device.address, name) or "0",
+            device.address, name)
+            for name in ("sriov_totalvfs", "sriov_numvfs")]
+        return replace(device, driver=driver, total_vfs=counts[0],
+                       num_vfs=counts[1])
 
     def pci_devices(self, addresses: Iterable[str] | None = None
                     ) -> tuple[dict[str, PciDevice], list[str]]:

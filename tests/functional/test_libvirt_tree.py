@@ -24,7 +24,7 @@ from agent.cmd.common import load_config
 from agent.service import Agent
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import (allocate, placement_tree, totals,
-                                      unallocate, write_conf)
+                                      unallocate, wait_for, write_conf)
 
 PF = "0000:81:00.0"            # Intel 82599, VFs 8086:10ed, cell 1
 GPU = "0000:06:00.0"           # mdev-capable GPU, cell 0
@@ -284,7 +284,26 @@ def test_agent_thread_runs_on_the_libvirt_driver(host):
     host.agent.interval = 0.2
     host.agent.start()
     try:
-        from tests.functional.helpers import wait_for
         wait_for(lambda: host.p("pmem_16G_numa_1") in host.tree())
     finally:
         host.agent.stop()
+
+
+def test_a_sysfs_value_that_turns_bad_later_warns_and_the_cycle_completes(
+        host, caplog):
+    host.cycle()
+    host.sys.set_num_vfs(PF, 4)
+    host.libvirt_sees_the_new_host()
+    host.cycle()
+    pf = host.p("0000:81:00.0")
+    assert totals(host.tree()[pf]) == {"SRIOV_NET_VF": 4}
+
+    # Now, with everything read and cached, one file goes bad.
+    (host.sys.device_dir(PF) / "sriov_numvfs").write_text("-\n")
+    with caplog.at_level(logging.WARNING):
+        host.cycle()
+    assert [w for w in warnings_of(caplog)
+            if w.startswith(f"{PF}: sriov_numvfs: not an integer")]
+    tree = host.tree()
+    assert totals(tree[pf]) == {"SRIOV_NET_VF": 4}
+    assert totals(tree[host.p("pci_0000_06_00_0")]) == {"VGPU": 4}

@@ -1,0 +1,204 @@
+"""Claims, pure: what can be assigned behind each provider, how a claim
+request is checked, and which concrete devices it gets.
+
+No I/O and no locks here: the tracker calls ``choose`` under its lock with
+the set of devices that live assignments hold.
+"""
+from __future__ import annotations
+
+import uuid as uuid_lib
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import os_resource_classes as orc
+
+from agent.exception import ClaimFailed, InvalidRequest
+from drivers.base import DeviceKind
+
+MAX_AMOUNT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One device that can be assigned whole."""
+
+    device_id: str
+    numa_node: int | None = None
+    size_bytes: int = 0
+    dev_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What stands behind one resource class of one provider.
+
+    Exclusive pools hand out slots (a VF, a namespace, a pinned CPU, an
+    mdev). Counted pools (VCPU, MEMORY_MB, DISK_GB) only record amounts:
+    Placement already bounds them, and the guest needs just the cell."""
+
+    provider_name: str
+    resource_class: str
+    kind: DeviceKind
+    capacity: int
+    slots: tuple[Slot, ...] = ()
+    numa_node: int | None = None
+    # MDEV pools: the parent GPU and type, to create mdevs beyond the slots.
+    mdev_parent: str | None = None
+    mdev_type: str | None = None
+
+    @property
+    def exclusive(self) -> bool:
+        return self.kind is not DeviceKind.NUMA
+
+
+@dataclass(frozen=True)
+class Choice:
+    provider_uuid: str
+    resource_class: str
+    kind: DeviceKind
+    device_id: str
+    amount: int = 1
+    numa_node: int | None = None
+    size_bytes: int = 0
+    dev_path: str | None = None
+    mdev_parent: str | None = None
+    mdev_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Wanted:
+    provider_uuid: str
+    resource_class: str
+    amount: int
+
+
+def parse_allocations(allocations, pools: Mapping[str, Mapping[str, Pool]],
+                      field_name: str = "allocations") -> list[Wanted]:
+    """Check a consumer's allocations (Placement's shape) against our pools.
+    Raises InvalidRequest naming the field and the value."""
+    if not isinstance(allocations, dict) or not allocations:
+        raise InvalidRequest(field_name, allocations, "must be a non-empty object "
+                             "of provider uuid -> {resources: {class: amount}}")
+    wanted = []
+    for provider, body in sorted(allocations.items()):
+        where = f"{field_name}.{provider}"
+        if provider not in pools:
+            raise InvalidRequest(where, provider, "not a resource provider of this host")
+        resources = body.get("resources") if isinstance(body, dict) else None
+        if not isinstance(resources, dict) or not resources:
+            raise InvalidRequest(f"{where}.resources", resources,
+                                 "must be a non-empty object of class -> amount")
+        for rc, amount in sorted(resources.items()):
+            if not isinstance(rc, str) or not (rc in orc.STANDARDS or orc.is_custom(rc)):
+                raise InvalidRequest(f"{where}.resources", rc, "unknown resource class")
+            pool = pools[provider].get(rc)
+            if pool is None:
+                raise InvalidRequest(f"{where}.resources.{rc}", rc,
+                                     "this provider has no inventory of that class")
+            if (not isinstance(amount, int) or isinstance(amount, bool)
+                    or not 0 < amount <= MAX_AMOUNT):
+                raise InvalidRequest(f"{where}.resources.{rc}", amount,
+                                     "must be a whole number from 1")
+            if amount > pool.capacity:
+                raise InvalidRequest(f"{where}.resources.{rc}", amount,
+                                     f"more than the provider's {pool.capacity}")
+            wanted.append(Wanted(provider, rc, amount))
+    return wanted
+
+
+@dataclass
+class HeldDevices:
+    """Devices held by live assignments, per (provider uuid, class)."""
+
+    by_pool: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+
+    def held(self, provider_uuid: str, rc: str) -> set[str]:
+        return self.by_pool.setdefault((provider_uuid, rc), set())
+
+    def take(self, choices: list[Choice]) -> None:
+        for c in choices:
+            if c.kind is not DeviceKind.NUMA:
+                self.held(c.provider_uuid, c.resource_class).add(c.device_id)
+
+    def give_back(self, items) -> None:
+        """``items``: anything with provider_uuid, resource_class, kind and
+        device_id (choices or assignments)."""
+        for c in items:
+            if c.kind is not DeviceKind.NUMA:
+                self.held(c.provider_uuid, c.resource_class).discard(c.device_id)
+
+
+def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
+                 prefer_numa: int | None) -> list[Choice]:
+    if not pool.exclusive:
+        return [Choice(provider_uuid, pool.resource_class, pool.kind,
+                       "host" if pool.numa_node is None else str(pool.numa_node),
+                       amount, pool.numa_node)]
+    free = [s for s in pool.slots if s.device_id not in held]
+    # NUMA-local first, then in a stable order.
+    free.sort(key=lambda s: (s.numa_node != prefer_numa, s.device_id))
+    chosen = [Choice(provider_uuid, pool.resource_class, pool.kind, s.device_id, 1,
+                     s.numa_node, s.size_bytes, s.dev_path, pool.mdev_parent,
+                     pool.mdev_type) for s in free[:amount]]
+    # An mdev that does not exist yet is created, within the capacity
+    # Placement was told about; existing free ones always go first.
+    room = pool.capacity - len(held) - len(chosen)
+    while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0):
+        chosen.append(Choice(provider_uuid, pool.resource_class, pool.kind,
+                             str(uuid_lib.uuid4()), 1, pool.numa_node,
+                             mdev_parent=pool.mdev_parent, mdev_type=pool.mdev_type))
+        room -= 1
+    if len(chosen) < amount:
+        raise ClaimFailed(provider_uuid, pool.resource_class, amount, len(chosen))
+    return chosen
+
+
+def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
+           held: HeldDevices, prefer_numa: int | None = None) -> list[Choice]:
+    """Concrete devices for every wanted amount, or ClaimFailed naming the
+    first resource that cannot be met. ``held`` is not changed."""
+    if prefer_numa is None:
+        prefer_numa = next((pools[w.provider_uuid][w.resource_class].numa_node
+                            for w in wanted
+                            if pools[w.provider_uuid][w.resource_class].numa_node
+                            is not None), None)
+    out: list[Choice] = []
+    for w in wanted:
+        pool = pools[w.provider_uuid][w.resource_class]
+        taken = held.held(w.provider_uuid, w.resource_class) | {
+            c.device_id for c in out
+            if (c.provider_uuid, c.resource_class) == (w.provider_uuid, w.resource_class)}
+        out.extend(_choose_from(pool, w.provider_uuid, w.amount, taken, prefer_numa))
+    return out
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What the agent needs to know of an instance besides its devices."""
+
+    name: str
+    vcpus: int
+    memory_mb: int
+
+    LIMITS = {"vcpus": 4096, "memory_mb": 1 << 24}
+
+    @classmethod
+    def from_payload(cls, payload, field_name: str = "spec") -> "InstanceSpec":
+        if not isinstance(payload, dict):
+            raise InvalidRequest(field_name, payload, "must be an object")
+        name = payload.get("name")
+        if not isinstance(name, str) or not 0 < len(name) <= 255 or not name.isprintable():
+            raise InvalidRequest(f"{field_name}.name", name,
+                                 "must be 1 to 255 printable characters")
+        values = {}
+        for key, limit in cls.LIMITS.items():
+            value = payload.get(key)
+            if (not isinstance(value, int) or isinstance(value, bool)
+                    or not 0 < value <= limit):
+                raise InvalidRequest(f"{field_name}.{key}", value,
+                                     f"must be a whole number from 1 to {limit}")
+            values[key] = value
+        return cls(name, **values)
+
+    def to_payload(self) -> dict:
+        return {"name": self.name, "vcpus": self.vcpus, "memory_mb": self.memory_mb}

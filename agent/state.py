@@ -1,0 +1,341 @@
+"""The durable local store: instances, device assignments and migrations.
+
+SQLite in WAL mode with ``synchronous=FULL``: a write returns only once it
+is on disk. Writes are group-committed: every write job queued while a
+commit is in flight goes into the next transaction, each in a savepoint of
+its own, so 32 claimers share one fsync instead of queueing for 32.
+
+The database itself refuses a device held by two live assignments (a
+partial unique index), whatever the code above it does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sqlite3
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from drivers.base import DeviceKind
+
+T = TypeVar("T")
+
+LIVE = ("claiming", "claimed")
+SCHEMA_VERSION = 2
+
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE instances (
+    uuid TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE migrations (
+    uuid TEXT PRIMARY KEY,
+    instance_uuid TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('resize', 'live_migration', 'evacuation')),
+    role TEXT NOT NULL CHECK (role IN ('source', 'destination', 'both')),
+    state TEXT NOT NULL CHECK (state IN ('active', 'finished', 'confirmed', 'reverted')),
+    old_spec TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE assignments (
+    id TEXT PRIMARY KEY,
+    consumer_uuid TEXT NOT NULL,
+    instance_uuid TEXT NOT NULL,
+    owner TEXT NOT NULL CHECK (owner IN ('instance', 'migration')),
+    migration_uuid TEXT,
+    resource_class TEXT NOT NULL,
+    provider_uuid TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    device_id TEXT NOT NULL,
+    amount INTEGER NOT NULL CHECK (amount > 0),
+    detail TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('claiming', 'claimed', 'released')),
+    boot_id TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE UNIQUE INDEX assignments_one_live_holder
+    ON assignments (provider_uuid, resource_class, device_id)
+    WHERE state != 'released' AND kind != 'numa';
+CREATE INDEX assignments_live_by_instance
+    ON assignments (instance_uuid) WHERE state != 'released';
+"""
+
+# v2: the provider names and UUIDs last seen in Placement, so that claims
+# still resolve providers when Placement cannot be reached at start-up.
+_V2 = """
+CREATE TABLE providers (name TEXT PRIMARY KEY, uuid TEXT NOT NULL);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    id: str
+    consumer_uuid: str
+    instance_uuid: str
+    owner: str  # "instance" or "migration"
+    migration_uuid: str | None
+    resource_class: str
+    provider_uuid: str
+    kind: DeviceKind
+    device_id: str
+    amount: int
+    state: str
+    boot_id: str
+    detail: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def with_(self, **changes) -> "Assignment":
+        return Assignment(**{**asdict(self), "kind": self.kind, **changes})
+
+
+def _row_to_assignment(row: sqlite3.Row) -> Assignment:
+    return Assignment(row["id"], row["consumer_uuid"], row["instance_uuid"],
+                      row["owner"], row["migration_uuid"], row["resource_class"],
+                      row["provider_uuid"], DeviceKind(row["kind"]), row["device_id"],
+                      row["amount"], row["state"], row["boot_id"],
+                      json.loads(row["detail"]))
+
+
+@dataclass(frozen=True)
+class Migration:
+    uuid: str
+    instance_uuid: str
+    kind: str  # resize, live_migration, evacuation
+    role: str  # source, destination, or both (same host)
+    state: str  # active, finished, confirmed, reverted
+    old_spec: dict | None = None  # the spec to restore on revert
+
+    @property
+    def open(self) -> bool:
+        return self.state in ("active", "finished")
+
+
+class StoreError(Exception):
+    """The store could not be opened or written."""
+
+
+class _Job:
+    __slots__ = ("fn", "done", "result", "error")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.done = threading.Event()
+        self.result = None
+        self.error: BaseException | None = None
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                           timeout=30)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    return conn
+
+
+def create_private(path: Path) -> None:
+    """Create the file 0600 before SQLite opens it; SQLite gives its WAL and
+    shared-memory files the same mode."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
+    if not has_meta:
+        return 0
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Apply forward migrations, each in its own transaction."""
+    current = schema_version(conn)
+    if current > target:
+        raise StoreError(f"store schema version {current} is newer than this "
+                         f"agent's {target}; refusing to downgrade")
+    for version in range(current + 1, target + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[version].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                         (str(version),))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return target
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        create_private(self.path)
+        self._writer = _connect(self.path)
+        migrate(self._writer)
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._committer = threading.Thread(target=self._commit_loop,
+                                           name="store-committer", daemon=True)
+        self._committer.start()
+
+    # --- writing --------------------------------------------------------
+
+    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in a transaction; return once it is on disk. A job
+        that raises is rolled back alone; its error is raised here."""
+        job = _Job(fn)
+        self._queue.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _commit_loop(self) -> None:
+        conn = self._writer
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            batch = [job]
+            while True:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            self._commit(conn, batch)
+
+    @staticmethod
+    def _commit(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    job.result = job.fn(conn)
+                    conn.execute("RELEASE job")
+                except BaseException as e:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    job.error = e
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for job in batch:
+                job.error = job.error or StoreError(f"commit failed: {e}")
+        finally:
+            for job in batch:
+                job.done.set()
+
+    # --- reading --------------------------------------------------------
+
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on a consistent snapshot, from this thread's own
+        connection (WAL lets readers run beside the writer)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def dump(self) -> str:
+        """Every row, in a stable order: for comparing before and after."""
+        return self.read(lambda c: "\n".join(c.iterdump()))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._committer.join()
+        self._writer.close()
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+
+
+# --- statements, run inside write() or read() -------------------------------
+
+def put_instance(conn: sqlite3.Connection, uuid: str, spec: dict) -> None:
+    conn.execute("INSERT OR REPLACE INTO instances VALUES (?, ?, ?)",
+                 (uuid, json.dumps(spec, sort_keys=True), time.time()))
+
+
+def delete_instance(conn: sqlite3.Connection, uuid: str) -> None:
+    conn.execute("DELETE FROM instances WHERE uuid = ?", (uuid,))
+    conn.execute("DELETE FROM assignments WHERE instance_uuid = ? AND state = 'released'",
+                 (uuid,))
+    conn.execute("DELETE FROM migrations WHERE instance_uuid = ? "
+                 "AND state IN ('confirmed', 'reverted')", (uuid,))
+
+
+def insert_assignments(conn: sqlite3.Connection, rows: list[Assignment]) -> None:
+    now = time.time()
+    conn.executemany(
+        "INSERT INTO assignments VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        [(a.id, a.consumer_uuid, a.instance_uuid, a.owner, a.migration_uuid,
+          a.resource_class, a.provider_uuid, a.kind.value, a.device_id, a.amount,
+          json.dumps(a.detail, sort_keys=True), a.state, a.boot_id, now)
+         for a in rows])
+
+
+def update_assignments(conn: sqlite3.Connection, rows: list[Assignment]) -> None:
+    """Write back owner, consumer, migration and state of existing rows."""
+    now = time.time()
+    conn.executemany(
+        "UPDATE assignments SET consumer_uuid=?, owner=?, migration_uuid=?, state=?, "
+        "updated_at=? WHERE id=?",
+        [(a.consumer_uuid, a.owner, a.migration_uuid, a.state, now, a.id)
+         for a in rows])
+
+
+def put_migration(conn: sqlite3.Connection, m: Migration) -> None:
+    conn.execute("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
+                 (m.uuid, m.instance_uuid, m.kind, m.role, m.state,
+                  None if m.old_spec is None else json.dumps(m.old_spec, sort_keys=True),
+                  time.time()))
+
+
+def live_assignments(conn: sqlite3.Connection) -> list[Assignment]:
+    return [_row_to_assignment(r) for r in conn.execute(
+        "SELECT * FROM assignments WHERE state != 'released' ORDER BY id")]
+
+
+def instances(conn: sqlite3.Connection) -> dict[str, dict]:
+    return {r["uuid"]: json.loads(r["spec"])
+            for r in conn.execute("SELECT uuid, spec FROM instances")}
+
+
+def migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
+    return {r["uuid"]: Migration(r["uuid"], r["instance_uuid"], r["kind"], r["role"],
+                                 r["state"],
+                                 json.loads(r["old_spec"]) if r["old_spec"] else None)
+            for r in conn.execute("SELECT * FROM migrations")}
+
+
+def provider_names(conn: sqlite3.Connection) -> dict[str, str]:
+    return dict(conn.execute("SELECT name, uuid FROM providers").fetchall())
+
+
+def put_provider_names(conn: sqlite3.Connection, names: dict[str, str]) -> None:
+    conn.execute("DELETE FROM providers")
+    conn.executemany("INSERT INTO providers VALUES (?, ?)", sorted(names.items()))

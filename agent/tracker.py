@@ -1,0 +1,393 @@
+"""Claims: which concrete device each instance holds, recorded durably.
+
+One lock covers choosing devices and updating the in-memory view; the
+durable commit happens right after, outside the lock, through the store's
+group commit, and the call returns only once it is on disk. Devices chosen
+under the lock are marked taken before the lock is released, so no
+interleaving of concurrent claims hands one device out twice. Operations
+on one instance are serialized (a retry waits for the first to land); the
+lock never covers Placement or hypervisor I/O.
+
+Moves follow nova's allocation-swap convention: during a move the
+migration owns the source's devices and the instance owns the
+destination's. A same-host resize therefore keeps both sets side by side.
+"""
+from __future__ import annotations
+
+import threading
+import uuid as uuid_lib
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from agent import state
+from agent.claims import (HeldDevices, InstanceSpec, Pool, choose,
+                          parse_allocations)
+from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
+from agent.state import Assignment, Migration, Store
+
+MOVE_KINDS = ("resize", "live_migration", "evacuation")
+
+
+def check_uuid(value, field_name: str) -> str:
+    try:
+        return str(uuid_lib.UUID(value)) if isinstance(value, str) else _bad()
+    except ValueError:
+        raise InvalidRequest(field_name, value, "must be a UUID") from None
+
+
+def _bad():
+    raise ValueError
+
+
+@dataclass
+class _Decision:
+    """What one operation does: its answer, its durable write (None when
+    there is nothing to write) and how to undo its in-memory effect."""
+
+    result: object
+    write: Callable | None = None
+    undo: Callable[[], None] = lambda: None
+
+
+class Tracker:
+    def __init__(self, store: Store, boot_id: str):
+        self.store = store
+        self.boot_id = boot_id
+        self._lock = threading.Lock()
+        self._pools: dict[str, dict[str, Pool]] = {}
+        self._held = HeldDevices()
+        self._live: dict[str, Assignment] = {}
+        self._by_instance: dict[str, set[str]] = defaultdict(set)
+        self._instances: dict[str, dict] = {}
+        self._migrations: dict[str, Migration] = {}
+        self._busy: dict[str, threading.Event] = {}
+        self._load()
+
+    def _load(self) -> None:
+        live, instances, migrations = self.store.read(
+            lambda c: (state.live_assignments(c), state.instances(c), state.migrations(c)))
+        self._instances = instances
+        self._migrations = migrations
+        self._index(live)
+
+    # --- in-memory view (call under the lock) --------------------------
+
+    def _index(self, rows: list[Assignment]) -> None:
+        for a in rows:
+            old = self._live.get(a.id)
+            if old is not None:
+                self._held.give_back([old])
+            if a.state in state.LIVE:
+                self._live[a.id] = a
+                self._by_instance[a.instance_uuid].add(a.id)
+                self._held.take([a])
+            else:
+                self._live.pop(a.id, None)
+                self._by_instance[a.instance_uuid].discard(a.id)
+
+    def _rows_of(self, instance_uuid: str, owner: str | None = None,
+                 migration_uuid: str | None | type(...) = ...) -> list[Assignment]:
+        rows = [self._live[i] for i in sorted(self._by_instance.get(instance_uuid, ()))]
+        return [a for a in rows
+                if (owner is None or a.owner == owner)
+                and (migration_uuid is ... or a.migration_uuid == migration_uuid)]
+
+    def _open_move(self, instance_uuid: str) -> Migration | None:
+        return next((m for m in self._migrations.values()
+                     if m.instance_uuid == instance_uuid and m.open), None)
+
+    def _change(self, rows: list[Assignment], instances: dict | None = None,
+                migration: Migration | None = None, forget_instance: str | None = None,
+                new_rows: list[Assignment] = ()) -> _Decision:
+        """Apply changes to the in-memory view now; return the decision
+        that writes them and can undo them."""
+        before_rows = [self._live[a.id] for a in rows if a.id in self._live]
+        before_instances = dict(self._instances)
+        before_migration = self._migrations.get(migration.uuid) if migration else None
+        self._index(list(new_rows) + list(rows))
+        if instances:
+            self._instances.update(instances)
+        if forget_instance:
+            self._instances.pop(forget_instance, None)
+        if migration:
+            self._migrations[migration.uuid] = migration
+
+        def write(conn):
+            if instances:
+                for uuid, spec in instances.items():
+                    state.put_instance(conn, uuid, spec)
+            state.insert_assignments(conn, list(new_rows))
+            state.update_assignments(conn, list(rows))
+            if migration:
+                state.put_migration(conn, migration)
+            if forget_instance:
+                state.delete_instance(conn, forget_instance)
+
+        def undo():
+            for a in new_rows:
+                self._index([a.with_(state="released")])
+            self._index(before_rows)
+            self._instances.clear()
+            self._instances.update(before_instances)
+            if migration:
+                if before_migration is None:
+                    self._migrations.pop(migration.uuid, None)
+                else:
+                    self._migrations[migration.uuid] = before_migration
+
+        return _Decision(None, write, undo)
+
+    # --- the protocol every operation follows ---------------------------
+
+    def _run(self, instance_uuid: str, decide: Callable[[], _Decision]):
+        while True:
+            with self._lock:
+                busy = self._busy.get(instance_uuid)
+                if busy is None:
+                    decision = decide()
+                    if decision.write is None:
+                        return decision.result
+                    done = self._busy[instance_uuid] = threading.Event()
+                    break
+            busy.wait()
+        try:
+            self.store.write(decision.write)
+        except BaseException:
+            with self._lock:
+                decision.undo()
+            raise
+        finally:
+            with self._lock:
+                del self._busy[instance_uuid]
+            done.set()
+        return decision.result
+
+    def set_pools(self, pools: dict[str, dict[str, Pool]]) -> None:
+        """The devices behind each provider uuid, from the latest cycle."""
+        with self._lock:
+            self._pools = pools
+
+    def _choose_rows(self, instance_uuid: str, allocations, consumer: str,
+                     migration_uuid: str | None) -> list[Assignment]:
+        wanted = parse_allocations(allocations, self._pools)
+        rows = [Assignment(str(uuid_lib.uuid4()), consumer, instance_uuid, "instance",
+                           migration_uuid, c.resource_class, c.provider_uuid, c.kind,
+                           c.device_id, c.amount, "claiming", self.boot_id,
+                           {k: v for k, v in (("numa_node", c.numa_node),
+                                              ("size_bytes", c.size_bytes),
+                                              ("dev_path", c.dev_path),
+                                              ("mdev_parent", c.mdev_parent),
+                                              ("mdev_type", c.mdev_type)) if v})
+                for c in choose(wanted, self._pools, self._held)]
+        # The order every later answer uses, so a retry gets the same one.
+        return sorted(rows, key=lambda a: a.id)
+
+    # --- builds and deletes ---------------------------------------------
+
+    def claim_build(self, instance_uuid, spec, allocations) -> list[Assignment]:
+        """Choose and record devices for a new instance (state claiming).
+        A retry returns the same assignments."""
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+        spec = InstanceSpec.from_payload(spec)
+
+        def decide() -> _Decision:
+            existing = self._rows_of(instance_uuid)
+            if instance_uuid in self._instances and existing:
+                return _Decision(existing)
+            rows = self._choose_rows(instance_uuid, allocations, instance_uuid, None)
+            d = self._change([], {instance_uuid: spec.to_payload()}, new_rows=rows)
+            d.result = rows
+            return d
+
+        return self._run(instance_uuid, decide)
+
+    def complete(self, instance_uuid: str, migration_uuid: str | None = None
+                 ) -> list[Assignment]:
+        """The guest has its devices: claiming -> claimed."""
+        def decide() -> _Decision:
+            rows = self._rows_of(instance_uuid, "instance", migration_uuid)
+            todo = [a.with_(state="claimed") for a in rows if a.state == "claiming"]
+            if not todo:
+                return _Decision(rows)
+            d = self._change(todo)
+            d.result = self._rows_of(instance_uuid, "instance", migration_uuid)
+            return d
+
+        return self._run(instance_uuid, decide)
+
+    def release_instance(self, instance_uuid: str) -> list[Assignment]:
+        """Give back every device of the instance, whatever owns it, and
+        forget it. Releasing what is already gone is not an error."""
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+
+        def decide() -> _Decision:
+            rows = self._rows_of(instance_uuid)
+            if not rows and instance_uuid not in self._instances:
+                return _Decision([])
+            released = [a.with_(state="released") for a in rows]
+            moves = [m for m in self._migrations.values()
+                     if m.instance_uuid == instance_uuid]
+            d = self._change(released, forget_instance=instance_uuid)
+            for m in moves:
+                self._migrations.pop(m.uuid, None)
+            undo = d.undo
+
+            def undo_all():
+                undo()
+                self._migrations.update({m.uuid: m for m in moves})
+
+            d.undo, d.result = undo_all, released
+            return d
+
+        return self._run(instance_uuid, decide)
+
+    # --- moves ----------------------------------------------------------
+
+    def _migration(self, migration_uuid) -> Migration:
+        migration_uuid = check_uuid(migration_uuid, "migration_uuid")
+        m = self._migrations.get(migration_uuid)
+        if m is None:
+            raise InvalidRequest("migration_uuid", migration_uuid,
+                                 "no such move on this host")
+        return m
+
+    def claim_move(self, kind: str, migration_uuid, instance_uuid, spec,
+                   allocations) -> list[Assignment]:
+        """The destination's claim for a resize, live migration or
+        evacuation. On the same host, the instance's current devices pass
+        to the migration in the same commit."""
+        if kind not in MOVE_KINDS:
+            raise InvalidRequest("kind", kind, f"must be one of {', '.join(MOVE_KINDS)}")
+        migration_uuid = check_uuid(migration_uuid, "migration_uuid")
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+        spec = InstanceSpec.from_payload(spec)
+
+        def decide() -> _Decision:
+            m = self._migrations.get(migration_uuid)
+            if m is not None and m.role in ("destination", "both"):
+                if not m.open:
+                    raise InvalidRequest("migration_uuid", migration_uuid,
+                                         f"this move is already {m.state}")
+                return _Decision(self._rows_of(instance_uuid, "instance", migration_uuid))
+            other = self._open_move(instance_uuid)
+            if other is not None and other.uuid != migration_uuid:
+                raise MoveInProgress(instance_uuid, other.uuid)
+            rows = self._choose_rows(instance_uuid, allocations, instance_uuid,
+                                     migration_uuid)
+            current = [] if kind == "evacuation" else [
+                a for a in self._rows_of(instance_uuid, "instance")
+                if a.migration_uuid != migration_uuid]
+            same_host = bool(current) or m is not None
+            passed = [a.with_(owner="migration", consumer_uuid=migration_uuid,
+                              migration_uuid=migration_uuid) for a in current]
+            old_spec = self._instances.get(instance_uuid) if same_host else None
+            move = Migration(migration_uuid, instance_uuid, kind,
+                             "both" if same_host else "destination", "active", old_spec)
+            d = self._change(passed, {instance_uuid: spec.to_payload()}, move,
+                             new_rows=rows)
+            d.result = rows
+            return d
+
+        return self._run(instance_uuid, decide)
+
+    def begin_move_source(self, kind: str, migration_uuid, instance_uuid
+                          ) -> list[Assignment]:
+        """The source's half: the instance's devices pass to the migration."""
+        if kind not in MOVE_KINDS:
+            raise InvalidRequest("kind", kind, f"must be one of {', '.join(MOVE_KINDS)}")
+        migration_uuid = check_uuid(migration_uuid, "migration_uuid")
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+
+        def decide() -> _Decision:
+            m = self._migrations.get(migration_uuid)
+            if m is not None:
+                return _Decision(self._rows_of(instance_uuid, "migration", migration_uuid))
+            if instance_uuid not in self._instances:
+                raise NoSuchInstance(instance_uuid)
+            other = self._open_move(instance_uuid)
+            if other is not None:
+                raise MoveInProgress(instance_uuid, other.uuid)
+            passed = [a.with_(owner="migration", consumer_uuid=migration_uuid,
+                              migration_uuid=migration_uuid)
+                      for a in self._rows_of(instance_uuid, "instance")]
+            move = Migration(migration_uuid, instance_uuid, kind, "source", "active",
+                             self._instances[instance_uuid])
+            d = self._change(passed, migration=move)
+            d.result = passed
+            return d
+
+        return self._run(instance_uuid, decide)
+
+    def _move_step(self, migration_uuid, step: Callable[[Migration], _Decision]):
+        with self._lock:
+            m = self._migration(migration_uuid)
+        return self._run(m.instance_uuid, lambda: step(self._migration(m.uuid)))
+
+    def finish_move(self, migration_uuid) -> list[Assignment]:
+        """The destination's guest runs with its new devices."""
+        def step(m: Migration) -> _Decision:
+            rows = self._rows_of(m.instance_uuid, "instance", m.uuid)
+            if m.state != "active" or m.role == "source":
+                return _Decision(rows)
+            done = [a.with_(state="claimed") for a in rows]
+            d = self._change(done, migration=_with_state(m, "finished"))
+            d.result = done
+            return d
+
+        return self._move_step(migration_uuid, step)
+
+    def confirm_move(self, migration_uuid) -> list[Assignment]:
+        """Give back the source's devices (those the migration owns)."""
+        def step(m: Migration) -> _Decision:
+            if m.state in ("confirmed", "reverted"):
+                return _Decision([])
+            released = [a.with_(state="released")
+                        for a in self._rows_of(m.instance_uuid, "migration", m.uuid)]
+            gone = m.role == "source"
+            d = self._change(released, migration=_with_state(m, "confirmed"),
+                             forget_instance=m.instance_uuid if gone else None)
+            d.result = released
+            return d
+
+        return self._move_step(migration_uuid, step)
+
+    def revert_move(self, migration_uuid) -> list[Assignment]:
+        """Give back the new devices and return the old ones to the
+        instance, on whichever side of the move this host is."""
+        def step(m: Migration) -> _Decision:
+            if m.state in ("confirmed", "reverted"):
+                return _Decision(self._rows_of(m.instance_uuid, "instance"))
+            released = [a.with_(state="released")
+                        for a in self._rows_of(m.instance_uuid, "instance", m.uuid)]
+            returned = [a.with_(owner="instance", consumer_uuid=m.instance_uuid,
+                                migration_uuid=None)
+                        for a in self._rows_of(m.instance_uuid, "migration", m.uuid)]
+            gone = m.role == "destination"
+            restore = {m.instance_uuid: m.old_spec} if m.old_spec and not gone else None
+            d = self._change(released + returned, restore, _with_state(m, "reverted"),
+                             forget_instance=m.instance_uuid if gone else None)
+            d.result = returned
+            return d
+
+        return self._move_step(migration_uuid, step)
+
+    # --- views ----------------------------------------------------------
+
+    def instance(self, instance_uuid) -> tuple[dict, list[Assignment], list[Migration]]:
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+        with self._lock:
+            if instance_uuid not in self._instances:
+                raise NoSuchInstance(instance_uuid)
+            return (dict(self._instances[instance_uuid]), self._rows_of(instance_uuid),
+                    [m for m in self._migrations.values()
+                     if m.instance_uuid == instance_uuid])
+
+    def snapshot(self) -> tuple[dict[str, dict], list[Assignment], dict[str, Migration]]:
+        with self._lock:
+            return (dict(self._instances), sorted(self._live.values(), key=lambda a: a.id),
+                    dict(self._migrations))
+
+
+def _with_state(m: Migration, new_state: str) -> Migration:
+    return Migration(m.uuid, m.instance_uuid, m.kind, m.role, new_state, m.old_spec)

@@ -1,0 +1,213 @@
+"""Domain XML for a guest and the metadata that says which assignments it
+holds. Pure: lxml in, text out, so every device kind is testable without
+libvirt.
+
+The assignment ids live in our own ``<metadata>`` namespace. libvirt keeps
+custom metadata verbatim, so after a restart ``parse_metadata`` tells the
+agent which domains are its own and which claims they still hold.
+"""
+from __future__ import annotations
+
+import uuid as uuid_lib
+from typing import Iterable, Mapping
+
+from lxml import etree
+
+from drivers.base import DeviceKind, GuestDevice, GuestSpec
+from drivers.libvirt.capabilities import parse_xml
+from drivers.libvirt.errors import parse_pci_address
+
+NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
+PREFIX = "ca"
+_NS = f"{{{NAMESPACE}}}"
+# The models libvirt accepts on <hostdev type='mdev'>, which are also the
+# kernel's device_api strings.
+MDEV_MODELS = frozenset({"vfio-pci", "vfio-ccw", "vfio-ap"})
+DEFAULT_MDEV_MODEL = "vfio-pci"
+# A devdax namespace maps in 2 MiB pages; QEMU refuses an nvdimm backed by
+# /dev/daxX.Y whose size or alignment is not a multiple of it.
+_DEVDAX_ALIGN_KIB = 2048
+# The one guest NUMA cell every nvdimm is attached to.
+_GUEST_CELL = 0
+
+
+def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
+                     mdev_models: Mapping[str, str] | None = None) -> str:
+    """The persistent definition of ``spec``. ``mdev_models`` maps an mdev
+    UUID to its type's device_api; unknown ones are vfio-pci."""
+    if spec.vcpus < 1 or spec.memory_mb < 1:
+        raise ValueError(f"{spec.instance_uuid}: needs at least one vCPU "
+                         f"and 1 MiB, got {spec.vcpus}, {spec.memory_mb}")
+    by_kind = _by_kind(spec.devices)
+    ram_kib = spec.memory_mb * 1024
+    pmem = [(d, _pmem_size_kib(d)) for d in by_kind[DeviceKind.PMEM]]
+    total_kib = ram_kib + sum(size for _, size in pmem)
+
+    root = etree.Element("domain", type=domain_type)
+    _text(root, "name", spec.name)
+    _text(root, "uuid", str(uuid_lib.UUID(spec.instance_uuid)))
+    root.append(_metadata(spec))
+    if pmem:
+        # Memory devices need hotplug room: one slot each, and a maximum
+        # covering RAM plus every nvdimm.
+        _text(root, "maxMemory", total_kib, slots=str(len(pmem)), unit="KiB")
+    # With a guest NUMA cell libvirt recomputes <memory> as cells plus
+    # memory devices; writing that figure keeps our XML equal to its view.
+    _text(root, "memory", total_kib, unit="KiB")
+    _text(root, "currentMemory", ram_kib, unit="KiB")
+    _text(root, "vcpu", spec.vcpus, placement="static")
+    _cputune(root, spec, by_kind[DeviceKind.PCPU])
+    _numatune(root, by_kind[DeviceKind.NUMA])
+    os_el = etree.SubElement(root, "os")
+    _text(os_el, "type", "hvm")
+    # Diskless: the guest boots from the network.
+    etree.SubElement(os_el, "boot", dev="network")
+    if pmem:
+        # An nvdimm's <target><node> must name a guest NUMA cell.
+        numa = etree.SubElement(etree.SubElement(root, "cpu"), "numa")
+        etree.SubElement(numa, "cell", id=str(_GUEST_CELL),
+                         cpus=_cpu_range(spec.vcpus), memory=str(ram_kib),
+                         unit="KiB")
+
+    devices = etree.SubElement(root, "devices")
+    for device in by_kind[DeviceKind.PCI]:
+        hostdev = etree.SubElement(devices, "hostdev", mode="subsystem",
+                                   type="pci", managed="yes")
+        _pci_source(hostdev, device, with_type=False)
+    for device in by_kind[DeviceKind.VF]:
+        # An SR-IOV VF as a NIC, so libvirt sets its MAC (and VLAN) on the
+        # PF before handing it over, which a plain hostdev does not.
+        interface = etree.SubElement(devices, "interface", type="hostdev",
+                                     managed="yes")
+        _pci_source(interface, device, with_type=True)
+    for device in by_kind[DeviceKind.MDEV]:
+        mdev_uuid = str(uuid_lib.UUID(device.device_id))
+        model = (mdev_models or {}).get(mdev_uuid, DEFAULT_MDEV_MODEL)
+        if model not in MDEV_MODELS:
+            raise ValueError(f"mdev {mdev_uuid}: device_api {model!r} is "
+                             f"not one of {sorted(MDEV_MODELS)}")
+        hostdev = etree.SubElement(devices, "hostdev", mode="subsystem",
+                                   type="mdev", model=model)
+        etree.SubElement(etree.SubElement(hostdev, "source"), "address",
+                         uuid=mdev_uuid)
+    for device, size_kib in pmem:
+        _nvdimm(devices, device, size_kib)
+    etree.SubElement(devices, "memballoon", model="none")
+    return etree.tostring(root, pretty_print=True, encoding="unicode")
+
+
+def parse_metadata(domain_xml: str) -> tuple[str | None, frozenset[str]]:
+    """(instance uuid, assignment ids) from a domain's XML; (None, empty)
+    when the domain carries no usable metadata of ours. Raises
+    InvalidHostData only when the text is not XML."""
+    root = parse_xml(domain_xml, "domain")
+    instance = root.find(f"metadata/{_NS}instance")
+    if root.tag != "domain" or instance is None:
+        return None, frozenset()
+    try:
+        instance_uuid = str(uuid_lib.UUID((instance.get("uuid") or "")
+                                          .strip()))
+    except ValueError:
+        return None, frozenset()
+    ids = frozenset(
+        a.get("id").strip() for a in instance.iterfind(f"{_NS}assignment")
+        if (a.get("id") or "").strip())
+    return instance_uuid, ids
+
+
+def _by_kind(devices: Iterable[GuestDevice]
+             ) -> dict[DeviceKind, list[GuestDevice]]:
+    by_kind: dict[DeviceKind, list[GuestDevice]] = {k: [] for k in DeviceKind}
+    for device in devices:
+        by_kind[DeviceKind(device.kind)].append(device)
+    return by_kind
+
+
+def _text(parent: etree._Element, tag: str, text: object,
+          **attrs: str) -> etree._Element:
+    el = etree.SubElement(parent, tag, **attrs)
+    el.text = str(text)
+    return el
+
+
+def _metadata(spec: GuestSpec) -> etree._Element:
+    metadata = etree.Element("metadata")
+    instance = etree.SubElement(metadata, f"{_NS}instance",
+                                nsmap={PREFIX: NAMESPACE},
+                                uuid=str(uuid_lib.UUID(spec.instance_uuid)))
+    for device in spec.devices:
+        etree.SubElement(instance, f"{_NS}assignment",
+                         id=device.assignment_id,
+                         kind=DeviceKind(device.kind).value,
+                         device=device.device_id)
+    return metadata
+
+
+def _pci_source(parent: etree._Element, device: GuestDevice,
+                with_type: bool) -> None:
+    address = parse_pci_address(device.device_id, device.assignment_id,
+                                "device_id")
+    domain, bus, rest = address.split(":")
+    slot, function = rest.split(".")
+    attrs = {"type": "pci"} if with_type else {}
+    attrs.update(domain=f"0x{domain}", bus=f"0x{bus}", slot=f"0x{slot}",
+                 function=f"0x{function}")
+    etree.SubElement(etree.SubElement(parent, "source"), "address", **attrs)
+
+
+def _pmem_size_kib(device: GuestDevice) -> int:
+    if not device.dev_path:
+        raise ValueError(f"pmem {device.device_id}: no device path")
+    size_kib = device.size_bytes // 1024
+    if _is_devdax(device):
+        size_kib -= size_kib % _DEVDAX_ALIGN_KIB
+    if size_kib <= 0:
+        raise ValueError(f"pmem {device.device_id}: size "
+                         f"{device.size_bytes} bytes is too small")
+    return size_kib
+
+
+def _is_devdax(device: GuestDevice) -> bool:
+    return (device.dev_path or "").startswith("/dev/dax")
+
+
+def _nvdimm(devices: etree._Element, device: GuestDevice,
+            size_kib: int) -> None:
+    memory = etree.SubElement(devices, "memory", model="nvdimm",
+                              access="shared")
+    source = etree.SubElement(memory, "source")
+    _text(source, "path", device.dev_path)
+    if _is_devdax(device):
+        # Real persistent memory: tell QEMU so it keeps writes durable.
+        _text(source, "alignsize", _DEVDAX_ALIGN_KIB, unit="KiB")
+        etree.SubElement(source, "pmem")
+    target = etree.SubElement(memory, "target")
+    _text(target, "size", size_kib, unit="KiB")
+    _text(target, "node", _GUEST_CELL)
+
+
+def _cputune(root: etree._Element, spec: GuestSpec,
+             pcpus: list[GuestDevice]) -> None:
+    host_cpus = sorted(frozenset().union(*(d.cpus for d in pcpus)))
+    if not host_cpus:
+        return
+    if len(host_cpus) > spec.vcpus:
+        raise ValueError(f"{spec.instance_uuid}: {len(host_cpus)} pinned "
+                         f"CPUs for {spec.vcpus} vCPUs")
+    cputune = etree.SubElement(root, "cputune")
+    # vCPU i runs on the i-th pinned host CPU; any vCPUs beyond them (a
+    # mixed instance) float.
+    for vcpu, cpu in enumerate(host_cpus):
+        etree.SubElement(cputune, "vcpupin", vcpu=str(vcpu), cpuset=str(cpu))
+
+
+def _numatune(root: etree._Element, cells: list[GuestDevice]) -> None:
+    nodes = sorted({int(d.device_id) for d in cells})
+    if nodes:
+        numatune = etree.SubElement(root, "numatune")
+        etree.SubElement(numatune, "memory", mode="strict",
+                         nodeset=",".join(map(str, nodes)))
+
+
+def _cpu_range(vcpus: int) -> str:
+    return "0" if vcpus == 1 else f"0-{vcpus - 1}"

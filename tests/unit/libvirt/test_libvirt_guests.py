@@ -1,0 +1,211 @@
+"""GuestManager against the real libvirt test driver, with mdevs written to
+a fake sysfs tree. The test driver keeps state per connection, so each test
+uses one Connection throughout."""
+from pathlib import Path
+
+import libvirt
+import pytest
+from lxml import etree
+
+from drivers.base import DeviceKind, GuestDevice, GuestSpec
+from drivers.fake_sysfs import SysfsBuilder
+from drivers.libvirt.connection import Connection
+from drivers.libvirt.guests import GuestManager
+from drivers.libvirt.mdev import MdevError, MdevSysfs
+
+PF = "0000:81:00.0"
+GPU = "0000:06:00.0"
+INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
+OTHER = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a02"
+EXISTING_MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
+NEW_MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c02"
+
+
+@pytest.fixture
+def host(tmp_path):
+    builder = SysfsBuilder(tmp_path / "sys")
+    builder.add_numa_node(0, "0-3", 8192)
+    builder.add_numa_node(1, "4-7", 8192)
+    builder.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8,
+                   num_vfs=4, driver="ixgbe", vf_driver="ixgbevf")
+    builder.add_mdev_parent(GPU, 0, {"nvidia-35": ("GRID M60-2Q", 4)})
+    builder.add_mdev(EXISTING_MDEV, GPU, "nvidia-35")
+    builder.add_pmem_namespace(0, 0, 1 << 30, 1, "ns0")
+    return builder
+
+
+@pytest.fixture
+def conn(tmp_path, host):
+    connection = Connection(host.write_test_driver_host_xml(
+        tmp_path / "host.xml"))
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def guests(conn, host):
+    return GuestManager(conn, MdevSysfs(host.root), "kvm")
+
+
+def spec(host, vf_index=0, instance=INSTANCE, vf_id="a-vf") -> GuestSpec:
+    return GuestSpec(instance, f"instance-{instance[-2:]}", 4, 256, (
+        GuestDevice(vf_id, DeviceKind.VF, host.vf_address(PF, vf_index),
+                    numa_node=1),
+        GuestDevice("a-mdev", DeviceKind.MDEV, NEW_MDEV, numa_node=0,
+                    mdev_parent=GPU, mdev_type="nvidia-35"),
+        GuestDevice("a-pmem", DeviceKind.PMEM, "ns0", numa_node=1,
+                    size_bytes=1 << 30, dev_path="/dev/dax0.0"),
+        GuestDevice("a-pcpu", DeviceKind.PCPU, "pcpus", amount=2,
+                    numa_node=1, cpus=frozenset({4, 5})),
+        GuestDevice("a-numa", DeviceKind.NUMA, "1")))
+
+
+def domain_xml(conn, instance=INSTANCE, flags=0):
+    return etree.fromstring(conn.call(
+        lambda c: c.lookupByUUIDString(instance).XMLDesc(flags)))
+
+
+def vfs(root) -> list[str]:
+    """The VFs of <interface type='hostdev'>, as PCI addresses."""
+    return ["{}:{}:{}.{}".format(*(a.get(k)[2:] for k in (
+        "domain", "bus", "slot", "function")))
+        for a in root.xpath("//interface[@type='hostdev']/source/address")]
+
+
+def create_file(host, parent=GPU, type_id="nvidia-35") -> Path:
+    return (Path(host.root) / "class" / "mdev_bus" / parent /
+            "mdev_supported_types" / type_id / "create")
+
+
+def test_spawn_defines_and_starts_with_every_device(guests, conn, host):
+    guests.spawn(spec(host))
+
+    assert guests.list_guests() == {INSTANCE: frozenset(
+        {"a-vf", "a-mdev", "a-pmem", "a-pcpu", "a-numa"})}
+    assert guests.guest_is_running(INSTANCE)
+    root = domain_xml(conn)
+    assert vfs(root) == [host.vf_address(PF, 0)]
+    assert root.xpath("//hostdev[@type='mdev']/source/address/@uuid") == [
+        NEW_MDEV]
+    assert root.xpath("//memory[@model='nvdimm']/source/path/text()") == [
+        "/dev/dax0.0"]
+    assert [(p.get("vcpu"), p.get("cpuset"))
+            for p in root.xpath("/domain/cputune/vcpupin")] == [
+        ("0", "4"), ("1", "5")]
+    assert root.xpath("/domain/numatune/memory/@nodeset") == ["1"]
+    # The missing mdev was created through sysfs.
+    assert create_file(host).read_text() == NEW_MDEV
+
+
+def test_spawn_is_idempotent(guests, conn, host):
+    guests.spawn(spec(host))
+    first_id = conn.call(lambda c: c.lookupByUUIDString(INSTANCE).ID())
+    guests.spawn(spec(host))
+
+    # Still the same running domain: redefined, not restarted.
+    assert conn.call(lambda c: c.lookupByUUIDString(INSTANCE).ID()) == \
+        first_id
+    assert list(guests.list_guests()) == [INSTANCE]
+    assert conn.call(lambda c: c.numOfDefinedDomains()) == 0
+
+
+def test_spawn_starts_a_stopped_guest(guests, conn, host):
+    guests.spawn(spec(host))
+    conn.call(lambda c: c.lookupByUUIDString(INSTANCE).destroy())
+    assert not guests.guest_is_running(INSTANCE)
+    guests.spawn(spec(host))
+    assert guests.guest_is_running(INSTANCE)
+
+
+def test_update_guest_changes_devices_and_keeps_state(guests, conn, host):
+    guests.spawn(spec(host))
+    guests.update_guest(spec(host, vf_index=2, vf_id="a-vf-new"))
+
+    assert guests.guest_is_running(INSTANCE)
+    persistent = domain_xml(conn, flags=libvirt.VIR_DOMAIN_XML_INACTIVE)
+    assert vfs(persistent) == [host.vf_address(PF, 2)]
+    assert vfs(domain_xml(conn)) == [host.vf_address(PF, 0)]
+    # While it runs, the live guest still holds the old VF, so both
+    # assignments are reported as in use.
+    assert guests.list_guests()[INSTANCE] >= {"a-vf", "a-vf-new"}
+
+    conn.call(lambda c: c.lookupByUUIDString(INSTANCE).destroy())
+    guests.update_guest(spec(host, vf_index=2, vf_id="a-vf-new"))
+    assert not guests.guest_is_running(INSTANCE)
+    assert guests.list_guests() == {INSTANCE: frozenset(
+        {"a-vf-new", "a-mdev", "a-pmem", "a-pcpu", "a-numa"})}
+
+
+def test_destroy_removes_the_guest(guests, conn, host):
+    guests.spawn(spec(host))
+    guests.spawn(spec(host, vf_index=1, instance=OTHER))
+    guests.destroy(INSTANCE)
+
+    assert list(guests.list_guests()) == [OTHER]
+    assert not guests.guest_is_running(INSTANCE)
+    with pytest.raises(libvirt.libvirtError):
+        conn.call(lambda c: c.lookupByUUIDString(INSTANCE))
+    guests.destroy(INSTANCE)  # absent: nothing to do
+
+    conn.call(lambda c: c.lookupByUUIDString(OTHER).destroy())
+    guests.destroy(OTHER)  # defined but stopped
+    assert guests.list_guests() == {}
+
+
+def test_domains_not_ours_are_not_listed(guests, conn, host):
+    conn.call(lambda c: c.defineXML(
+        "<domain type='test'><name>foreign</name><memory>65536</memory>"
+        "<os><type>hvm</type></os></domain>"))
+    guests.spawn(spec(host))
+    assert list(guests.list_guests()) == [INSTANCE]
+    assert not guests.guest_is_running(OTHER)
+
+
+def test_existing_mdev_is_not_created_again(guests, host):
+    guests.ensure_mdev(EXISTING_MDEV, GPU, "nvidia-35")
+    assert not create_file(host).exists()
+    guests.ensure_mdev(NEW_MDEV, GPU, "nvidia-35")
+    assert create_file(host).read_text() == NEW_MDEV
+
+
+def test_missing_mdev_type_is_named(guests, host):
+    with pytest.raises(MdevError, match=f"{GPU}.*nvidia-99"):
+        guests.ensure_mdev(NEW_MDEV, GPU, "nvidia-99")
+    with pytest.raises(MdevError, match="0000:99:00.0"):
+        guests.ensure_mdev(NEW_MDEV, "0000:99:00.0", "nvidia-35")
+    with pytest.raises(MdevError, match="invalid"):
+        guests.ensure_mdev(NEW_MDEV, "../..", "nvidia-35")
+    with pytest.raises(MdevError, match="UUID"):
+        guests.ensure_mdev("../../x", GPU, "nvidia-35")
+
+
+def test_remove_mdev(guests, host):
+    guests.remove_mdev(EXISTING_MDEV)
+    remove = (Path(host.root) / "bus" / "mdev" / "devices" / EXISTING_MDEV /
+              "remove")
+    assert remove.read_text() == "1"
+    guests.remove_mdev(NEW_MDEV)  # absent: nothing to do
+    assert not (Path(host.root) / "bus" / "mdev" / "devices" /
+                NEW_MDEV).exists()
+
+
+def test_spawn_refuses_a_missing_mdev_it_cannot_create(guests, host):
+    bare = GuestSpec(INSTANCE, "instance-01", 1, 64, (
+        GuestDevice("a-mdev", DeviceKind.MDEV, NEW_MDEV),))
+    with pytest.raises(MdevError, match="parent and type are unknown"):
+        guests.spawn(bare)
+    assert guests.list_guests() == {}
+    # An mdev that exists needs neither.
+    guests.spawn(GuestSpec(INSTANCE, "instance-01", 1, 64, (
+        GuestDevice("a-mdev", DeviceKind.MDEV, EXISTING_MDEV),)))
+    assert guests.list_guests() == {INSTANCE: frozenset({"a-mdev"})}
+
+
+def test_mdev_model_comes_from_the_type(guests, conn, host):
+    device_api = (Path(host.root) / "class" / "mdev_bus" / GPU /
+                  "mdev_supported_types" / "nvidia-35" / "device_api")
+    assert device_api.read_text().strip() == "vfio-pci"
+    device_api.unlink()  # unreadable: the vfio-pci default
+    guests.spawn(spec(host))
+    assert domain_xml(conn).xpath("//hostdev[@type='mdev']/@model") == [
+        "vfio-pci"]
