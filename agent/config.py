@@ -48,6 +48,13 @@ default_opts = [
         help="Up to this many seconds, chosen at random, are added to each "
         "interval so that a fleet of hosts does not call Placement in step.",
     ),
+    cfg.IntOpt(
+        "reconcile_interval",
+        default=10,
+        min=1,
+        help="Reconcile the store with the hypervisor and Placement every "
+        "this many update cycles (and always at start-up).",
+    ),
     cfg.StrOpt(
         "compute_driver",
         default="libvirt",
@@ -116,6 +123,13 @@ libvirt_opts = [
         "driver on a host of your own description.",
     ),
     cfg.StrOpt(
+        "virt_type",
+        default="kvm",
+        choices=[("kvm", "Hardware virtualization."),
+                 ("qemu", "Emulation, where /dev/kvm is missing.")],
+        help="Domain type of the guests the agent defines.",
+    ),
+    cfg.StrOpt(
         "instances_path",
         default="$state_path/instances",
         help="Directory whose file system's size is reported as DISK_GB.",
@@ -141,6 +155,12 @@ devices_opts = [
         help="mdev types to report. For each type T, an optional group "
         "[mdev_T] takes 'device_addresses' (the GPUs that offer it) and "
         "'mdev_class' (the resource class; default VGPU).",
+    ),
+    cfg.BoolOpt(
+        "remove_released_mdevs",
+        default=False,
+        help="Remove an mdev from the host when the instance that held it "
+        "gives it back. By default it stays, ready for the next claim.",
     ),
 ]
 

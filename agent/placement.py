@@ -141,6 +141,11 @@ class PlacementClient:
             "allocations": allocations or {},
         }, expected=(204,))
 
+    def get_provider_allocations(self, uuid: str) -> dict[str, dict]:
+        """consumer uuid -> {"resources": {class: amount}}"""
+        return self._call("GET", f"/resource_providers/{uuid}/allocations"
+                          )["allocations"]
+
     # --- names ----------------------------------------------------------
 
     def ensure_resource_class(self, name: str) -> None:

@@ -8,15 +8,20 @@ import random
 import socket
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from oslo_config import cfg
 
-from agent import node_identity
+from agent import node_identity, state
+from agent.claims import Pool
 from agent.exception import (AgentError, ConfigError, PlacementError,
                              PlacementUnavailable)
-from agent.host_tree import TreePolicy, build_tree
+from agent.host_tree import BuiltTree, TreePolicy, build_tree
+from agent.manager import ComputeManager
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.policy import tree_policy_from_conf
+from agent.reconcile import Report, reconcile
+from agent.tracker import Tracker
 from agent.tree_sync import SyncResult, TreeSync
 from drivers.base import ComputeDriver, DriverUnavailable
 
@@ -52,14 +57,42 @@ class CycleOutcome:
     result: SyncResult | None = None
 
 
+STORE_FILE = "state.db"
+
+
+def pools_by_uuid(built: BuiltTree, names: dict[str, str]
+                  ) -> dict[str, dict[str, Pool]]:
+    """Key the pools by the UUIDs Placement uses for their providers."""
+    out: dict[str, dict[str, Pool]] = {}
+    for pool in built.pools:
+        uuid = names.get(pool.provider_name) or built.tree.by_name(pool.provider_name).uuid
+        out.setdefault(uuid, {})[pool.resource_class] = pool
+    return out
+
+
+def provider_allocations(client: PlacementClient, tree) -> dict[str, set[str]]:
+    """consumer uuid -> which of our providers it holds allocations on."""
+    out: dict[str, set[str]] = {}
+    for provider in tree:
+        for consumer in client.get_provider_allocations(provider.uuid):
+            out.setdefault(consumer, set()).add(provider.uuid)
+    return out
+
+
 class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
-                 interval: float = 60, jitter: float = 0):
+                 interval: float = 60, jitter: float = 0,
+                 manager: ComputeManager | None = None, reconcile_interval: int = 10):
         self.driver = driver
         self.policy = policy
         self.sync = sync
         self.interval = interval
         self.jitter = jitter
+        self.manager = manager
+        self.reconcile_interval = reconcile_interval
+        self._cycles = 0
+        self._names: dict[str, str] = (
+            manager.tracker.store.read(state.provider_names) if manager else {})
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._drop_cache = threading.Event()
@@ -75,8 +108,12 @@ class Agent:
         host = conf.host
         sync = TreeSync(PlacementClient(adapter_from_conf(conf)), root_uuid,
                         owned=lambda p: p.name == host or p.name.startswith(host + "_"))
-        return cls(load_driver(conf), policy, sync,
-                   conf.update_interval, conf.update_jitter)
+        driver = load_driver(conf)
+        store = state.Store(Path(conf.state_path) / STORE_FILE)
+        manager = ComputeManager(Tracker(store, driver.boot_id()), driver,
+                                 conf.devices.remove_released_mdevs)
+        return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
+                   manager, conf.reconcile_interval)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -88,10 +125,33 @@ class Agent:
         built = build_tree(inventory, self.policy)
         for warning in built.warnings:
             LOG.warning("%s", warning)
-        result = self.sync.sync(built.tree)
+        try:
+            result = self.sync.sync(built.tree)
+            self._remember_names({p.name: p.uuid for p in result.tree})
+        finally:
+            # Claims work from the host's devices even when Placement does
+            # not answer, with the provider UUIDs it last showed us.
+            if self.manager is not None:
+                self.manager.tracker.set_pools(pools_by_uuid(built, self._names))
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
+
+    def _remember_names(self, names: dict[str, str]) -> None:
+        if names != self._names and self.manager is not None:
+            self.manager.tracker.store.write(
+                lambda c: state.put_provider_names(c, names))
+        self._names = names
+
+    def reconcile(self, at_start: bool, fix: bool = True) -> Report:
+        """Compare store, guests and Placement; Placement's part is left out
+        when it does not answer."""
+        try:
+            allocations = provider_allocations(self.sync.client, self.sync.cache)
+        except (PlacementUnavailable, PlacementError) as e:
+            LOG.warning("Reconciling without Placement's allocations: %s", e)
+            allocations = None
+        return reconcile(self.manager, allocations, at_start, fix)
 
     def run_cycle(self) -> CycleOutcome:
         """A cycle that never raises: every failure is one log line and the
@@ -117,14 +177,32 @@ class Agent:
         self._wake.set()
 
     def _loop(self) -> None:
-        while not self.stopping.is_set():
+        while True:
+            self._wake.wait(self.interval + random.uniform(0, self.jitter))
+            if self.stopping.is_set():
+                return
+            # Cleared before the cycle: a change seen during it wakes the
+            # next one at once.
             self._wake.clear()
             self.run_cycle()
-            delay = self.interval + random.uniform(0, self.jitter)
-            self._wake.wait(delay)
+            self._cycles += 1
+            if self.manager is not None and self._cycles % self.reconcile_interval == 0:
+                self._reconcile_safely(at_start=False)
+
+    def _reconcile_safely(self, at_start: bool) -> None:
+        try:
+            self.reconcile(at_start)
+        except Exception:  # reconciling must not take the agent down
+            LOG.exception("Reconciliation failed")
 
     def start(self) -> None:
+        """Connect, run a first cycle and reconcile what a previous run
+        left, then keep the loop going in its thread."""
         self.driver.init_host()
+        self.run_cycle()
+        self._cycles = 1
+        if self.manager is not None:
+            self._reconcile_safely(at_start=True)
         self._thread = threading.Thread(target=self._loop, name="update-provider-tree",
                                         daemon=True)
         self._thread.start()
@@ -137,3 +215,5 @@ class Agent:
         if self._thread is not None:
             self._thread.join(timeout)
         self.driver.cleanup()
+        if self.manager is not None:
+            self.manager.tracker.store.close()

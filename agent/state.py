@@ -280,12 +280,14 @@ def put_instance(conn: sqlite3.Connection, uuid: str, spec: dict) -> None:
                  (uuid, json.dumps(spec, sort_keys=True), time.time()))
 
 
-def delete_instance(conn: sqlite3.Connection, uuid: str) -> None:
+def delete_instance(conn: sqlite3.Connection, uuid: str, moves_too: bool) -> None:
+    """Forget an instance and its released assignments. Its moves stay when
+    it only left this host, so that a retried confirm still finds them."""
     conn.execute("DELETE FROM instances WHERE uuid = ?", (uuid,))
     conn.execute("DELETE FROM assignments WHERE instance_uuid = ? AND state = 'released'",
                  (uuid,))
-    conn.execute("DELETE FROM migrations WHERE instance_uuid = ? "
-                 "AND state IN ('confirmed', 'reverted')", (uuid,))
+    if moves_too:
+        conn.execute("DELETE FROM migrations WHERE instance_uuid = ?", (uuid,))
 
 
 def insert_assignments(conn: sqlite3.Connection, rows: list[Assignment]) -> None:

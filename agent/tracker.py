@@ -99,12 +99,13 @@ class Tracker:
 
     def _change(self, rows: list[Assignment], instances: dict | None = None,
                 migration: Migration | None = None, forget_instance: str | None = None,
-                new_rows: list[Assignment] = ()) -> _Decision:
+                new_rows: list[Assignment] = (), forget_moves: bool = False
+                ) -> _Decision:
         """Apply changes to the in-memory view now; return the decision
         that writes them and can undo them."""
         before_rows = [self._live[a.id] for a in rows if a.id in self._live]
         before_instances = dict(self._instances)
-        before_migration = self._migrations.get(migration.uuid) if migration else None
+        before_moves = dict(self._migrations)
         self._index(list(new_rows) + list(rows))
         if instances:
             self._instances.update(instances)
@@ -112,6 +113,10 @@ class Tracker:
             self._instances.pop(forget_instance, None)
         if migration:
             self._migrations[migration.uuid] = migration
+        if forget_moves:
+            for m in [m for m in self._migrations.values()
+                      if m.instance_uuid == forget_instance]:
+                del self._migrations[m.uuid]
 
         def write(conn):
             if instances:
@@ -122,7 +127,7 @@ class Tracker:
             if migration:
                 state.put_migration(conn, migration)
             if forget_instance:
-                state.delete_instance(conn, forget_instance)
+                state.delete_instance(conn, forget_instance, forget_moves)
 
         def undo():
             for a in new_rows:
@@ -130,11 +135,8 @@ class Tracker:
             self._index(before_rows)
             self._instances.clear()
             self._instances.update(before_instances)
-            if migration:
-                if before_migration is None:
-                    self._migrations.pop(migration.uuid, None)
-                else:
-                    self._migrations[migration.uuid] = before_migration
+            self._migrations.clear()
+            self._migrations.update(before_moves)
 
         return _Decision(None, write, undo)
 
@@ -226,18 +228,8 @@ class Tracker:
             if not rows and instance_uuid not in self._instances:
                 return _Decision([])
             released = [a.with_(state="released") for a in rows]
-            moves = [m for m in self._migrations.values()
-                     if m.instance_uuid == instance_uuid]
-            d = self._change(released, forget_instance=instance_uuid)
-            for m in moves:
-                self._migrations.pop(m.uuid, None)
-            undo = d.undo
-
-            def undo_all():
-                undo()
-                self._migrations.update({m.uuid: m for m in moves})
-
-            d.undo, d.result = undo_all, released
+            d = self._change(released, forget_instance=instance_uuid, forget_moves=True)
+            d.result = released
             return d
 
         return self._run(instance_uuid, decide)
@@ -373,6 +365,10 @@ class Tracker:
         return self._move_step(migration_uuid, step)
 
     # --- views ----------------------------------------------------------
+
+    def migration(self, migration_uuid) -> Migration:
+        with self._lock:
+            return self._migration(migration_uuid)
 
     def instance(self, instance_uuid) -> tuple[dict, list[Assignment], list[Migration]]:
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")

@@ -25,6 +25,8 @@ LOG = logging.getLogger(__name__)
 class SyncResult:
     writes: int = 0
     warnings: list[str] = field(default_factory=list)
+    # The tree as it now stands in Placement, with the UUIDs it uses.
+    tree: pt.ProviderTree | None = None
 
 
 def _parent_first(rows: list[dict]) -> list[dict]:
@@ -227,7 +229,7 @@ class TreeSync:
             if uuid in desired:
                 del self._kept[uuid]
         ops = pt.diff(self.cache, desired, self.owned)
-        result = SyncResult()
+        result = SyncResult(tree=desired)
         result.writes += self._ensure_names(ops)
         inventory_ops = [op for op in ops if isinstance(op, pt.SetInventories)]
         for op in ops:

@@ -161,37 +161,37 @@ class ComputeDriver(abc.ABC):
 
     # --- guests: called outside the tracker's lock -----------------------
 
+    @abc.abstractmethod
     def spawn(self, guest: GuestSpec) -> None:
         """Create missing mdevs, define the guest with its devices and the
         assignment ids in its metadata, and start it. Idempotent: a guest
         that already exists is redefined and left running."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def update_guest(self, guest: GuestSpec) -> None:
         """Redefine an existing guest with new devices (a move finishing
         here); it keeps running state as it was."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def destroy(self, instance_uuid: str) -> None:
         """Stop and undefine the guest, if it exists."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def list_guests(self) -> dict[str, frozenset[str]]:
         """Every guest this agent defined: instance uuid -> the assignment
         ids recorded in its metadata."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def guest_is_running(self, instance_uuid: str) -> bool:
         """Whether the guest exists and is running."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         """Create the mdev if it does not exist (after a reboot, say)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def remove_mdev(self, mdev_uuid: str) -> None:
         """Remove the mdev if it exists."""
-        raise NotImplementedError
 
     def boot_id(self) -> str:
         """Changes at every host boot; claims record it."""

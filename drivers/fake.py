@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
 from agent.cpuset import parse_cpu_set
-from drivers.base import (ComputeDriver, HostInventory, Mdev, MdevParent, MdevType,
-                          NumaCell, PciDevice, PciKind, PmemNamespace)
+from drivers.base import (ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent,
+                          MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
 
 
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$")
@@ -183,12 +186,20 @@ def load_host_file(path: str | Path) -> HostInventory:
 
 
 class FakeDriver(ComputeDriver):
-    def __init__(self, host: HostInventory | dict | None = None):
+    """Guests live in ``guests`` (instance uuid -> [spec, running]); mdevs it
+    creates join the host's inventory, as the kernel's would."""
+
+    def __init__(self, host: HostInventory | dict | None = None,
+                 boot_id: str = "fake-boot-1"):
         if isinstance(host, dict):
             host = host_from_dict(host)
         self.host = host or HostInventory(cpus=frozenset(range(4)),
                                           memory_mb=8192, disk_gb=100)
         self._listeners: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self.guests: dict[str, list] = {}
+        self.created_mdevs: dict[str, tuple[str, str]] = {}
+        self.current_boot_id = boot_id
 
     @classmethod
     def from_conf(cls, conf) -> "FakeDriver":
@@ -197,7 +208,67 @@ class FakeDriver(ComputeDriver):
         return cls()
 
     def get_host_inventory(self) -> HostInventory:
-        return self.host
+        with self._lock:
+            created = dict(self.created_mdevs)
+        if not created:
+            return self.host
+        used = Counter(created.values())
+        parents = tuple(
+            replace(p, types=tuple(replace(t, available_instances=max(
+                0, t.available_instances - used[(p.address, t.id)])) for t in p.types))
+            for p in self.host.mdev_parents)
+        mdevs = self.host.mdevs + tuple(Mdev(u, t, p) for u, (p, t) in sorted(created.items()))
+        return replace(self.host, mdev_parents=parents, mdevs=mdevs)
+
+    # --- guests ---------------------------------------------------------
+
+    def spawn(self, guest: GuestSpec) -> None:
+        for d in guest.devices:
+            if d.mdev_parent:
+                self.ensure_mdev(d.device_id, d.mdev_parent, d.mdev_type)
+        with self._lock:
+            self.guests[guest.instance_uuid] = [guest, True]
+
+    def update_guest(self, guest: GuestSpec) -> None:
+        for d in guest.devices:
+            if d.mdev_parent:
+                self.ensure_mdev(d.device_id, d.mdev_parent, d.mdev_type)
+        with self._lock:
+            running = self.guests.get(guest.instance_uuid, [None, False])[1]
+            self.guests[guest.instance_uuid] = [guest, running]
+
+    def destroy(self, instance_uuid: str) -> None:
+        with self._lock:
+            self.guests.pop(instance_uuid, None)
+
+    def list_guests(self) -> dict[str, frozenset[str]]:
+        with self._lock:
+            return {u: frozenset(d.assignment_id for d in g.devices)
+                    for u, (g, _) in self.guests.items()}
+
+    def guest_is_running(self, instance_uuid: str) -> bool:
+        with self._lock:
+            return self.guests.get(instance_uuid, [None, False])[1]
+
+    def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
+        with self._lock:
+            if not any(m.uuid == mdev_uuid for m in self.host.mdevs):
+                self.created_mdevs[mdev_uuid] = (parent, type_id)
+
+    def remove_mdev(self, mdev_uuid: str) -> None:
+        with self._lock:
+            self.created_mdevs.pop(mdev_uuid, None)
+
+    def boot_id(self) -> str:
+        return self.current_boot_id
+
+    def reboot(self, boot_id: str) -> None:
+        """What a host reboot does to it: guests stop, created mdevs vanish."""
+        with self._lock:
+            self.created_mdevs.clear()
+            for g in self.guests.values():
+                g[1] = False
+            self.current_boot_id = boot_id
 
     def set_host(self, host: HostInventory | dict) -> None:
         self.host = host_from_dict(host) if isinstance(host, dict) else host

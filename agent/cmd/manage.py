@@ -2,6 +2,9 @@
 
     compute-agent-manage --config-file F tree [--json]
         The host's provider tree as Placement shows it now.
+    compute-agent-manage --config-file F audit [--json]
+        Compare the store, the hypervisor's guests and Placement's
+        allocations; change nothing. Exit 1 when anything is inconsistent.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from agent.cmd.common import exit_config_error, load_config, setup_logging
 from agent.exception import AgentError, ConfigError
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import ProviderTree
+from agent.service import Agent
 from agent.tree_sync import TreeSync
 
 
@@ -59,6 +63,32 @@ def add_parsers(subparsers) -> None:
     tree = subparsers.add_parser("tree", help="Show the host's provider tree "
                                  "as Placement has it.")
     tree.add_argument("--json", action="store_true")
+    audit = subparsers.add_parser("audit", help="Report what the store, the "
+                                  "guests and Placement disagree on.")
+    audit.add_argument("--json", action="store_true")
+
+
+def audit(conf: cfg.ConfigOpts) -> int:
+    agent = Agent.from_conf(conf)
+    agent.driver.init_host()
+    try:
+        try:
+            agent.sync.refresh()
+        except AgentError as e:
+            print(f"compute-agent-manage: Placement left out: {e}", file=sys.stderr)
+        report = agent.reconcile(at_start=True, fix=False)
+    finally:
+        agent.driver.cleanup()
+        agent.manager.tracker.store.close()
+    if conf.command.json:
+        json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        for f in report.findings:
+            print(f"{f.kind}  {f.subject}  {f.detail}")
+        print("consistent" if report.consistent
+              else f"{len(report.findings)} inconsistencies")
+    return 0 if report.consistent else 1
 
 
 def main(argv=None) -> int:
@@ -69,6 +99,8 @@ def main(argv=None) -> int:
     except ConfigError as e:
         return exit_config_error(e)
     try:
+        if conf.command.name == "audit":
+            return audit(conf)
         tree = _tree_from_placement(conf)
     except AgentError as e:
         print(f"compute-agent-manage: {e}", file=sys.stderr)

@@ -15,10 +15,12 @@ from typing import Callable
 import libvirt
 
 from drivers.base import (
-    ComputeDriver, HostInventory, Mdev, MdevParent, PciDevice, PciKind)
+    ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent, PciDevice, PciKind)
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.libvirt.errors import InvalidHostData
+from drivers.libvirt.guests import GuestManager
+from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.sysfs import SysfsReader
 
 LOG = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class LibvirtDriver(ComputeDriver):
         self._sysfs_cache: dict[str, PciDevice] = {}
         self._cache_generation = 0
         self._cache_stale = False
+        self._guests = GuestManager(self._conn, MdevSysfs(conf.sysfs_root),
+                                    conf.libvirt.virt_type)
 
     def init_host(self) -> None:
         self._conn.call(lambda conn: conn.getLibVersion())
@@ -64,6 +68,29 @@ class LibvirtDriver(ComputeDriver):
     def get_host_inventory(self) -> HostInventory:
         with self._lock:
             return self._inventory()
+
+    # Guests are the GuestManager's business; these only satisfy the
+    # driver interface.
+    def spawn(self, guest: GuestSpec) -> None:
+        self._guests.spawn(guest)
+
+    def update_guest(self, guest: GuestSpec) -> None:
+        self._guests.update_guest(guest)
+
+    def destroy(self, instance_uuid: str) -> None:
+        self._guests.destroy(instance_uuid)
+
+    def list_guests(self) -> dict[str, frozenset[str]]:
+        return self._guests.list_guests()
+
+    def guest_is_running(self, instance_uuid: str) -> bool:
+        return self._guests.guest_is_running(instance_uuid)
+
+    def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
+        self._guests.ensure_mdev(mdev_uuid, parent, type_id)
+
+    def remove_mdev(self, mdev_uuid: str) -> None:
+        self._guests.remove_mdev(mdev_uuid)
 
     def _inventory(self) -> HostInventory:
         warnings: list[str] = []
