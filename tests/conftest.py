@@ -1,4 +1,8 @@
 """Fixtures shared by unit and functional tests."""
+import subprocess
+from pathlib import Path
+
+import libvirt
 import pytest
 
 from agent.testing.local_placement import LocalPlacement
@@ -11,3 +15,16 @@ def placement(tmp_path_factory):
     server = LocalPlacement(tmp_path_factory.mktemp("placement")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def libvirtd():
+    """The real libvirtd (and RabbitMQ) running, started by the project's
+    own script; yields this machine's capabilities XML and getInfo()."""
+    subprocess.run([str(Path(__file__).resolve().parents[1] / "tools" / "services")],
+                   check=True, stdout=subprocess.DEVNULL, timeout=300)
+    conn = libvirt.open("qemu:///system")
+    try:
+        yield conn.getCapabilities(), conn.getInfo()
+    finally:
+        conn.close()

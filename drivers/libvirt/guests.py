@@ -90,6 +90,13 @@ class GuestManager:
                 raise
         return self._conn.call(running)
 
+    def guest_xml(self, instance_uuid: str) -> str | None:
+        """The guest's persistent definition, as libvirt has it."""
+        def xml(conn: libvirt.virConnect) -> str | None:
+            dom = _lookup(conn, instance_uuid)
+            return dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom else None
+        return self._conn.call(xml)
+
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         self._mdevs.create(mdev_uuid, parent, type_id)
 

@@ -77,13 +77,18 @@ def totals(node: dict) -> dict[str, int]:
     return {rc: inv["total"] for rc, inv in node["inventories"].items()}
 
 
-def allocate(url: str, provider_uuid: str, resources: dict[str, int]) -> str:
-    consumer = str(uuid.uuid4())
+def put_allocations(url: str, consumer: str, allocations: dict) -> None:
+    """What a conductor's scheduler does before it asks a host to build."""
     resp = requests.put(f"{url}/allocations/{consumer}", headers=HEADERS, timeout=10, json={
-        "allocations": {provider_uuid: {"resources": resources}},
+        "allocations": allocations,
         "project_id": str(uuid.uuid4()), "user_id": str(uuid.uuid4()),
         "consumer_generation": None, "consumer_type": "INSTANCE"})
     assert resp.status_code == 204, resp.text
+
+
+def allocate(url: str, provider_uuid: str, resources: dict[str, int]) -> str:
+    consumer = str(uuid.uuid4())
+    put_allocations(url, consumer, {provider_uuid: {"resources": resources}})
     return consumer
 
 

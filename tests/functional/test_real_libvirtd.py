@@ -27,18 +27,6 @@ URI = "qemu:///system"
 LIBVIRTD = "/usr/sbin/libvirtd"
 
 
-@pytest.fixture(scope="session")
-def libvirtd():
-    """libvirtd (and RabbitMQ) running, started by the project's script."""
-    subprocess.run([str(REPO / "tools" / "services")], check=True,
-                   stdout=subprocess.DEVNULL, timeout=300)
-    conn = libvirt.open(URI)
-    try:
-        yield conn.getCapabilities(), conn.getInfo()
-    finally:
-        conn.close()
-
-
 @pytest.fixture
 def agent(tmp_path, placement, libvirtd):
     path = write_conf(

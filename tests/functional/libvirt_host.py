@@ -1,0 +1,93 @@
+"""A test host on the libvirt test driver: one description written twice
+through SysfsBuilder, as a fake sysfs tree and as the test driver's host
+XML, and an agent with the production LibvirtDriver reading it."""
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from agent.cmd.common import load_config
+from agent.service import Agent
+from drivers.fake_sysfs import SysfsBuilder
+from tests.functional.helpers import placement_tree, write_conf
+
+PF = "0000:81:00.0"            # Intel 82599, VFs 8086:10ed, cell 1
+GPU = "0000:06:00.0"           # mdev-capable GPU, cell 0
+NIC0 = "0000:3b:00.0"          # whole device, cell 0
+NO_NUMA = "0000:00:05.0"       # whole device, no NUMA affinity
+CHIPSET = "0000:00:1f.0"       # present, never allowlisted
+MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
+
+DEVICE_SPECS = [
+    json.dumps({"vendor_id": "8086", "product_id": "10ed"}),  # the PF's VFs
+    json.dumps({"vendor_id": "15b3", "product_id": "101b",
+                "traits": ["CUSTOM_FAST_NIC"]}),
+    json.dumps({"vendor_id": "1af4", "product_id": "1041"}),
+]
+
+
+class Host:
+    """One test host: its sysfs builder, host file and agent."""
+
+    def __init__(self, tmp_path: Path, placement_url: str) -> None:
+        self.dir = tmp_path
+        self.sys = SysfsBuilder(tmp_path / "sys")
+        self.host_xml = tmp_path / "host.xml"
+        self.name = f"lv-{uuid.uuid4().hex[:8]}"
+        self.url = placement_url
+        self.agent: Agent | None = None
+
+    def build_default(self) -> None:
+        b = self.sys
+        b.add_numa_node(0, "0-3", 8192)
+        b.add_numa_node(1, "4-7", 8192)
+        b.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8,
+                 num_vfs=2, driver="ixgbe", vf_driver="ixgbevf")
+        b.add_mdev_parent(GPU, 0, {"nvidia-35": ("GRID M60-2Q", 4),
+                                   "nvidia-36": ("GRID M60-4Q", 2)})
+        b.add_mdev(MDEV, GPU, "nvidia-35")
+        b.add_pci_device(NIC0, "15b3", "101b", "020000", numa_node=0,
+                         driver="mlx5_core")
+        b.add_pci_device(NO_NUMA, "1af4", "1041", "020000", numa_node=None)
+        b.add_pci_device(CHIPSET, "8086", "a1c1", "060100", numa_node=None)
+        b.add_pmem_namespace(0, 0, 64 << 30, 0, alt_name="ns0")
+        b.add_pmem_namespace(1, 0, 64 << 30, 1, alt_name="ns1")
+        b.add_pmem_namespace(1, 1, 64 << 30, 1, alt_name="ns2")
+        b.add_pmem_namespace(1, 2, 16 << 30, 1, alt_name="ns3")
+
+    def make_agent(self, **policy) -> Agent:
+        """An agent on this host; ``policy`` (config sections) replaces the
+        default allowlist, mdev types and pmem labels."""
+        uri = self.sys.write_test_driver_host_xml(self.host_xml)
+        policy = policy or {"pci": {"device_spec": DEVICE_SPECS},
+                            "devices": {"enabled_mdev_types": "nvidia-35"},
+                            "pmem": {"namespaces": "64G:ns0|ns1|ns2,16G:ns3"}}
+        path = write_conf(
+            self.dir, self.url, self.name, host_dict=None,
+            DEFAULT={"compute_driver": "libvirt",
+                     "sysfs_root": str(self.sys.root)},
+            libvirt={"connection_uri": uri,
+                     "instances_path": str(self.dir / "instances")},
+            **policy)
+        self.agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+        self.agent.driver.init_host()
+        return self.agent
+
+    def cycle(self) -> None:
+        outcome = self.agent.run_cycle()
+        assert outcome.ok, outcome.reason
+
+    def libvirt_sees_the_new_host(self) -> None:
+        """Rewrite the host file from the builder and drop the connection,
+        as a libvirtd restart would: the next cycle reads the new host."""
+        self.sys.write_test_driver_host_xml(self.host_xml)
+        self.agent.driver.cleanup()
+
+    def tree(self) -> dict[str, dict]:
+        return placement_tree(self.url, self.agent.policy.root_uuid)
+
+    def p(self, suffix: str) -> str:
+        return f"{self.name}_{suffix}"
+
+

@@ -1,0 +1,551 @@
+"""The durable store: file modes, pragmas, migrations, group commit, the
+one-live-holder index, dump and close, and durability across processes."""
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent import state
+from agent.state import Assignment, Migration, Store, StoreError
+from drivers.base import DeviceKind
+
+REPO = Path(__file__).resolve().parents[2]
+PROVIDER = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
+OTHER_PROVIDER = "7c1e2d3f-0a4b-4c5d-8e6f-9a0b1c2d3e4f"
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def assignment(device="0000:81:10.0", provider=PROVIDER, rc="SRIOV_NET_VF",
+               kind=DeviceKind.VF, st="claimed", instance=None, aid=None) -> Assignment:
+    inst = instance or str(uuid.uuid4())
+    return Assignment(aid or str(uuid.uuid4()), inst, inst, "instance", None, rc,
+                      provider, kind, device, 1, st, "boot-1", {"numa_node": 0})
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "state.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def umask0():
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+# --- files and pragmas ----------------------------------------------------------
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_file_wal_and_shm_are_private_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        path = tmp_path / "new-dir" / "state.db"
+        s = Store(path)
+        try:
+            s.write(lambda c: state.put_instance(c, str(uuid.uuid4()), {"name": "a"}))
+            s.read(state.instances)  # a reader connection too
+            wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+            assert wal.exists() and shm.exists()
+            assert mode(path) == 0o600
+            assert mode(wal) == 0o600
+            assert mode(shm) == 0o600
+            assert mode(path.parent) == 0o700
+        finally:
+            s.close()
+    finally:
+        os.umask(old)
+
+
+def test_writer_and_reader_connections_are_wal_and_synchronous_full(store):
+    writer = store._writer
+    assert writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert writer.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert store.read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0]) == "wal"
+    assert store.read(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 2
+    # What the committer thread itself sees inside a write.
+    assert store.write(lambda c: c.execute("PRAGMA synchronous").fetchone()[0]) == 2
+    # WAL is persistent in the file: a plain connection sees it too.
+    raw = sqlite3.connect(store.path)
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        raw.close()
+
+
+# --- schema versions --------------------------------------------------------------
+
+def test_migrations_are_contiguous_up_to_the_current_version():
+    assert sorted(state.MIGRATIONS) == list(range(1, state.SCHEMA_VERSION + 1))
+
+
+def test_new_store_is_at_the_current_version(store):
+    assert store.read(state.schema_version) == state.SCHEMA_VERSION
+
+
+def _make_v1(path: Path) -> dict:
+    """A database as the version-1 agent left it, with a row in every table."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert state.migrate(conn, target=1) == 1
+    assert state.schema_version(conn) == 1
+    assert not conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE name='providers'").fetchone()
+    inst = str(uuid.uuid4())
+    mig = str(uuid.uuid4())
+    rows = [assignment(instance=inst),
+            assignment(device="5f1e0000-0000-4000-8000-000000000001", rc="VGPU",
+                       kind=DeviceKind.MDEV, provider=OTHER_PROVIDER, instance=inst,
+                       st="claiming"),
+            assignment(device="0000:81:10.1", instance=inst, st="released")]
+    conn.execute("BEGIN")
+    state.put_instance(conn, inst, {"name": "old", "vcpus": 1, "memory_mb": 512})
+    state.insert_assignments(conn, rows)
+    state.put_migration(conn, Migration(mig, inst, "resize", "both", "active",
+                                        {"name": "old", "vcpus": 1, "memory_mb": 256}))
+    conn.execute("COMMIT")
+    conn.close()
+    return {"instance": inst, "migration": mig, "rows": rows}
+
+
+def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "state.db"
+    made = _make_v1(path)
+    s = Store(path)
+    try:
+        assert s.read(state.schema_version) == state.SCHEMA_VERSION
+        live = s.read(state.live_assignments)
+        assert live == sorted([a for a in made["rows"] if a.state != "released"],
+                              key=lambda a: a.id)
+        assert [a.detail for a in live] == [{"numa_node": 0}] * 2
+        assert s.read(state.instances) == {
+            made["instance"]: {"name": "old", "vcpus": 1, "memory_mb": 512}}
+        m = s.read(state.migrations)[made["migration"]]
+        assert (m.kind, m.role, m.state, m.old_spec) == (
+            "resize", "both", "active", {"name": "old", "vcpus": 1, "memory_mb": 256})
+        assert s.read(lambda c: c.execute(
+            "SELECT count(*) FROM assignments").fetchone()[0]) == 3
+        # v2's table is there and usable.
+        s.write(lambda c: state.put_provider_names(c, {"cmp1": PROVIDER}))
+        assert s.read(state.provider_names) == {"cmp1": PROVIDER}
+    finally:
+        s.close()
+    # And a second open is a no-op upgrade that keeps everything.
+    s = Store(path)
+    try:
+        assert s.read(state.schema_version) == state.SCHEMA_VERSION
+        assert s.read(state.provider_names) == {"cmp1": PROVIDER}
+        assert len(s.read(state.live_assignments)) == 2
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("start", range(0, state.SCHEMA_VERSION))
+def test_every_version_upgrades_to_the_current_one(tmp_path, start):
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    if start:
+        state.migrate(conn, target=start)
+    conn.close()
+    s = Store(path)
+    try:
+        assert s.read(state.schema_version) == state.SCHEMA_VERSION
+    finally:
+        s.close()
+
+
+def test_store_newer_than_the_code_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "state.db"
+    s = Store(path)
+    s.write(lambda c: c.execute("UPDATE meta SET value=? WHERE key='schema_version'",
+                                (str(state.SCHEMA_VERSION + 1),)))
+    s.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="newer"):
+        Store(path)
+    conn = sqlite3.connect(path)
+    try:
+        assert state.schema_version(conn) == state.SCHEMA_VERSION + 1
+    finally:
+        conn.close()
+    assert path.read_bytes() == before
+
+
+def test_migrate_refuses_to_go_backwards(tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    try:
+        state.migrate(conn)
+        with pytest.raises(StoreError):
+            state.migrate(conn, target=1)
+        assert state.schema_version(conn) == state.SCHEMA_VERSION
+    finally:
+        conn.close()
+
+
+# --- write and group commit -------------------------------------------------------
+
+def test_write_returns_the_jobs_result(store):
+    inst = str(uuid.uuid4())
+
+    def job(c):
+        state.put_instance(c, inst, {"name": "x"})
+        return ("done", c.execute("SELECT count(*) FROM instances").fetchone()[0])
+
+    assert store.write(job) == ("done", 1)
+    assert store.write(lambda c: None) is None
+
+
+def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
+    """Hold the committer in one job while 40 writers queue up, one of which
+    writes a row and then raises: they all commit in one batch, except it."""
+    batches: list[int] = []
+    real_commit = store._commit
+
+    def recording_commit(conn, batch):
+        batches.append(len(batch))
+        return real_commit(conn, batch)
+
+    store._commit = recording_commit
+    gate = threading.Event()
+    blocker = threading.Thread(target=store.write, args=(lambda c: gate.wait(10),))
+    blocker.start()
+    deadline = time.monotonic() + 5
+    while not batches and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert batches == [1]  # the blocker is inside the committer
+
+    n, bad_index = 40, 17
+    uuids = [str(uuid.uuid4()) for _ in range(n)]
+    results: dict[int, object] = {}
+    errors: dict[int, BaseException] = {}
+
+    class Boom(Exception):
+        pass
+
+    def make_job(i):
+        def job(c):
+            state.put_instance(c, uuids[i], {"name": f"i{i}"})
+            if i == bad_index:
+                raise Boom("deliberate")
+            return i * 10
+        return job
+
+    def writer(i):
+        try:
+            results[i] = store.write(make_job(i))
+        except BaseException as e:  # noqa: BLE001
+            errors[i] = e
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    while store._queue.qsize() < n and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert store._queue.qsize() == n
+    gate.set()
+    for t in threads + [blocker]:
+        t.join(10)
+        assert not t.is_alive()
+
+    assert batches == [1, n]  # one batch, one commit for all forty
+    assert set(errors) == {bad_index}
+    assert isinstance(errors[bad_index], Boom)
+    assert results == {i: i * 10 for i in range(n) if i != bad_index}
+    stored = store.read(state.instances)
+    assert set(stored) == {u for i, u in enumerate(uuids) if i != bad_index}
+    # Visible to a connection that is not the store's.
+    raw = sqlite3.connect(store.path)
+    try:
+        assert raw.execute("SELECT count(*) FROM instances").fetchone()[0] == n - 1
+    finally:
+        raw.close()
+
+
+def test_an_integrity_error_in_one_job_spares_the_others(store):
+    """A job hitting the one-live-holder index in a batch with others."""
+    first = assignment(device="0000:81:10.5")
+    store.write(lambda c: state.insert_assignments(c, [first]))
+    gate = threading.Event()
+    blocker = threading.Thread(target=store.write, args=(lambda c: gate.wait(10),))
+    blocker.start()
+    time.sleep(0.05)
+    clash = assignment(device="0000:81:10.5")
+    fine = [assignment(device=f"0000:81:11.{i}") for i in range(5)]
+    outcome = {}
+
+    def write(name, rows):
+        try:
+            store.write(lambda c: state.insert_assignments(c, rows))
+            outcome[name] = "ok"
+        except sqlite3.IntegrityError:
+            outcome[name] = "refused"
+
+    threads = [threading.Thread(target=write, args=("clash", [fine[0], clash]))]
+    threads += [threading.Thread(target=write, args=(f"fine{i}", [a]))
+                for i, a in enumerate(fine[1:])]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while store._queue.qsize() < len(threads) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gate.set()
+    for t in threads + [blocker]:
+        t.join(10)
+    assert outcome == {"clash": "refused", **{f"fine{i}": "ok" for i in range(4)}}
+    live = {a.device_id for a in store.read(state.live_assignments)}
+    # fine[0] went in with the clash, so it went out with it.
+    assert live == {"0000:81:10.5"} | {a.device_id for a in fine[1:]}
+
+
+def test_many_concurrent_writers_all_land(store):
+    n_threads, per_thread = 32, 20
+    errors = []
+
+    def writer(t):
+        try:
+            for i in range(per_thread):
+                got = store.write(lambda c, t=t, i=i: (
+                    state.put_instance(c, str(uuid.UUID(int=t * 1000 + i + 1)),
+                                       {"t": t, "i": i}), (t, i))[1])
+                assert got == (t, i)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert len(store.read(state.instances)) == n_threads * per_thread
+
+
+# --- the one-live-holder index ------------------------------------------------------
+
+def test_a_device_has_one_live_holder_until_released(store):
+    first = assignment(device="0000:81:10.3", st="claiming")
+    store.write(lambda c: state.insert_assignments(c, [first]))
+    for st in ("claiming", "claimed"):
+        second = assignment(device="0000:81:10.3", st=st)
+        with pytest.raises(sqlite3.IntegrityError):
+            store.write(lambda c: state.insert_assignments(c, [second]))
+    # claimed is live too
+    store.write(lambda c: state.update_assignments(c, [first.with_(state="claimed")]))
+    with pytest.raises(sqlite3.IntegrityError):
+        store.write(lambda c: state.insert_assignments(
+            c, [assignment(device="0000:81:10.3")]))
+    # The same device id under another provider or class is another device.
+    store.write(lambda c: state.insert_assignments(c, [
+        assignment(device="0000:81:10.3", provider=OTHER_PROVIDER),
+        assignment(device="0000:81:10.3", rc="CUSTOM_NIC")]))
+    # Released: free for the next holder, and history may keep several.
+    store.write(lambda c: state.update_assignments(c, [first.with_(state="released")]))
+    again = assignment(device="0000:81:10.3")
+    store.write(lambda c: state.insert_assignments(c, [again]))
+    with pytest.raises(sqlite3.IntegrityError):  # a released row cannot come back
+        store.write(lambda c: state.update_assignments(c, [first.with_(state="claimed")]))
+    store.write(lambda c: state.update_assignments(c, [again.with_(state="released")]))
+    store.write(lambda c: state.insert_assignments(c, [assignment(device="0000:81:10.3",
+                                                                  st="released")]))
+    holders = [a for a in store.read(state.live_assignments)
+               if (a.provider_uuid, a.resource_class, a.device_id)
+               == (PROVIDER, "SRIOV_NET_VF", "0000:81:10.3")]
+    assert holders == []
+
+
+def test_counted_numa_amounts_are_not_exclusive(store):
+    rows = [assignment(device="1", rc="VCPU", kind=DeviceKind.NUMA) for _ in range(3)]
+    store.write(lambda c: state.insert_assignments(c, rows))
+    assert len(store.read(state.live_assignments)) == 3
+
+
+# --- dump ---------------------------------------------------------------------------
+
+def _fill(s: Store, order):
+    rows = [assignment(device=f"0000:81:1{i}.0", aid=str(uuid.UUID(int=i + 1)),
+                       instance=str(uuid.UUID(int=100 + i))) for i in range(4)]
+    for i in order:
+        s.write(lambda c, i=i: (
+            state.insert_assignments(c, [rows[i]]),
+            c.execute("UPDATE assignments SET updated_at=0 WHERE id=?", (rows[i].id,)),
+            c.execute("INSERT INTO instances VALUES (?, ?, 0)",
+                      (rows[i].instance_uuid, json.dumps({"i": i})))))
+
+
+def test_dump_is_stable(store, tmp_path):
+    _fill(store, range(4))
+    first = store.dump()
+    assert "0000:81:13.0" in first and "CREATE TABLE assignments" in first
+    assert store.dump() == first
+    # A refused write changes nothing.
+    with pytest.raises(ValueError):
+        store.write(lambda c: (state.put_instance(c, str(uuid.uuid4()), {}),
+                               (_ for _ in ()).throw(ValueError("no"))))
+    assert store.dump() == first
+    # From another thread (another reader connection) and after reopening.
+    other = []
+    t = threading.Thread(target=lambda: other.append(store.dump()))
+    t.start()
+    t.join()
+    assert other == [first]
+    store.close()
+    reopened = Store(store.path)
+    try:
+        assert reopened.dump() == first
+    finally:
+        reopened.close()
+
+
+def test_dump_does_not_depend_on_the_order_rows_were_written(tmp_path):
+    """Two stores holding the same rows dump the same text."""
+    a, b = Store(tmp_path / "a.db"), Store(tmp_path / "b.db")
+    try:
+        _fill(a, [0, 1, 2, 3])
+        _fill(b, [3, 1, 0, 2])
+        assert a.dump() == b.dump()
+    finally:
+        a.close()
+        b.close()
+
+
+# --- close ----------------------------------------------------------------------------
+
+def test_close_is_clean(tmp_path):
+    path = tmp_path / "state.db"
+    s = Store(path)
+    inst = str(uuid.uuid4())
+    s.write(lambda c: state.put_instance(c, inst, {"name": "kept"}))
+    s.read(state.instances)
+    t = threading.Thread(target=lambda: s.read(state.instances))  # another reader
+    t.start()
+    t.join()
+    assert len(s._readers) == 2
+    s.close()
+    assert not s._committer.is_alive()
+    for conn in [s._writer, *s._readers]:
+        with pytest.raises(sqlite3.ProgrammingError):
+            conn.execute("SELECT 1")
+    # The last connection out checkpoints and removes the WAL.
+    assert not Path(f"{path}-wal").exists()
+    assert not Path(f"{path}-shm").exists()
+    s.close()  # twice is harmless
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("SELECT spec FROM instances WHERE uuid=?",
+                           (inst,)).fetchone() == ('{"name": "kept"}',)
+        assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        raw.close()
+
+
+def test_close_lets_queued_writes_finish(tmp_path):
+    s = Store(tmp_path / "state.db")
+    gate = threading.Event()
+    blocker = threading.Thread(target=s.write, args=(lambda c: gate.wait(10),))
+    blocker.start()
+    time.sleep(0.05)
+    done = []
+    writers = [threading.Thread(target=lambda i=i: done.append(s.write(
+        lambda c: (state.put_instance(c, str(uuid.UUID(int=i + 1)), {}), i)[1])))
+        for i in range(8)]
+    for w in writers:
+        w.start()
+    while s._queue.qsize() < 8:
+        time.sleep(0.001)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    gate.set()
+    for th in writers + [blocker, closer]:
+        th.join(10)
+        assert not th.is_alive()
+    assert sorted(done) == list(range(8))
+    conn = sqlite3.connect(s.path)
+    try:
+        assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 8
+    finally:
+        conn.close()
+
+
+def test_write_after_close_fails_instead_of_hanging(tmp_path):
+    s = Store(tmp_path / "state.db")
+    s.close()
+    outcome = []
+
+    def late():
+        try:
+            s.write(lambda c: state.put_instance(c, str(uuid.uuid4()), {}))
+            outcome.append("written")
+        except Exception as e:  # noqa: BLE001
+            outcome.append(type(e).__name__)
+
+    t = threading.Thread(target=late, daemon=True)
+    t.start()
+    t.join(3)
+    assert not t.is_alive(), "Store.write() after close() blocks forever"
+    assert outcome == ["StoreError"]
+
+
+# --- durability ----------------------------------------------------------------------
+
+_READ_ROW = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+row = conn.execute("SELECT spec FROM instances WHERE uuid=?", (sys.argv[2],)).fetchone()
+print(row[0] if row else "MISSING")
+"""
+
+
+def test_a_write_is_visible_to_a_fresh_connection_and_process_once_it_returns(store):
+    for i in range(5):
+        inst = str(uuid.uuid4())
+        store.write(lambda c: state.put_instance(c, inst, {"n": i}))
+        raw = sqlite3.connect(store.path)
+        try:
+            assert raw.execute("SELECT spec FROM instances WHERE uuid=?",
+                               (inst,)).fetchone() == (json.dumps({"n": i}),)
+        finally:
+            raw.close()
+        out = subprocess.run([sys.executable, "-c", _READ_ROW, str(store.path), inst],
+                             capture_output=True, text=True, timeout=30, check=True)
+        assert out.stdout.strip() == json.dumps({"n": i})
+
+
+_WRITE_AND_DIE = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from agent import state
+s = state.Store(sys.argv[2])
+s.write(lambda c: state.put_instance(c, sys.argv[3], {"survived": True}))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_write_survives_sigkill_right_after_it_returns(tmp_path):
+    path = tmp_path / "state.db"
+    for _ in range(3):
+        inst = str(uuid.uuid4())
+        proc = subprocess.run([sys.executable, "-c", _WRITE_AND_DIE, str(REPO),
+                               str(path), inst], capture_output=True, timeout=60)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        s = Store(path)
+        try:
+            assert s.read(state.instances)[inst] == {"survived": True}
+            assert s.read(lambda c: c.execute(
+                "PRAGMA integrity_check").fetchone()[0]) == "ok"
+        finally:
+            s.close()
