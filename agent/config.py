@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 
 from keystoneauth1 import loading as ks_loading
+
+from agent import messaging
 from oslo_config import cfg
 from oslo_log import log as logging
 
@@ -218,6 +220,7 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
         conf, PLACEMENT_GROUP, include_deprecated=False)
     conf.set_default("service_type", "placement", group=PLACEMENT_GROUP)
     logging.register_options(conf)
+    messaging.register_opts(conf)
 
 
 def register_mdev_type_groups(conf: cfg.ConfigOpts) -> None:
@@ -237,4 +240,5 @@ def list_opts():
         ("pmem", pmem_opts),
         ("fake", fake_opts),
         (placement_group, _placement_opts()),
+        ("upgrade_levels", messaging.upgrade_opts),
     ]

@@ -1,4 +1,12 @@
-"""The agent's typed errors. Each message names the field and the value."""
+"""The agent's typed errors. Each message names the field and the value.
+
+oslo.messaging sends an error to the caller as its class, ``args`` and
+``kwargs``, and rebuilds it there as ``cls(*args, **kwargs)`` when this
+module is in ``allowed_remote_exmods``. So every error here keeps in
+``args`` exactly what its constructor takes, all of it JSON-safe, and the
+caller gets the same type back.
+"""
+from __future__ import annotations
 
 
 class AgentError(Exception):
@@ -19,25 +27,36 @@ class PlacementError(AgentError):
 
     def __init__(self, message: str, status: int | None = None,
                  code: str | None = None):
-        super().__init__(message)
+        super().__init__(message, status, code)
         self.status = status
         self.code = code
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 class GenerationConflict(PlacementError):
     """A write lost a race with another writer (409 concurrent_update)."""
 
 
-class InvalidRequest(AgentError):
-    """A request (RPC payload, claim) is malformed; nothing was changed."""
+def shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
-    def __init__(self, field: str, value, reason: str):
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"{field}: {reason} (value: {shown})")
+
+class InvalidRequest(AgentError):
+    """A request (RPC payload, claim) is malformed; nothing was changed.
+    Across RPC the value itself is not sent back, only how it was shown."""
+
+    def __init__(self, field: str, value, reason: str, value_shown: str | None = None):
         self.field = field
+        self.value = value
         self.reason = reason
+        self.value_shown = shown(value) if value_shown is None else value_shown
+        super().__init__(field, None, reason, self.value_shown)
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason} (value: {self.value_shown})"
 
 
 class ClaimFailed(AgentError):
@@ -45,22 +64,31 @@ class ClaimFailed(AgentError):
 
     def __init__(self, provider_uuid: str, resource_class: str, wanted: int,
                  available: int):
-        super().__init__(f"cannot claim {wanted} {resource_class} from provider "
-                         f"{provider_uuid}: {available} free")
+        super().__init__(provider_uuid, resource_class, wanted, available)
         self.provider_uuid = provider_uuid
         self.resource_class = resource_class
+
+    def __str__(self) -> str:
+        provider, rc, wanted, available = self.args
+        return f"cannot claim {wanted} {rc} from provider {provider}: {available} free"
 
 
 class NoSuchInstance(AgentError):
     def __init__(self, instance_uuid: str):
-        super().__init__(f"no such instance: {instance_uuid}")
+        super().__init__(instance_uuid)
         self.instance_uuid = instance_uuid
+
+    def __str__(self) -> str:
+        return f"no such instance: {self.instance_uuid}"
 
 
 class MoveInProgress(AgentError):
     """The instance is in another move; finish or revert it first."""
 
     def __init__(self, instance_uuid: str, migration_uuid: str):
-        super().__init__(f"instance {instance_uuid} is in move {migration_uuid}")
+        super().__init__(instance_uuid, migration_uuid)
         self.instance_uuid = instance_uuid
         self.migration_uuid = migration_uuid
+
+    def __str__(self) -> str:
+        return f"instance {self.instance_uuid} is in move {self.migration_uuid}"

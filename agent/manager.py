@@ -62,7 +62,8 @@ class ComputeManager:
         spec, rows, moves = self.tracker.instance(instance_uuid)
         return {"uuid": instance_uuid, "spec": spec, "assignments": describe(rows),
                 "migrations": [describe_migration(m) for m in moves],
-                "running": self.driver.guest_is_running(instance_uuid)}
+                "running": self.driver.guest_is_running(instance_uuid),
+                "definition": self.driver.guest_definition(instance_uuid)}
 
     def _guest(self, instance_uuid: str) -> GuestSpec:
         spec, rows, _ = self.tracker.instance(instance_uuid)

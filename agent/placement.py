@@ -146,6 +146,15 @@ class PlacementClient:
         return self._call("GET", f"/resource_providers/{uuid}/allocations"
                           )["allocations"]
 
+    # --- consumers (the conductor's side) --------------------------------
+
+    def get_consumer_allocations(self, consumer: str) -> dict:
+        return self._call("GET", f"/allocations/{consumer}")
+
+    def post_allocations(self, body: dict) -> None:
+        """Several consumers' allocations, all or nothing."""
+        self._call("POST", "/allocations", body, expected=(204,))
+
     # --- names ----------------------------------------------------------
 
     def ensure_resource_class(self, name: str) -> None:

@@ -112,6 +112,13 @@ class ProviderTree:
         return ProviderTree(dataclasses.replace(p) for p in self.depth_first())
 
 
+def tree_as_dicts(tree: ProviderTree) -> list[dict]:
+    """Parents first; plain JSON-compatible values."""
+    return [{"uuid": p.uuid, "name": p.name, "parent_uuid": p.parent_uuid,
+             "generation": p.generation, "inventories": p.inventories,
+             "traits": sorted(p.traits)} for p in tree.depth_first()]
+
+
 # --- operations ------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from agent.exception import (AgentError, ConfigError, PlacementError,
 from agent.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.manager import ComputeManager
 from agent.placement import PlacementClient, adapter_from_conf
+from agent.provider_tree import ProviderTree
 from agent.policy import tree_policy_from_conf
 from agent.reconcile import Report, reconcile
 from agent.tracker import Tracker
@@ -91,6 +92,9 @@ class Agent:
         self.manager = manager
         self.reconcile_interval = reconcile_interval
         self._cycles = 0
+        # Placement's view after the last cycle that reached it, for RPC
+        # readers: replaced whole, never changed in place.
+        self.last_tree = ProviderTree()
         self._names: dict[str, str] = (
             manager.tracker.store.read(state.provider_names) if manager else {})
         self.stopping = threading.Event()
@@ -127,6 +131,7 @@ class Agent:
             LOG.warning("%s", warning)
         try:
             result = self.sync.sync(built.tree)
+            self.last_tree = self.sync.cache.copy()
             self._remember_names({p.name: p.uuid for p in result.tree})
         finally:
             # Claims work from the host's devices even when Placement does

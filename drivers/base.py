@@ -181,6 +181,11 @@ class ComputeDriver(abc.ABC):
         """Every guest this agent defined: instance uuid -> the assignment
         ids recorded in its metadata."""
 
+    def guest_definition(self, instance_uuid: str) -> str | None:
+        """The hypervisor's own definition of the guest (libvirt: its domain
+        XML), for operators and tests; None when there is none."""
+        return None
+
     @abc.abstractmethod
     def guest_is_running(self, instance_uuid: str) -> bool:
         """Whether the guest exists and is running."""

@@ -14,6 +14,7 @@ from oslo_log import log as logging
 
 from agent.cmd.common import exit_config_error, load_config, setup_logging
 from agent.exception import ConfigError
+from agent.rpc import make_server
 from agent.service import Agent, sd_notify
 
 LOG = logging.getLogger(__name__)
@@ -53,11 +54,16 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.drop_cache())
     agent.start()
+    server = make_server(conf, agent)
+    server.start()
     sd_notify("READY=1")
     LOG.info("compute-agent running as host %s", conf.host)
     while not stopped.wait(3600):
         pass
     sd_notify("STOPPING=1")
+    # Calls in flight finish before the store closes.
+    server.stop()
+    server.wait()
     agent.stop()
     LOG.info("compute-agent stopped")
     return 0

@@ -18,7 +18,7 @@ from agent import node_identity
 from agent.cmd.common import exit_config_error, load_config, setup_logging
 from agent.exception import AgentError, ConfigError
 from agent.placement import PlacementClient, adapter_from_conf
-from agent.provider_tree import ProviderTree
+from agent.provider_tree import ProviderTree, tree_as_dicts
 from agent.service import Agent
 from agent.tree_sync import TreeSync
 
@@ -51,12 +51,6 @@ def print_tree(tree: ProviderTree, out=sys.stdout) -> None:
                 file=out)
         if p.traits:
             print(f"{indent}    traits: {', '.join(sorted(p.traits))}", file=out)
-
-
-def tree_as_json(tree: ProviderTree) -> list[dict]:
-    return [{"uuid": p.uuid, "name": p.name, "parent_uuid": p.parent_uuid,
-             "generation": p.generation, "inventories": p.inventories,
-             "traits": sorted(p.traits)} for p in tree.depth_first()]
 
 
 def add_parsers(subparsers) -> None:
@@ -106,7 +100,7 @@ def main(argv=None) -> int:
         print(f"compute-agent-manage: {e}", file=sys.stderr)
         return 1
     if conf.command.json:
-        json.dump(tree_as_json(tree), sys.stdout, indent=2, sort_keys=True)
+        json.dump(tree_as_dicts(tree), sys.stdout, indent=2, sort_keys=True)
         print()
     else:
         print_tree(tree)

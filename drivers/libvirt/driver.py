@@ -86,7 +86,7 @@ class LibvirtDriver(ComputeDriver):
     def guest_is_running(self, instance_uuid: str) -> bool:
         return self._guests.guest_is_running(instance_uuid)
 
-    def guest_xml(self, instance_uuid: str) -> str | None:
+    def guest_definition(self, instance_uuid: str) -> str | None:
         return self._guests.guest_xml(instance_uuid)
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:

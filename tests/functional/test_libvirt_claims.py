@@ -53,7 +53,7 @@ def allocations(h: Host, vcpus=2, memory_mb=1024, vfs=1) -> dict:
 
 
 def domain(h: Host, instance: str):
-    return etree.fromstring(h.agent.driver.guest_xml(instance).encode())
+    return etree.fromstring(h.agent.driver.guest_definition(instance).encode())
 
 
 def devices_in_xml(dom) -> dict[str, list[str]]:
@@ -223,7 +223,7 @@ def test_a_real_guest_survives_an_agent_restart_and_is_audited_clean(
         try:
             assert again.driver.guest_is_running(instance)
             assert again.manager.get_instance(instance)["running"]
-            dom = etree.fromstring(again.driver.guest_xml(instance).encode())
+            dom = etree.fromstring(again.driver.guest_definition(instance).encode())
             assert dom.find("numatune/memory").get("nodeset") == "0"
             again.manager.delete_instance(instance)
             assert not again.driver.guest_is_running(instance)

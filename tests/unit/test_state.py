@@ -41,15 +41,6 @@ def store(tmp_path):
     s.close()
 
 
-@pytest.fixture
-def umask0():
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 # --- files and pragmas ----------------------------------------------------------
 
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])

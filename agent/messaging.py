@@ -1,0 +1,43 @@
+"""oslo.messaging, set up once for the RPC server and for its client."""
+from __future__ import annotations
+
+import warnings
+
+from oslo_config import cfg
+
+with warnings.catch_warnings():
+    # oslo.messaging imports oslo.service, whose eventlet backend warns when
+    # imported. We never run it: the agent uses native threads.
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated",
+                            module=r"oslo_service\.")
+    import oslo_messaging as messaging
+    from oslo_messaging import opts as _messaging_opts
+    from oslo_messaging._metrics import client as _metrics
+    from oslo_messaging._tracing import client as _tracing
+
+TOPIC = "compute-agent"
+# Our typed errors reach the caller as the same types.
+ALLOWED_EXMODS = ["agent.exception"]
+
+upgrade_opts = [
+    cfg.StrOpt(
+        "compute_agent",
+        help="Highest RPC API version this host's client sends, during a "
+        "rolling upgrade: set it to the oldest agent's version (say 1.0) "
+        "until every agent runs the new code.",
+    ),
+]
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    for group, opts in _messaging_opts.list_opts():
+        conf.register_opts(opts, group=group)
+    # The transport reads these groups on every call; oslo.messaging only
+    # registers them on its global config, and we use private ones.
+    conf.register_opts(_metrics.oslo_messaging_metrics, group="oslo_messaging_metrics")
+    conf.register_opts(_tracing.oslo_messaging_tracing, group="oslo_messaging_tracing")
+    conf.register_opts(upgrade_opts, group="upgrade_levels")
+
+
+def transport(conf: cfg.ConfigOpts):
+    return messaging.get_rpc_transport(conf, allowed_remote_exmods=ALLOWED_EXMODS)

@@ -1,0 +1,128 @@
+"""The client conductors import: one method per RPC, with timeouts and a
+version cap for rolling upgrades, plus the allocation-swap helper.
+
+    api = ComputeAgentAPI(conf)
+    api.build_instance("host-1", instance_uuid, spec, allocations)
+
+Errors arrive as the agent's own types (agent.exception): InvalidRequest,
+NoSuchInstance, ClaimFailed, MoveInProgress.
+"""
+from __future__ import annotations
+
+from agent.exception import GenerationConflict
+from agent.messaging import TOPIC, messaging, transport
+from agent.placement import PlacementClient
+from agent.rpc import VERSION
+
+
+class ComputeAgentAPI:
+    def __init__(self, conf, timeout: float = 60):
+        """``conf`` has the agent's options registered (agent.config)."""
+        self.client = messaging.get_rpc_client(
+            transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
+            version_cap=conf.upgrade_levels.compute_agent or VERSION, timeout=timeout)
+
+    def _call(self, host: str, method: str, version: str = "1.0",
+              timeout: float | None = None, **payload):
+        prepared = self.client.prepare(server=host, version=version,
+                                       **({"timeout": timeout} if timeout else {}))
+        return prepared.call({}, method, **payload)
+
+    # introspection
+    def get_host_info(self, host: str) -> dict:
+        return self._call(host, "get_host_info")
+
+    def get_provider_tree(self, host: str) -> list[dict]:
+        return self._call(host, "get_provider_tree")
+
+    def get_instance(self, host: str, instance_uuid: str) -> dict:
+        return self._call(host, "get_instance", instance_uuid=instance_uuid)
+
+    # build and delete
+    def build_instance(self, host: str, instance_uuid: str, spec: dict,
+                       allocations: dict) -> dict:
+        return self._call(host, "build_instance", instance_uuid=instance_uuid,
+                          spec=spec, allocations=allocations)
+
+    def delete_instance(self, host: str, instance_uuid: str) -> dict:
+        return self._call(host, "delete_instance", instance_uuid=instance_uuid)
+
+    # moves: the destination's claims
+    def prep_resize(self, host, migration_uuid, instance_uuid, spec, allocations):
+        return self._call(host, "prep_resize", migration_uuid=migration_uuid,
+                          instance_uuid=instance_uuid, spec=spec,
+                          allocations=allocations)
+
+    def check_can_live_migrate_destination(self, host, migration_uuid, instance_uuid,
+                                           spec, allocations):
+        return self._call(host, "check_can_live_migrate_destination",
+                          migration_uuid=migration_uuid, instance_uuid=instance_uuid,
+                          spec=spec, allocations=allocations)
+
+    def rebuild_instance(self, host, migration_uuid, instance_uuid, spec, allocations):
+        return self._call(host, "rebuild_instance", migration_uuid=migration_uuid,
+                          instance_uuid=instance_uuid, spec=spec,
+                          allocations=allocations)
+
+    # moves: steps that name the move and the instance
+    def _move(self, method: str, host: str, migration_uuid: str, instance_uuid: str):
+        return self._call(host, method, migration_uuid=migration_uuid,
+                          instance_uuid=instance_uuid)
+
+    def resize_instance(self, host, migration_uuid, instance_uuid):
+        return self._move("resize_instance", host, migration_uuid, instance_uuid)
+
+    def finish_resize(self, host, migration_uuid, instance_uuid):
+        return self._move("finish_resize", host, migration_uuid, instance_uuid)
+
+    def confirm_resize(self, host, migration_uuid, instance_uuid):
+        return self._move("confirm_resize", host, migration_uuid, instance_uuid)
+
+    def revert_resize(self, host, migration_uuid, instance_uuid):
+        return self._move("revert_resize", host, migration_uuid, instance_uuid)
+
+    def live_migrate(self, host, migration_uuid, instance_uuid):
+        return self._move("live_migrate", host, migration_uuid, instance_uuid)
+
+    def post_live_migration_at_destination(self, host, migration_uuid, instance_uuid):
+        return self._move("post_live_migration_at_destination", host, migration_uuid,
+                          instance_uuid)
+
+    def rollback_live_migration_at_destination(self, host, migration_uuid,
+                                               instance_uuid):
+        return self._move("rollback_live_migration_at_destination", host,
+                          migration_uuid, instance_uuid)
+
+
+def move_allocations(placement: PlacementClient, source_consumer: str,
+                     target_consumer: str, target_type: str = "MIGRATION",
+                     attempts: int = 4) -> dict:
+    """Move every allocation of one consumer to another in one
+    ``POST /allocations``, guarded by both consumer generations: the
+    instance's to its migration when a move starts (nova's allocation swap),
+    and the migration's back to the instance on revert. Returns what moved.
+    """
+    for attempt in range(attempts):
+        source = placement.get_consumer_allocations(source_consumer)
+        target = placement.get_consumer_allocations(target_consumer)
+        moving = {rp: {"resources": a["resources"]}
+                  for rp, a in source["allocations"].items()}
+        body = {
+            source_consumer: {
+                "allocations": {}, "project_id": source["project_id"],
+                "user_id": source["user_id"],
+                "consumer_generation": source["consumer_generation"],
+                "consumer_type": source.get("consumer_type", "INSTANCE")},
+            target_consumer: {
+                "allocations": moving, "project_id": source["project_id"],
+                "user_id": source["user_id"],
+                "consumer_generation": target.get("consumer_generation"),
+                "consumer_type": target_type},
+        }
+        try:
+            placement.post_allocations(body)
+            return moving
+        except GenerationConflict:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
