@@ -153,15 +153,22 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
     return chosen
 
 
+def instance_cell(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]]
+                  ) -> int | None:
+    """The cell the instance's CPUs and memory come from; failing that, the
+    cell of any device it asked for."""
+    located = [pools[w.provider_uuid][w.resource_class] for w in wanted]
+    located = [p for p in located if p.numa_node is not None]
+    compute = [p for p in located if p.kind in (DeviceKind.NUMA, DeviceKind.PCPU)]
+    return next((p.numa_node for p in compute + located), None)
+
+
 def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
            held: HeldDevices, prefer_numa: int | None = None) -> list[Choice]:
     """Concrete devices for every wanted amount, or ClaimFailed naming the
     first resource that cannot be met. ``held`` is not changed."""
     if prefer_numa is None:
-        prefer_numa = next((pools[w.provider_uuid][w.resource_class].numa_node
-                            for w in wanted
-                            if pools[w.provider_uuid][w.resource_class].numa_node
-                            is not None), None)
+        prefer_numa = instance_cell(wanted, pools)
     out: list[Choice] = []
     for w in wanted:
         pool = pools[w.provider_uuid][w.resource_class]

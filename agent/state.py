@@ -121,14 +121,37 @@ class StoreError(Exception):
     """The store could not be opened or written."""
 
 
-class _Job:
-    __slots__ = ("fn", "done", "result", "error")
+# A write as data: an SQL statement and the parameter rows it runs for.
+Statement = tuple[str, list[tuple]]
 
-    def __init__(self, fn):
-        self.fn = fn
+
+def run_statements(conn: sqlite3.Connection, statements: list[Statement]) -> None:
+    for sql, rows in statements:
+        if rows:
+            conn.executemany(sql, rows)
+
+
+class _Job:
+    __slots__ = ("work", "done", "result", "error")
+
+    def __init__(self, work):
+        self.work = work
         self.done = threading.Event()
         self.result = None
         self.error: BaseException | None = None
+
+    @property
+    def shape(self) -> tuple[str, ...] | None:
+        """The job's statements, when it is data rather than code."""
+        if callable(self.work):
+            return None
+        return tuple(sql for sql, _ in self.work)
+
+    def run(self, conn: sqlite3.Connection) -> None:
+        if callable(self.work):
+            self.result = self.work(conn)
+        else:
+            run_statements(conn, self.work)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -141,10 +164,14 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def create_private(path: Path) -> None:
-    """Create the file 0600 before SQLite opens it; SQLite gives its WAL and
-    shared-memory files the same mode."""
+    """Create the file 0600 before SQLite opens it (and tighten one that
+    exists); SQLite gives its WAL and shared-memory files the same mode."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
@@ -181,22 +208,32 @@ class Store:
         self.path = Path(path)
         create_private(self.path)
         self._writer = _connect(self.path)
-        migrate(self._writer)
+        try:
+            migrate(self._writer)
+        except BaseException:
+            self._writer.close()
+            raise
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closing = threading.Lock()
+        self._closed = False
         self._committer = threading.Thread(target=self._commit_loop,
                                            name="store-committer", daemon=True)
         self._committer.start()
 
     # --- writing --------------------------------------------------------
 
-    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in a transaction; return once it is on disk. A job
-        that raises is rolled back alone; its error is raised here."""
-        job = _Job(fn)
-        self._queue.put(job)
+    def write(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> T:
+        """Run ``work`` (a function of the connection, or statements) in a
+        transaction; return once it is on disk. A job that fails is rolled
+        back alone; its error is raised here."""
+        job = _Job(work)
+        with self._closing:
+            if self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            self._queue.put(job)
         job.done.wait()
         if job.error is not None:
             raise job.error
@@ -220,14 +257,52 @@ class Store:
                 batch.append(nxt)
             self._commit(conn, batch)
 
+    @classmethod
+    def _commit(cls, conn: sqlite3.Connection, batch: list[_Job]) -> None:
+        try:
+            if not cls._commit_merged(conn, batch):
+                cls._commit_one_by_one(conn, batch)
+        finally:
+            for job in batch:
+                job.done.set()
+
     @staticmethod
-    def _commit(conn: sqlite3.Connection, batch: list[_Job]) -> None:
+    def _commit_merged(conn: sqlite3.Connection, batch: list[_Job]) -> bool:
+        """The fast path, for a batch of statement jobs: consecutive jobs
+        of one shape run as one executemany per statement. Their order
+        within a job is kept; jobs of one batch never touch the same rows
+        (the tracker serializes each instance). False when it does not
+        apply or fails, with nothing written."""
+        if len(batch) < 2 or any(job.shape is None for job in batch):
+            return False
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            start = 0
+            while start < len(batch):
+                shape = batch[start].shape
+                end = start
+                while end < len(batch) and batch[end].shape == shape:
+                    end += 1
+                for i, sql in enumerate(shape):
+                    rows = [r for job in batch[start:end] for r in job.work[i][1]]
+                    if rows:
+                        conn.executemany(sql, rows)
+                start = end
+            conn.execute("COMMIT")
+            return True
+        except sqlite3.Error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return False
+
+    @staticmethod
+    def _commit_one_by_one(conn: sqlite3.Connection, batch: list[_Job]) -> None:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
                 conn.execute("SAVEPOINT job")
                 try:
-                    job.result = job.fn(conn)
+                    job.run(conn)
                     conn.execute("RELEASE job")
                 except BaseException as e:
                     conn.execute("ROLLBACK TO job")
@@ -239,9 +314,6 @@ class Store:
                 conn.execute("ROLLBACK")
             for job in batch:
                 job.error = job.error or StoreError(f"commit failed: {e}")
-        finally:
-            for job in batch:
-                job.done.set()
 
     # --- reading --------------------------------------------------------
 
@@ -261,11 +333,16 @@ class Store:
             conn.execute("COMMIT")
 
     def dump(self) -> str:
-        """Every row, in a stable order: for comparing before and after."""
-        return self.read(lambda c: "\n".join(c.iterdump()))
+        """Every row, sorted: two stores with the same rows dump alike."""
+        return self.read(lambda c: "\n".join(sorted(c.iterdump())))
 
     def close(self) -> None:
-        self._queue.put(None)
+        """Finish what was queued, then refuse further writes."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
         self._committer.join()
         self._writer.close()
         with self._readers_lock:
@@ -275,46 +352,45 @@ class Store:
 
 # --- statements, run inside write() or read() -------------------------------
 
-def put_instance(conn: sqlite3.Connection, uuid: str, spec: dict) -> None:
-    conn.execute("INSERT OR REPLACE INTO instances VALUES (?, ?, ?)",
-                 (uuid, json.dumps(spec, sort_keys=True), time.time()))
+def put_instance_sql(uuid: str, spec: dict) -> Statement:
+    return ("INSERT OR REPLACE INTO instances VALUES (?, ?, ?)",
+            [(uuid, json.dumps(spec, sort_keys=True), time.time())])
 
 
-def delete_instance(conn: sqlite3.Connection, uuid: str, moves_too: bool) -> None:
+def delete_instance_sql(uuid: str, moves_too: bool) -> list[Statement]:
     """Forget an instance and its released assignments. Its moves stay when
     it only left this host, so that a retried confirm still finds them."""
-    conn.execute("DELETE FROM instances WHERE uuid = ?", (uuid,))
-    conn.execute("DELETE FROM assignments WHERE instance_uuid = ? AND state = 'released'",
-                 (uuid,))
+    out = [("DELETE FROM instances WHERE uuid = ?", [(uuid,)]),
+           ("DELETE FROM assignments WHERE instance_uuid = ? AND state = 'released'",
+            [(uuid,)])]
     if moves_too:
-        conn.execute("DELETE FROM migrations WHERE instance_uuid = ?", (uuid,))
+        out.append(("DELETE FROM migrations WHERE instance_uuid = ?", [(uuid,)]))
+    return out
 
 
-def insert_assignments(conn: sqlite3.Connection, rows: list[Assignment]) -> None:
+def insert_assignments_sql(rows: list[Assignment]) -> Statement:
     now = time.time()
-    conn.executemany(
-        "INSERT INTO assignments VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        [(a.id, a.consumer_uuid, a.instance_uuid, a.owner, a.migration_uuid,
-          a.resource_class, a.provider_uuid, a.kind.value, a.device_id, a.amount,
-          json.dumps(a.detail, sort_keys=True), a.state, a.boot_id, now)
-         for a in rows])
+    return ("INSERT INTO assignments VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [(a.id, a.consumer_uuid, a.instance_uuid, a.owner, a.migration_uuid,
+              a.resource_class, a.provider_uuid, a.kind.value, a.device_id, a.amount,
+              json.dumps(a.detail, sort_keys=True), a.state, a.boot_id, now)
+             for a in rows])
 
 
-def update_assignments(conn: sqlite3.Connection, rows: list[Assignment]) -> None:
+def update_assignments_sql(rows: list[Assignment]) -> Statement:
     """Write back owner, consumer, migration and state of existing rows."""
     now = time.time()
-    conn.executemany(
-        "UPDATE assignments SET consumer_uuid=?, owner=?, migration_uuid=?, state=?, "
-        "updated_at=? WHERE id=?",
-        [(a.consumer_uuid, a.owner, a.migration_uuid, a.state, now, a.id)
-         for a in rows])
+    return ("UPDATE assignments SET consumer_uuid=?, owner=?, migration_uuid=?, "
+            "state=?, updated_at=? WHERE id=?",
+            [(a.consumer_uuid, a.owner, a.migration_uuid, a.state, now, a.id)
+             for a in rows])
 
 
-def put_migration(conn: sqlite3.Connection, m: Migration) -> None:
-    conn.execute("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
-                 (m.uuid, m.instance_uuid, m.kind, m.role, m.state,
-                  None if m.old_spec is None else json.dumps(m.old_spec, sort_keys=True),
-                  time.time()))
+def put_migration_sql(m: Migration) -> Statement:
+    return ("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
+            [(m.uuid, m.instance_uuid, m.kind, m.role, m.state,
+              None if m.old_spec is None else json.dumps(m.old_spec, sort_keys=True),
+              time.time())])
 
 
 def live_assignments(conn: sqlite3.Connection) -> list[Assignment]:

@@ -118,16 +118,18 @@ class Tracker:
                       if m.instance_uuid == forget_instance]:
                 del self._migrations[m.uuid]
 
-        def write(conn):
-            if instances:
-                for uuid, spec in instances.items():
-                    state.put_instance(conn, uuid, spec)
-            state.insert_assignments(conn, list(new_rows))
-            state.update_assignments(conn, list(rows))
-            if migration:
-                state.put_migration(conn, migration)
-            if forget_instance:
-                state.delete_instance(conn, forget_instance, forget_moves)
+        # Built now, in the caller's thread: the committer only runs it.
+        write: list[state.Statement] = []
+        for uuid, spec in (instances or {}).items():
+            write.append(state.put_instance_sql(uuid, spec))
+        if new_rows:
+            write.append(state.insert_assignments_sql(list(new_rows)))
+        if rows:
+            write.append(state.update_assignments_sql(list(rows)))
+        if migration:
+            write.append(state.put_migration_sql(migration))
+        if forget_instance:
+            write.extend(state.delete_instance_sql(forget_instance, forget_moves))
 
         def undo():
             for a in new_rows:

@@ -18,11 +18,16 @@ def placement(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def libvirtd():
-    """The real libvirtd (and RabbitMQ) running, started by the project's
-    own script; yields this machine's capabilities XML and getInfo()."""
+def services():
+    """The real libvirtd and RabbitMQ running, started by the project's own
+    script when they are not."""
     subprocess.run([str(Path(__file__).resolve().parents[1] / "tools" / "services")],
                    check=True, stdout=subprocess.DEVNULL, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def libvirtd(services):
+    """Yields this machine's capabilities XML and getInfo()."""
     conn = libvirt.open("qemu:///system")
     try:
         yield conn.getCapabilities(), conn.getInfo()

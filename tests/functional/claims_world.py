@@ -148,8 +148,10 @@ class World:
 
 
 def make_world(directory: Path, name: str = "hosta", host: dict | None = None,
-               dedicated: str | None = "2-3,6-7") -> World:
-    """A host world with its store at ``directory/state.db``."""
+               dedicated: str | None = "2-3,6-7",
+               driver: FakeDriver | None = None) -> World:
+    """A host world with its store at ``directory/state.db``. ``driver``:
+    a FakeDriver (or subclass) already made from ``host``."""
     from agent.cpuset import parse_cpu_set
     directory.mkdir(parents=True, exist_ok=True)
     host = host if host is not None else host_dict()
@@ -165,7 +167,8 @@ def make_world(directory: Path, name: str = "hosta", host: dict | None = None,
         mdev_types=(MdevTypePolicy(MDEV_TYPE),),
         pmem_labels=((PMEM_LABEL, namespaces),),
     )
-    world = World(name, directory / "state.db", FakeDriver(host, f"{name}-boot-1"), policy)
+    driver = driver if driver is not None else FakeDriver(host, f"{name}-boot-1")
+    world = World(name, directory / "state.db", driver, policy)
     return world.start()
 
 

@@ -56,20 +56,24 @@ class Host:
         b.add_pmem_namespace(1, 1, 64 << 30, 1, alt_name="ns2")
         b.add_pmem_namespace(1, 2, 16 << 30, 1, alt_name="ns3")
 
-    def make_agent(self, **policy) -> Agent:
-        """An agent on this host; ``policy`` (config sections) replaces the
-        default allowlist, mdev types and pmem labels."""
+    def write_conf(self, default: dict | None = None, **policy) -> Path:
+        """The agent's config for this host; ``policy`` (config sections)
+        replaces the default allowlist, mdev types and pmem labels."""
         uri = self.sys.write_test_driver_host_xml(self.host_xml)
         policy = policy or {"pci": {"device_spec": DEVICE_SPECS},
                             "devices": {"enabled_mdev_types": "nvidia-35"},
                             "pmem": {"namespaces": "64G:ns0|ns1|ns2,16G:ns3"}}
-        path = write_conf(
+        return write_conf(
             self.dir, self.url, self.name, host_dict=None,
             DEFAULT={"compute_driver": "libvirt",
-                     "sysfs_root": str(self.sys.root)},
+                     "sysfs_root": str(self.sys.root), **(default or {})},
             libvirt={"connection_uri": uri,
                      "instances_path": str(self.dir / "instances")},
             **policy)
+
+    def make_agent(self, **policy) -> Agent:
+        """An agent on this host, in this process."""
+        path = self.write_conf(**policy)
         self.agent = Agent.from_conf(load_config(["--config-file", str(path)]))
         self.agent.driver.init_host()
         return self.agent

@@ -50,7 +50,7 @@ def test_file_wal_and_shm_are_private_whatever_the_umask(tmp_path, umask):
         path = tmp_path / "new-dir" / "state.db"
         s = Store(path)
         try:
-            s.write(lambda c: state.put_instance(c, str(uuid.uuid4()), {"name": "a"}))
+            s.write(lambda c: state.run_statements(c, [state.put_instance_sql(str(uuid.uuid4()), {"name": "a"})]))
             s.read(state.instances)  # a reader connection too
             wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
             assert wal.exists() and shm.exists()
@@ -105,10 +105,10 @@ def _make_v1(path: Path) -> dict:
                        st="claiming"),
             assignment(device="0000:81:10.1", instance=inst, st="released")]
     conn.execute("BEGIN")
-    state.put_instance(conn, inst, {"name": "old", "vcpus": 1, "memory_mb": 512})
-    state.insert_assignments(conn, rows)
-    state.put_migration(conn, Migration(mig, inst, "resize", "both", "active",
-                                        {"name": "old", "vcpus": 1, "memory_mb": 256}))
+    state.run_statements(conn, [state.put_instance_sql(inst, {"name": "old", "vcpus": 1, "memory_mb": 512})])
+    state.run_statements(conn, [state.insert_assignments_sql(rows)])
+    state.run_statements(conn, [state.put_migration_sql(Migration(mig, inst, "resize", "both", "active",
+                                        {"name": "old", "vcpus": 1, "memory_mb": 256}))])
     conn.execute("COMMIT")
     conn.close()
     return {"instance": inst, "migration": mig, "rows": rows}
@@ -194,7 +194,7 @@ def test_write_returns_the_jobs_result(store):
     inst = str(uuid.uuid4())
 
     def job(c):
-        state.put_instance(c, inst, {"name": "x"})
+        state.run_statements(c, [state.put_instance_sql(inst, {"name": "x"})])
         return ("done", c.execute("SELECT count(*) FROM instances").fetchone()[0])
 
     assert store.write(job) == ("done", 1)
@@ -230,7 +230,7 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
 
     def make_job(i):
         def job(c):
-            state.put_instance(c, uuids[i], {"name": f"i{i}"})
+            state.run_statements(c, [state.put_instance_sql(uuids[i], {"name": f"i{i}"})])
             if i == bad_index:
                 raise Boom("deliberate")
             return i * 10
@@ -270,7 +270,7 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
 def test_an_integrity_error_in_one_job_spares_the_others(store):
     """A job hitting the one-live-holder index in a batch with others."""
     first = assignment(device="0000:81:10.5")
-    store.write(lambda c: state.insert_assignments(c, [first]))
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
     gate = threading.Event()
     blocker = threading.Thread(target=store.write, args=(lambda c: gate.wait(10),))
     blocker.start()
@@ -281,7 +281,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
 
     def write(name, rows):
         try:
-            store.write(lambda c: state.insert_assignments(c, rows))
+            store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(rows)]))
             outcome[name] = "ok"
         except sqlite3.IntegrityError:
             outcome[name] = "refused"
@@ -311,8 +311,8 @@ def test_many_concurrent_writers_all_land(store):
         try:
             for i in range(per_thread):
                 got = store.write(lambda c, t=t, i=i: (
-                    state.put_instance(c, str(uuid.UUID(int=t * 1000 + i + 1)),
-                                       {"t": t, "i": i}), (t, i))[1])
+                    state.run_statements(c, [state.put_instance_sql(str(uuid.UUID(int=t * 1000 + i + 1)),
+                                       {"t": t, "i": i})]), (t, i))[1])
                 assert got == (t, i)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
@@ -330,29 +330,29 @@ def test_many_concurrent_writers_all_land(store):
 
 def test_a_device_has_one_live_holder_until_released(store):
     first = assignment(device="0000:81:10.3", st="claiming")
-    store.write(lambda c: state.insert_assignments(c, [first]))
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
     for st in ("claiming", "claimed"):
         second = assignment(device="0000:81:10.3", st=st)
         with pytest.raises(sqlite3.IntegrityError):
-            store.write(lambda c: state.insert_assignments(c, [second]))
+            store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([second])]))
     # claimed is live too
-    store.write(lambda c: state.update_assignments(c, [first.with_(state="claimed")]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="claimed")])]))
     with pytest.raises(sqlite3.IntegrityError):
-        store.write(lambda c: state.insert_assignments(
-            c, [assignment(device="0000:81:10.3")]))
+        store.write(lambda c: state.run_statements(
+            c, [state.insert_assignments_sql([assignment(device="0000:81:10.3")])]))
     # The same device id under another provider or class is another device.
-    store.write(lambda c: state.insert_assignments(c, [
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([
         assignment(device="0000:81:10.3", provider=OTHER_PROVIDER),
-        assignment(device="0000:81:10.3", rc="CUSTOM_NIC")]))
+        assignment(device="0000:81:10.3", rc="CUSTOM_NIC")])]))
     # Released: free for the next holder, and history may keep several.
-    store.write(lambda c: state.update_assignments(c, [first.with_(state="released")]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="released")])]))
     again = assignment(device="0000:81:10.3")
-    store.write(lambda c: state.insert_assignments(c, [again]))
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([again])]))
     with pytest.raises(sqlite3.IntegrityError):  # a released row cannot come back
-        store.write(lambda c: state.update_assignments(c, [first.with_(state="claimed")]))
-    store.write(lambda c: state.update_assignments(c, [again.with_(state="released")]))
-    store.write(lambda c: state.insert_assignments(c, [assignment(device="0000:81:10.3",
-                                                                  st="released")]))
+        store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="claimed")])]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([again.with_(state="released")])]))
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([assignment(device="0000:81:10.3",
+                                                                  st="released")])]))
     holders = [a for a in store.read(state.live_assignments)
                if (a.provider_uuid, a.resource_class, a.device_id)
                == (PROVIDER, "SRIOV_NET_VF", "0000:81:10.3")]
@@ -361,7 +361,7 @@ def test_a_device_has_one_live_holder_until_released(store):
 
 def test_counted_numa_amounts_are_not_exclusive(store):
     rows = [assignment(device="1", rc="VCPU", kind=DeviceKind.NUMA) for _ in range(3)]
-    store.write(lambda c: state.insert_assignments(c, rows))
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(rows)]))
     assert len(store.read(state.live_assignments)) == 3
 
 
@@ -372,7 +372,7 @@ def _fill(s: Store, order):
                        instance=str(uuid.UUID(int=100 + i))) for i in range(4)]
     for i in order:
         s.write(lambda c, i=i: (
-            state.insert_assignments(c, [rows[i]]),
+            state.run_statements(c, [state.insert_assignments_sql([rows[i]])]),
             c.execute("UPDATE assignments SET updated_at=0 WHERE id=?", (rows[i].id,)),
             c.execute("INSERT INTO instances VALUES (?, ?, 0)",
                       (rows[i].instance_uuid, json.dumps({"i": i})))))
@@ -385,7 +385,7 @@ def test_dump_is_stable(store, tmp_path):
     assert store.dump() == first
     # A refused write changes nothing.
     with pytest.raises(ValueError):
-        store.write(lambda c: (state.put_instance(c, str(uuid.uuid4()), {}),
+        store.write(lambda c: (state.run_statements(c, [state.put_instance_sql(str(uuid.uuid4()), {})]),
                                (_ for _ in ()).throw(ValueError("no"))))
     assert store.dump() == first
     # From another thread (another reader connection) and after reopening.
@@ -420,7 +420,7 @@ def test_close_is_clean(tmp_path):
     path = tmp_path / "state.db"
     s = Store(path)
     inst = str(uuid.uuid4())
-    s.write(lambda c: state.put_instance(c, inst, {"name": "kept"}))
+    s.write(lambda c: state.run_statements(c, [state.put_instance_sql(inst, {"name": "kept"})]))
     s.read(state.instances)
     t = threading.Thread(target=lambda: s.read(state.instances))  # another reader
     t.start()
@@ -452,7 +452,7 @@ def test_close_lets_queued_writes_finish(tmp_path):
     time.sleep(0.05)
     done = []
     writers = [threading.Thread(target=lambda i=i: done.append(s.write(
-        lambda c: (state.put_instance(c, str(uuid.UUID(int=i + 1)), {}), i)[1])))
+        lambda c: (state.run_statements(c, [state.put_instance_sql(str(uuid.UUID(int=i + 1)), {})]), i)[1])))
         for i in range(8)]
     for w in writers:
         w.start()
@@ -479,7 +479,7 @@ def test_write_after_close_fails_instead_of_hanging(tmp_path):
 
     def late():
         try:
-            s.write(lambda c: state.put_instance(c, str(uuid.uuid4()), {}))
+            s.write(lambda c: state.run_statements(c, [state.put_instance_sql(str(uuid.uuid4()), {})]))
             outcome.append("written")
         except Exception as e:  # noqa: BLE001
             outcome.append(type(e).__name__)
@@ -504,7 +504,7 @@ print(row[0] if row else "MISSING")
 def test_a_write_is_visible_to_a_fresh_connection_and_process_once_it_returns(store):
     for i in range(5):
         inst = str(uuid.uuid4())
-        store.write(lambda c: state.put_instance(c, inst, {"n": i}))
+        store.write(lambda c: state.run_statements(c, [state.put_instance_sql(inst, {"n": i})]))
         raw = sqlite3.connect(store.path)
         try:
             assert raw.execute("SELECT spec FROM instances WHERE uuid=?",
@@ -521,7 +521,7 @@ import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from agent import state
 s = state.Store(sys.argv[2])
-s.write(lambda c: state.put_instance(c, sys.argv[3], {"survived": True}))
+s.write(lambda c: state.run_statements(c, [state.put_instance_sql(sys.argv[3], {"survived": True})]))
 os.kill(os.getpid(), signal.SIGKILL)
 """
 

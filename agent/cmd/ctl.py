@@ -1,0 +1,251 @@
+"""compute-agent-ctl: an operator's view of, and hand on, a host's agent,
+over the same RPC API conductors use (agent.rpcapi).
+
+    compute-agent-ctl --config-file F [--timeout S] COMMAND HOST ... [--json]
+
+    host-info HOST                     what the agent on HOST reports
+    tree HOST                          its provider tree, as it last saw Placement
+    show HOST INSTANCE                 an instance: spec, devices, moves
+    build HOST --spec FILE             FILE: {"instance_uuid", "spec", "allocations"}
+    delete HOST INSTANCE
+    prep-resize, live-migration-check, evacuate
+                 HOST --instance U --migration M --spec FILE
+                                       FILE: {"spec", "allocations"} (destination claims)
+    resize, finish-resize, confirm-resize, revert-resize, live-migrate,
+    live-migration-post, live-migration-rollback
+                 HOST --instance U --migration M
+
+Output is short and human by default, the agent's answer as JSON with
+--json. A refused or failed call is one line on stderr and exit 1; a bad
+configuration is exit 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from oslo_config import cfg
+
+from agent.cmd.common import exit_config_error, load_config, setup_logging
+from agent.exception import AgentError, ConfigError
+from agent.messaging import messaging
+from agent.rpcapi import ComputeAgentAPI
+
+PROG = "compute-agent-ctl"
+DEFAULT_TIMEOUT = 60.0
+
+
+class SpecFileError(AgentError):
+    """The --spec file cannot be read or lacks a field; nothing was sent."""
+
+
+# --- human output -----------------------------------------------------------
+
+def _assignment_rows(rows: list[dict]) -> list[str]:
+    return [f"  {a['resource_class']} x{a['amount']}  device {a['device_id']}  "
+            f"provider {a['provider_uuid']}  {a['owner']}  {a['state']}"
+            + (f"  migration {a['migration_uuid']}" if a.get("migration_uuid") else "")
+            for a in rows]
+
+
+def _instance(i: dict) -> list[str]:
+    spec = i.get("spec") or {}
+    lines = [f"instance {i['uuid']}  {spec.get('name', '?')}  {spec.get('vcpus', '?')} "
+             f"vCPU  {spec.get('memory_mb', '?')} MB  "
+             f"{'running' if i.get('running') else 'not running'}"]
+    lines += [f"assignments: {len(i['assignments'])}"] + _assignment_rows(i["assignments"])
+    lines += [f"  migration {m['uuid']}  {m['kind']}  {m['role']}  {m['state']}"
+              for m in i.get("migrations", [])]
+    return lines
+
+
+HOST_INFO_ORDER = ("host", "root_uuid", "rpc_version", "instances", "assignments",
+                   "providers")
+
+
+def _host_info(info: dict) -> list[str]:
+    keys = [k for k in HOST_INFO_ORDER if k in info] + sorted(set(info) - set(HOST_INFO_ORDER))
+    return [f"{k.replace('_', ' ')}: {info[k]}" for k in keys]
+
+
+def _tree(providers: list[dict]) -> list[str]:
+    depth: dict[str | None, int] = {None: -1}
+    lines = []
+    for p in providers:  # parents first
+        depth[p["uuid"]] = depth.get(p["parent_uuid"], -1) + 1
+        indent = "    " * depth[p["uuid"]]
+        lines.append(f"{indent}{p['name']}  [{p['uuid']}] generation {p['generation']}")
+        if p["inventories"]:
+            lines.append(f"{indent}    inventory: " + ", ".join(
+                f"{rc}={inv['total']}" for rc, inv in sorted(p["inventories"].items())))
+        if p["traits"]:
+            lines.append(f"{indent}    traits: {', '.join(p['traits'])}")
+    return lines
+
+
+def _result(r: dict) -> list[str]:
+    """Whatever a state-changing call answers: an instance, or a migration
+    with the assignments it claimed, released or the devices it chose."""
+    if "assignments" in r and "spec" in r:
+        return _instance(r)
+    lines = [f"{label}: {r[key]}" for key, label in (("uuid", "instance"),
+                                                     ("migration_uuid", "migration"))
+             if key in r]
+    for key in ("assignments", "released"):
+        if key in r:
+            lines += [f"{key}: {len(r[key])}"] + _assignment_rows(r[key])
+    if "devices" in r:
+        lines += [f"devices: {len(r['devices'])}"] + [
+            f"  {d['kind']}  {d['device_id']}  assignment {d['assignment_id']}"
+            for d in r["devices"]]
+    if "instance" in r:
+        lines += _instance(r["instance"]) if r["instance"] else ["instance: gone from this host"]
+    return lines
+
+
+# --- commands ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    call: Callable  # (api, args) -> result
+    render: Callable[[object], list[str]] = _result
+
+
+def read_spec(path: str, fields: tuple[str, ...]) -> dict:
+    """The --spec file: a JSON object with exactly ``fields``."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise SpecFileError(f"spec file {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise SpecFileError(f"spec file {path}: not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecFileError(f"spec file {path}: must be a JSON object with "
+                            f"{', '.join(fields)}")
+    for field in fields:
+        if field not in data:
+            raise SpecFileError(f"spec file {path}: {field}: missing")
+    extra = sorted(set(data) - set(fields))
+    if extra:
+        raise SpecFileError(f"spec file {path}: {extra[0]}: unknown field "
+                            f"(expected {', '.join(fields)})")
+    return data
+
+
+def _build(api, a):
+    d = read_spec(a.spec, ("instance_uuid", "spec", "allocations"))
+    return api.build_instance(a.agent_host, d["instance_uuid"], d["spec"], d["allocations"])
+
+
+def _move_claim(method: str):
+    def call(api, a):
+        d = read_spec(a.spec, ("spec", "allocations"))
+        return getattr(api, method)(a.agent_host, a.migration, a.instance, d["spec"],
+                                    d["allocations"])
+    return call
+
+
+def _move(method: str):
+    return lambda api, a: getattr(api, method)(a.agent_host, a.migration, a.instance)
+
+
+COMMANDS: dict[str, Command] = {
+    "host-info": Command("What the agent on HOST reports about itself.",
+                         lambda api, a: api.get_host_info(a.agent_host), _host_info),
+    "tree": Command("HOST's provider tree, as the agent last saw it in Placement.",
+                    lambda api, a: api.get_provider_tree(a.agent_host), _tree),
+    "show": Command("An instance on HOST: spec, assignments, moves.",
+                    lambda api, a: api.get_instance(a.agent_host, a.instance), _instance),
+    "build": Command("Claim, define and start an instance from --spec FILE.", _build),
+    "delete": Command("Delete an instance and give its devices back.",
+                      lambda api, a: api.delete_instance(a.agent_host, a.instance)),
+}
+# Move steps: command -> (rpcapi method, whether it claims from --spec FILE).
+MOVES = {
+    "prep-resize": ("prep_resize", True),
+    "resize": ("resize_instance", False),
+    "finish-resize": ("finish_resize", False),
+    "confirm-resize": ("confirm_resize", False),
+    "revert-resize": ("revert_resize", False),
+    "live-migration-check": ("check_can_live_migrate_destination", True),
+    "live-migrate": ("live_migrate", False),
+    "live-migration-post": ("post_live_migration_at_destination", False),
+    "live-migration-rollback": ("rollback_live_migration_at_destination", False),
+    "evacuate": ("rebuild_instance", True),
+}
+for _name, (_method, _claims) in MOVES.items():
+    COMMANDS[_name] = Command(f"Move step: {_method} on HOST.",
+                              _move_claim(_method) if _claims else _move(_method))
+
+
+def add_parsers(subparsers) -> None:
+    for name, command in COMMANDS.items():
+        p = subparsers.add_parser(name, help=command.help, description=command.help)
+        # "host" would shadow [DEFAULT] host, which oslo.config refuses.
+        p.add_argument("agent_host", metavar="HOST")
+        if name in ("show", "delete"):
+            p.add_argument("instance", metavar="INSTANCE")
+        if name in MOVES:
+            p.add_argument("--instance", required=True, metavar="UUID")
+            p.add_argument("--migration", required=True, metavar="UUID")
+        if name == "build" or MOVES.get(name, (None, False))[1]:
+            p.add_argument("--spec", required=True, metavar="FILE")
+        p.add_argument("--json", action="store_true", help="The answer as JSON.")
+
+
+cli_opts = [
+    cfg.FloatOpt("timeout", default=DEFAULT_TIMEOUT, min=0.1,
+                 help="Seconds to wait for the agent's answer."),
+    cfg.SubCommandOpt("command", handler=add_parsers),
+]
+
+
+def fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 1
+
+
+def first_line(error: Exception) -> str:
+    """A remote error's str() carries the agent's traceback after the
+    message: the operator gets the message."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def main(argv=None) -> int:
+    try:
+        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts)
+        setup_logging(conf)
+    except ConfigError as e:
+        return exit_config_error(e)
+    args = conf.command
+    command = COMMANDS[args.name]
+    api = ComputeAgentAPI(conf, timeout=conf.timeout)
+    try:
+        result = command.call(api, args)
+    except messaging.MessagingTimeout:
+        return fail(f"no answer from {args.agent_host} within {conf.timeout:g}s: the "
+                    "host may be down, or its compute-agent not running or not "
+                    "connected to this broker")
+    except (AgentError, messaging.MessagingException) as e:
+        # Typed errors (InvalidRequest, NoSuchInstance, ClaimFailed,
+        # MoveInProgress) arrive as their own types; anything else the
+        # agent raised arrives as RemoteError.
+        return fail(first_line(e))
+    finally:
+        api.client.transport.cleanup()
+    text = (json.dumps(result, indent=2, sort_keys=True) if args.json
+            else "\n".join(command.render(result)))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # a reader that stopped early (| head) is no error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
