@@ -17,15 +17,18 @@ from drivers.base import ComputeDriver, DeviceKind, GuestDevice, GuestSpec
 LOG = logging.getLogger(__name__)
 
 
+def in_guest(a: Assignment) -> bool:
+    """Whether the guest's definition carries this assignment: the
+    instance's own, except root inventory (disk), which has nothing to pin."""
+    return a.owner == "instance" and not (a.kind is DeviceKind.NUMA
+                                          and a.device_id == "host")
+
+
 def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestSpec:
     """The guest as the driver defines it, from the instance's own
     (instance-owned) assignments."""
     devices = []
-    for a in rows:
-        if a.owner != "instance":
-            continue
-        if a.kind is DeviceKind.NUMA and a.device_id == "host":
-            continue  # root inventory (disk): nothing for the guest to pin
+    for a in filter(in_guest, rows):
         d = a.detail
         devices.append(GuestDevice(
             a.id, a.kind, a.device_id, a.amount, d.get("numa_node"),
@@ -65,6 +68,10 @@ class ComputeManager:
                 "running": self.driver.guest_is_running(instance_uuid),
                 "definition": self.driver.guest_definition(instance_uuid)}
 
+    def redefine_guest(self, instance_uuid: str) -> None:
+        """Define the guest again from the store, keeping it running."""
+        self.driver.update_guest(self._guest(instance_uuid))
+
     def _guest(self, instance_uuid: str) -> GuestSpec:
         spec, rows, _ = self.tracker.instance(instance_uuid)
         return guest_spec(instance_uuid, spec, rows)
@@ -91,9 +98,8 @@ class ComputeManager:
 
     def delete_instance(self, instance_uuid) -> dict:
         self.driver.destroy(instance_uuid)
-        released = self.tracker.release_instance(instance_uuid)
-        self._release_devices(released)
-        return {"uuid": instance_uuid, "released": describe(released)}
+        self._release_devices(self.tracker.release_instance(instance_uuid))
+        return {"uuid": instance_uuid, "deleted": True}
 
     # --- resize and cold migration --------------------------------------
 
@@ -117,11 +123,10 @@ class ComputeManager:
     def confirm_resize(self, migration_uuid, instance_uuid) -> dict:
         """Source: give back the old devices; a guest that left is removed."""
         left = self.tracker.migration(migration_uuid).role == "source"
-        released = self.tracker.confirm_move(migration_uuid)
+        self._release_devices(self.tracker.confirm_move(migration_uuid))
         if left:
             self.driver.destroy(instance_uuid)
-        self._release_devices(released)
-        return {"migration_uuid": migration_uuid, "released": describe(released)}
+        return {"migration_uuid": migration_uuid, "state": "confirmed"}
 
     def revert_resize(self, migration_uuid, instance_uuid) -> dict:
         """Either side: new devices back, old ones to the instance."""
@@ -155,9 +160,11 @@ class ComputeManager:
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def post_live_migration_at_destination(self, migration_uuid, instance_uuid) -> dict:
-        """Destination: the guest runs here, defined with our devices."""
+        """Destination: the guest runs here, defined with our devices. There
+        is no going back after this, so the move is settled here too."""
         self.driver.spawn(self._guest(instance_uuid))
         self.tracker.finish_move(migration_uuid)
+        self.tracker.confirm_move(migration_uuid)
         return self.get_instance(instance_uuid)
 
     def rollback_live_migration_at_destination(self, migration_uuid,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
-from agent.manager import ComputeManager
+from agent.manager import ComputeManager, in_guest
 from drivers.base import DeviceKind
 
 LOG = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
         claiming = [a for a in rows if a.state == "claiming" and a.migration_uuid is None]
         if at_start and claiming:
             # A build that crashed between its claim and its completion.
-            if uuid in guests and {a.id for a in claiming} <= guests[uuid]:
+            carried = {a.id for a in claiming if in_guest(a)}
+            if uuid in guests and carried <= guests[uuid]:
                 _fix(report, fix, "claim_stuck_claiming", uuid,
                      "the guest has these devices: claim completed",
                      lambda: tracker.complete(uuid))
@@ -86,13 +87,20 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
                  "devices held by an instance that has no guest here: given back",
                  lambda: manager.delete_instance(uuid))
             continue
-        stale_mdevs = [a for a in rows if a.kind is DeviceKind.MDEV
-                       and a.owner == "instance" and a.boot_id != boot_id]
-        for a in stale_mdevs:
-            _fix(report, fix, "mdev_after_reboot", a.device_id,
-                 f"claimed before this boot by {uuid}: recreated",
-                 lambda a=a: driver.ensure_mdev(a.device_id, a.detail["mdev_parent"],
-                                                a.detail["mdev_type"]))
+        if move is None and uuid in guests and claimed \
+                and guests[uuid] != {a.id for a in rows if in_guest(a)}:
+            _fix(report, fix, "guest_devices_differ", uuid,
+                 "the guest's devices are not the store's: guest redefined",
+                 lambda: manager.redefine_guest(uuid))
+        stale = [a for a in rows if a.boot_id != boot_id]
+        for a in stale:
+            if a.kind is DeviceKind.MDEV and a.owner == "instance":
+                _fix(report, fix, "mdev_after_reboot", a.device_id,
+                     f"claimed before this boot by {uuid}: recreated",
+                     lambda a=a: driver.ensure_mdev(a.device_id, a.detail["mdev_parent"],
+                                                    a.detail["mdev_type"]))
+        if stale and fix:
+            tracker.rebind_boot(uuid)
         if allocations is not None and claimed and move is None \
                 and uuid not in allocations:
             if driver.guest_is_running(uuid):

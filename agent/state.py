@@ -114,6 +114,11 @@ class Migration:
 
     @property
     def open(self) -> bool:
+        """Still in progress here. A destination whose guest runs with its
+        new devices is settled (a revert can still come, and is honoured);
+        a source keeps its old devices until confirm or revert."""
+        if self.role == "destination":
+            return self.state == "active"
         return self.state in ("active", "finished")
 
 
@@ -378,11 +383,11 @@ def insert_assignments_sql(rows: list[Assignment]) -> Statement:
 
 
 def update_assignments_sql(rows: list[Assignment]) -> Statement:
-    """Write back owner, consumer, migration and state of existing rows."""
+    """Write back owner, consumer, migration, state and boot of rows."""
     now = time.time()
     return ("UPDATE assignments SET consumer_uuid=?, owner=?, migration_uuid=?, "
-            "state=?, updated_at=? WHERE id=?",
-            [(a.consumer_uuid, a.owner, a.migration_uuid, a.state, now, a.id)
+            "state=?, boot_id=?, updated_at=? WHERE id=?",
+            [(a.consumer_uuid, a.owner, a.migration_uuid, a.state, a.boot_id, now, a.id)
              for a in rows])
 
 

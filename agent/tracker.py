@@ -104,8 +104,13 @@ class Tracker:
         """Apply changes to the in-memory view now; return the decision
         that writes them and can undo them."""
         before_rows = [self._live[a.id] for a in rows if a.id in self._live]
-        before_instances = dict(self._instances)
-        before_moves = dict(self._migrations)
+        touched = set(instances or ()) | {forget_instance} - {None}
+        before_instances = {k: self._instances.get(k) for k in touched}
+        moves_touched = {migration.uuid} if migration else set()
+        if forget_moves:
+            moves_touched |= {m.uuid for m in self._migrations.values()
+                              if m.instance_uuid == forget_instance}
+        before_moves = {k: self._migrations.get(k) for k in moves_touched}
         self._index(list(new_rows) + list(rows))
         if instances:
             self._instances.update(instances)
@@ -132,13 +137,18 @@ class Tracker:
             write.extend(state.delete_instance_sql(forget_instance, forget_moves))
 
         def undo():
+            # Only what this operation touched: others may have changed
+            # the rest meanwhile.
             for a in new_rows:
                 self._index([a.with_(state="released")])
             self._index(before_rows)
-            self._instances.clear()
-            self._instances.update(before_instances)
-            self._migrations.clear()
-            self._migrations.update(before_moves)
+            for saved, live in ((before_instances, self._instances),
+                                (before_moves, self._migrations)):
+                for key, value in saved.items():
+                    if value is None:
+                        live.pop(key, None)
+                    else:
+                        live[key] = value
 
         return _Decision(None, write, undo)
 
@@ -236,6 +246,16 @@ class Tracker:
 
         return self._run(instance_uuid, decide)
 
+    def rebind_boot(self, instance_uuid: str) -> None:
+        """After a host reboot, once the instance's mdevs exist again: its
+        assignments belong to this boot."""
+        def decide() -> _Decision:
+            stale = [a.with_(boot_id=self.boot_id) for a in self._rows_of(instance_uuid)
+                     if a.boot_id != self.boot_id]
+            return self._change(stale) if stale else _Decision(None)
+
+        self._run(instance_uuid, decide)
+
     # --- moves ----------------------------------------------------------
 
     def _migration(self, migration_uuid) -> Migration:
@@ -260,7 +280,7 @@ class Tracker:
         def decide() -> _Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None and m.role in ("destination", "both"):
-                if not m.open:
+                if m.state in ("confirmed", "reverted"):
                     raise InvalidRequest("migration_uuid", migration_uuid,
                                          f"this move is already {m.state}")
                 return _Decision(self._rows_of(instance_uuid, "instance", migration_uuid))

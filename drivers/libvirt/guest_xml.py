@@ -8,6 +8,8 @@ agent which domains are its own and which claims they still hold.
 """
 from __future__ import annotations
 
+import hashlib
+
 import uuid as uuid_lib
 from typing import Iterable, Mapping
 
@@ -79,6 +81,7 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
         # PF before handing it over, which a plain hostdev does not.
         interface = etree.SubElement(devices, "interface", type="hostdev",
                                      managed="yes")
+        etree.SubElement(interface, "mac", address=vf_mac(device.assignment_id))
         _pci_source(interface, device, with_type=True)
     for device in by_kind[DeviceKind.MDEV]:
         mdev_uuid = str(uuid_lib.UUID(device.device_id))
@@ -94,6 +97,14 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
         _nvdimm(devices, device, size_kib)
     etree.SubElement(devices, "memballoon", model="none")
     return etree.tostring(root, pretty_print=True, encoding="unicode")
+
+
+def vf_mac(assignment_id: str) -> str:
+    """A MAC fixed by the assignment, so that redefining the guest (a
+    retried spawn, a move finishing) keeps it; libvirt would draw a new one.
+    QEMU's locally administered prefix 52:54:00."""
+    digest = hashlib.sha256(assignment_id.encode()).digest()
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
 
 
 def parse_metadata(domain_xml: str) -> tuple[str | None, frozenset[str]]:

@@ -7,6 +7,7 @@ import json
 import uuid
 from pathlib import Path
 
+from agent import node_identity
 from agent.cmd.common import load_config
 from agent.service import Agent
 from drivers.fake_sysfs import SysfsBuilder
@@ -89,7 +90,8 @@ class Host:
         self.agent.driver.cleanup()
 
     def tree(self) -> dict[str, dict]:
-        return placement_tree(self.url, self.agent.policy.root_uuid)
+        root = (self.dir / "state" / node_identity.FILENAME).read_text().strip()
+        return placement_tree(self.url, root)
 
     def p(self, suffix: str) -> str:
         return f"{self.name}_{suffix}"

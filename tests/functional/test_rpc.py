@@ -1,0 +1,319 @@
+"""Conductor to agent over a real RabbitMQ.
+
+Each agent is a real `compute-agent` daemon on the libvirt test driver with
+a fake sysfs tree and the real Placement; this test process is the
+conductor: it writes allocations to Placement as a scheduler would, swaps
+them with the rpcapi helper, and drives the agents through rpcapi.
+"""
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from keystoneauth1 import adapter, session
+from lxml import etree
+
+from agent.cmd.common import load_config
+from agent.exception import ClaimFailed, InvalidRequest, NoSuchInstance
+from agent.placement import PlacementClient
+from agent.placement_auth import NoAuth2
+from agent.rpcapi import ComputeAgentAPI, move_allocations
+from tests.functional.helpers import HEADERS, put_allocations, wait_for
+from tests.functional.libvirt_host import GPU, PF, Host
+
+import requests
+
+BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
+SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
+BIGGER = {"name": "guest", "vcpus": 4, "memory_mb": 2048}
+
+
+class AgentDaemon:
+    """A compute-agent process on a test host."""
+
+    def __init__(self, tmp_path: Path, placement_url: str):
+        self.host = Host(tmp_path, placement_url)
+        self.host.build_default()
+        self.conf = self.host.write_conf({"transport_url": BROKER, "update_interval": 2})
+        self.log = tmp_path / "agent.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def start(self, api: ComputeAgentAPI) -> "AgentDaemon":
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "compute-agent"), "--config-file",
+             str(self.conf)], stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        wait_for(lambda: self._answers(api), timeout=60)
+        return self
+
+    def _answers(self, api: ComputeAgentAPI) -> bool:
+        assert self.proc.poll() is None, self.log.read_text()[-2000:]
+        try:
+            api._call(self.name, "get_host_info", timeout=2)
+            return True
+        except Exception:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+
+    def store_dump(self) -> str:
+        """Every row of the agent's store, read beside the running agent."""
+        path = Path(self.host.dir) / "state" / "state.db"
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return "\n".join(sorted(conn.iterdump()))
+        finally:
+            conn.close()
+
+    def provider(self, suffix: str) -> str:
+        return self.host.tree()[self.host.p(suffix)]["uuid"]
+
+    def allocations(self, vcpus: int = 2, memory_mb: int = 1024, vfs: int = 1) -> dict:
+        gpu = "pci_" + GPU.replace(":", "_").replace(".", "_")
+        return {self.provider("numa_1"): {"resources": {"VCPU": vcpus,
+                                                         "MEMORY_MB": memory_mb}},
+                self.provider(PF.upper()): {"resources": {"SRIOV_NET_VF": vfs}},
+                self.provider(gpu): {"resources": {"VGPU": 1}}}
+
+
+@pytest.fixture
+def conductor(tmp_path, placement, services):
+    first = AgentDaemon(tmp_path / "a", placement.url)
+    api = ComputeAgentAPI(load_config(["--config-file", str(first.conf)]), timeout=30)
+    ks = adapter.Adapter(session.Session(auth=NoAuth2(placement.url)),
+                         service_type="placement")
+    daemons = [first]
+
+    class Conductor:
+        rpc = api
+        placement_client = PlacementClient(ks)
+
+        def agent(self, name="a") -> AgentDaemon:
+            if name == "a":
+                return first.start(api) if first.proc is None else first
+            daemon = AgentDaemon(tmp_path / name, placement.url).start(api)
+            daemons.append(daemon)
+            return daemon
+
+        def schedule(self, consumer: str, allocations: dict) -> None:
+            put_allocations(placement.url, consumer, allocations)
+
+        def forget(self, consumer: str) -> None:
+            requests.delete(f"{placement.url}/allocations/{consumer}", headers=HEADERS,
+                            timeout=10)
+
+    yield Conductor()
+    for d in daemons:
+        d.stop()
+
+
+def devices(view: dict, owner: str = "instance") -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for a in view["assignments"]:
+        if a["owner"] == owner and a["kind"] != "numa":
+            out.setdefault(a["kind"], []).append(a["device_id"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def build(c, agent: AgentDaemon, **allocation_args) -> tuple[str, dict]:
+    instance = str(uuid.uuid4())
+    wanted = agent.allocations(**allocation_args)
+    c.schedule(instance, wanted)
+    return instance, c.rpc.build_instance(agent.name, instance, SPEC, wanted)
+
+
+def test_a_build_over_rpc_is_in_the_store_and_the_domain_xml(conductor):
+    agent = conductor.agent()
+    instance, built = build(conductor, agent)
+
+    view = conductor.rpc.get_instance(agent.name, instance)
+    assert view == built
+    assert {a["state"] for a in view["assignments"]} == {"claimed"}
+    assert view["running"] is True
+    dom = etree.fromstring(view["definition"].encode())
+    vf = devices(view)["vf"][0]
+    bus, slot_fn = vf.split(":")[1], vf.split(":")[2]
+    addr = dom.find("devices/interface[@type='hostdev']/source/address")
+    assert (int(addr.get("bus"), 16), int(addr.get("slot"), 16),
+            int(addr.get("function"), 16)) == (int(bus, 16), int(slot_fn.split(".")[0], 16),
+                                               int(slot_fn.split(".")[1]))
+    mdev = dom.find("devices/hostdev[@type='mdev']/source/address").get("uuid")
+    assert [mdev] == devices(view)["mdev"]
+    ns = {"ca": "http://compute-agent.openstack.org/xmlns/instance/1"}
+    assert {e.get("id") for e in dom.iterfind("metadata/ca:instance/ca:assignment",
+                                              namespaces=ns)} == {
+        a["id"] for a in view["assignments"]}
+
+
+def test_same_host_resize_then_confirm_and_another_then_revert(conductor):
+    c, agent = conductor, conductor.agent()
+    instance, built = build(c, agent)
+    original = devices(built)
+
+    # Resize, confirmed: the conductor swaps the allocations, schedules the
+    # new flavor, and drives both sides (here one host).
+    first = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, first)
+    c.schedule(instance, agent.allocations(vcpus=4, memory_mb=2048))
+    c.rpc.prep_resize(agent.name, first, instance, BIGGER,
+                      agent.allocations(vcpus=4, memory_mb=2048))
+    c.rpc.resize_instance(agent.name, first, instance)
+    during = devices(c.rpc.finish_resize(agent.name, first, instance))
+    assert during["vf"] != original["vf"]
+    c.rpc.confirm_resize(agent.name, first, instance)
+    c.forget(first)
+    confirmed = c.rpc.get_instance(agent.name, instance)
+    assert devices(confirmed) == during and devices(confirmed, "migration") == {}
+    assert confirmed["spec"]["vcpus"] == 4
+
+    # Another resize, reverted: everything returns to the confirmed state.
+    second = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, second)
+    c.schedule(instance, agent.allocations())
+    c.rpc.prep_resize(agent.name, second, instance, SPEC, agent.allocations())
+    c.rpc.resize_instance(agent.name, second, instance)
+    c.rpc.finish_resize(agent.name, second, instance)
+    c.rpc.revert_resize(agent.name, second, instance)
+    move_allocations(c.placement_client, second, instance, "INSTANCE")
+    reverted = c.rpc.get_instance(agent.name, instance)
+    assert devices(reverted) == during
+    assert reverted["spec"]["vcpus"] == 4
+    assert devices(reverted, "migration") == {}
+
+
+def test_a_cross_host_resize_between_two_agents(conductor):
+    c = conductor
+    source, dest = c.agent("a"), c.agent("b")
+    instance, built = build(c, source)
+    migration = str(uuid.uuid4())
+
+    moved = move_allocations(c.placement_client, instance, migration)
+    assert set(moved) == set(source.allocations())
+    c.schedule(instance, dest.allocations(vcpus=4, memory_mb=2048))
+    c.rpc.prep_resize(dest.name, migration, instance, BIGGER,
+                      dest.allocations(vcpus=4, memory_mb=2048))
+    c.rpc.resize_instance(source.name, migration, instance)
+    at_source = c.rpc.get_instance(source.name, instance)
+    assert devices(at_source, "migration") == devices(built)
+    finished = c.rpc.finish_resize(dest.name, migration, instance)
+    assert finished["running"] and devices(finished)["vf"]
+    c.rpc.confirm_resize(source.name, migration, instance)
+    c.forget(migration)
+
+    with pytest.raises(NoSuchInstance):
+        c.rpc.get_instance(source.name, instance)
+    assert c.rpc.get_host_info(source.name)["assignments"] == 0
+    assert c.rpc.get_instance(dest.name, instance)["spec"]["vcpus"] == 4
+
+
+def test_every_state_changing_call_twice_is_one_claim_and_one_answer(conductor):
+    c, agent = conductor, conductor.agent()
+    instance = str(uuid.uuid4())
+    wanted = agent.allocations()
+    c.schedule(instance, wanted)
+    first = c.rpc.build_instance(agent.name, instance, SPEC, wanted)
+    assert c.rpc.build_instance(agent.name, instance, SPEC, wanted) == first
+    assert c.rpc.get_host_info(agent.name)["assignments"] == len(first["assignments"])
+
+    migration = str(uuid.uuid4())
+    bigger = agent.allocations(vcpus=4, memory_mb=2048)
+    steps = [("prep_resize", (migration, instance, BIGGER, bigger)),
+             ("resize_instance", (migration, instance)),
+             ("finish_resize", (migration, instance)),
+             ("confirm_resize", (migration, instance))]
+    for method, args in steps:
+        once = getattr(c.rpc, method)(agent.name, *args)
+        dump = agent.store_dump()
+        twice = getattr(c.rpc, method)(agent.name, *args)
+        assert twice == once, method
+        assert agent.store_dump() == dump, method
+
+    gone = c.rpc.delete_instance(agent.name, instance)
+    assert c.rpc.delete_instance(agent.name, instance) == gone
+    assert c.rpc.get_host_info(agent.name)["assignments"] == 0
+
+
+def test_calls_work_again_soon_after_the_broker_returns(conductor):
+    c, agent = conductor, conductor.agent()
+    instance, built = build(c, agent)
+    subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=60)
+    try:
+        time.sleep(2)
+    finally:
+        subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=60)
+    back = time.monotonic()
+
+    def answers() -> bool:
+        try:
+            return bool(c.rpc._call(agent.name, "get_host_info", timeout=3))
+        except Exception:
+            return False
+
+    wait_for(answers, timeout=30, interval=0.5)
+    assert time.monotonic() - back < 30
+    assert c.rpc.get_instance(agent.name, instance) == built
+    assert agent.proc.poll() is None
+
+
+# Well-formed allocations, so that each payload below has one fault only.
+ALLOCATED = {str(uuid.uuid4()): {"resources": {"VCPU": 1}}}
+BAD_PAYLOADS = [
+    ("build_instance", {"spec": SPEC, "allocations": ALLOCATED}, "instance_uuid"),
+    ("build_instance", {"instance_uuid": 42, "spec": SPEC, "allocations": ALLOCATED},
+     "instance_uuid"),
+    ("build_instance", {"instance_uuid": "x" * 100_000, "spec": SPEC, "allocations": ALLOCATED},
+     "instance_uuid"),
+    ("build_instance", {"instance_uuid": str(uuid.uuid4()),
+                        "spec": {**SPEC, "name": "n" * 10_000}, "allocations": ALLOCATED},
+     "spec.name"),
+    ("build_instance", {"instance_uuid": str(uuid.uuid4()),
+                        "spec": {"name": "x", "vcpus": "two", "memory_mb": 1},
+                        "allocations": ALLOCATED}, "spec.vcpus"),
+    ("build_instance", {"instance_uuid": str(uuid.uuid4()), "spec": SPEC,
+                        "allocations": {str(uuid.uuid4()): {"resources": {"VCPU": -1}}}},
+     "resources.VCPU"),
+    ("build_instance", {"instance_uuid": str(uuid.uuid4()), "spec": SPEC,
+                        "allocations": {str(uuid.uuid4()): {"resources": {"VCPU": 10**12}}}},
+     "resources.VCPU"),
+    ("prep_resize", {"migration_uuid": "nope", "instance_uuid": str(uuid.uuid4()),
+                     "spec": SPEC, "allocations": ALLOCATED}, "migration_uuid"),
+    ("get_instance", {"instance_uuid": str(uuid.uuid4()), "extra": 1}, "extra"),
+    ("confirm_resize", {"migration_uuid": str(uuid.uuid4())}, "instance_uuid"),
+]
+
+
+def test_bad_payloads_name_the_field_and_change_nothing(conductor):
+    c, agent = conductor, conductor.agent()
+    build(c, agent)
+    before = agent.store_dump()
+    for method, payload, field in BAD_PAYLOADS:
+        with pytest.raises(InvalidRequest) as caught:
+            c.rpc._call(agent.name, method, **payload)
+        assert field in str(caught.value).splitlines()[0], (method, payload)
+
+    # Well-formed but wrong for this host: unknown classes, providers that
+    # are not ours, more than the host has.
+    cell = agent.provider("numa_1")
+    for allocations, field in [
+            ({cell: {"resources": {"CUSTOM_NO_SUCH_THING": 1}}}, "resources"),
+            ({str(uuid.uuid4()): {"resources": {"VCPU": 1}}}, "allocations."),
+            ({cell: {"resources": {"VCPU": 100_000}}}, "resources.VCPU")]:
+        with pytest.raises(InvalidRequest) as caught:
+            c.rpc.build_instance(agent.name, str(uuid.uuid4()), SPEC, allocations)
+        assert field in str(caught.value).splitlines()[0]
+    with pytest.raises(ClaimFailed):
+        c.rpc.build_instance(agent.name, str(uuid.uuid4()), SPEC,
+                             {agent.provider(PF.upper()): {"resources": {"SRIOV_NET_VF": 2}}})
+    assert agent.store_dump() == before
