@@ -5,7 +5,10 @@ version cap for rolling upgrades, plus the allocation-swap helper.
     api.build_instance("host-1", instance_uuid, spec, allocations)
 
 Errors arrive as the agent's own types (agent.exception): InvalidRequest,
-NoSuchInstance, ClaimFailed, MoveInProgress.
+NoSuchInstance, ClaimFailed, MoveInProgress. The timeout counts from when
+the request is sent: while the broker cannot be reached, oslo.messaging
+keeps reconnecting first, so a caller that must not wait for the broker
+needs a deadline of its own (compute-agent-ctl has one).
 """
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ class ComputeAgentAPI:
         self.client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
             version_cap=conf.upgrade_levels.compute_agent or VERSION, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the connection to the broker."""
+        self.client.transport.cleanup()
 
     def _call(self, host: str, method: str, version: str = "1.0",
               timeout: float | None = None, **payload):

@@ -358,8 +358,11 @@ class Tracker:
                 return _Decision([])
             released = [a.with_(state="released")
                         for a in self._rows_of(m.instance_uuid, "migration", m.uuid)]
+            # The devices the instance keeps no longer belong to a move.
+            kept = [a.with_(migration_uuid=None)
+                    for a in self._rows_of(m.instance_uuid, "instance", m.uuid)]
             gone = m.role == "source"
-            d = self._change(released, migration=_with_state(m, "confirmed"),
+            d = self._change(released + kept, migration=_with_state(m, "confirmed"),
                              forget_instance=m.instance_uuid if gone else None)
             d.result = released
             return d

@@ -22,8 +22,10 @@ configuration is exit 2.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,6 +38,9 @@ from agent.rpcapi import ComputeAgentAPI
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
+# oslo.messaging retries an unreachable broker forever, before the call's
+# own timeout starts: past --timeout plus this, we stop waiting.
+BROKER_GRACE = 5.0
 
 
 class SpecFileError(AgentError):
@@ -67,7 +72,8 @@ HOST_INFO_ORDER = ("host", "root_uuid", "rpc_version", "instances", "assignments
 
 
 def _host_info(info: dict) -> list[str]:
-    keys = [k for k in HOST_INFO_ORDER if k in info] + sorted(set(info) - set(HOST_INFO_ORDER))
+    keys = [k for k in HOST_INFO_ORDER if k in info]
+    keys += sorted(set(info) - set(keys))
     return [f"{k.replace('_', ' ')}: {info[k]}" for k in keys]
 
 
@@ -87,22 +93,24 @@ def _tree(providers: list[dict]) -> list[str]:
 
 
 def _result(r: dict) -> list[str]:
-    """Whatever a state-changing call answers: an instance, or a migration
-    with the assignments it claimed, released or the devices it chose."""
+    """Whatever a state-changing call answers: an instance, or what a step
+    did (the assignments it claimed or released, the devices it chose, its
+    state), one line per field."""
     if "assignments" in r and "spec" in r:
         return _instance(r)
-    lines = [f"{label}: {r[key]}" for key, label in (("uuid", "instance"),
-                                                     ("migration_uuid", "migration"))
-             if key in r]
-    for key in ("assignments", "released"):
-        if key in r:
-            lines += [f"{key}: {len(r[key])}"] + _assignment_rows(r[key])
-    if "devices" in r:
-        lines += [f"devices: {len(r['devices'])}"] + [
-            f"  {d['kind']}  {d['device_id']}  assignment {d['assignment_id']}"
-            for d in r["devices"]]
-    if "instance" in r:
-        lines += _instance(r["instance"]) if r["instance"] else ["instance: gone from this host"]
+    lines = []
+    for key, value in r.items():
+        label = {"uuid": "instance", "migration_uuid": "migration"}.get(key, key)
+        if key == "instance":
+            lines += _instance(value) if value else ["instance: gone from this host"]
+        elif key == "devices":
+            lines += [f"devices: {len(value)}"] + [
+                f"  {d['kind']}  {d['device_id']}  assignment {d['assignment_id']}"
+                for d in value]
+        elif isinstance(value, list):  # assignments, released
+            lines += [f"{label}: {len(value)}"] + _assignment_rows(value)
+        else:
+            lines.append(f"{label.replace('_', ' ')}: {value}")
     return lines
 
 
@@ -222,22 +230,40 @@ def main(argv=None) -> int:
         setup_logging(conf)
     except ConfigError as e:
         return exit_config_error(e)
+    if not conf.debug:  # the error is our one line; its retries are noise
+        logging.getLogger("oslo.messaging").setLevel(logging.CRITICAL)
     args = conf.command
     command = COMMANDS[args.name]
     api = ComputeAgentAPI(conf, timeout=conf.timeout)
-    try:
-        result = command.call(api, args)
-    except messaging.MessagingTimeout:
+    outcome: dict = {}
+
+    def call():
+        try:
+            outcome["result"] = command.call(api, args)
+        except Exception as e:  # noqa: BLE001 - handed to the main thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=call, name="rpc-call", daemon=True)
+    worker.start()
+    worker.join(conf.timeout + BROKER_GRACE)
+    error = outcome.get("error")
+    if worker.is_alive():
+        return fail(f"the message broker did not answer within "
+                    f"{conf.timeout + BROKER_GRACE:g}s: is it running, and is "
+                    "[DEFAULT] transport_url right? (see --debug)")
+    api.close()
+    if isinstance(error, messaging.MessagingTimeout):
         return fail(f"no answer from {args.agent_host} within {conf.timeout:g}s: the "
                     "host may be down, or its compute-agent not running or not "
                     "connected to this broker")
-    except (AgentError, messaging.MessagingException) as e:
+    if isinstance(error, (AgentError, messaging.MessagingException)):
         # Typed errors (InvalidRequest, NoSuchInstance, ClaimFailed,
         # MoveInProgress) arrive as their own types; anything else the
         # agent raised arrives as RemoteError.
-        return fail(first_line(e))
-    finally:
-        api.client.transport.cleanup()
+        return fail(first_line(error))
+    if error is not None:
+        raise error
+    result = outcome["result"]
     text = (json.dumps(result, indent=2, sort_keys=True) if args.json
             else "\n".join(command.render(result)))
     try:

@@ -33,6 +33,7 @@ from agent.host_tree import MdevTypePolicy, TreePolicy, build_tree
 from agent.service import STORE_FILE, pools_by_uuid
 from agent.tracker import Tracker
 from drivers.fake import FakeDriver
+from tools.benchmarks.common import device_host, percentile
 
 ROUNDS = 8
 ROUND_CLAIMS = 256  # one per VF of the claims host
@@ -43,19 +44,6 @@ BOOT_ID = "bench-boot"
 SPEC = {"name": "bench", "vcpus": 2, "memory_mb": 1024}
 
 
-def fake_host(pfs: int, vfs_per_pf: int, gpus: int, vgpus_per_gpu: int) -> dict:
-    return {
-        "disk_gb": 2000,
-        "numa_cells": [{"id": 0, "cpus": "0-63", "memory_mb": 1 << 20},
-                       {"id": 1, "cpus": "64-127", "memory_mb": 1 << 20}],
-        "pci_devices": [{"address": f"0000:{0x20 + i:02x}:00.0", "vendor_id": "8086",
-                         "product_id": "1572", "numa_node": i % 2,
-                         "vfs": {"count": vfs_per_pf, "product_id": "154c"}}
-                        for i in range(pfs)],
-        "gpus": [{"address": f"0000:{0x80 + i:02x}:00.0", "numa_node": i % 2,
-                  "mdev_types": {"nvidia-35": {"available_instances": vgpus_per_gpu}}}
-                 for i in range(gpus)],
-    }
 
 
 class Host:
@@ -63,7 +51,7 @@ class Host:
     allocations Placement would give the n-th instance."""
 
     def __init__(self, pfs: int, vfs_per_pf: int, gpus: int, vgpus_per_gpu: int):
-        driver = FakeDriver(fake_host(pfs, vfs_per_pf, gpus, vgpus_per_gpu))
+        driver = FakeDriver(device_host(pfs, vfs_per_pf, gpus, vgpus_per_gpu))
         self.driver = driver
         self.policy = TreePolicy(
             host="bench", root_uuid=str(uuid.uuid4()),
@@ -90,9 +78,6 @@ class Host:
                 gpu: {"resources": {"VGPU": 1}}}
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, int(-(-q * len(ordered) // 100)) - 1)]
 
 
 def check_no_double_holder(store: state.Store) -> int:
