@@ -222,7 +222,6 @@ class Store:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._closing = threading.Lock()
         self._closed = False
         self._committer = threading.Thread(target=self._commit_loop,
                                            name="store-committer", daemon=True)
@@ -234,12 +233,14 @@ class Store:
         """Run ``work`` (a function of the connection, or statements) in a
         transaction; return once it is on disk. A job that fails is rolled
         back alone; its error is raised here."""
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
         job = _Job(work)
-        with self._closing:
-            if self._closed:
+        self._queue.put(job)
+        # A write that raced with close() finds no committer left.
+        while not job.done.wait(1.0):
+            if not self._committer.is_alive():
                 raise StoreError(f"{self.path}: the store is closed")
-            self._queue.put(job)
-        job.done.wait()
         if job.error is not None:
             raise job.error
         return job.result
@@ -343,11 +344,10 @@ class Store:
 
     def close(self) -> None:
         """Finish what was queued, then refuse further writes."""
-        with self._closing:
-            if self._closed:
-                return
-            self._closed = True
-            self._queue.put(None)
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
         self._committer.join()
         self._writer.close()
         with self._readers_lock:

@@ -172,8 +172,9 @@ class Tracker:
                 decision.undo()
             raise
         finally:
-            with self._lock:
-                del self._busy[instance_uuid]
+            # Only this call removes its marker, and a dict delete is
+            # atomic: no need to queue for the lock again.
+            del self._busy[instance_uuid]
             done.set()
         return decision.result
 
