@@ -281,9 +281,13 @@ class Tracker:
         def decide() -> _Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None and m.role in ("destination", "both"):
-                if m.state in ("confirmed", "reverted"):
+                # A retry. After a confirm the devices kept are the
+                # instance's own; a reverted move cannot be claimed again.
+                if m.state == "reverted":
                     raise InvalidRequest("migration_uuid", migration_uuid,
-                                         f"this move is already {m.state}")
+                                         "this move was reverted")
+                if m.state == "confirmed":
+                    return _Decision(self._rows_of(instance_uuid, "instance"))
                 return _Decision(self._rows_of(instance_uuid, "instance", migration_uuid))
             other = self._open_move(instance_uuid)
             if other is not None and other.uuid != migration_uuid:

@@ -317,3 +317,67 @@ def test_bad_payloads_name_the_field_and_change_nothing(conductor):
         c.rpc.build_instance(agent.name, str(uuid.uuid4()), SPEC,
                              {agent.provider(PF.upper()): {"resources": {"SRIOV_NET_VF": 2}}})
     assert agent.store_dump() == before
+
+
+def twice(c, method: str, host: str, *args):
+    """Send a call twice; both answers must agree."""
+    once = getattr(c.rpc, method)(host, *args)
+    assert getattr(c.rpc, method)(host, *args) == once, method
+    return once
+
+
+def test_live_migration_rollback_and_evacuation_calls_twice(conductor):
+    c = conductor
+    source, dest = c.agent("a"), c.agent("b")
+    instance, built = build(c, source)
+
+    # A live migration rolled back: the source keeps its devices.
+    rolled = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, rolled)
+    c.schedule(instance, dest.allocations())
+    data = twice(c, "check_can_live_migrate_destination", dest.name, rolled, instance,
+                 SPEC, dest.allocations())
+    assert {d["kind"] for d in data["devices"]} >= {"vf", "mdev"}
+    twice(c, "live_migrate", source.name, rolled, instance)
+    twice(c, "rollback_live_migration_at_destination", dest.name, rolled, instance)
+    twice(c, "revert_resize", source.name, rolled, instance)
+    move_allocations(c.placement_client, rolled, instance, "INSTANCE")
+    assert devices(c.rpc.get_instance(source.name, instance)) == devices(built)
+    assert c.rpc.get_host_info(dest.name)["assignments"] == 0
+
+    # A live migration that succeeds: the guest ends on the destination,
+    # defined with the devices the destination claimed.
+    done = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, done)
+    c.schedule(instance, dest.allocations())
+    data = twice(c, "check_can_live_migrate_destination", dest.name, done, instance,
+                 SPEC, dest.allocations())
+    twice(c, "live_migrate", source.name, done, instance)
+    arrived = twice(c, "post_live_migration_at_destination", dest.name, done, instance)
+    twice(c, "confirm_resize", source.name, done, instance)
+    c.forget(done)
+    assert sorted(d["device_id"] for d in data["devices"] if d["kind"] == "vf") == \
+        devices(arrived)["vf"]
+    assert c.rpc.get_host_info(source.name)["assignments"] == 0
+
+    # The destination dies; the instance is rebuilt on the first host.
+    evacuation = str(uuid.uuid4())
+    c.forget(instance)
+    c.schedule(instance, source.allocations())
+    rebuilt = twice(c, "rebuild_instance", source.name, evacuation, instance, SPEC,
+                    source.allocations())
+    assert rebuilt["running"] and devices(rebuilt)["vf"]
+    assert {"uuid": evacuation, "kind": "evacuation", "role": "destination",
+            "state": "confirmed"} in rebuilt["migrations"]
+
+
+def test_the_client_never_sends_past_its_version_cap(conductor):
+    conf = load_config(["--config-file", str(conductor.agent().conf)])
+    conf.set_override("compute_agent", "1.0", group="upgrade_levels")
+    pinned = ComputeAgentAPI(conf, timeout=10)
+    try:
+        assert pinned.client.can_send_version("1.0")
+        assert not pinned.client.can_send_version("1.1")
+        assert pinned.get_host_info(conductor.agent().name)["rpc_version"] == "1.0"
+    finally:
+        pinned.close()
