@@ -7,6 +7,7 @@ prints the provider tree as Placement then shows it.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,9 @@ BIN = Path(sys.executable).parent
 
 
 def build_host(description: dict, root: Path) -> str:
-    """Write the sysfs tree and the test-driver host; returns the URI."""
+    """Write the sysfs tree and the test-driver host, afresh from the
+    description; returns the URI."""
+    shutil.rmtree(root, ignore_errors=True)
     builder = SysfsBuilder(root / "sys")
     for cell in description["numa_cells"]:
         builder.add_numa_node(cell["id"], cell["cpus"], cell["memory_mb"])
