@@ -30,14 +30,12 @@ MOVE_KINDS = ("resize", "live_migration", "evacuation")
 
 
 def check_uuid(value, field_name: str) -> str:
-    try:
-        return str(uuid_lib.UUID(value)) if isinstance(value, str) else _bad()
-    except ValueError:
-        raise InvalidRequest(field_name, value, "must be a UUID") from None
-
-
-def _bad():
-    raise ValueError
+    if isinstance(value, str):
+        try:
+            return str(uuid_lib.UUID(value))
+        except ValueError:
+            pass
+    raise InvalidRequest(field_name, value, "must be a UUID")
 
 
 @dataclass
@@ -84,7 +82,11 @@ class Tracker:
                 self._held.take([a])
             else:
                 self._live.pop(a.id, None)
-                self._by_instance[a.instance_uuid].discard(a.id)
+                ids = self._by_instance.get(a.instance_uuid)
+                if ids is not None:
+                    ids.discard(a.id)
+                    if not ids:
+                        del self._by_instance[a.instance_uuid]
 
     def _rows_of(self, instance_uuid: str, owner: str | None = None,
                  migration_uuid: str | None | type(...) = ...) -> list[Assignment]:
@@ -104,12 +106,11 @@ class Tracker:
         """Apply changes to the in-memory view now; return the decision
         that writes them and can undo them."""
         before_rows = [self._live[a.id] for a in rows if a.id in self._live]
-        touched = set(instances or ()) | {forget_instance} - {None}
+        touched = set(instances or ()) | ({forget_instance} - {None})
         before_instances = {k: self._instances.get(k) for k in touched}
-        moves_touched = {migration.uuid} if migration else set()
-        if forget_moves:
-            moves_touched |= {m.uuid for m in self._migrations.values()
-                              if m.instance_uuid == forget_instance}
+        forgotten = [u for u, m in self._migrations.items()
+                     if forget_moves and m.instance_uuid == forget_instance]
+        moves_touched = set(forgotten) | ({migration.uuid} if migration else set())
         before_moves = {k: self._migrations.get(k) for k in moves_touched}
         self._index(list(new_rows) + list(rows))
         if instances:
@@ -118,10 +119,8 @@ class Tracker:
             self._instances.pop(forget_instance, None)
         if migration:
             self._migrations[migration.uuid] = migration
-        if forget_moves:
-            for m in [m for m in self._migrations.values()
-                      if m.instance_uuid == forget_instance]:
-                del self._migrations[m.uuid]
+        for uuid in forgotten:
+            del self._migrations[uuid]
 
         # Built now, in the caller's thread: the committer only runs it.
         write: list[state.Statement] = []
