@@ -52,10 +52,12 @@ class Provider:
 
 
 class ProviderTree:
-    """Providers by UUID. Parents always precede children in iteration."""
+    """Providers by UUID (and by name). Parents always precede children in
+    iteration."""
 
     def __init__(self, providers: Iterable[Provider] = ()):
         self._by_uuid: dict[str, Provider] = {}
+        self._by_name: dict[str, Provider] = {}
         for p in providers:
             self.add(p)
 
@@ -66,18 +68,23 @@ class ProviderTree:
             raise ValueError(f"provider {provider.name}: parent "
                              f"{provider.parent_uuid} is not in the tree")
         self._by_uuid[provider.uuid] = provider
+        self._by_name[provider.name] = provider
 
     def replace(self, provider: Provider) -> None:
+        self.remove(provider.uuid)
         self._by_uuid[provider.uuid] = provider
+        self._by_name[provider.name] = provider
 
     def remove(self, uuid: str) -> None:
-        self._by_uuid.pop(uuid, None)
+        old = self._by_uuid.pop(uuid, None)
+        if old is not None and self._by_name.get(old.name) is old:
+            del self._by_name[old.name]
 
     def get(self, uuid: str) -> Provider | None:
         return self._by_uuid.get(uuid)
 
     def by_name(self, name: str) -> Provider | None:
-        return next((p for p in self if p.name == name), None)
+        return self._by_name.get(name)
 
     def __contains__(self, uuid: str) -> bool:
         return uuid in self._by_uuid

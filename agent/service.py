@@ -66,7 +66,8 @@ def pools_by_uuid(built: BuiltTree, names: dict[str, str]
     """Key the pools by the UUIDs Placement uses for their providers."""
     out: dict[str, dict[str, Pool]] = {}
     for pool in built.pools:
-        uuid = names.get(pool.provider_name) or built.tree.by_name(pool.provider_name).uuid
+        uuid = (names.get(pool.provider_name)
+                or built.tree.by_name(pool.provider_name).uuid)
         out.setdefault(uuid, {})[pool.resource_class] = pool
     return out
 
