@@ -70,6 +70,9 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
                 _fix(report, fix, "claim_stuck_claiming", uuid,
                      "the guest has these devices: claim completed",
                      lambda: tracker.complete(uuid))
+            elif driver.guest_is_running(uuid):
+                report.add("claim_stuck_claiming", uuid,
+                           "a running guest lacks some of these devices; left alone")
             else:
                 _fix(report, fix, "claim_stuck_claiming", uuid,
                      "no guest holds these devices: claim rolled back",
