@@ -100,6 +100,10 @@ class _Builder:
         self.warnings: list[str] = []
         self.cells = {c.id: c for c in inv.numa_cells}
         self.pools: list[Pool] = []
+        # Decided once for the whole host; each step below reads them.
+        self.shared_cpus, self.dedicated_cpus = self.cpu_split()
+        self.allowlisted = {d.address: s for d in inv.pci_devices
+                            if (s := first_match(policy.device_specs, d)) is not None}
 
     def add(self, name: str, parent: Provider, inventories=None,
             traits=frozenset()) -> Provider:
@@ -147,19 +151,17 @@ class _Builder:
     def compute_inventory(self, provider_name: str, numa_node: int | None,
                           cpus: frozenset[int], memory_mb: int,
                           reserve_memory: bool) -> dict:
-        shared, dedicated = self.cpu_split()
         p = self.policy
         out = {}
-        pinned = sorted(cpus & dedicated)
+        pinned = sorted(cpus & self.dedicated_cpus)
         if pinned:
             self.pools.append(Pool(provider_name, orc.PCPU, DeviceKind.PCPU,
                                    len(pinned), tuple(Slot(str(c), numa_node)
                                                       for c in pinned), numa_node))
-        if cpus & shared:
-            out[orc.VCPU] = inventory(len(cpus & shared),
+            out[orc.PCPU] = inventory(len(pinned))
+        if cpus & self.shared_cpus:
+            out[orc.VCPU] = inventory(len(cpus & self.shared_cpus),
                                       allocation_ratio=p.cpu_allocation_ratio)
-        if cpus & dedicated:
-            out[orc.PCPU] = inventory(len(cpus & dedicated))
         if memory_mb > 0:
             reserved = min(p.reserved_memory_mb, memory_mb) if reserve_memory else 0
             out[orc.MEMORY_MB] = inventory(memory_mb, reserved=reserved,
@@ -203,10 +205,8 @@ class _Builder:
     # --- PCI ------------------------------------------------------------
 
     def build_pci(self) -> None:
-        specs = self.policy.device_specs
         devices = {d.address: d for d in self.inv.pci_devices}
-        matched = {d.address: s for d in self.inv.pci_devices
-                   if (s := first_match(specs, d)) is not None}
+        matched = self.allowlisted
         vf_slots: dict[str, dict[str, list[Slot]]] = defaultdict(lambda: defaultdict(list))
         vf_traits: dict[str, set[str]] = defaultdict(set)
         for address, spec in sorted(matched.items()):
@@ -276,15 +276,13 @@ class _Builder:
         return 1 if parent.types == (mdev_type,) else 0
 
     def build_vgpu(self) -> None:
-        allowlisted = {d.address for d in self.inv.pci_devices
-                       if first_match(self.policy.device_specs, d)}
         vfs = {d.address for d in self.inv.pci_devices
                if d.kind is PciKind.VF}
         for parent in sorted(self.inv.mdev_parents, key=lambda g: g.address):
             tp = self.mdev_policy_for(parent)
             if tp is None:
                 continue
-            if parent.address in allowlisted:
+            if parent.address in self.allowlisted:
                 raise ConfigError(
                     f"GPU {parent.address} is both in [pci] device_spec and in "
                     f"[mdev_{tp.type_id}]; a device is passed through whole "
