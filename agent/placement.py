@@ -119,10 +119,6 @@ class PlacementClient:
                            "traits": sorted(traits)}
                           )["resource_provider_generation"]
 
-    def get_aggregates(self, uuid: str) -> tuple[int, frozenset[str]]:
-        doc = self._call("GET", f"/resource_providers/{uuid}/aggregates")
-        return doc["resource_provider_generation"], frozenset(doc["aggregates"])
-
     def set_aggregates(self, uuid: str, generation: int, aggregates) -> int:
         return self._call("PUT", f"/resource_providers/{uuid}/aggregates",
                           {"resource_provider_generation": generation,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from agent.cpuset import parse_cpu_set
+
 _MAX_VALUE_REPR = 80
 _PCI_ADDRESS = re.compile(
     r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
@@ -78,14 +80,7 @@ def parse_cpulist(text: object, device: str, field: str) -> frozenset[int]:
     """The kernel's and libvirt's CPU list syntax, "0-3,8-11" or "0,4"."""
     if not isinstance(text, str):
         raise InvalidHostData(device, field, "not a CPU list", text)
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, dash, last = part.partition("-")
-        low = parse_int(first, device, field, maximum=65535)
-        high = parse_int(last, device, field, maximum=65535) if dash else low
-        if high < low:
-            raise InvalidHostData(device, field, "descending CPU range", text)
-        cpus.update(range(low, high + 1))
-    return frozenset(cpus)
+    try:
+        return parse_cpu_set(text, allow_exclusions=False)
+    except ValueError as e:
+        raise InvalidHostData(device, field, str(e), text) from None
