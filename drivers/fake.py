@@ -26,7 +26,6 @@ driver's device events would.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import Counter
 from dataclasses import replace
@@ -38,9 +37,7 @@ import yaml
 from agent.cpuset import parse_cpu_set
 from drivers.base import (ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent,
                           MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
-
-
-_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$")
+from drivers.libvirt.errors import InvalidHostData, parse_pci_address
 
 
 class InvalidFakeHost(ValueError):
@@ -78,11 +75,12 @@ def _cpus(value, where: str) -> frozenset[int]:
 
 
 def _address(entry: dict, where: str) -> str:
-    address = _get(entry, "address", where, str).lower()
-    if not _PCI_ADDRESS.match(address):
+    address = _get(entry, "address", where, str)
+    try:
+        return parse_pci_address(address, where, "address")
+    except InvalidHostData:
         raise InvalidFakeHost(f"{where}.address: expected dddd:bb:ss.f "
-                              f"(value: {address!r})")
-    return address
+                              f"(value: {address!r})") from None
 
 
 def _hex4(value, where: str) -> str:

@@ -7,8 +7,9 @@ import re
 from agent.cpuset import parse_cpu_set
 
 _MAX_VALUE_REPR = 80
+# A PCI slot is five bits: 00-1f.
 _PCI_ADDRESS = re.compile(
-    r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+    r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([01][0-9a-fA-F])\.([0-7])$")
 _HEX_ID = re.compile(r"^(?:0[xX])?([0-9a-fA-F]{4})$")
 
 
