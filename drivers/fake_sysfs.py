@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from agent.device_spec import split_address
 from drivers.libvirt.errors import parse_cpulist
 
 # Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
@@ -45,12 +46,6 @@ class _Pci:
     vf_driver: str | None = None
     vfs: list[str] = field(default_factory=list)
     mdev_types: dict[str, tuple[str | None, int]] = field(default_factory=dict)
-
-
-def _split(address: str) -> tuple[int, int, int, int]:
-    domain, bus, rest = address.split(":")
-    slot, function = rest.split(".")
-    return int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16)
 
 
 def _node_name(address: str) -> str:
@@ -79,7 +74,7 @@ class SysfsBuilder:
         link.symlink_to(os.path.relpath(target, link.parent))
 
     def device_dir(self, address: str) -> Path:
-        domain, bus, _, _ = _split(address)
+        domain, bus, _, _ = split_address(address)
         return self.root / "devices" / f"pci{domain:04x}:{bus:02x}" / address
 
     # NUMA
@@ -144,7 +139,7 @@ class SysfsBuilder:
         return list(pf.vfs)
 
     def vf_address(self, pf_address: str, index: int) -> str:
-        domain, bus, slot, function = _split(pf_address)
+        domain, bus, slot, function = split_address(pf_address)
         routing_id = (slot << 3 | function) + _VF_OFFSET + index
         bus += routing_id >> 8
         if bus > 0xFF:
@@ -301,7 +296,7 @@ class SysfsBuilder:
         return f"test://{path}"
 
     def _pci_xml(self, dev: _Pci) -> str:
-        domain, bus, slot, function = _split(dev.address)
+        domain, bus, slot, function = split_address(dev.address)
         caps = []
         if dev.total_vfs:
             caps.append(f"<capability type='virt_functions' "
@@ -337,7 +332,7 @@ class SysfsBuilder:
 
 
 def _address_xml(address: str) -> str:
-    domain, bus, slot, function = _split(address)
+    domain, bus, slot, function = split_address(address)
     return (f"<address domain='0x{domain:04x}' bus='0x{bus:02x}' "
             f"slot='0x{slot:02x}' function='0x{function:x}'/>")
 
