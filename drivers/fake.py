@@ -37,6 +37,7 @@ import yaml
 from agent.cpuset import parse_cpu_set
 from drivers.base import (ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent,
                           MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
+from drivers.fake_sysfs import vf_address
 from drivers.libvirt.errors import InvalidHostData, parse_pci_address
 
 
@@ -88,12 +89,6 @@ def _hex4(value, where: str) -> str:
     if len(text) > 4 or not all(c in "0123456789abcdef" for c in text) or not text:
         raise InvalidFakeHost(f"{where}: must be up to four hex digits (value: {value!r})")
     return text.rjust(4, "0")
-
-
-def vf_address(pf_address: str, index: int) -> str:
-    """Where the fake puts a PF's VFs: slot 0x10 on, eight functions each."""
-    domain, bus, _ = pf_address.split(":")
-    return f"{domain}:{bus}:{0x10 + index // 8:02x}.{index % 8}"
 
 
 def _numa(entry: dict, where: str) -> int | None:

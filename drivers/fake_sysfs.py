@@ -48,6 +48,18 @@ class _Pci:
     mdev_types: dict[str, tuple[str | None, int]] = field(default_factory=dict)
 
 
+def vf_address(pf_address: str, index: int) -> str:
+    """Where a PF's VFs sit: its routing id + 0x80 + index, carrying into
+    the next slot and bus as real SR-IOV devices do."""
+    domain, bus, slot, function = split_address(pf_address)
+    routing_id = (slot << 3 | function) + _VF_OFFSET + index
+    bus += routing_id >> 8
+    if bus > 0xFF:
+        raise ValueError(f"VF {index} of {pf_address} is past bus ff")
+    return (f"{domain:04x}:{bus:02x}:{(routing_id >> 3) & 0x1F:02x}."
+            f"{routing_id & 7}")
+
+
 def _node_name(address: str) -> str:
     return "pci_" + address.replace(":", "_").replace(".", "_")
 
@@ -138,14 +150,7 @@ class SysfsBuilder:
         self.set_num_vfs(address, num_vfs)
         return list(pf.vfs)
 
-    def vf_address(self, pf_address: str, index: int) -> str:
-        domain, bus, slot, function = split_address(pf_address)
-        routing_id = (slot << 3 | function) + _VF_OFFSET + index
-        bus += routing_id >> 8
-        if bus > 0xFF:
-            raise ValueError(f"VF {index} of {pf_address} is past bus ff")
-        return (f"{domain:04x}:{bus:02x}:{(routing_id >> 3) & 0x1F:02x}."
-                f"{routing_id & 7}")
+    vf_address = staticmethod(vf_address)
 
     def set_num_vfs(self, pf_address: str, num_vfs: int) -> list[str]:
         """Enable exactly ``num_vfs`` VFs, as writing sriov_numvfs does."""
