@@ -6,8 +6,10 @@ the set of devices that live assignments hold.
 """
 from __future__ import annotations
 
+import random
 import uuid as uuid_lib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping
 
 import os_resource_classes as orc
@@ -49,6 +51,11 @@ class Pool:
     @property
     def exclusive(self) -> bool:
         return self.kind is not DeviceKind.NUMA
+
+    @cached_property
+    def ordered_slots(self) -> tuple[Slot, ...]:
+        """The slots by device id: the order choices are made in."""
+        return tuple(sorted(self.slots, key=lambda s: s.device_id))
 
 
 @dataclass(frozen=True)
@@ -128,24 +135,37 @@ class HeldDevices:
                 self.held(c.provider_uuid, c.resource_class).discard(c.device_id)
 
 
+def new_mdev_uuid() -> str:
+    # From the process's PRNG (seeded from the OS, reseeded at fork): an
+    # mdev's name needs to be unique on this host, not secret, and
+    # os.urandom would drop the GIL inside the tracker's lock, so that
+    # 32 claimers queue on it.
+    return str(uuid_lib.UUID(int=random.getrandbits(128), version=4))
+
+
 def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
                  prefer_numa: int | None) -> list[Choice]:
     if not pool.exclusive:
         return [Choice(provider_uuid, pool.resource_class, pool.kind,
                        "host" if pool.numa_node is None else str(pool.numa_node),
                        amount, pool.numa_node)]
-    free = [s for s in pool.slots if s.device_id not in held]
-    # NUMA-local first, then in a stable order.
-    free.sort(key=lambda s: (s.numa_node != prefer_numa, s.device_id))
+    # NUMA-local first, then the others; each in the order of device ids.
+    local: list[Slot] = []
+    others: list[Slot] = []
+    for s in pool.ordered_slots:
+        if s.device_id not in held:
+            (local if s.numa_node == prefer_numa else others).append(s)
+            if len(local) == amount:
+                break
     chosen = [Choice(provider_uuid, pool.resource_class, pool.kind, s.device_id, 1,
                      s.numa_node, s.size_bytes, s.dev_path, pool.mdev_parent,
-                     pool.mdev_type) for s in free[:amount]]
+                     pool.mdev_type) for s in (local + others)[:amount]]
     # An mdev that does not exist yet is created, within the capacity
     # Placement was told about; existing free ones always go first.
     room = pool.capacity - len(held) - len(chosen)
     while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0):
         chosen.append(Choice(provider_uuid, pool.resource_class, pool.kind,
-                             str(uuid_lib.uuid4()), 1, pool.numa_node,
+                             new_mdev_uuid(), 1, pool.numa_node,
                              mdev_parent=pool.mdev_parent, mdev_type=pool.mdev_type))
         room -= 1
     if len(chosen) < amount:

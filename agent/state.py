@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -92,7 +94,19 @@ class Assignment:
     detail: dict = field(default_factory=dict, compare=False, hash=False)
 
     def with_(self, **changes) -> "Assignment":
-        return Assignment(**{**asdict(self), "kind": self.kind, **changes})
+        return replace(self, **changes)
+
+
+def new_assignment_id() -> str:
+    """A UUID led by the time in milliseconds (RFC 9562's version 7). New
+    rows then land at the right edge of the assignments' b-trees, so a
+    group commit dirties a few pages rather than one or more per row. The
+    rest is from the process's PRNG, like claims.new_mdev_uuid, and for
+    the same reason: it is drawn inside the tracker's lock."""
+    value = (time.time_ns() // 1_000_000) << 80 | random.getrandbits(80)
+    value = value & ~(0xF << 76) | 0x7 << 76  # version
+    value = value & ~(0x3 << 62) | 0x2 << 62  # variant
+    return str(uuid.UUID(int=value))
 
 
 def _row_to_assignment(row: sqlite3.Row) -> Assignment:
@@ -137,13 +151,27 @@ def run_statements(conn: sqlite3.Connection, statements: list[Statement]) -> Non
 
 
 class _Job:
-    __slots__ = ("work", "done", "result", "error")
+    __slots__ = ("work", "_pending", "result", "error")
 
     def __init__(self, work):
         self.work = work
-        self.done = threading.Event()
+        # Held until the job is committed or failed. A bare lock rather
+        # than an Event: waking 32 waiters through Condition objects costs
+        # more CPU than the commit they wait for.
+        self._pending = threading.Lock()
+        self._pending.acquire()
         self.result = None
         self.error: BaseException | None = None
+
+    def finish(self) -> None:
+        self._pending.release()
+
+    def wait(self):
+        """Block until the job is on disk; its result, or its error raised."""
+        self._pending.acquire()
+        if self.error is not None:
+            raise self.error
+        return self.result
 
     @property
     def shape(self) -> tuple[str, ...] | None:
@@ -222,6 +250,9 @@ class Store:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Orders writes against close(): a job queued before the closing
+        # sentinel is committed, none is queued after it.
+        self._queue_lock = threading.Lock()
         self._closed = False
         self._committer = threading.Thread(target=self._commit_loop,
                                            name="store-committer", daemon=True)
@@ -229,21 +260,21 @@ class Store:
 
     # --- writing --------------------------------------------------------
 
-    def write(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> T:
-        """Run ``work`` (a function of the connection, or statements) in a
-        transaction; return once it is on disk. A job that fails is rolled
-        back alone; its error is raised here."""
-        if self._closed:
-            raise StoreError(f"{self.path}: the store is closed")
+    def submit(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> _Job:
+        """Queue ``work`` (a function of the connection, or statements) to
+        run in a transaction. Jobs commit in the order they are submitted;
+        ``wait()`` on the job returns once it is on disk. A job that fails
+        is rolled back alone, and its ``wait()`` raises the error."""
         job = _Job(work)
-        self._queue.put(job)
-        # A write that raced with close() finds no committer left.
-        while not job.done.wait(1.0):
-            if not self._committer.is_alive():
+        with self._queue_lock:
+            if self._closed:
                 raise StoreError(f"{self.path}: the store is closed")
-        if job.error is not None:
-            raise job.error
-        return job.result
+            self._queue.put(job)
+        return job
+
+    def write(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> T:
+        """Submit ``work`` and wait until it is on disk."""
+        return self.submit(work).wait()
 
     def _commit_loop(self) -> None:
         conn = self._writer
@@ -268,9 +299,14 @@ class Store:
         try:
             if not cls._commit_merged(conn, batch):
                 cls._commit_one_by_one(conn, batch)
+        except BaseException as e:  # noqa: BLE001 - the committer outlives any batch
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for job in batch:
+                job.error = job.error or StoreError(f"commit failed: {e!r}")
         finally:
             for job in batch:
-                job.done.set()
+                job.finish()
 
     @staticmethod
     def _commit_merged(conn: sqlite3.Connection, batch: list[_Job]) -> bool:
@@ -344,10 +380,11 @@ class Store:
 
     def close(self) -> None:
         """Finish what was queued, then refuse further writes."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
+        with self._queue_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
         self._committer.join()
         self._writer.close()
         with self._readers_lock:

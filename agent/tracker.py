@@ -1,8 +1,9 @@
 """Claims: which concrete device each instance holds, recorded durably.
 
-One lock covers choosing devices and updating the in-memory view; the
-durable commit happens right after, outside the lock, through the store's
-group commit, and the call returns only once it is on disk. Devices chosen
+One lock covers choosing devices, updating the in-memory view and queueing
+the write (so writes commit in the order they were decided); the durable
+commit happens outside the lock, through the store's group commit, and the
+call returns only once it is on disk. Devices chosen
 under the lock are marked taken before the lock is released, so no
 interleaving of concurrent claims hands one device out twice. Operations
 on one instance are serialized (a retry waits for the first to land); the
@@ -59,7 +60,7 @@ class Tracker:
         self._by_instance: dict[str, set[str]] = defaultdict(set)
         self._instances: dict[str, dict] = {}
         self._migrations: dict[str, Migration] = {}
-        self._busy: dict[str, threading.Event] = {}
+        self._busy: dict[str, threading.Lock] = {}
         self._load()
 
     def _load(self) -> None:
@@ -161,11 +162,23 @@ class Tracker:
                     decision = decide()
                     if decision.write is None:
                         return decision.result
-                    done = self._busy[instance_uuid] = threading.Event()
+                    # Submitted under the lock, so that writes reach the
+                    # disk in the order they were decided: a device given
+                    # back is released there before another instance's
+                    # claim of it is inserted.
+                    try:
+                        job = self.store.submit(decision.write)
+                    except BaseException:
+                        decision.undo()
+                        raise
+                    # Held while this operation's write is in flight.
+                    done = self._busy[instance_uuid] = threading.Lock()
+                    done.acquire()
                     break
-            busy.wait()
+            with busy:  # wait for the other operation on this instance
+                pass
         try:
-            self.store.write(decision.write)
+            job.wait()
         except BaseException:
             with self._lock:
                 decision.undo()
@@ -174,7 +187,7 @@ class Tracker:
             # Only this call removes its marker, and a dict delete is
             # atomic: no need to queue for the lock again.
             del self._busy[instance_uuid]
-            done.set()
+            done.release()
         return decision.result
 
     def set_pools(self, pools: dict[str, dict[str, Pool]]) -> None:
@@ -185,7 +198,7 @@ class Tracker:
     def _choose_rows(self, instance_uuid: str, allocations, consumer: str,
                      migration_uuid: str | None) -> list[Assignment]:
         wanted = parse_allocations(allocations, self._pools)
-        rows = [Assignment(str(uuid_lib.uuid4()), consumer, instance_uuid, "instance",
+        rows = [Assignment(state.new_assignment_id(), consumer, instance_uuid, "instance",
                            migration_uuid, c.resource_class, c.provider_uuid, c.kind,
                            c.device_id, c.amount, "claiming", self.boot_id,
                            {k: v for k, v in (("numa_node", c.numa_node),

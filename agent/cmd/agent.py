@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import threading
@@ -56,6 +57,11 @@ def main(argv=None) -> int:
     agent.start()
     server = make_server(conf, agent)
     server.start()
+    # What start-up made (modules, config, the host's pools, the store's
+    # rows) lives as long as the process: keep it out of the collector's
+    # full passes, each of which would stall every call in flight (about
+    # 40 ms for 70,000 objects on a 2-vCPU host).
+    gc.freeze()
     sd_notify("READY=1")
     LOG.info("compute-agent running as host %s", conf.host)
     while not stopped.wait(3600):

@@ -11,6 +11,7 @@ than create new ones.
 from __future__ import annotations
 
 import threading
+import time
 import uuid as uuid_lib
 
 import pytest
@@ -150,6 +151,48 @@ def test_concurrent_claims_in_one_batch_for_one_instance_do_not_double(world):
     assert not errors
     assert len(set(answers)) == 1
     assert len(held_devices(w)) == 2
+
+
+def test_a_device_given_back_and_claimed_at_once_is_written_in_that_order(tmp_path):
+    """The release of the only VF is slow to reach the store; a claim of
+    that VF for another instance, decided just after, must not reach the
+    disk first (the store would refuse its insert: the VF still held)."""
+    w = make_world(tmp_path, "order", host_dict(vfs=1, vgpus=4, existing_mdev=False))
+    try:
+        first, second = new_uuid(), new_uuid()
+        w.tracker.claim_build(first, spec(), w.allocations({"pf": {"SRIOV_NET_VF": 1}}))
+        store, real_submit = w.tracker.store, w.tracker.store.submit
+        releasing = threading.Event()
+
+        def slow_submit(work):
+            if not releasing.is_set():  # the release: slow to be queued
+                releasing.set()
+                time.sleep(0.3)
+            return real_submit(work)
+
+        store.submit = slow_submit
+        errors = []
+
+        def run(call, *args):
+            try:
+                call(*args)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        releaser = threading.Thread(target=run, args=(w.tracker.release_instance, first))
+        releaser.start()
+        assert releasing.wait(5)
+        claimer = threading.Thread(target=run, args=(
+            w.tracker.claim_build, second, spec(),
+            w.allocations({"pf": {"SRIOV_NET_VF": 1}})))
+        claimer.start()
+        releaser.join(10)
+        claimer.join(10)
+        assert not errors, errors
+        rows = w.live()
+        assert [(a.instance_uuid, a.kind) for a in rows] == [(second, DeviceKind.VF)]
+    finally:
+        w.stop()
 
 
 # --- bad input ------------------------------------------------------------------
