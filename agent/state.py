@@ -332,7 +332,7 @@ class Store:
                 start = end
             conn.execute("COMMIT")
             return True
-        except sqlite3.Error:
+        except Exception:  # noqa: BLE001 - the jobs are retried one by one
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return False

@@ -303,6 +303,29 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
     assert live == {"0000:81:10.5"} | {a.device_id for a in fine[1:]}
 
 
+def test_a_malformed_write_fails_alone_and_the_store_goes_on(store):
+    """Statement jobs batched together, one of them not statements at all:
+    it fails with its own error, the others land, the committer lives."""
+    gate = threading.Event()
+    blocker = threading.Thread(target=store.write, args=(lambda c: gate.wait(10),))
+    blocker.start()
+    time.sleep(0.05)
+    good = [str(uuid.uuid4()) for _ in range(3)]
+    jobs = [store.submit([state.put_instance_sql(u, {"name": "ok"})]) for u in good[:2]]
+    bad = store.submit([("INSERT INTO instances VALUES (?, ?, ?)", 5)])
+    jobs.append(store.submit([state.put_instance_sql(good[2], {"name": "ok"})]))
+    gate.set()
+    for job in jobs:
+        job.wait()
+    with pytest.raises(TypeError):
+        bad.wait()
+    blocker.join(10)
+    assert set(store.read(state.instances)) == set(good)
+    later = str(uuid.uuid4())
+    store.write([state.put_instance_sql(later, {"name": "later"})])
+    assert later in store.read(state.instances)
+
+
 def test_many_concurrent_writers_all_land(store):
     n_threads, per_thread = 32, 20
     errors = []

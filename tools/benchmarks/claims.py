@@ -1,6 +1,7 @@
 """Claims against the durable store on disk.
 
-For 1 and for 32 concurrent claimers: the latency of ``claim_build``
+For 1 and for 32 concurrent claimers, over five runs of 2,048 claims each
+(medians of the runs): the latency of ``claim_build``
 (choice under the tracker's lock plus the group-committed, fsynced write;
 median and p99) and the throughput in claims per second. Each claim takes
 two vCPUs and 1 GiB from a NUMA cell, one VF and one vGPU, so it writes an
@@ -36,6 +37,7 @@ from agent.tracker import Tracker
 from drivers.fake import FakeDriver
 from tools.benchmarks.common import device_host, percentile
 
+RUNS = 5
 ROUNDS = 8
 ROUND_CLAIMS = 256  # one per VF of the claims host
 CLAIMERS = (1, 32)
@@ -91,7 +93,32 @@ def check_no_double_holder(store: state.Store) -> int:
 
 
 def measure_claims(workdir: Path, host: Host, claimers: int) -> dict:
-    store = state.Store(workdir / f"claims-{claimers}" / STORE_FILE)
+    """RUNS runs, each on a new store: the median of each figure, and the
+    p99 of every run (this machine is shared; one run can be unlucky)."""
+    runs = [claim_run(workdir / f"claims-{claimers}-{n}", host, claimers)
+            for n in range(RUNS)]
+
+    def median_of(key: str) -> float:
+        return round(statistics.median(r[key] for r in runs), 3)
+
+    return {
+        "case": "claims",
+        "measure": "claim_build",
+        "claimers": claimers,
+        "runs": RUNS,
+        "claims_per_run": runs[0]["claims"],
+        "rows_per_claim": 4,
+        "latency_ms_median": median_of("latency_ms_median"),
+        "latency_ms_p99": median_of("latency_ms_p99"),
+        "latency_ms_p99_each_run": [r["latency_ms_p99"] for r in runs],
+        "latency_ms_max": max(r["latency_ms_max"] for r in runs),
+        "claims_per_second": round(median_of("claims_per_second"), 1),
+        "claims_per_commit_mean": median_of("claims_per_commit_mean"),
+    }
+
+
+def claim_run(workdir: Path, host: Host, claimers: int) -> dict:
+    store = state.Store(workdir / STORE_FILE)
     tracker = Tracker(store, BOOT_ID)
     tracker.set_pools(host.pools)
     # Count the group commits (and the jobs in them) while claims run.
@@ -161,16 +188,11 @@ def measure_claims(workdir: Path, host: Host, claimers: int) -> dict:
         raise errors[0]
     flat = [x for lst in latencies for x in lst]
     return {
-        "case": "claims",
-        "measure": "claim_build",
-        "claimers": claimers,
         "claims": len(flat),
-        "rows_per_claim": 4,
         "latency_ms_median": round(statistics.median(flat) * 1000, 3),
         "latency_ms_p99": round(percentile(flat, 99) * 1000, 3),
         "latency_ms_max": round(max(flat) * 1000, 3),
-        "claims_per_second": round(len(flat) / busy, 1),
-        "commits": claim_batches,
+        "claims_per_second": len(flat) / busy,
         "claims_per_commit_mean": round(claim_jobs / max(claim_batches, 1), 2),
     }
 
