@@ -192,9 +192,12 @@ def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
     out: list[Choice] = []
     for w in wanted:
         pool = pools[w.provider_uuid][w.resource_class]
-        taken = held.held(w.provider_uuid, w.resource_class) | {
-            c.device_id for c in out
-            if (c.provider_uuid, c.resource_class) == (w.provider_uuid, w.resource_class)}
+        taken = held.held(w.provider_uuid, w.resource_class)
+        earlier = {c.device_id for c in out
+                   if (c.provider_uuid, c.resource_class) == (w.provider_uuid,
+                                                              w.resource_class)}
+        if earlier:  # rare: the same pool named twice
+            taken = taken | earlier
         out.extend(_choose_from(pool, w.provider_uuid, w.amount, taken, prefer_numa))
     return out
 
