@@ -38,7 +38,7 @@ from agent.cpuset import parse_cpu_set
 from drivers.base import (ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent,
                           MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
-from drivers.libvirt.errors import InvalidHostData, parse_pci_address
+from drivers.host_data import InvalidHostData, parse_pci_address
 
 
 class InvalidFakeHost(ValueError):

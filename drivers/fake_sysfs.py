@@ -23,7 +23,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from agent.device_spec import split_address
-from drivers.libvirt.errors import parse_cpulist
+from drivers.host_data import parse_cpulist
 
 # Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
 # PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 from lxml import etree
 
 from drivers.base import NumaCell
-from drivers.libvirt.errors import (
+from drivers.host_data import (
     InvalidHostData, parse_cpulist, parse_int)
 
 DEVICE = "capabilities"

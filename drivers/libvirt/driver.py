@@ -18,7 +18,7 @@ from drivers.base import (
     ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent, PciDevice, PciKind)
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
-from drivers.libvirt.errors import InvalidHostData
+from drivers.host_data import InvalidHostData
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.sysfs import SysfsReader

@@ -17,7 +17,7 @@ from lxml import etree
 
 from drivers.base import DeviceKind, GuestDevice, GuestSpec
 from drivers.libvirt.capabilities import parse_xml
-from drivers.libvirt.errors import parse_pci_address
+from drivers.host_data import parse_pci_address
 
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
 PREFIX = "ca"

@@ -13,7 +13,7 @@ import libvirt
 
 from drivers.base import DeviceKind, GuestSpec
 from drivers.libvirt.connection import Connection
-from drivers.libvirt.errors import InvalidHostData
+from drivers.host_data import InvalidHostData
 from drivers.libvirt.guest_xml import build_domain_xml, parse_metadata
 from drivers.libvirt.mdev import MdevError, MdevSysfs
 

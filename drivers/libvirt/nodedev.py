@@ -14,7 +14,7 @@ from lxml import etree
 
 from drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
 from drivers.libvirt.capabilities import parse_xml
-from drivers.libvirt.errors import (
+from drivers.host_data import (
     InvalidHostData, format_pci_address, parse_hex_id, parse_int,
     parse_numa_node)
 

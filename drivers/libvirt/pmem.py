@@ -11,7 +11,7 @@ import uuid
 from typing import Iterable, Mapping
 
 from drivers.base import PmemNamespace
-from drivers.libvirt.errors import InvalidHostData, parse_int, parse_numa_node
+from drivers.host_data import InvalidHostData, parse_int, parse_numa_node
 from drivers.libvirt.sysfs import SysfsReader
 
 NDCTL = "ndctl JSON"

@@ -13,7 +13,7 @@ from typing import Iterable
 
 from drivers.base import Mdev, MdevType, NumaCell, PciDevice, PciKind
 from drivers.libvirt.capabilities import parse_sysfs_numa_node
-from drivers.libvirt.errors import (
+from drivers.host_data import (
     InvalidHostData, parse_hex_id, parse_int, parse_numa_node,
     parse_pci_address)
 

@@ -2,7 +2,7 @@ import pytest
 
 from drivers.base import NumaCell
 from drivers.libvirt import capabilities
-from drivers.libvirt.errors import InvalidHostData
+from drivers.host_data import InvalidHostData
 
 CAPS = """<capabilities>
   <host>
