@@ -57,6 +57,16 @@ default_opts = [
         help="Reconcile the store with the hypervisor and Placement every "
         "this many update cycles (and always at start-up).",
     ),
+    cfg.IntOpt(
+        "orphan_grace_period",
+        default=300,
+        min=0,
+        help="Seconds for which the devices of an instance whose guest has "
+        "gone from this host stay held (and reported) before reconciliation "
+        "gives them back, counted from the last change to its assignments. "
+        "A guest briefly absent, being redefined by hand for instance, "
+        "keeps its devices.",
+    ),
     cfg.StrOpt(
         "compute_driver",
         default="libvirt",

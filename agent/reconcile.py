@@ -6,8 +6,10 @@ deletes a running guest. With ``fix=False`` it only reports (the audit).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 
+from agent import state
 from agent.manager import ComputeManager, in_guest
 from drivers.base import DeviceKind
 
@@ -42,12 +44,15 @@ class Report:
 
 
 def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
-              at_start: bool, fix: bool = True) -> Report:
+              at_start: bool, fix: bool = True, grace: float = 0) -> Report:
     """``allocations``: consumer uuid -> our providers it holds allocations
-    on, or None when Placement could not be asked."""
+    on, or None when Placement could not be asked. ``grace``: seconds for
+    which devices whose guest has gone stay held (orphan_grace_period)."""
     tracker, driver = manager.tracker, manager.driver
     report = Report()
     instances, live, moves = tracker.snapshot()
+    changed_at = tracker.store.read(state.live_changed_at) if grace else {}
+    now = time.time()
     guests = driver.list_guests()
     open_moves = {m.instance_uuid: m for m in moves.values() if m.open}
     by_instance: dict[str, list] = {}
@@ -86,6 +91,13 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
             continue
         claimed = [a for a in rows if a.state == "claimed" and a.owner == "instance"]
         if claimed and uuid not in guests and move is None:
+            waited = now - changed_at.get(uuid, now - grace)
+            if waited < grace:
+                report.add("assignment_without_guest", uuid,
+                           f"devices held by an instance that has no guest here; "
+                           f"given back once unchanged for {grace:.0f} s "
+                           f"(now {max(waited, 0):.0f} s)")
+                continue
             _fix(report, fix, "assignment_without_guest", uuid,
                  "devices held by an instance that has no guest here: given back",
                  lambda: manager.delete_instance(uuid))

@@ -84,7 +84,8 @@ def provider_allocations(client: PlacementClient, tree) -> dict[str, set[str]]:
 class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
                  interval: float = 60, jitter: float = 0,
-                 manager: ComputeManager | None = None, reconcile_interval: int = 10):
+                 manager: ComputeManager | None = None, reconcile_interval: int = 10,
+                 orphan_grace_period: float = 0):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -92,6 +93,7 @@ class Agent:
         self.jitter = jitter
         self.manager = manager
         self.reconcile_interval = reconcile_interval
+        self.orphan_grace_period = orphan_grace_period
         self._cycles = 0
         # Placement's view after the last cycle that reached it, for RPC
         # readers: replaced whole, never changed in place.
@@ -118,7 +120,7 @@ class Agent:
         manager = ComputeManager(Tracker(store, driver.boot_id()), driver,
                                  conf.devices.remove_released_mdevs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
-                   manager, conf.reconcile_interval)
+                   manager, conf.reconcile_interval, conf.orphan_grace_period)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -157,7 +159,8 @@ class Agent:
         except (PlacementUnavailable, PlacementError) as e:
             LOG.warning("Reconciling without Placement's allocations: %s", e)
             allocations = None
-        return reconcile(self.manager, allocations, at_start, fix)
+        return reconcile(self.manager, allocations, at_start, fix,
+                         grace=self.orphan_grace_period)
 
     def run_cycle(self) -> CycleOutcome:
         """A cycle that never raises: every failure is one log line and the

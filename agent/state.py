@@ -452,6 +452,13 @@ def migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
             for r in conn.execute("SELECT * FROM migrations")}
 
 
+def live_changed_at(conn: sqlite3.Connection) -> dict[str, float]:
+    """instance uuid -> when its live assignments last changed (epoch s)."""
+    return dict(conn.execute(
+        "SELECT instance_uuid, max(updated_at) FROM assignments "
+        "WHERE state != 'released' GROUP BY instance_uuid").fetchall())
+
+
 def provider_names(conn: sqlite3.Connection) -> dict[str, str]:
     return dict(conn.execute("SELECT name, uuid FROM providers").fetchall())
 

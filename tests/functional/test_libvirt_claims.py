@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -170,12 +171,22 @@ def test_audit_reports_a_guest_deleted_behind_the_agents_back(host):
     host.agent.manager.build_instance(instance, SPEC, allocations(host))
     assert host.agent.reconcile(at_start=False, fix=False).consistent
 
+    held = host.agent.manager.tracker.snapshot()[1]
     host.agent.driver.destroy(instance)
-    report = host.agent.reconcile(at_start=False, fix=False)
+    # Within orphan_grace_period (300 s by default) it is reported, and
+    # even a fixing reconcile leaves the devices held.
+    report = host.agent.reconcile(at_start=False, fix=True)
     assert not report.consistent
+    assert [(f.kind, f.subject, f.fixed) for f in report.findings] == [
+        ("assignment_without_guest", instance, False)]
+    assert host.agent.manager.tracker.snapshot()[1] == held
+    # Once the assignments have been unchanged for longer, fixing gives the
+    # devices back.
+    host.agent.orphan_grace_period = 0.5
+    time.sleep(0.6)
+    report = host.agent.reconcile(at_start=False, fix=False)
     assert [(f.kind, f.subject) for f in report.findings] == [
         ("assignment_without_guest", instance)]
-    # Fixing gives the devices back.
     assert host.agent.reconcile(at_start=False, fix=True).consistent
     assert host.agent.manager.tracker.snapshot()[1] == []
 
