@@ -115,6 +115,27 @@ class ProviderTree:
         walk(None)
         return out
 
+    @classmethod
+    def parents_first(cls, providers: Iterable[Provider]) -> "ProviderTree":
+        """A tree from providers in any order. ValueError when one names a
+        parent that is not among them, or the parents form a loop."""
+        by_uuid = {p.uuid: p for p in providers}
+        ordered: list[Provider] = []
+        seen: set[str] = set()
+
+        def place(p: Provider) -> None:
+            if p.uuid in seen:
+                return
+            seen.add(p.uuid)
+            parent = by_uuid.get(p.parent_uuid)
+            if parent is not None:
+                place(parent)
+            ordered.append(p)
+
+        for p in by_uuid.values():
+            place(p)
+        return cls(ordered)
+
     def copy(self) -> "ProviderTree":
         return ProviderTree(dataclasses.replace(p) for p in self.depth_first())
 

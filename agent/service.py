@@ -19,7 +19,7 @@ from agent.exception import (AgentError, ConfigError, PlacementError,
 from agent.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.manager import ComputeManager
 from agent.placement import PlacementClient, adapter_from_conf
-from agent.provider_tree import ProviderTree
+from agent.provider_tree import Provider, ProviderTree
 from agent.policy import tree_policy_from_conf
 from agent.reconcile import Report, reconcile
 from agent.tracker import Tracker
@@ -72,6 +72,16 @@ def pools_by_uuid(built: BuiltTree, names: dict[str, str]
     return out
 
 
+def saved_view(store: state.Store) -> ProviderTree:
+    """The view of Placement an earlier run saved; an empty one when it
+    does not form a tree (Placement is then read afresh)."""
+    try:
+        return ProviderTree.parents_first(store.read(state.placement_view))
+    except ValueError as e:
+        LOG.warning("Saved view of Placement unusable, reading it afresh: %s", e)
+        return ProviderTree()
+
+
 def provider_allocations(client: PlacementClient, tree) -> dict[str, set[str]]:
     """consumer uuid -> which of our providers it holds allocations on."""
     out: dict[str, set[str]] = {}
@@ -98,8 +108,12 @@ class Agent:
         # Placement's view after the last cycle that reached it, for RPC
         # readers: replaced whole, never changed in place.
         self.last_tree = ProviderTree()
-        self._names: dict[str, str] = (
-            manager.tracker.store.read(state.provider_names) if manager else {})
+        # Placement's view as last saved: a restart trusts each provider in
+        # it until its generation moves.
+        saved = saved_view(manager.tracker.store) if manager else ProviderTree()
+        sync.restore(saved.copy())
+        self._saved_view = saved.depth_first()
+        self._names = {p.name: p.uuid for p in self._saved_view}
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._drop_cache = threading.Event()
@@ -135,7 +149,7 @@ class Agent:
         try:
             result = self.sync.sync(built.tree)
             self.last_tree = self.sync.cache.copy()
-            self._remember_names({p.name: p.uuid for p in result.tree})
+            self._save_view(self.last_tree.depth_first())
         finally:
             # Claims work from the host's devices even when Placement does
             # not answer, with the provider UUIDs it last showed us.
@@ -145,11 +159,11 @@ class Agent:
                   len(built.tree), result.writes)
         return result
 
-    def _remember_names(self, names: dict[str, str]) -> None:
-        if names != self._names and self.manager is not None:
-            self.manager.tracker.store.write(
-                lambda c: state.put_provider_names(c, names))
-        self._names = names
+    def _save_view(self, view: list[Provider]) -> None:
+        if view != self._saved_view and self.manager is not None:
+            self.manager.tracker.store.write(state.put_placement_view_sql(view))
+        self._saved_view = view
+        self._names = {p.name: p.uuid for p in view}
 
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
         """Compare store, guests and Placement; Placement's part is left out

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from agent.provider_tree import Provider
 from drivers.base import DeviceKind
 
 T = TypeVar("T")
 
 LIVE = ("claiming", "claimed")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -74,7 +75,24 @@ _V2 = """
 CREATE TABLE providers (name TEXT PRIMARY KEY, uuid TEXT NOT NULL);
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
+# v3: the whole of Placement's view of our tree as last synced, generations
+# included, so that a restart reads again only the providers whose
+# generation moved meanwhile. It holds the names v2 kept.
+_V3 = """
+CREATE TABLE placement_view (
+    uuid TEXT PRIMARY KEY,
+    parent_uuid TEXT,
+    name TEXT NOT NULL,
+    generation INTEGER,
+    inventories TEXT NOT NULL,
+    traits TEXT NOT NULL,
+    aggregates TEXT
+);
+INSERT INTO placement_view SELECT uuid, NULL, name, NULL, '{}', '[]', NULL FROM providers;
+DROP TABLE providers;
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
 
 
 @dataclass(frozen=True)
@@ -459,10 +477,20 @@ def live_changed_at(conn: sqlite3.Connection) -> dict[str, float]:
         "WHERE state != 'released' GROUP BY instance_uuid").fetchall())
 
 
-def provider_names(conn: sqlite3.Connection) -> dict[str, str]:
-    return dict(conn.execute("SELECT name, uuid FROM providers").fetchall())
+def placement_view(conn: sqlite3.Connection) -> list[Provider]:
+    """The providers as Placement showed them after the last sync."""
+    return [Provider(r["uuid"], r["name"], r["parent_uuid"], json.loads(r["inventories"]),
+                     frozenset(json.loads(r["traits"])),
+                     None if r["aggregates"] is None
+                     else frozenset(json.loads(r["aggregates"])),
+                     r["generation"])
+            for r in conn.execute("SELECT * FROM placement_view ORDER BY uuid")]
 
 
-def put_provider_names(conn: sqlite3.Connection, names: dict[str, str]) -> None:
-    conn.execute("DELETE FROM providers")
-    conn.executemany("INSERT INTO providers VALUES (?, ?)", sorted(names.items()))
+def put_placement_view_sql(providers: list[Provider]) -> list[Statement]:
+    return [("DELETE FROM placement_view", [()]),
+            ("INSERT INTO placement_view VALUES (?,?,?,?,?,?,?)",
+             [(p.uuid, p.parent_uuid, p.name, p.generation,
+               json.dumps(p.inventories, sort_keys=True), json.dumps(sorted(p.traits)),
+               None if p.aggregates is None else json.dumps(sorted(p.aggregates)))
+              for p in providers])]

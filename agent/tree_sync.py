@@ -29,24 +29,6 @@ class SyncResult:
     tree: pt.ProviderTree | None = None
 
 
-def _parent_first(rows: list[dict]) -> list[dict]:
-    by_uuid = {r["uuid"]: r for r in rows}
-    out, placed = [], set()
-
-    def place(row):
-        if row["uuid"] in placed:
-            return
-        parent = row.get("parent_provider_uuid")
-        if parent in by_uuid:
-            place(by_uuid[parent])
-        placed.add(row["uuid"])
-        out.append(row)
-
-    for row in rows:
-        place(row)
-    return out
-
-
 class TreeSync:
     def __init__(self, client: PlacementClient, root_uuid: str,
                  owned: Callable[[pt.Provider], bool] = lambda p: True,
@@ -61,6 +43,11 @@ class TreeSync:
         self.attempts = attempts
         self.backoff = backoff
         self.invalidate()
+
+    def restore(self, view: pt.ProviderTree) -> None:
+        """Start from a view saved by an earlier run: its providers are
+        trusted as long as their generation has not moved."""
+        self.cache = view
 
     def invalidate(self) -> None:
         """Forget everything learnt from Placement (SIGHUP)."""
@@ -82,17 +69,17 @@ class TreeSync:
 
     def refresh(self) -> None:
         """One GET for the tree; read only providers whose generation moved."""
-        view = pt.ProviderTree()
-        for row in _parent_first(self.client.get_tree(self.root_uuid)):
+        providers = []
+        for row in self.client.get_tree(self.root_uuid):
             cached = self.cache.get(row["uuid"])
             if (cached is not None and cached.generation == row["generation"]
                     and cached.name == row["name"]
                     and cached.parent_uuid == row["parent_provider_uuid"]):
-                view.add(cached)
+                providers.append(cached)
             else:
-                view.add(self._read_provider(row["uuid"], row["name"],
-                                             row["parent_provider_uuid"]))
-        self.cache = view
+                providers.append(self._read_provider(row["uuid"], row["name"],
+                                                     row["parent_provider_uuid"]))
+        self.cache = pt.ProviderTree.parents_first(providers)
 
     # --- writing --------------------------------------------------------
 

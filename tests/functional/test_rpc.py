@@ -69,11 +69,14 @@ class AgentDaemon:
             self.proc.wait(30)
 
     def store_dump(self) -> str:
-        """Every row of the agent's store, read beside the running agent."""
+        """Every row of the agent's store, read beside the running agent,
+        but for its saved view of Placement: a cache that follows the
+        generations every allocation moves."""
         path = Path(self.host.dir) / "state" / "state.db"
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            return "\n".join(sorted(conn.iterdump()))
+            return "\n".join(sorted(line for line in conn.iterdump()
+                                     if not line.startswith('INSERT INTO "placement_view"')))
         finally:
             conn.close()
 

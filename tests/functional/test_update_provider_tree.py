@@ -7,6 +7,8 @@ from uuid import uuid4
 
 import requests
 
+from agent.cmd.common import load_config
+from agent.service import Agent
 from tests.functional.helpers import (HEADERS, allocate, make_agent, placement_tree,
                                       totals, unallocate, wait_for)
 
@@ -109,6 +111,59 @@ def test_one_inventory_change_sends_one_write(tmp_path, placement):
     assert len(placement.requests_since(mark)) == 1
 
 
+def meddle_with_traits(placement, provider: dict) -> None:
+    """Someone else replaces the provider's traits."""
+    requests.put(f"{placement.url}/traits/CUSTOM_MEDDLING", headers=HEADERS, timeout=10)
+    resp = requests.put(
+        f"{placement.url}/resource_providers/{provider['uuid']}/traits", headers=HEADERS,
+        timeout=10, json={"resource_provider_generation": provider["generation"],
+                          "traits": ["CUSTOM_MEDDLING"]})
+    assert resp.status_code == 200, resp.text
+
+
+def restarted(agent, tmp_path):
+    """The same host's agent, stopped and started again on its state."""
+    agent.stop()
+    return Agent.from_conf(load_config(["--config-file", str(tmp_path / "agent.conf")]))
+
+
+def test_a_restart_with_nothing_changed_sends_two_requests(tmp_path, placement):
+    """The new process's version discovery, then the tree: every provider
+    is trusted from the view the last run saved."""
+    agent = standard_agent(tmp_path, placement)
+    agent.update_provider_tree()
+    before = tree_of(agent, placement)
+
+    agent = restarted(agent, tmp_path)
+    mark = placement.mark()
+    agent.update_provider_tree()
+    assert placement.requests_since(mark) == [
+        "GET / 200", f"GET /resource_providers?in_tree={agent.policy.root_uuid} 200"]
+    assert tree_of(agent, placement) == before
+    agent.stop()
+
+
+def test_a_provider_changed_while_the_agent_was_down_is_read_and_put_back(
+        tmp_path, placement):
+    agent = standard_agent(tmp_path, placement)
+    agent.update_provider_tree()
+    agent.stop()
+    cell = tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]
+    meddle_with_traits(placement, cell)
+
+    agent = restarted(agent, tmp_path)
+    mark = placement.mark()
+    agent.update_provider_tree()
+    sent = placement.requests_since(mark)
+    # Discovery, the tree, that one provider's inventories and traits, its
+    # traits put back.
+    assert len(sent) == 5, sent
+    assert all(cell["uuid"] in r for r in sent[2:]), sent
+    assert tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]["traits"] == {
+        "HW_NUMA_ROOT"}
+    agent.stop()
+
+
 def test_a_provider_gone_from_the_host_is_deleted(tmp_path, placement):
     agent = standard_agent(tmp_path, placement)
     agent.update_provider_tree()
@@ -148,12 +203,7 @@ def test_a_trait_changed_behind_the_agents_back_is_put_back(tmp_path, placement)
     agent = standard_agent(tmp_path, placement)
     agent.update_provider_tree()
     cell = tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]
-    requests.put(f"{placement.url}/traits/CUSTOM_MEDDLING", headers=HEADERS, timeout=10)
-    resp = requests.put(
-        f"{placement.url}/resource_providers/{cell['uuid']}/traits", headers=HEADERS,
-        timeout=10, json={"resource_provider_generation": cell["generation"],
-                          "traits": ["CUSTOM_MEDDLING"]})
-    assert resp.status_code == 200, resp.text
+    meddle_with_traits(placement, cell)
 
     agent.update_provider_tree()
     assert tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]["traits"] == {

@@ -15,12 +15,18 @@ from pathlib import Path
 import pytest
 
 from agent import state
+from agent.provider_tree import Provider, inventory
 from agent.state import Assignment, Migration, Store, StoreError
 from drivers.base import DeviceKind
 
 REPO = Path(__file__).resolve().parents[2]
 PROVIDER = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 OTHER_PROVIDER = "7c1e2d3f-0a4b-4c5d-8e6f-9a0b1c2d3e4f"
+VIEW = [Provider(PROVIDER, "cmp1", None, {"VCPU": inventory(8), "DISK_GB": inventory(100)},
+                 frozenset({"HW_CPU_X86_AVX2"}), None, 4),
+        Provider(OTHER_PROVIDER, "cmp1_numa_0", PROVIDER,
+                 {"MEMORY_MB": inventory(4096, reserved=512)},
+                 frozenset({"HW_NUMA_ROOT", "CUSTOM_X"}), frozenset({PROVIDER}), 7)]
 
 
 def mode(path: Path) -> int:
@@ -131,19 +137,47 @@ def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
             "resize", "both", "active", {"name": "old", "vcpus": 1, "memory_mb": 256})
         assert s.read(lambda c: c.execute(
             "SELECT count(*) FROM assignments").fetchone()[0]) == 3
-        # v2's table is there and usable.
-        s.write(lambda c: state.put_provider_names(c, {"cmp1": PROVIDER}))
-        assert s.read(state.provider_names) == {"cmp1": PROVIDER}
+        # The later tables are there and usable.
+        s.write(state.put_placement_view_sql(VIEW))
+        assert s.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
     finally:
         s.close()
     # And a second open is a no-op upgrade that keeps everything.
     s = Store(path)
     try:
         assert s.read(state.schema_version) == state.SCHEMA_VERSION
-        assert s.read(state.provider_names) == {"cmp1": PROVIDER}
+        assert s.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
         assert len(s.read(state.live_assignments)) == 2
     finally:
         s.close()
+
+
+def test_version_2_provider_names_become_the_placement_view(tmp_path):
+    """v2 kept only names; v3 keeps them as providers of unknown generation
+    (so that the first refresh reads each of them again)."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    state.migrate(conn, target=2)
+    conn.execute("INSERT INTO providers VALUES ('cmp1', ?), ('cmp1_numa_0', ?)",
+                 (PROVIDER, OTHER_PROVIDER))
+    conn.close()
+    s = Store(path)
+    try:
+        assert s.read(state.placement_view) == sorted(
+            [Provider(PROVIDER, "cmp1"), Provider(OTHER_PROVIDER, "cmp1_numa_0")],
+            key=lambda p: p.uuid)
+        assert not s.read(lambda c: c.execute(
+            "SELECT 1 FROM sqlite_master WHERE name='providers'").fetchone())
+    finally:
+        s.close()
+
+
+def test_the_placement_view_is_kept_whole(store):
+    store.write(state.put_placement_view_sql(VIEW))
+    assert store.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
+    smaller = VIEW[:1]
+    store.write(state.put_placement_view_sql(smaller))
+    assert store.read(state.placement_view) == smaller
 
 
 @pytest.mark.parametrize("start", range(0, state.SCHEMA_VERSION))

@@ -2,7 +2,9 @@
 
 For each size: requests to register the host the first time, requests per
 cycle when nothing changed, the wall time of such a cycle (median), the
-requests after a restart (empty cache) and for one inventory change.
+requests for one inventory change, and the requests of the first cycle
+after a restart: with the view of Placement the agent saved in its store,
+and with none (a new state directory).
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from agent.host_tree import TreePolicy
 from agent.device_spec import parse_specs
 from agent.placement import PlacementClient
 from agent.placement_auth import NoAuth2
-from agent.service import Agent
+from agent.manager import ComputeManager
+from agent.service import STORE_FILE, Agent
+from agent.state import Store
+from agent.tracker import Tracker
 from agent.testing.local_placement import LocalPlacement
 from agent.tree_sync import TreeSync
 from drivers.fake import FakeDriver
@@ -38,19 +43,31 @@ def fake_host(providers: int) -> dict:
     }
 
 
-def make_agent(url: str, host: dict, root_uuid: str, name: str) -> Agent:
+def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path) -> Agent:
     ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
                          service_type="placement")
     policy = TreePolicy(host=name, root_uuid=root_uuid,
                         device_specs=parse_specs(['{"vendor_id": "8086"}']))
     owned = lambda p: p.name == name or p.name.startswith(name + "_")  # noqa: E731
-    return Agent(FakeDriver(host), policy, TreeSync(PlacementClient(ks), root_uuid, owned))
+    driver = FakeDriver(host)
+    manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE), driver.boot_id()),
+                             driver)
+    return Agent(driver, policy, TreeSync(PlacementClient(ks), root_uuid, owned),
+                 manager=manager)
 
 
-def measure(placement: LocalPlacement, providers: int) -> dict:
+def first_cycle_requests(placement: LocalPlacement, agent: Agent) -> int:
+    mark = placement.mark()
+    agent.update_provider_tree()
+    agent.manager.tracker.store.close()
+    return len(placement.requests_since(mark))
+
+
+def measure(placement: LocalPlacement, providers: int, workdir: Path) -> dict:
     host, root_uuid = fake_host(providers), str(uuid.uuid4())
     name = f"bench{providers}-{root_uuid[:6]}"
-    agent = make_agent(placement.url, host, root_uuid, name)
+    state_dir = workdir / name
+    agent = make_agent(placement.url, host, root_uuid, name, state_dir)
 
     mark = placement.mark()
     started = time.perf_counter()
@@ -72,10 +89,11 @@ def measure(placement: LocalPlacement, providers: int) -> dict:
     agent.update_provider_tree()
     one_change = len(placement.requests_since(mark))
 
-    restarted = make_agent(placement.url, host, root_uuid, name)
-    mark = placement.mark()
-    restarted.update_provider_tree()
-    restart = len(placement.requests_since(mark))
+    agent.manager.tracker.store.close()
+    restart = first_cycle_requests(
+        placement, make_agent(placement.url, host, root_uuid, name, state_dir))
+    restart_unsaved = first_cycle_requests(
+        placement, make_agent(placement.url, host, root_uuid, name, workdir / f"{name}-new"))
 
     return {
         "case": "placement_loop",
@@ -88,12 +106,13 @@ def measure(placement: LocalPlacement, providers: int) -> dict:
         "steady_cycle_ms_median": round(statistics.median(wall) * 1000, 1),
         "one_change_requests": one_change,
         "restart_requests": restart,
+        "restart_requests_without_saved_view": restart_unsaved,
     }
 
 
 def run(workdir: Path) -> list[dict]:
     placement = LocalPlacement(workdir / "placement").start()
     try:
-        return [measure(placement, n) for n in SIZES]
+        return [measure(placement, n, workdir) for n in SIZES]
     finally:
         placement.stop()
