@@ -34,6 +34,22 @@ def sample_tree() -> ProviderTree:
     )
 
 
+# --- building a tree from providers in any order ------------------------------
+
+@given(st.permutations(range(3)))
+def test_parents_first_takes_providers_in_any_order(order):
+    providers = sample_tree().depth_first()
+    rebuilt = ProviderTree.parents_first([providers[i] for i in order])
+    assert rebuilt.depth_first() == providers
+
+
+def test_parents_first_refuses_a_missing_parent_and_a_loop():
+    with pytest.raises(ValueError, match="not in the tree"):
+        ProviderTree.parents_first([Provider(u(1), "orphan", u(9))])
+    with pytest.raises(ValueError):
+        ProviderTree.parents_first([Provider(u(1), "a", u(2)), Provider(u(2), "b", u(1))])
+
+
 # --- inventory records -------------------------------------------------------
 
 def test_inventory_fills_placement_defaults():
