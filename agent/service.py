@@ -113,7 +113,6 @@ class Agent:
         saved = saved_view(manager.tracker.store) if manager else ProviderTree()
         sync.restore(saved.copy())
         self._saved_view = saved.depth_first()
-        self._names = {p.name: p.uuid for p in self._saved_view}
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._drop_cache = threading.Event()
@@ -154,7 +153,8 @@ class Agent:
             # Claims work from the host's devices even when Placement does
             # not answer, with the provider UUIDs it last showed us.
             if self.manager is not None:
-                self.manager.tracker.set_pools(pools_by_uuid(built, self._names))
+                self.manager.tracker.set_pools(pools_by_uuid(
+                    built, {p.name: p.uuid for p in self._saved_view}))
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
@@ -163,7 +163,6 @@ class Agent:
         if view != self._saved_view and self.manager is not None:
             self.manager.tracker.store.write(state.put_placement_view_sql(view))
         self._saved_view = view
-        self._names = {p.name: p.uuid for p in view}
 
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
         """Compare store, guests and Placement; Placement's part is left out
