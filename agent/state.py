@@ -1,9 +1,9 @@
 """The durable local store: instances, device assignments and migrations.
 
 SQLite in WAL mode with ``synchronous=FULL``: a write returns only once it
-is on disk. Writes are group-committed: every write job queued while a
-commit is in flight goes into the next transaction, each in a savepoint of
-its own, so 32 claimers share one fsync instead of queueing for 32.
+is on disk. Writes go through one writer thread that group-commits them
+(agent/group_commit.py), so 32 claimers share one fsync instead of queueing
+for 32.
 
 The database itself refuses a device held by two live assignments (a
 partial unique index), whatever the code above it does.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
 import sqlite3
 import threading
@@ -22,6 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
+# Decision, StoreError and run_statements belong to the store's API too.
+from agent.group_commit import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
+                                StoreError, run_statements)
 from agent.provider_tree import Provider
 from drivers.base import DeviceKind
 
@@ -154,57 +156,6 @@ class Migration:
         return self.state in ("active", "finished")
 
 
-class StoreError(Exception):
-    """The store could not be opened or written."""
-
-
-# A write as data: an SQL statement and the parameter rows it runs for.
-Statement = tuple[str, list[tuple]]
-
-
-def run_statements(conn: sqlite3.Connection, statements: list[Statement]) -> None:
-    for sql, rows in statements:
-        if rows:
-            conn.executemany(sql, rows)
-
-
-class _Job:
-    __slots__ = ("work", "_pending", "result", "error")
-
-    def __init__(self, work):
-        self.work = work
-        # Held until the job is committed or failed. A bare lock rather
-        # than an Event: waking 32 waiters through Condition objects costs
-        # more CPU than the commit they wait for.
-        self._pending = threading.Lock()
-        self._pending.acquire()
-        self.result = None
-        self.error: BaseException | None = None
-
-    def finish(self) -> None:
-        self._pending.release()
-
-    def wait(self):
-        """Block until the job is on disk; its result, or its error raised."""
-        self._pending.acquire()
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-    @property
-    def shape(self) -> tuple[str, ...] | None:
-        """The job's statements, when it is data rather than code."""
-        if callable(self.work):
-            return None
-        return tuple(sql for sql, _ in self.work)
-
-    def run(self, conn: sqlite3.Connection) -> None:
-        if callable(self.work):
-            self.result = self.work(conn)
-        else:
-            run_statements(conn, self.work)
-
-
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                            timeout=30)
@@ -267,113 +218,26 @@ class Store:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        # Orders writes against close(): a job queued before the closing
-        # sentinel is committed, none is queued after it.
-        self._queue_lock = threading.Lock()
-        self._closed = False
-        self._committer = threading.Thread(target=self._commit_loop,
-                                           name="store-committer", daemon=True)
-        self._committer.start()
+        self._commits = GroupCommitter(self._writer, str(self.path))
 
     # --- writing --------------------------------------------------------
 
-    def submit(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> _Job:
+    def submit(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> Job:
         """Queue ``work`` (a function of the connection, or statements) to
-        run in a transaction. Jobs commit in the order they are submitted;
-        ``wait()`` on the job returns once it is on disk. A job that fails
-        is rolled back alone, and its ``wait()`` raises the error."""
-        job = _Job(work)
-        with self._queue_lock:
-            if self._closed:
-                raise StoreError(f"{self.path}: the store is closed")
-            self._queue.put(job)
-        return job
+        run in a transaction. ``wait()`` on the job returns once it is on
+        disk. A job that fails is rolled back alone, and its ``wait()``
+        raises the error."""
+        return self._commits.submit(Job(work))
+
+    def submit_decision(self, key: str, decide: Callable[[], Decision]) -> Job:
+        """Queue ``decide`` to run in the writer thread, at most one per
+        ``key`` per transaction; ``wait()`` returns its result once its
+        write is on disk (group_commit explains why it runs there)."""
+        return self._commits.submit(Job(decide=decide, key=key))
 
     def write(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> T:
         """Submit ``work`` and wait until it is on disk."""
         return self.submit(work).wait()
-
-    def _commit_loop(self) -> None:
-        conn = self._writer
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            batch = [job]
-            while True:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
-            self._commit(conn, batch)
-
-    @classmethod
-    def _commit(cls, conn: sqlite3.Connection, batch: list[_Job]) -> None:
-        try:
-            if not cls._commit_merged(conn, batch):
-                cls._commit_one_by_one(conn, batch)
-        except BaseException as e:  # noqa: BLE001 - the committer outlives any batch
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            for job in batch:
-                job.error = job.error or StoreError(f"commit failed: {e!r}")
-        finally:
-            for job in batch:
-                job.finish()
-
-    @staticmethod
-    def _commit_merged(conn: sqlite3.Connection, batch: list[_Job]) -> bool:
-        """The fast path, for a batch of statement jobs: consecutive jobs
-        of one shape run as one executemany per statement. Their order
-        within a job is kept; jobs of one batch never touch the same rows
-        (the tracker serializes each instance). False when it does not
-        apply or fails, with nothing written."""
-        if len(batch) < 2 or any(job.shape is None for job in batch):
-            return False
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            start = 0
-            while start < len(batch):
-                shape = batch[start].shape
-                end = start
-                while end < len(batch) and batch[end].shape == shape:
-                    end += 1
-                for i, sql in enumerate(shape):
-                    rows = [r for job in batch[start:end] for r in job.work[i][1]]
-                    if rows:
-                        conn.executemany(sql, rows)
-                start = end
-            conn.execute("COMMIT")
-            return True
-        except Exception:  # noqa: BLE001 - the jobs are retried one by one
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return False
-
-    @staticmethod
-    def _commit_one_by_one(conn: sqlite3.Connection, batch: list[_Job]) -> None:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            for job in batch:
-                conn.execute("SAVEPOINT job")
-                try:
-                    job.run(conn)
-                    conn.execute("RELEASE job")
-                except BaseException as e:
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-                    job.error = e
-            conn.execute("COMMIT")
-        except sqlite3.Error as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            for job in batch:
-                job.error = job.error or StoreError(f"commit failed: {e}")
 
     # --- reading --------------------------------------------------------
 
@@ -398,12 +262,7 @@ class Store:
 
     def close(self) -> None:
         """Finish what was queued, then refuse further writes."""
-        with self._queue_lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._queue.put(None)
-        self._committer.join()
+        self._commits.close()
         self._writer.close()
         with self._readers_lock:
             for conn in self._readers:
@@ -411,6 +270,7 @@ class Store:
 
 
 # --- statements, run inside write() or read() -------------------------------
+
 
 def put_instance_sql(uuid: str, spec: dict) -> Statement:
     return ("INSERT OR REPLACE INTO instances VALUES (?, ?, ?)",

@@ -1,13 +1,15 @@
 """Claims: which concrete device each instance holds, recorded durably.
 
-One lock covers choosing devices, updating the in-memory view and queueing
-the write (so writes commit in the order they were decided); the durable
-commit happens outside the lock, through the store's group commit, and the
-call returns only once it is on disk. Devices chosen
-under the lock are marked taken before the lock is released, so no
-interleaving of concurrent claims hands one device out twice. Operations
-on one instance are serialized (a retry waits for the first to land); the
-lock never covers Placement or hypervisor I/O.
+Every operation is a decision that the store runs in its writer thread,
+just before the transaction that records it (agent/group_commit.py):
+decisions are made one at a time, in the order they were asked for, and
+their writes reach the disk in that order. Each call returns only once its
+write is on disk. The tracker's lock covers each decision and the
+in-memory view, which readers share; it never covers Placement or
+hypervisor I/O. Devices chosen by one decision are marked taken before
+the next is made, so no interleaving of concurrent claims hands one device
+out twice. Operations on one instance are serialized (a retry waits for
+the first to land).
 
 Moves follow nova's allocation-swap convention: during a move the
 migration owns the source's devices and the instance owns the
@@ -18,14 +20,13 @@ from __future__ import annotations
 import threading
 import uuid as uuid_lib
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Callable
 
 from agent import state
 from agent.claims import (HeldDevices, InstanceSpec, Pool, choose,
                           parse_allocations)
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
-from agent.state import Assignment, Migration, Store
+from agent.state import Assignment, Decision, Migration, Store
 
 MOVE_KINDS = ("resize", "live_migration", "evacuation")
 
@@ -39,16 +40,6 @@ def check_uuid(value, field_name: str) -> str:
     raise InvalidRequest(field_name, value, "must be a UUID")
 
 
-@dataclass
-class _Decision:
-    """What one operation does: its answer, its durable write (None when
-    there is nothing to write) and how to undo its in-memory effect."""
-
-    result: object
-    write: Callable | None = None
-    undo: Callable[[], None] = lambda: None
-
-
 class Tracker:
     def __init__(self, store: Store, boot_id: str):
         self.store = store
@@ -60,7 +51,6 @@ class Tracker:
         self._by_instance: dict[str, set[str]] = defaultdict(set)
         self._instances: dict[str, dict] = {}
         self._migrations: dict[str, Migration] = {}
-        self._busy: dict[str, threading.Lock] = {}
         self._load()
 
     def _load(self) -> None:
@@ -103,7 +93,7 @@ class Tracker:
     def _change(self, rows: list[Assignment], instances: dict | None = None,
                 migration: Migration | None = None, forget_instance: str | None = None,
                 new_rows: list[Assignment] = (), forget_moves: bool = False
-                ) -> _Decision:
+                ) -> Decision:
         """Apply changes to the in-memory view now; return the decision
         that writes them and can undo them."""
         before_rows = [self._live[a.id] for a in rows if a.id in self._live]
@@ -123,7 +113,6 @@ class Tracker:
         for uuid in forgotten:
             del self._migrations[uuid]
 
-        # Built now, in the caller's thread: the committer only runs it.
         write: list[state.Statement] = []
         for uuid, spec in (instances or {}).items():
             write.append(state.put_instance_sql(uuid, spec))
@@ -137,58 +126,32 @@ class Tracker:
             write.extend(state.delete_instance_sql(forget_instance, forget_moves))
 
         def undo():
-            # Only what this operation touched: others may have changed
-            # the rest meanwhile.
-            for a in new_rows:
-                self._index([a.with_(state="released")])
-            self._index(before_rows)
-            for saved, live in ((before_instances, self._instances),
-                                (before_moves, self._migrations)):
-                for key, value in saved.items():
-                    if value is None:
-                        live.pop(key, None)
-                    else:
-                        live[key] = value
+            # Run by the store's writer when the write fails. Only what this
+            # operation touched: others may have changed the rest meanwhile.
+            with self._lock:
+                for a in new_rows:
+                    self._index([a.with_(state="released")])
+                self._index(before_rows)
+                for saved, live in ((before_instances, self._instances),
+                                    (before_moves, self._migrations)):
+                    for key, value in saved.items():
+                        if value is None:
+                            live.pop(key, None)
+                        else:
+                            live[key] = value
 
-        return _Decision(None, write, undo)
+        return Decision(None, write, undo)
 
     # --- the protocol every operation follows ---------------------------
 
-    def _run(self, instance_uuid: str, decide: Callable[[], _Decision]):
-        while True:
+    def _run(self, instance_uuid: str, decide: Callable[[], Decision]):
+        """Have the store make the decision, under the lock, and return its
+        result once its write is on disk."""
+        def locked() -> Decision:
             with self._lock:
-                busy = self._busy.get(instance_uuid)
-                if busy is None:
-                    decision = decide()
-                    if decision.write is None:
-                        return decision.result
-                    # Submitted under the lock, so that writes reach the
-                    # disk in the order they were decided: a device given
-                    # back is released there before another instance's
-                    # claim of it is inserted.
-                    try:
-                        job = self.store.submit(decision.write)
-                    except BaseException:
-                        decision.undo()
-                        raise
-                    # Held while this operation's write is in flight.
-                    done = self._busy[instance_uuid] = threading.Lock()
-                    done.acquire()
-                    break
-            with busy:  # wait for the other operation on this instance
-                pass
-        try:
-            job.wait()
-        except BaseException:
-            with self._lock:
-                decision.undo()
-            raise
-        finally:
-            # Only this call removes its marker, and a dict delete is
-            # atomic: no need to queue for the lock again.
-            del self._busy[instance_uuid]
-            done.release()
-        return decision.result
+                return decide()
+
+        return self.store.submit_decision(instance_uuid, locked).wait()
 
     def set_pools(self, pools: dict[str, dict[str, Pool]]) -> None:
         """The devices behind each provider uuid, from the latest cycle."""
@@ -218,10 +181,10 @@ class Tracker:
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
         spec = InstanceSpec.from_payload(spec)
 
-        def decide() -> _Decision:
+        def decide() -> Decision:
             existing = self._rows_of(instance_uuid)
             if instance_uuid in self._instances and existing:
-                return _Decision(existing)
+                return Decision(existing)
             rows = self._choose_rows(instance_uuid, allocations, instance_uuid, None)
             d = self._change([], {instance_uuid: spec.to_payload()}, new_rows=rows)
             d.result = rows
@@ -232,11 +195,11 @@ class Tracker:
     def complete(self, instance_uuid: str, migration_uuid: str | None = None
                  ) -> list[Assignment]:
         """The guest has its devices: claiming -> claimed."""
-        def decide() -> _Decision:
+        def decide() -> Decision:
             rows = self._rows_of(instance_uuid, "instance", migration_uuid)
             todo = [a.with_(state="claimed") for a in rows if a.state == "claiming"]
             if not todo:
-                return _Decision(rows)
+                return Decision(rows)
             d = self._change(todo)
             d.result = self._rows_of(instance_uuid, "instance", migration_uuid)
             return d
@@ -248,10 +211,10 @@ class Tracker:
         forget it. Releasing what is already gone is not an error."""
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
 
-        def decide() -> _Decision:
+        def decide() -> Decision:
             rows = self._rows_of(instance_uuid)
             if not rows and instance_uuid not in self._instances:
-                return _Decision([])
+                return Decision([])
             released = [a.with_(state="released") for a in rows]
             d = self._change(released, forget_instance=instance_uuid, forget_moves=True)
             d.result = released
@@ -262,10 +225,10 @@ class Tracker:
     def rebind_boot(self, instance_uuid: str) -> None:
         """After a host reboot, once the instance's mdevs exist again: its
         assignments belong to this boot."""
-        def decide() -> _Decision:
+        def decide() -> Decision:
             stale = [a.with_(boot_id=self.boot_id) for a in self._rows_of(instance_uuid)
                      if a.boot_id != self.boot_id]
-            return self._change(stale) if stale else _Decision(None)
+            return self._change(stale) if stale else Decision(None)
 
         self._run(instance_uuid, decide)
 
@@ -290,7 +253,7 @@ class Tracker:
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
         spec = InstanceSpec.from_payload(spec)
 
-        def decide() -> _Decision:
+        def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None and m.role in ("destination", "both"):
                 # A retry. After a confirm the devices kept are the
@@ -299,8 +262,8 @@ class Tracker:
                     raise InvalidRequest("migration_uuid", migration_uuid,
                                          "this move was reverted")
                 if m.state == "confirmed":
-                    return _Decision(self._rows_of(instance_uuid, "instance"))
-                return _Decision(self._rows_of(instance_uuid, "instance", migration_uuid))
+                    return Decision(self._rows_of(instance_uuid, "instance"))
+                return Decision(self._rows_of(instance_uuid, "instance", migration_uuid))
             other = self._open_move(instance_uuid)
             if other is not None and other.uuid != migration_uuid:
                 raise MoveInProgress(instance_uuid, other.uuid)
@@ -330,10 +293,10 @@ class Tracker:
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
 
-        def decide() -> _Decision:
+        def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None:
-                return _Decision(self._rows_of(instance_uuid, "migration", migration_uuid))
+                return Decision(self._rows_of(instance_uuid, "migration", migration_uuid))
             if instance_uuid not in self._instances:
                 raise NoSuchInstance(instance_uuid)
             other = self._open_move(instance_uuid)
@@ -350,17 +313,17 @@ class Tracker:
 
         return self._run(instance_uuid, decide)
 
-    def _move_step(self, migration_uuid, step: Callable[[Migration], _Decision]):
+    def _move_step(self, migration_uuid, step: Callable[[Migration], Decision]):
         with self._lock:
             m = self._migration(migration_uuid)
         return self._run(m.instance_uuid, lambda: step(self._migration(m.uuid)))
 
     def finish_move(self, migration_uuid) -> list[Assignment]:
         """The destination's guest runs with its new devices."""
-        def step(m: Migration) -> _Decision:
+        def step(m: Migration) -> Decision:
             rows = self._rows_of(m.instance_uuid, "instance", m.uuid)
             if m.state != "active" or m.role == "source":
-                return _Decision(rows)
+                return Decision(rows)
             done = [a.with_(state="claimed") for a in rows]
             d = self._change(done, migration=_with_state(m, "finished"))
             d.result = done
@@ -370,9 +333,9 @@ class Tracker:
 
     def confirm_move(self, migration_uuid) -> list[Assignment]:
         """Give back the source's devices (those the migration owns)."""
-        def step(m: Migration) -> _Decision:
+        def step(m: Migration) -> Decision:
             if m.state in ("confirmed", "reverted"):
-                return _Decision([])
+                return Decision([])
             released = [a.with_(state="released")
                         for a in self._rows_of(m.instance_uuid, "migration", m.uuid)]
             # The devices the instance keeps no longer belong to a move.
@@ -389,9 +352,9 @@ class Tracker:
     def revert_move(self, migration_uuid) -> list[Assignment]:
         """Give back the new devices and return the old ones to the
         instance, on whichever side of the move this host is."""
-        def step(m: Migration) -> _Decision:
+        def step(m: Migration) -> Decision:
             if m.state in ("confirmed", "reverted"):
-                return _Decision(self._rows_of(m.instance_uuid, "instance"))
+                return Decision(self._rows_of(m.instance_uuid, "instance"))
             released = [a.with_(state="released")
                         for a in self._rows_of(m.instance_uuid, "instance", m.uuid)]
             returned = [a.with_(owner="instance", consumer_uuid=m.instance_uuid,

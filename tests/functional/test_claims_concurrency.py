@@ -154,23 +154,22 @@ def test_concurrent_claims_in_one_batch_for_one_instance_do_not_double(world):
 
 
 def test_a_device_given_back_and_claimed_at_once_is_written_in_that_order(tmp_path):
-    """The release of the only VF is slow to reach the store; a claim of
-    that VF for another instance, decided just after, must not reach the
-    disk first (the store would refuse its insert: the VF still held)."""
+    """The release of the only VF and another instance's claim of it are
+    decided in one batch, release first: the claim gets the VF, and both
+    writes land (the store would refuse the claim's insert if it reached
+    the disk before the release)."""
     w = make_world(tmp_path, "order", host_dict(vfs=1, vgpus=4, existing_mdev=False))
     try:
         first, second = new_uuid(), new_uuid()
-        w.tracker.claim_build(first, spec(), w.allocations({"pf": {"SRIOV_NET_VF": 1}}))
-        store, real_submit = w.tracker.store, w.tracker.store.submit
-        releasing = threading.Event()
-
-        def slow_submit(work):
-            if not releasing.is_set():  # the release: slow to be queued
-                releasing.set()
-                time.sleep(0.3)
-            return real_submit(work)
-
-        store.submit = slow_submit
+        one_vf = w.allocations({"pf": {"SRIOV_NET_VF": 1}})
+        w.tracker.claim_build(first, spec(), one_vf)
+        commits = w.tracker.store._commits
+        inside, gate = threading.Event(), threading.Event()
+        blocker = threading.Thread(target=w.tracker.store.write,
+                                   args=(lambda c: (inside.set(), gate.wait(10)),))
+        blocker.start()
+        assert inside.wait(5)
+        batches = commits.batches
         errors = []
 
         def run(call, *args):
@@ -179,16 +178,20 @@ def test_a_device_given_back_and_claimed_at_once_is_written_in_that_order(tmp_pa
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
-        releaser = threading.Thread(target=run, args=(w.tracker.release_instance, first))
-        releaser.start()
-        assert releasing.wait(5)
-        claimer = threading.Thread(target=run, args=(
-            w.tracker.claim_build, second, spec(),
-            w.allocations({"pf": {"SRIOV_NET_VF": 1}})))
-        claimer.start()
-        releaser.join(10)
-        claimer.join(10)
+        callers = [threading.Thread(target=run, args=(w.tracker.release_instance, first)),
+                   threading.Thread(target=run, args=(w.tracker.claim_build, second,
+                                                      spec(), one_vf))]
+        for n, caller in enumerate(callers, 1):
+            caller.start()
+            deadline = time.monotonic() + 5
+            while commits.queued() < n and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert commits.queued() == n
+        gate.set()
+        for t in callers + [blocker]:
+            t.join(10)
         assert not errors, errors
+        assert commits.batches - batches == 2  # the blocker's, then both in one
         rows = w.live()
         assert [(a.instance_uuid, a.kind) for a in rows] == [(second, DeviceKind.VF)]
     finally:

@@ -235,24 +235,29 @@ def test_write_returns_the_jobs_result(store):
     assert store.write(lambda c: None) is None
 
 
+def hold_the_writer(store) -> tuple[threading.Thread, threading.Event]:
+    """A job that keeps the writer thread busy until the returned event is
+    set, so that what is submitted meanwhile queues up for one batch."""
+    inside, gate = threading.Event(), threading.Event()
+    blocker = threading.Thread(target=store.write,
+                               args=(lambda c: (inside.set(), gate.wait(10)),))
+    blocker.start()
+    assert inside.wait(5)
+    return blocker, gate
+
+
+def wait_until_queued(store, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while store._commits.queued() < n and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert store._commits.queued() == n
+
+
 def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
     """Hold the committer in one job while 40 writers queue up, one of which
     writes a row and then raises: they all commit in one batch, except it."""
-    batches: list[int] = []
-    real_commit = store._commit
-
-    def recording_commit(conn, batch):
-        batches.append(len(batch))
-        return real_commit(conn, batch)
-
-    store._commit = recording_commit
-    gate = threading.Event()
-    blocker = threading.Thread(target=store.write, args=(lambda c: gate.wait(10),))
-    blocker.start()
-    deadline = time.monotonic() + 5
-    while not batches and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert batches == [1]  # the blocker is inside the committer
+    batches_before = store._commits.batches
+    blocker, gate = hold_the_writer(store)
 
     n, bad_index = 40, 17
     uuids = [str(uuid.uuid4()) for _ in range(n)]
@@ -279,15 +284,14 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    while store._queue.qsize() < n and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert store._queue.qsize() == n
+    wait_until_queued(store, n)
     gate.set()
     for t in threads + [blocker]:
         t.join(10)
         assert not t.is_alive()
 
-    assert batches == [1, n]  # one batch, one commit for all forty
+    # The blocker's batch, then one batch (one commit) for all forty.
+    assert store._commits.batches - batches_before == 2
     assert set(errors) == {bad_index}
     assert isinstance(errors[bad_index], Boom)
     assert results == {i: i * 10 for i in range(n) if i != bad_index}
@@ -305,10 +309,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
     """A job hitting the one-live-holder index in a batch with others."""
     first = assignment(device="0000:81:10.5")
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
-    gate = threading.Event()
-    blocker = threading.Thread(target=store.write, args=(lambda c: gate.wait(10),))
-    blocker.start()
-    time.sleep(0.05)
+    blocker, gate = hold_the_writer(store)
     clash = assignment(device="0000:81:10.5")
     fine = [assignment(device=f"0000:81:11.{i}") for i in range(5)]
     outcome = {}
@@ -325,9 +326,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
                 for i, a in enumerate(fine[1:])]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while store._queue.qsize() < len(threads) and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_until_queued(store, len(threads))
     gate.set()
     for t in threads + [blocker]:
         t.join(10)
@@ -340,10 +339,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
 def test_a_malformed_write_fails_alone_and_the_store_goes_on(store):
     """Statement jobs batched together, one of them not statements at all:
     it fails with its own error, the others land, the committer lives."""
-    gate = threading.Event()
-    blocker = threading.Thread(target=store.write, args=(lambda c: gate.wait(10),))
-    blocker.start()
-    time.sleep(0.05)
+    blocker, gate = hold_the_writer(store)
     good = [str(uuid.uuid4()) for _ in range(3)]
     jobs = [store.submit([state.put_instance_sql(u, {"name": "ok"})]) for u in good[:2]]
     bad = store.submit([("INSERT INTO instances VALUES (?, ?, ?)", 5)])
@@ -484,7 +480,7 @@ def test_close_is_clean(tmp_path):
     t.join()
     assert len(s._readers) == 2
     s.close()
-    assert not s._committer.is_alive()
+    assert not s._commits._thread.is_alive()
     for conn in [s._writer, *s._readers]:
         with pytest.raises(sqlite3.ProgrammingError):
             conn.execute("SELECT 1")
@@ -503,18 +499,14 @@ def test_close_is_clean(tmp_path):
 
 def test_close_lets_queued_writes_finish(tmp_path):
     s = Store(tmp_path / "state.db")
-    gate = threading.Event()
-    blocker = threading.Thread(target=s.write, args=(lambda c: gate.wait(10),))
-    blocker.start()
-    time.sleep(0.05)
+    blocker, gate = hold_the_writer(s)
     done = []
     writers = [threading.Thread(target=lambda i=i: done.append(s.write(
         lambda c: (state.run_statements(c, [state.put_instance_sql(str(uuid.UUID(int=i + 1)), {})]), i)[1])))
         for i in range(8)]
     for w in writers:
         w.start()
-    while s._queue.qsize() < 8:
-        time.sleep(0.001)
+    wait_until_queued(s, 8)
     closer = threading.Thread(target=s.close)
     closer.start()
     gate.set()
