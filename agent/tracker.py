@@ -100,7 +100,7 @@ class Tracker:
         touched = set(instances or ()) | ({forget_instance} - {None})
         before_instances = {k: self._instances.get(k) for k in touched}
         forgotten = [u for u, m in self._migrations.items()
-                     if forget_moves and m.instance_uuid == forget_instance]
+                     if m.instance_uuid == forget_instance] if forget_moves else []
         moves_touched = set(forgotten) | ({migration.uuid} if migration else set())
         before_moves = {k: self._migrations.get(k) for k in moves_touched}
         self._index(list(new_rows) + list(rows))
