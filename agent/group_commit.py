@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import re
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -58,23 +59,29 @@ def run_statements(conn: sqlite3.Connection, statements: list[Statement]) -> Non
             conn.executemany(sql, rows)
 
 
+_ONE_ROW_INSERT = re.compile(r"(INSERT (?:OR \w+ )?INTO \w+ VALUES )(\([?, ]+\))")
+
+
 @functools.lru_cache(maxsize=256)
-def _insert_rows_sql(sql: str, rows: int) -> str:
-    """A one-row ``INSERT … VALUES (?, …)`` made into one for ``rows`` rows.
-    Python's sqlite3 gives up the GIL around every row's step; one
-    statement gives it up once for all of them."""
-    head, values = sql.split(" VALUES ")
-    return f"{head} VALUES {','.join([values] * rows)}"
+def _insert_rows_sql(sql: str, rows: int) -> str | None:
+    """A one-row ``INSERT … VALUES (?, …)`` made into one for ``rows`` rows
+    (None for any other statement). Python's sqlite3 gives up the GIL
+    around every row's step; one statement gives it up once for them all."""
+    match = _ONE_ROW_INSERT.fullmatch(sql)
+    if match is None:
+        return None
+    return match[1] + ",".join([match[2]] * rows)
 
 
 def _run_rows(conn: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
-    if not sql.startswith("INSERT") or len(rows) == 1:
-        conn.executemany(sql, rows)
-        return
+    """``sql`` for each of ``rows``, in order."""
     for start in range(0, len(rows), INSERT_CHUNK):
         chunk = rows[start:start + INSERT_CHUNK]
-        conn.execute(_insert_rows_sql(sql, len(chunk)),
-                     [value for row in chunk for value in row])
+        many = _insert_rows_sql(sql, len(chunk)) if len(chunk) > 1 else None
+        if many is None:
+            conn.executemany(sql, chunk)
+        else:
+            conn.execute(many, [value for row in chunk for value in row])
 
 
 @dataclass

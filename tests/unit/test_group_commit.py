@@ -148,19 +148,23 @@ def test_close_decides_and_commits_what_was_held(conn):
 
 def test_inserts_merged_across_jobs_and_chunks(conn, commits):
     """More rows than one multi-row INSERT takes, from many jobs in one batch,
-    with an update between: every row lands, in order."""
+    then an update and two INSERT … SELECTs (which are not one-row
+    INSERTs): every row lands, in order."""
     gate = hold(commits)
     n = INSERT_CHUNK * 2 + 7
     jobs = [commits.submit(Job([(INSERT, [(f"k{i}", i)])])) for i in range(n)]
-    bump = commits.submit(Job([("UPDATE t SET v = v + 1000 WHERE k = ?", [("k0",)])]))
+    jobs.append(commits.submit(Job([("UPDATE t SET v = v + 1000 WHERE k = ?", [("k0",)])])))
+    copy = "INSERT INTO t SELECT k || '_copy', v FROM t WHERE k = ?"
+    jobs += [commits.submit(Job([(copy, [("k0",)])])), commits.submit(Job([(copy, [("k1",)])]))]
     jobs.append(commits.submit(Job([(INSERT, [("last", -1)])])))
-    wait_queued(commits, n + 2)
+    wait_queued(commits, n + 4)
     batches = commits.batches
     gate.set()
-    for job in jobs + [bump]:
+    for job in jobs:
         job.wait()
     assert commits.batches - batches == 2  # the holder's, then all of them
-    assert rows(conn) == {**{f"k{i}": i for i in range(n)}, "k0": 1000, "last": -1}
+    assert rows(conn) == {**{f"k{i}": i for i in range(n)}, "k0": 1000, "last": -1,
+                          "k0_copy": 1000, "k1_copy": 1}
 
 
 def test_an_undo_that_raises_is_logged_and_every_waiter_still_wakes(conn, commits, caplog):
