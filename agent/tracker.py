@@ -23,7 +23,7 @@ from collections import defaultdict
 from typing import Callable
 
 from agent import state
-from agent.claims import (HeldDevices, InstanceSpec, Pool, choose,
+from agent.claims import (Choice, HeldDevices, InstanceSpec, Pool, choose,
                           parse_allocations)
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
 from agent.state import Assignment, Decision, Migration, Store
@@ -163,12 +163,7 @@ class Tracker:
         wanted = parse_allocations(allocations, self._pools)
         rows = [Assignment(state.new_assignment_id(), consumer, instance_uuid, "instance",
                            migration_uuid, c.resource_class, c.provider_uuid, c.kind,
-                           c.device_id, c.amount, "claiming", self.boot_id,
-                           {k: v for k, v in (("numa_node", c.numa_node),
-                                              ("size_bytes", c.size_bytes),
-                                              ("dev_path", c.dev_path),
-                                              ("mdev_parent", c.mdev_parent),
-                                              ("mdev_type", c.mdev_type)) if v})
+                           c.device_id, c.amount, "claiming", self.boot_id, _detail(c))
                 for c in choose(wanted, self._pools, self._held)]
         # The order every later answer uses, so a retry gets the same one.
         return sorted(rows, key=lambda a: a.id)
@@ -388,6 +383,15 @@ class Tracker:
         with self._lock:
             return (dict(self._instances), sorted(self._live.values(), key=lambda a: a.id),
                     dict(self._migrations))
+
+
+def _detail(c: Choice) -> dict:
+    """What a guest definition needs of a chosen device besides its id
+    (NUMA node 0 included)."""
+    detail = {"numa_node": c.numa_node, "size_bytes": c.size_bytes or None,
+              "dev_path": c.dev_path, "mdev_parent": c.mdev_parent,
+              "mdev_type": c.mdev_type}
+    return {k: v for k, v in detail.items() if v is not None}
 
 
 def _with_state(m: Migration, new_state: str) -> Migration:
