@@ -11,7 +11,6 @@ than create new ones.
 from __future__ import annotations
 
 import threading
-import time
 import uuid as uuid_lib
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from agent.exception import ClaimFailed, InvalidRequest
 from drivers.base import DeviceKind
 from tests.functional.claims_world import (host_dict, make_world, new_uuid, spec)
+from tests.writer import hold_writer, wait_queued
 
 N = 32
 ROUNDS = 40
@@ -164,11 +164,7 @@ def test_a_device_given_back_and_claimed_at_once_is_written_in_that_order(tmp_pa
         one_vf = w.allocations({"pf": {"SRIOV_NET_VF": 1}})
         w.tracker.claim_build(first, spec(), one_vf)
         commits = w.tracker.store._commits
-        inside, gate = threading.Event(), threading.Event()
-        blocker = threading.Thread(target=w.tracker.store.write,
-                                   args=(lambda c: (inside.set(), gate.wait(10)),))
-        blocker.start()
-        assert inside.wait(5)
+        gate = hold_writer(commits)
         batches = commits.batches
         errors = []
 
@@ -183,15 +179,12 @@ def test_a_device_given_back_and_claimed_at_once_is_written_in_that_order(tmp_pa
                                                       spec(), one_vf))]
         for n, caller in enumerate(callers, 1):
             caller.start()
-            deadline = time.monotonic() + 5
-            while commits.queued() < n and time.monotonic() < deadline:
-                time.sleep(0.001)
-            assert commits.queued() == n
+            wait_queued(commits, n)
         gate.set()
-        for t in callers + [blocker]:
+        for t in callers:
             t.join(10)
         assert not errors, errors
-        assert commits.batches - batches == 2  # the blocker's, then both in one
+        assert commits.batches - batches == 2  # the holding job's, then both in one
         rows = w.live()
         assert [(a.instance_uuid, a.kind) for a in rows] == [(second, DeviceKind.VF)]
     finally:

@@ -2,11 +2,11 @@
 multi-row inserts and close."""
 import sqlite3
 import threading
-import time
 
 import pytest
 
 from agent.group_commit import INSERT_CHUNK, Decision, GroupCommitter, Job
+from tests.writer import hold_writer, wait_queued
 
 INSERT = "INSERT INTO t VALUES (?, ?)"
 
@@ -30,21 +30,6 @@ def rows(conn) -> dict:
     return dict(conn.execute("SELECT k, v FROM t"))
 
 
-def hold(commits) -> threading.Event:
-    """Keep the writer busy until the returned event is set."""
-    inside, gate = threading.Event(), threading.Event()
-    commits.submit(Job(lambda c: (inside.set(), gate.wait(10))))
-    assert inside.wait(5)
-    return gate
-
-
-def wait_queued(commits, n: int) -> None:
-    deadline = time.monotonic() + 5
-    while commits.queued() < n and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert commits.queued() == n
-
-
 def test_a_decision_runs_in_the_writer_and_returns_once_written(conn, commits):
     seen = []
 
@@ -61,7 +46,7 @@ def test_decisions_on_one_key_take_one_transaction_each(conn, commits):
     """Three decisions on one key and one on another, queued together: the
     other key's goes with the first, and each later one on the key sees
     the one before it committed."""
-    gate = hold(commits)
+    gate = hold_writer(commits)
     batches = commits.batches
     order = []
 
@@ -84,7 +69,7 @@ def test_decisions_on_one_key_take_one_transaction_each(conn, commits):
 
 def test_a_failed_write_is_undone_before_the_next_decision(conn, commits):
     conn.execute("INSERT INTO t VALUES ('taken', 0)")
-    gate = hold(commits)
+    gate = hold_writer(commits)
     log = []
     clash = Job(decide=lambda: (log.append("decide clash"),
                                 Decision("x", [(INSERT, [("taken", 1)])],
@@ -103,7 +88,7 @@ def test_a_failed_write_is_undone_before_the_next_decision(conn, commits):
 
 
 def test_a_decision_that_writes_nothing_is_answered_before_the_commit(conn, commits):
-    gate = hold(commits)
+    gate = hold_writer(commits)
     slow = threading.Event()
     quick = Job(decide=lambda: Decision("read only"), key="a")
     commits.submit(quick)
@@ -131,7 +116,7 @@ def test_a_decision_that_raises_fails_alone(conn, commits):
 
 def test_close_decides_and_commits_what_was_held(conn):
     commits = GroupCommitter(conn, "test store")
-    gate = hold(commits)
+    gate = hold_writer(commits)
     jobs = [Job(decide=lambda n=n: Decision(n, [(INSERT, [(f"r{n}", n)])]), key="same")
             for n in range(3)]
     for job in jobs:
@@ -150,7 +135,7 @@ def test_inserts_merged_across_jobs_and_chunks(conn, commits):
     """More rows than one multi-row INSERT takes, from many jobs in one batch,
     then an update and two INSERT … SELECTs (which are not one-row
     INSERTs): every row lands, in order."""
-    gate = hold(commits)
+    gate = hold_writer(commits)
     n = INSERT_CHUNK * 2 + 7
     jobs = [commits.submit(Job([(INSERT, [(f"k{i}", i)])])) for i in range(n)]
     jobs.append(commits.submit(Job([("UPDATE t SET v = v + 1000 WHERE k = ?", [("k0",)])])))
@@ -169,7 +154,7 @@ def test_inserts_merged_across_jobs_and_chunks(conn, commits):
 
 def test_an_undo_that_raises_is_logged_and_every_waiter_still_wakes(conn, commits, caplog):
     conn.execute("INSERT INTO t VALUES ('taken', 0)")
-    gate = hold(commits)
+    gate = hold_writer(commits)
 
     def broken_undo():
         raise RuntimeError("undo bug")

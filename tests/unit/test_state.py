@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from agent import state
 from agent.provider_tree import Provider, inventory
 from agent.state import Assignment, Migration, Store, StoreError
 from drivers.base import DeviceKind
+from tests.writer import hold_writer, wait_queued
 
 REPO = Path(__file__).resolve().parents[2]
 PROVIDER = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
@@ -235,29 +235,11 @@ def test_write_returns_the_jobs_result(store):
     assert store.write(lambda c: None) is None
 
 
-def hold_the_writer(store) -> tuple[threading.Thread, threading.Event]:
-    """A job that keeps the writer thread busy until the returned event is
-    set, so that what is submitted meanwhile queues up for one batch."""
-    inside, gate = threading.Event(), threading.Event()
-    blocker = threading.Thread(target=store.write,
-                               args=(lambda c: (inside.set(), gate.wait(10)),))
-    blocker.start()
-    assert inside.wait(5)
-    return blocker, gate
-
-
-def wait_until_queued(store, n: int) -> None:
-    deadline = time.monotonic() + 5
-    while store._commits.queued() < n and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert store._commits.queued() == n
-
-
 def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
     """Hold the committer in one job while 40 writers queue up, one of which
     writes a row and then raises: they all commit in one batch, except it."""
     batches_before = store._commits.batches
-    blocker, gate = hold_the_writer(store)
+    gate = hold_writer(store._commits)
 
     n, bad_index = 40, 17
     uuids = [str(uuid.uuid4()) for _ in range(n)]
@@ -284,13 +266,13 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    wait_until_queued(store, n)
+    wait_queued(store._commits, n)
     gate.set()
-    for t in threads + [blocker]:
+    for t in threads:
         t.join(10)
         assert not t.is_alive()
 
-    # The blocker's batch, then one batch (one commit) for all forty.
+    # The holding job's batch, then one batch (one commit) for all forty.
     assert store._commits.batches - batches_before == 2
     assert set(errors) == {bad_index}
     assert isinstance(errors[bad_index], Boom)
@@ -309,7 +291,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
     """A job hitting the one-live-holder index in a batch with others."""
     first = assignment(device="0000:81:10.5")
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
-    blocker, gate = hold_the_writer(store)
+    gate = hold_writer(store._commits)
     clash = assignment(device="0000:81:10.5")
     fine = [assignment(device=f"0000:81:11.{i}") for i in range(5)]
     outcome = {}
@@ -326,9 +308,9 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
                 for i, a in enumerate(fine[1:])]
     for t in threads:
         t.start()
-    wait_until_queued(store, len(threads))
+    wait_queued(store._commits, len(threads))
     gate.set()
-    for t in threads + [blocker]:
+    for t in threads:
         t.join(10)
     assert outcome == {"clash": "refused", **{f"fine{i}": "ok" for i in range(4)}}
     live = {a.device_id for a in store.read(state.live_assignments)}
@@ -339,7 +321,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
 def test_a_malformed_write_fails_alone_and_the_store_goes_on(store):
     """Statement jobs batched together, one of them not statements at all:
     it fails with its own error, the others land, the committer lives."""
-    blocker, gate = hold_the_writer(store)
+    gate = hold_writer(store._commits)
     good = [str(uuid.uuid4()) for _ in range(3)]
     jobs = [store.submit([state.put_instance_sql(u, {"name": "ok"})]) for u in good[:2]]
     bad = store.submit([("INSERT INTO instances VALUES (?, ?, ?)", 5)])
@@ -349,7 +331,6 @@ def test_a_malformed_write_fails_alone_and_the_store_goes_on(store):
         job.wait()
     with pytest.raises(TypeError):
         bad.wait()
-    blocker.join(10)
     assert set(store.read(state.instances)) == set(good)
     later = str(uuid.uuid4())
     store.write([state.put_instance_sql(later, {"name": "later"})])
@@ -499,18 +480,18 @@ def test_close_is_clean(tmp_path):
 
 def test_close_lets_queued_writes_finish(tmp_path):
     s = Store(tmp_path / "state.db")
-    blocker, gate = hold_the_writer(s)
+    gate = hold_writer(s._commits)
     done = []
     writers = [threading.Thread(target=lambda i=i: done.append(s.write(
         lambda c: (state.run_statements(c, [state.put_instance_sql(str(uuid.UUID(int=i + 1)), {})]), i)[1])))
         for i in range(8)]
     for w in writers:
         w.start()
-    wait_until_queued(s, 8)
+    wait_queued(s._commits, 8)
     closer = threading.Thread(target=s.close)
     closer.start()
     gate.set()
-    for th in writers + [blocker, closer]:
+    for th in writers + [closer]:
         th.join(10)
         assert not th.is_alive()
     assert sorted(done) == list(range(8))
