@@ -260,15 +260,16 @@ class GroupCommitter:
         kept; jobs of one batch never touch the same rows (decisions are
         one per key per batch). False when it does not apply or fails, with
         nothing written."""
-        if len(batch) < 2 or any(job.shape is None for job in batch):
+        shapes = [job.shape for job in batch]
+        if len(batch) < 2 or None in shapes:
             return False
         try:
             conn.execute("BEGIN IMMEDIATE")
             start = 0
             while start < len(batch):
-                shape = batch[start].shape
+                shape = shapes[start]
                 end = start
-                while end < len(batch) and batch[end].shape == shape:
+                while end < len(batch) and shapes[end] == shape:
                     end += 1
                 for i, sql in enumerate(shape):
                     rows = [r for job in batch[start:end] for r in job.work[i][1]]
