@@ -6,6 +6,7 @@ import libvirt
 import pytest
 
 from agent.testing.local_placement import LocalPlacement
+from tests.functional.private_services import PrivateLibvirtd, PrivateRabbitMQ
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +34,24 @@ def libvirtd(services):
         yield conn.getCapabilities(), conn.getInfo()
     finally:
         conn.close()
+
+
+@pytest.fixture
+def private_libvirtd(tmp_path_factory):
+    """A libvirtd (QEMU/KVM) of the test's own, for a test that stops or
+    restarts it; it is gone, with its guests, after the test."""
+    daemon = PrivateLibvirtd(tmp_path_factory.mktemp("libvirtd"))
+    try:
+        yield daemon.start()
+    finally:
+        daemon.close()
+
+
+@pytest.fixture
+def private_rabbitmq():
+    """A RabbitMQ node of the test's own, for a test that stops its broker."""
+    node = PrivateRabbitMQ()
+    try:
+        yield node.start()
+    finally:
+        node.close()

@@ -253,8 +253,13 @@ def test_bad_move_requests_are_refused_naming_the_field(world):
         _refused(w, lambda: w.manager.rebuild_instance(new_uuid(), inst, s, allocations),
                  field)
     # And the instance still moves normally afterwards.
+    held = {a.id for a in w.live() if a.instance_uuid == inst}
     mig = new_uuid()
     w.manager.prep_resize(mig, inst, spec(vcpus=2), w.allocations(CLAIM))
     w.manager.resize_instance(mig, inst)
     w.manager.finish_resize(mig, inst)
+    assert w.instances()[inst] == spec(vcpus=2)
     w.manager.revert_resize(mig, inst)
+    assert {a.id for a in w.live() if a.instance_uuid == inst} == held
+    assert w.instances()[inst] == spec()
+    assert not w.migrations()[mig].open

@@ -190,11 +190,17 @@ def test_a_non_numeric_numa_node_puts_only_that_device_aside(host, caplog):
 
 
 def test_agent_thread_runs_on_the_libvirt_driver(host):
-    """start()/stop() own the driver: the loop registers the host."""
+    """start()/stop() own the driver. start() itself runs the first cycle,
+    so only a change made after it, reaching Placement with no cycle run by
+    hand, shows that the loop's thread runs cycles."""
     host.agent.interval = 0.2
     host.agent.start()
     try:
-        wait_for(lambda: host.p("pmem_16G_numa_1") in host.tree())
+        pf = host.p("0000:81:00.0")
+        assert totals(host.tree()[pf]) == {"SRIOV_NET_VF": 2}
+        host.sys.set_num_vfs(PF, 4)
+        host.libvirt_sees_the_new_host()
+        wait_for(lambda: totals(host.tree()[pf]) == {"SRIOV_NET_VF": 4})
     finally:
         host.agent.stop()
 

@@ -3,39 +3,40 @@ qemu:///system) and its real /sys, synced into the real Placement.
 
 Nothing is allowlisted, so no device of this machine may be reported as
 assignable; and no test here defines or starts a guest, so no host device
-is ever handed to one.
+is ever handed to one. The test that restarts libvirtd restarts a private
+one of its own, never the machine's.
 """
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import uuid
 from pathlib import Path
 
-import libvirt
 import pytest
 from lxml import etree
 
 from agent.cmd.common import load_config
 from agent.service import Agent
-from tests.functional.helpers import placement_tree, totals, wait_for, write_conf
+from tests.functional.helpers import placement_tree, totals, write_conf
 
-REPO = Path(__file__).resolve().parents[2]
 URI = "qemu:///system"
-LIBVIRTD = "/usr/sbin/libvirtd"
+
+
+def real_agent(tmp_path: Path, placement_url: str, uri: str) -> Agent:
+    path = write_conf(
+        tmp_path, placement_url, f"real-{uuid.uuid4().hex[:8]}", host_dict=None,
+        DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
+        libvirt={"connection_uri": uri,
+                 "instances_path": str(tmp_path / "instances")})
+    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent.driver.init_host()
+    return agent
 
 
 @pytest.fixture
 def agent(tmp_path, placement, libvirtd):
-    path = write_conf(
-        tmp_path, placement.url, f"real-{uuid.uuid4().hex[:8]}", host_dict=None,
-        DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
-        libvirt={"connection_uri": URI,
-                 "instances_path": str(tmp_path / "instances")})
-    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
-    agent.driver.init_host()
+    agent = real_agent(tmp_path, placement.url, URI)
     yield agent
     agent.driver.cleanup()
 
@@ -102,34 +103,12 @@ def test_the_real_sys_is_read_and_nothing_is_assignable(agent, placement):
         "VCPU", "PCPU", "MEMORY_MB", "DISK_GB"}
 
 
-def _libvirtd_pid() -> int | None:
-    out = subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True,
-                         text=True).stdout.split()
-    return int(out[0]) if out else None
-
-
-def _libvirtd_answers() -> bool:
+def test_a_libvirtd_restart_skips_one_cycle_and_reconnects(
+        tmp_path, placement, private_libvirtd, caplog, capfd):
+    agent = real_agent(tmp_path, placement.url, private_libvirtd.uri)
     try:
-        conn = libvirt.open(URI)
-    except libvirt.libvirtError:
-        return False
-    try:
-        conn.getLibVersion()
-        return True
-    except libvirt.libvirtError:
-        return False
-    finally:
-        conn.close()
-
-
-def test_a_libvirtd_restart_skips_one_cycle_and_reconnects(agent, caplog, capfd):
-    assert agent.run_cycle().ok
-    pid = _libvirtd_pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGTERM)
-    try:
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=30,
-                 interval=0.05)
+        assert agent.run_cycle().ok
+        private_libvirtd.stop()
         caplog.clear()
         capfd.readouterr()
         with caplog.at_level(logging.WARNING):
@@ -142,11 +121,10 @@ def test_a_libvirtd_restart_skips_one_cycle_and_reconnects(agent, caplog, capfd)
         warnings = [r.getMessage() for r in caplog.records
                     if r.levelno >= logging.WARNING]
         assert len(warnings) == 1, warnings
-        assert URI in warnings[0]
-    finally:
-        if _libvirtd_pid() is None:
-            subprocess.run([LIBVIRTD, "-d"], check=True)
-        wait_for(_libvirtd_answers, timeout=30, interval=0.05)
+        assert private_libvirtd.uri in warnings[0]
 
-    outcome = agent.run_cycle()
-    assert outcome.ok, outcome.reason
+        private_libvirtd.start()
+        outcome = agent.run_cycle()
+        assert outcome.ok, outcome.reason
+    finally:
+        agent.driver.cleanup()

@@ -111,6 +111,30 @@ def test_one_inventory_change_sends_one_write(tmp_path, placement):
     assert len(placement.requests_since(mark)) == 1
 
 
+def test_several_inventory_changes_go_in_one_reshaper_post(tmp_path, placement):
+    agent = standard_agent(tmp_path, placement)
+    agent.update_provider_tree()
+    host = copy.deepcopy(HOST)
+    host["disk_gb"] = 150
+    host["pci_devices"][0]["vfs"]["count"] = 6
+    host["gpus"][0]["mdev_types"]["nvidia-222"]["available_instances"] = 10
+    agent.driver.set_host(host)
+
+    mark = placement.mark()
+    agent.update_provider_tree()
+    sent = placement.requests_since(mark)
+    assert [r for r in sent if not r.startswith("GET")] == ["POST /reshaper 204"], sent
+    h = agent.policy.host
+    tree = tree_of(agent, placement)
+    assert totals(tree[h]) == {"DISK_GB": 150}
+    assert totals(tree[f"{h}_0000:3B:00.0"]) == {"SRIOV_NET_VF": 6}
+    assert totals(tree[f"{h}_pci_0000_af_00_0"]) == {"VGPU": 12}
+    # The generations were read back after the reshape: nothing to redo.
+    mark = placement.mark()
+    agent.update_provider_tree()
+    assert len(placement.requests_since(mark)) == 1
+
+
 def meddle_with_traits(placement, provider: dict) -> None:
     """Someone else replaces the provider's traits."""
     requests.put(f"{placement.url}/traits/CUSTOM_MEDDLING", headers=HEADERS, timeout=10)

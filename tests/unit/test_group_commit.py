@@ -89,14 +89,19 @@ def test_a_failed_write_is_undone_before_the_next_decision(conn, commits):
 
 def test_a_decision_that_writes_nothing_is_answered_before_the_commit(conn, commits):
     gate = hold_writer(commits)
-    slow = threading.Event()
+    release = threading.Event()
     quick = Job(decide=lambda: Decision("read only"), key="a")
     commits.submit(quick)
-    commits.submit(Job(lambda c: slow.wait(10)))  # the same batch, committing slowly
+    slow = commits.submit(Job(lambda c: release.wait(10)))  # the same batch, committing slowly
+    batches = commits.batches
     gate.set()
     assert quick.wait() == "read only"
-    assert not slow.is_set()
-    slow.set()
+    # Only the holder's transaction is over: the batch with the answered
+    # decision is still committing.
+    assert commits.batches == batches + 1
+    release.set()
+    slow.wait()
+    assert commits.batches == batches + 2
 
 
 def test_a_decision_that_raises_fails_alone(conn, commits):
@@ -144,10 +149,16 @@ def test_inserts_merged_across_jobs_and_chunks(conn, commits):
     jobs.append(commits.submit(Job([(INSERT, [("last", -1)])])))
     wait_queued(commits, n + 4)
     batches = commits.batches
+    inserts: list[str] = []
+    conn.set_trace_callback(lambda sql: sql.startswith("INSERT INTO t VALUES")
+                            and inserts.append(sql))
     gate.set()
     for job in jobs:
         job.wait()
     assert commits.batches - batches == 2  # the holder's, then all of them
+    # The one-row INSERTs ran as one statement a chunk (then the last, alone
+    # after the others, as itself), not one a row.
+    assert [sql.count("),(") + 1 for sql in inserts] == [INSERT_CHUNK, INSERT_CHUNK, 7, 1]
     assert rows(conn) == {**{f"k{i}": i for i in range(n)}, "k0": 1000, "last": -1,
                           "k0_copy": 1000, "k1_copy": 1}
 

@@ -1,0 +1,171 @@
+"""Services of a test's own, for tests that stop or restart one: a libvirtd
+and a RabbitMQ node. The machine's shared libvirtd and RabbitMQ serve other
+tests and other users, so no test stops, restarts or reconfigures them.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import libvirt
+
+from agent.testing.local_placement import free_port
+
+LIBVIRTD = "/usr/sbin/libvirtd"
+# libvirt's fixed directories as a privileged daemon, each replaced by a
+# directory of the private daemon's own: its config (libvirtd.conf,
+# qemu.conf, domain definitions), sockets and runtime state, state, the
+# QEMU capabilities cache, and logs.
+LIBVIRT_DIRS = {"etc": "/etc/libvirt", "run": "/run/libvirt", "lib": "/var/lib/libvirt",
+                "cache": "/var/cache/libvirt", "log": "/var/log/libvirt"}
+# What the machine's libvirtd learnt by probing QEMU (about 8 s). libvirt
+# checks each entry against the QEMU binary and probes again when stale.
+SHARED_CAPABILITIES_CACHE = Path("/var/cache/libvirt/qemu/capabilities")
+LIBVIRTD_CONF = 'unix_sock_dir = "/run/libvirt"\nlisten_tls = 0\nlisten_tcp = 0\n'
+# root, as the setup configures the machine's one (without it every call
+# re-probes QEMU); QEMU's output to a file rather than through a virtlogd.
+QEMU_CONF = 'user = "root"\ngroup = "root"\nstdio_handler = "file"\n'
+# Run by sh in the new mount namespace: $1 is the private root.
+_IN_NAMESPACE = "set -e; root=$1; shift\n" + "".join(
+    f'mkdir -p {target}; mount --bind "$root/{name}" {target}\n'
+    for name, target in LIBVIRT_DIRS.items()
+) + 'exec "$@"\n'
+
+
+class PrivateLibvirtd:
+    """A privileged libvirtd with QEMU/KVM, as the machine's one, but in a
+    mount namespace of its own where libvirt's fixed directories are bind
+    mounts of directories under ``root``. It shares nothing with the
+    machine's libvirtd: not a socket, a pid file, a domain, a log or a
+    config file. Connect with ``uri``; ``stop()`` and ``start()`` restart
+    only this daemon."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.proc: subprocess.Popen | None = None
+        for name in LIBVIRT_DIRS:
+            (root / name).mkdir(parents=True, exist_ok=True)
+        (root / "etc" / "libvirtd.conf").write_text(LIBVIRTD_CONF)
+        (root / "etc" / "qemu.conf").write_text(QEMU_CONF)
+        if SHARED_CAPABILITIES_CACHE.is_dir():
+            shutil.copytree(SHARED_CAPABILITIES_CACHE, root / "cache" / "qemu" / "capabilities",
+                            dirs_exist_ok=True)
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "run" / "libvirt-sock"
+
+    @property
+    def uri(self) -> str:
+        return f"qemu+unix:///system?socket={self.socket}"
+
+    def start(self, timeout: float = 60) -> "PrivateLibvirtd":
+        self.socket.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "--",
+             "sh", "-c", _IN_NAMESPACE, "sh", str(self.root),
+             LIBVIRTD, "--pid-file", str(self.root / "libvirtd.pid")],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "libvirtd.stderr", "a"))
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the private libvirtd exited ({self.proc.returncode}): "
+                                   f"{(self.root / 'libvirtd.stderr').read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the private libvirtd did not answer in {timeout}s")
+            time.sleep(0.05)
+        return self
+
+    def _answers(self) -> bool:
+        if not self.socket.exists():
+            return False
+        try:
+            conn = libvirt.open(self.uri)
+        except libvirt.libvirtError:
+            return False
+        try:
+            conn.getLibVersion()
+            return True
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        """SIGTERM, as an init system stops it; its guests keep running."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        self.proc = None
+
+    def close(self) -> None:
+        """Destroy the guests it runs (a QEMU outlives its libvirtd), then
+        stop it."""
+        if self.proc is not None and self.proc.poll() is None:
+            conn = libvirt.open(self.uri)
+            try:
+                for domain in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+                    domain.destroy()
+            finally:
+                conn.close()
+        self.stop()
+
+
+class PrivateRabbitMQ:
+    """A RabbitMQ node of its own on free ports, with its own node name,
+    config file, database, logs and pid file, in a directory of its own
+    that the ``rabbitmq`` user (which ``rabbitmq-server`` switches to)
+    owns. ``url`` is its transport URL; ``stop_app()`` and ``start_app()``
+    take its broker away and back."""
+
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="rabbitmq-test-"))
+        self.node = f"test-{uuid.uuid4().hex[:8]}@localhost"
+        self.port = free_port()
+        self.url = f"rabbit://guest:guest@127.0.0.1:{self.port}/"
+        self.pid_file = self.root / "rabbitmq.pid"
+        config = self.root / "rabbitmq.conf"
+        config.write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
+                          "loopback_users.guest = true\n")
+        for name in ("mnesia", "log"):
+            (self.root / name).mkdir()
+        rabbitmq = pwd.getpwnam("rabbitmq")
+        for path in (self.root, config, self.root / "mnesia", self.root / "log"):
+            os.chown(path, rabbitmq.pw_uid, rabbitmq.pw_gid)
+        self.env = {**os.environ,
+                    "RABBITMQ_CONFIG_FILE": str(config),
+                    "RABBITMQ_NODENAME": self.node,
+                    "RABBITMQ_NODE_PORT": str(self.port),
+                    "RABBITMQ_DIST_PORT": str(free_port()),
+                    "RABBITMQ_MNESIA_BASE": str(self.root / "mnesia"),
+                    "RABBITMQ_LOG_BASE": str(self.root / "log"),
+                    "RABBITMQ_PID_FILE": str(self.pid_file)}
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(["rabbitmqctl", "-q", "-n", self.node, *args], check=True,
+                       timeout=120, stdout=subprocess.DEVNULL)
+
+    def start(self) -> "PrivateRabbitMQ":
+        subprocess.run(["rabbitmq-server", "-detached"], env=self.env, check=True,
+                       timeout=60)
+        # Waits for the pid file, then for the node's applications.
+        self._ctl("wait", "--timeout", "90", str(self.pid_file))
+        return self
+
+    def stop_app(self) -> None:
+        self._ctl("stop_app")
+
+    def start_app(self) -> None:
+        self._ctl("start_app")
+
+    def close(self) -> None:
+        """Stop the node (waiting until its process is gone), then remove
+        its directory."""
+        if self.pid_file.exists():
+            self._ctl("stop", str(self.pid_file))
+        shutil.rmtree(self.root, ignore_errors=True)
