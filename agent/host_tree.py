@@ -19,6 +19,7 @@ from agent.claims import Pool, Slot
 from agent.device_spec import DeviceSpec, first_match
 from agent.exception import ConfigError
 from agent.provider_tree import Provider, ProviderTree, inventory
+from compute_common.pci_address import node_device_name
 from drivers.base import (DeviceKind, HostInventory, MdevParent, MdevType, PciDevice,
                           PciKind)
 
@@ -68,7 +69,8 @@ def pci_provider_name(host: str, address: str) -> str:
 
 
 def gpu_provider_name(host: str, address: str) -> str:
-    return f"{host}_pci_{address.replace(':', '_').replace('.', '_')}"
+    """nova's: the host and the GPU's libvirt node-device name."""
+    return f"{host}_{node_device_name(address)}"
 
 
 def numa_provider_name(host: str, cell_id: int) -> str:

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from agent.device_spec import split_address
-from drivers.host_data import parse_cpulist
+from compute_common.cpuset import parse_cpu_set
+from compute_common.pci_address import (
+    format_address, node_device_name, split_address)
 
 # Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
 # PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...
@@ -56,12 +57,8 @@ def vf_address(pf_address: str, index: int) -> str:
     bus += routing_id >> 8
     if bus > 0xFF:
         raise ValueError(f"VF {index} of {pf_address} is past bus ff")
-    return (f"{domain:04x}:{bus:02x}:{(routing_id >> 3) & 0x1F:02x}."
-            f"{routing_id & 7}")
-
-
-def _node_name(address: str) -> str:
-    return "pci_" + address.replace(":", "_").replace(".", "_")
+    return format_address(domain, bus, (routing_id >> 3) & 0x1F,
+                          routing_id & 7)
 
 
 class SysfsBuilder:
@@ -278,7 +275,7 @@ class SysfsBuilder:
     def test_driver_host_xml(self, memory_mb: int | None = None) -> str:
         """The libvirt test driver's host file for the same host: its CPUs,
         memory and the PCI and mdev node devices built so far."""
-        cpus = sum(len(parse_cpulist(c, "fake", "cpus"))
+        cpus = sum(len(parse_cpu_set(c, allow_exclusions=False))
                    for c, _ in self._numa.values()) or 4
         memory_mb = memory_mb or sum(m for _, m in self._numa.values()) or 8192
         parts = ["<node>",
@@ -324,7 +321,7 @@ class SysfsBuilder:
                 else f"<numa node='{dev.numa_node}'/>")
         driver = (f"<driver><name>{escape(dev.driver)}</name></driver>"
                   if dev.driver else "")
-        return (f"  <device><name>{_node_name(dev.address)}</name>"
+        return (f"  <device><name>{node_device_name(dev.address)}</name>"
                 f"<parent>computer</parent>{driver}"
                 f"<capability type='pci'><class>0x{dev.class_id}</class>"
                 f"<domain>{domain}</domain><bus>{bus}</bus>"
@@ -343,7 +340,7 @@ def _address_xml(address: str) -> str:
 
 
 def _mdev_xml(mdev_uuid: str, parent: str, type_id: str) -> str:
-    parent_name = _node_name(parent)
+    parent_name = node_device_name(parent)
     name = f"mdev_{mdev_uuid.replace('-', '_')}_{parent_name[4:]}"
     return (f"  <device><name>{name}</name><parent>{parent_name}</parent>"
             f"<capability type='mdev'><type id={quoteattr(type_id)}/>"

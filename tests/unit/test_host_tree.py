@@ -140,6 +140,24 @@ def test_provider_names_follow_nova():
     assert pmem_provider_name(HOST, "SMALL", None) == "cmp1_pmem_SMALL"
 
 
+def test_devices_in_a_pci_domain_past_ffff_get_nova_names():
+    # Intel VMD puts the devices behind it in domains 10000 and up.
+    host = host_dict(
+        pci_devices=[{"address": "10000:e1:00.0", "vendor_id": "8086",
+                      "product_id": "1572", "numa_node": 0,
+                      "vfs": {"count": 2, "product_id": "154c"}}],
+        gpus=[{"address": "10000:af:00.0", "numa_node": 1,
+               "mdev_types": {"nvidia-35": {"available_instances": 4}}}])
+    tree = build(host).tree
+    assert pci_provider_name(HOST, "10000:e1:00.0") == "cmp1_10000:E1:00.0"
+    assert gpu_provider_name(HOST, "10000:af:00.0") == (
+        "cmp1_pci_10000_af_00_0")
+    assert tree.by_name("cmp1_10000:E1:00.0").inventories[
+        "SRIOV_NET_VF"]["total"] == 2
+    assert tree.by_name("cmp1_pci_10000_af_00_0").inventories[
+        "VGPU"]["total"] == 4
+
+
 # --- PCI ---------------------------------------------------------------------
 
 def test_nothing_is_reported_without_an_allowlist():
