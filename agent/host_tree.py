@@ -197,11 +197,14 @@ class _Builder:
     def build_cells(self) -> None:
         if not self.policy.nested:
             return
-        for i, cell in enumerate(sorted(self.inv.numa_cells, key=lambda c: c.id)):
+        cells = sorted(self.inv.numa_cells, key=lambda c: c.id)
+        # A memory-less cell has no MEMORY_MB to hold the reservation.
+        reserving = next((c.id for c in cells if c.memory_mb > 0), None)
+        for cell in cells:
             name = numa_provider_name(self.policy.host, cell.id)
             self.add(name, self.root,
                      self.compute_inventory(name, cell.id, cell.cpus, cell.memory_mb,
-                                            i == 0),
+                                            cell.id == reserving),
                      frozenset({os_traits.HW_NUMA_ROOT}))
 
     # --- PCI ------------------------------------------------------------

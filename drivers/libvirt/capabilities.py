@@ -93,10 +93,11 @@ def _parse_cell(cell_el: etree._Element, index: int) -> NumaCell:
     device = f"cell {raw_id if raw_id is not None else f'#{index}'}"
     cell_id = parse_int(raw_id, device, "id", maximum=4095)
     memory_el = cell_el.find("memory")
-    if memory_el is None:
-        raise InvalidHostData(device, "memory", "missing", None)
-    memory_kib = _kib(memory_el, device, "memory",
-                      parse_int(memory_el.text, device, "memory"))
+    # libvirt leaves <memory> out of a memory-less cell (CPUs whose memory
+    # is on other nodes): the cell still has its CPUs.
+    memory_kib = (0 if memory_el is None else _kib(
+        memory_el, device, "memory",
+        parse_int(memory_el.text, device, "memory")))
     cpus: set[int] = set()
     siblings: set[frozenset[int]] = set()
     for cpu_el in cell_el.iterfind("cpus/cpu"):

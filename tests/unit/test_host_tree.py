@@ -336,6 +336,24 @@ def test_reserved_memory_is_on_the_first_cell_only():
     assert tree.by_name(n("numa_1")).inventories["MEMORY_MB"]["reserved"] == 0
 
 
+MEMORYLESS_CELLS = [{"id": 0, "cpus": "0-7", "memory_mb": 0},
+                    {"id": 1, "cpus": "8-15", "memory_mb": 16384}]
+
+
+def test_memoryless_cell_has_cpus_and_no_memory_inventory():
+    # Placement refuses an inventory of total 0, so the class is left out.
+    tree = build(host_dict(numa_cells=MEMORYLESS_CELLS)).tree
+    cell0 = tree.by_name(n("numa_0")).inventories
+    assert set(cell0) == {"VCPU"} and cell0["VCPU"]["total"] == 8
+    assert tree.by_name(n("numa_1")).inventories["MEMORY_MB"]["total"] == 16384
+
+
+def test_reserved_memory_goes_to_the_first_cell_with_memory():
+    tree = build(host_dict(numa_cells=MEMORYLESS_CELLS),
+                 reserved_memory_mb=1024).tree
+    assert tree.by_name(n("numa_1")).inventories["MEMORY_MB"]["reserved"] == 1024
+
+
 def test_reserved_memory_is_capped_at_the_cell_size():
     tree = build(reserved_memory_mb=1 << 20).tree
     assert tree.by_name(n("numa_0")).inventories["MEMORY_MB"]["reserved"] == 16384

@@ -52,6 +52,28 @@ def test_parses_host_uuid_and_cells():
     assert cell1.siblings == (frozenset({4, 5}),)
 
 
+# libvirt leaves <memory> out of a cell that has none: a memory-less node
+# (CPUs whose memory sits on another node), as on some AMD EPYC and
+# POWER hosts. Its CPUs, siblings, pages and distances are still there.
+MEMORYLESS = CAPS.replace(
+    "<memory unit='KiB'>8388608</memory>",
+    "<pages unit='KiB' size='4'>0</pages>"
+    "<pages unit='KiB' size='2048'>0</pages>"
+    "<distances><sibling id='0' value='21'/><sibling id='1' value='10'/>"
+    "</distances>")
+
+
+def test_cell_without_memory_is_kept_with_its_cpus():
+    caps = capabilities.parse_capabilities(MEMORYLESS)
+    assert caps.warnings == ()
+    assert [c.id for c in caps.cells] == [0, 1]
+    assert caps.cells[1] == NumaCell(
+        id=1, cpus=frozenset({4, 5}), memory_mb=0,
+        siblings=(frozenset({4, 5}),), pages=((4, 0), (2048, 0)),
+        distances=((0, 21), (1, 10)))
+    assert caps.cpus == frozenset(range(6))
+
+
 def test_test_driver_capabilities_have_no_cells():
     caps = capabilities.parse_capabilities(
         "<capabilities><host><cpu><arch>i686</arch></cpu><topology>"
@@ -108,6 +130,15 @@ def test_sysfs_numa_node():
     assert cell.memory_mb == 4096
     # 4 GiB - 1 GiB of 2 MiB pages - one 1 GiB page = 2 GiB of 4 KiB pages
     assert dict(cell.pages) == {4: 524288, 2048: 512, 1048576: 1}
+
+
+def test_sysfs_numa_node_without_memory():
+    # The kernel writes MemTotal 0 for a memory-less node and gives it no
+    # hugepages directory.
+    cell = capabilities.parse_sysfs_numa_node(
+        1, "4-7", "Node 1 MemTotal:              0 kB\n"
+        "Node 1 MemFree:               0 kB\n", {})
+    assert (cell.cpus, cell.memory_mb) == (frozenset({4, 5, 6, 7}), 0)
 
 
 @pytest.mark.parametrize("cpulist,meminfo,field", [
