@@ -99,7 +99,9 @@ class LibvirtDriver(ComputeDriver):
         warnings: list[str] = []
         caps = self._capabilities(warnings)
         info = self._conn.call(lambda conn: conn.getInfo())
-        sysfs_cells, more = self._sysfs.numa_cells()
+        sysfs_cells, more = self._sysfs.numa_cells(
+            caps.base_page_kib if caps and caps.base_page_kib
+            else local_base_page_kib())
         warnings += more
         cells = capabilities.merge_cells(caps.cells if caps else (),
                                          sysfs_cells)
@@ -245,6 +247,11 @@ class LibvirtDriver(ComputeDriver):
         self._cache_stale = True
         for listener in list(self._listeners):
             listener()
+
+
+def local_base_page_kib() -> int:
+    """The base page size of the kernel we run on, whose sysfs we read."""
+    return os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def _supplement(device: PciDevice, sysfs: PciDevice | None) -> PciDevice:

@@ -63,7 +63,10 @@ class SysfsReader:
 
     # NUMA
 
-    def numa_cells(self) -> tuple[list[NumaCell], list[str]]:
+    def numa_cells(self, base_page_kib: int
+                   ) -> tuple[list[NumaCell], list[str]]:
+        """``base_page_kib``: the kernel's base page size, which the node
+        files do not say."""
         base = self._path("devices", "system", "node")
         cells, warnings = [], []
         for entry in self._listdir(base):
@@ -86,7 +89,7 @@ class SysfsReader:
                                "cpulist"),
                     self._read(os.path.join(node_dir, "meminfo"), entry,
                                "meminfo"),
-                    hugepages))
+                    hugepages, base_page_kib))
             except InvalidHostData as exc:
                 warnings.append(str(exc))
         return cells, warnings

@@ -1,5 +1,6 @@
 """The LibvirtDriver against the real libvirt test driver, reading a host
 file and a sysfs tree that SysfsBuilder wrote for the same host."""
+import os
 import threading
 
 import libvirt
@@ -11,6 +12,7 @@ from drivers.base import DriverUnavailable, Mdev, PciKind
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.driver import LibvirtDriver
+from tests.unit.libvirt.test_libvirt_capabilities import CAPS_64K
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"
@@ -75,6 +77,34 @@ def test_inventory(driver):
         ("nvidia-35", 3), ("nvidia-36", 2)]
     assert inv.mdevs == (Mdev(UUID, "nvidia-35", GPU),)
     assert [n.name for n in inv.pmem_namespaces] == ["ns0"]
+
+
+def test_sysfs_cells_count_base_pages_of_the_size_libvirt_reports(
+        driver, monkeypatch):
+    # A 64 KiB-page kernel: libvirt's capabilities list 64 KiB first. The
+    # test driver describes no cells, so they come from sysfs.
+    caps = CAPS_64K.replace(
+        CAPS_64K[CAPS_64K.index("<cells"):CAPS_64K.index("</cells>") + 8],
+        "<cells num='0'></cells>")
+    monkeypatch.setattr(libvirt.virConnect, "getCapabilities",
+                        lambda conn: caps)
+    cells = driver.get_host_inventory().numa_cells
+    # 8192 MiB of 64 KiB pages, none of them huge
+    assert [dict(c.pages) for c in cells] == [
+        {64: 131072, 2048: 0, 1048576: 0}] * 2
+
+
+def test_base_page_size_is_the_local_kernels_when_libvirt_lists_none(
+        driver, monkeypatch):
+    monkeypatch.setattr(libvirt.virConnect, "getCapabilities", lambda conn: (
+        "<capabilities><host><cpu><arch>aarch64</arch></cpu><topology>"
+        "<cells num='0'></cells></topology></host></capabilities>"))
+    real_sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 65536 if name in (
+        "SC_PAGE_SIZE", "SC_PAGESIZE") else real_sysconf(name))
+    cells = driver.get_host_inventory().numa_cells
+    assert [dict(c.pages)[64] for c in cells] == [131072] * 2
+    assert all(4 not in dict(c.pages) for c in cells)
 
 
 def count_xmldesc(monkeypatch):
