@@ -30,6 +30,19 @@ from compute_common.pci_address import (
 # PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...
 _VF_OFFSET = 0x80
 _NVIDIA_VENDOR = "10de"
+# A namespace's mode by ndctl's name -> the word the kernel's mode file
+# writes, and the kind of device that claims it (its ``holder``).
+_KERNEL_MODES = {"sector": "safe", "fsdax": "memory", "devdax": "dax",
+                 "raw": "raw"}
+_HOLDER_KINDS = {"sector": "btt", "fsdax": "pfn", "devdax": "dax"}
+_DAX_ALIGN = 2 << 20
+
+
+def _metadata_bytes(usable: int) -> int:
+    """What the kernel keeps in a claimed namespace ahead of the data: an
+    info block and a page array of 64 bytes per 4 KiB page, to 2 MiB."""
+    need = (2 << 20) + usable // 64
+    return -(-need // _DAX_ALIGN) * _DAX_ALIGN
 
 
 @dataclass
@@ -68,6 +81,7 @@ class SysfsBuilder:
         self._numa: dict[int, tuple[str, int]] = {}
         self._pci: dict[str, _Pci] = {}
         self._mdevs: dict[str, tuple[str, str]] = {}
+        self._holders: dict[tuple[int, str], int] = {}
         self._next_group = 1
 
     # files
@@ -256,19 +270,66 @@ class SysfsBuilder:
     def add_pmem_namespace(self, region: int, index: int, size_bytes: int,
                            numa_node: int | None, alt_name: str = "",
                            mode: str = "devdax") -> str:
+        """A namespace in ``mode`` as ndctl names it (``size_bytes`` 0: the
+        region's idle seed), laid out as the kernel does: the namespace's
+        ``mode`` is the kernel's word and a claimed one names its claiming
+        device in ``holder``. A devdax namespace's holder is an nd_dax
+        device beside it in the region, and the dax device with the
+        character device /dev/daxN.K is that holder's child; ``size_bytes``
+        is then the dax device's (usable) size, and the namespace's own
+        ``size`` the raw one, larger by the kernel's metadata."""
         name = f"namespace{region}.{index}"
-        path = (self.root / "devices" / "ndbus0" / f"region{region}" / name)
-        self._write(path / "size", size_bytes)
-        self._write(path / "mode", mode)
+        region_dir = self.root / "devices" / "ndbus0" / f"region{region}"
+        path = region_dir / name
+        kernel_mode = _KERNEL_MODES[mode] if size_bytes else "raw"
+        holder = ""
+        if size_bytes and mode != "raw":
+            # nd_dax, pfn and btt devices are numbered per region in the
+            # order they are claimed, not after the namespace.
+            holder = (f"{_HOLDER_KINDS[mode]}{region}."
+                      f"{self._next_holder(region, mode)}")
+        devdax = mode == "devdax" and size_bytes > 0
+        raw_size = size_bytes + (_metadata_bytes(size_bytes) if devdax
+                                 else 0)
+        self._write(path / "size", raw_size)
+        self._write(path / "mode", kernel_mode)
+        self._write(path / "holder", holder)
         self._write(path / "uuid", uuid_lib.uuid5(uuid_lib.NAMESPACE_OID,
                                                   f"{self.root}/{name}"))
         self._write(path / "alt_name", alt_name)
         self._write(path / "numa_node", -1 if numa_node is None
                     else numa_node)
-        if mode == "devdax":
-            (path / f"dax{region}.{index}").mkdir()
         self._link(self.root / "bus" / "nd" / "devices" / name, path)
+        if holder:
+            self._write(region_dir / holder / "namespace", name)
+            self._link(self.root / "bus" / "nd" / "devices" / holder,
+                       region_dir / holder)
+        if devdax:
+            self._add_dax_device(region_dir / holder, region, index,
+                                 size_bytes, numa_node)
         return name
+
+    def _next_holder(self, region: int, mode: str) -> int:
+        key = (region, _HOLDER_KINDS[mode])
+        self._holders[key] = self._holders.get(key, -1) + 1
+        return self._holders[key]
+
+    def _add_dax_device(self, holder_dir: Path, region: int, index: int,
+                        size_bytes: int, numa_node: int | None) -> None:
+        # The kernel names the dax device after the namespace it serves.
+        dax = f"dax{region}.{index}"
+        for directory in (holder_dir / "dax_region", holder_dir / dax):
+            self._write(directory / "size", size_bytes)
+            self._write(directory / "align", _DAX_ALIGN)
+        self._write(holder_dir / "dax_region" / "id", region)
+        self._write(holder_dir / dax / "numa_node",
+                    -1 if numa_node is None else numa_node)
+        self._link(self.root / "bus" / "dax" / "devices" / dax,
+                   holder_dir / dax)
+        driver_dir = self.root / "bus" / "dax" / "drivers" / "device_dax"
+        driver_dir.mkdir(parents=True, exist_ok=True)
+        self._link(holder_dir / dax / "driver", driver_dir)
+        self._link(driver_dir / dax, holder_dir / dax)
 
     # the libvirt view
 

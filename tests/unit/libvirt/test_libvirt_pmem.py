@@ -59,12 +59,14 @@ def test_from_sysfs_and_from_file(tmp_path):
     builder.add_pmem_namespace(0, 0, 1 << 30, 0, "ns0")
     builder.add_pmem_namespace(0, 1, 0, 0)  # the region's idle seed
     builder.add_pmem_namespace(1, 0, 2 << 30, None)
-    (builder.root / "devices/ndbus0/region1/namespace1.0/size").write_text("x")
+    # a devdax namespace's usable size is its dax device's
+    (builder.root / "bus/dax/devices/dax1.0/size").write_text("x")
     reader = SysfsReader(str(builder.root))
     found, warnings = pmem.read_namespaces(reader, None)
     assert [(n.name, n.dev, n.numa_node) for n in found] == [
         ("ns0", "dax0.0", 0)]
-    assert warnings[0].startswith("namespace1.0: size: not an integer")
+    assert warnings[0].startswith(
+        "namespace1.0: dax1.0/dax1.0/size: not an integer")
 
     path = tmp_path / "ndctl.json"
     path.write_text(json.dumps([NS]))
