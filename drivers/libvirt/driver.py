@@ -27,6 +27,10 @@ LOG = logging.getLogger(__name__)
 _GIB = 1024 ** 3
 _DEVICE_FLAGS = (libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_PCI_DEV
                  | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV)
+# What a driver that does not know a listing flag answers (the test driver
+# says "unsupported flags" with VIR_ERR_INVALID_ARG).
+_FLAG_REFUSED = frozenset({libvirt.VIR_ERR_INVALID_ARG,
+                           libvirt.VIR_ERR_NO_SUPPORT})
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class LibvirtDriver(ComputeDriver):
         self._sysfs_cache: dict[str, PciDevice] = {}
         self._cache_generation = 0
         self._cache_stale = False
+        # Whether this connection's driver takes the ACTIVE listing flag;
+        # None until tried.
+        self._lists_active_only: bool | None = None
         self._guests = GuestManager(self._conn, MdevSysfs(conf.sysfs_root),
                                     conf.libvirt.virt_type)
 
@@ -157,8 +164,9 @@ class LibvirtDriver(ComputeDriver):
             self._cache_generation = generation
             self._cache.clear()
             self._sysfs_cache.clear()
+            self._lists_active_only = None
         listed: dict[str, _Cached] = {}
-        for dev in conn.listAllDevices(_DEVICE_FLAGS):
+        for dev in self._active_devices(conn):
             name = dev.name()
             if name not in self._cache:
                 try:
@@ -178,6 +186,27 @@ class LibvirtDriver(ComputeDriver):
         for name in set(self._cache) - set(listed):
             del self._cache[name]
         return list(listed.values())
+
+    def _active_devices(self, conn: libvirt.virConnect
+                        ) -> list[libvirt.virNodeDevice]:
+        """The devices that exist now. libvirt >= 7.3 also lists mdevs that
+        are defined (mdevctl) but not started, which hold no vGPU, unless
+        asked for active ones only. A driver that does not know that flag
+        (the test driver, libvirt < 7.3) defines no such mdevs, so its
+        whole list is active."""
+        if self._lists_active_only is not False:
+            try:
+                devices = conn.listAllDevices(
+                    _DEVICE_FLAGS
+                    | libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE)
+                self._lists_active_only = True
+                return devices
+            except libvirt.libvirtError as exc:
+                if (is_connection_error(exc)
+                        or exc.get_error_code() not in _FLAG_REFUSED):
+                    raise
+                self._lists_active_only = False
+        return conn.listAllDevices(_DEVICE_FLAGS)
 
     def _pci_devices(self, parsed: list[nodedev.NodeDevice]
                      ) -> tuple[list[PciDevice], list[str]]:

@@ -107,6 +107,71 @@ def test_base_page_size_is_the_local_kernels_when_libvirt_lists_none(
     assert all(4 not in dict(c.pages) for c in cells)
 
 
+DEFINED = "0c9f1d4e-7a2b-4c3d-9e8f-1a2b3c4d5e6f"
+ORPHAN = "5d6e7f80-91a2-4b3c-8d4e-5f60718293a4"
+
+
+class DefinedMdev:
+    """A node device as libvirt >= 7.3 lists an mdev that mdevctl defined
+    but nobody started: in listAllDevices unless the ACTIVE flag is given,
+    absent from sysfs."""
+
+    def __init__(self, mdev_uuid: str, parent: str) -> None:
+        self.mdev_uuid, self.parent = mdev_uuid, parent
+
+    def name(self) -> str:
+        suffix = self.parent[4:] if self.parent.startswith("pci_") else ""
+        return f"mdev_{self.mdev_uuid.replace('-', '_')}_{suffix}".rstrip("_")
+
+    def XMLDesc(self, flags=0) -> str:
+        return (f"<device><name>{self.name()}</name>"
+                f"<parent>{self.parent}</parent>"
+                "<capability type='mdev'><type id='nvidia-35'/>"
+                f"<uuid>{self.mdev_uuid}</uuid></capability></device>")
+
+
+@pytest.fixture
+def libvirt_with_defined_mdevs(monkeypatch):
+    """The test driver's listing, as libvirt >= 7.3 gives it when mdevctl
+    defined two mdevs that are not started: one on the GPU, one whose
+    parent is gone (libvirt then names "computer" as its parent)."""
+    real = libvirt.virConnect.listAllDevices
+
+    def listing(conn, flags=0):
+        devices = real(conn, flags & ~libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE)
+        if flags & libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE:
+            return devices
+        return devices + [DefinedMdev(DEFINED, "pci_0000_06_00_0"),
+                          DefinedMdev(ORPHAN, "computer")]
+
+    monkeypatch.setattr(libvirt.virConnect, "listAllDevices", listing)
+
+
+def test_mdevs_defined_but_not_started_are_not_counted(
+        driver, libvirt_with_defined_mdevs):
+    inv = driver.get_host_inventory()
+    assert inv.mdevs == (Mdev(UUID, "nvidia-35", GPU),)
+    assert inv.warnings == ()
+
+
+def test_test_driver_without_the_active_flag_still_lists_devices(
+        driver, monkeypatch):
+    # libvirt's test driver refuses VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE
+    # (and, like libvirt < 7.3, lists no defined-only device): its list is
+    # taken whole, and the flag is not tried again on this connection.
+    real = libvirt.virConnect.listAllDevices
+    calls = []
+    monkeypatch.setattr(libvirt.virConnect, "listAllDevices",
+                        lambda conn, flags=0: calls.append(flags)
+                        or real(conn, flags))
+    for _ in range(3):
+        inv = driver.get_host_inventory()
+        assert inv.mdevs == (Mdev(UUID, "nvidia-35", GPU),)
+        assert len(inv.pci_devices) == 5
+    active = libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE
+    assert [bool(f & active) for f in calls] == [True, False, False, False]
+
+
 def count_xmldesc(monkeypatch):
     calls = []
     real = libvirt.virNodeDevice.XMLDesc
