@@ -22,6 +22,7 @@ from drivers.host_data import InvalidHostData
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.sysfs import SysfsReader
+from drivers.warnings_once import WarningsOnce
 
 LOG = logging.getLogger(__name__)
 _GIB = 1024 ** 3
@@ -60,6 +61,7 @@ class LibvirtDriver(ComputeDriver):
         # Whether this connection's driver takes the ACTIVE listing flag;
         # None until tried.
         self._lists_active_only: bool | None = None
+        self._warnings_log = WarningsOnce(LOG)
         self._guests = GuestManager(self._conn, MdevSysfs(conf.sysfs_root),
                                     conf.libvirt.virt_type)
 
@@ -135,8 +137,7 @@ class LibvirtDriver(ComputeDriver):
             warnings.append(str(exc))
 
         warnings = list(dict.fromkeys(warnings))
-        for warning in warnings:
-            LOG.warning("%s", warning)
+        self._warnings_log.log_cycle(warnings)
         return HostInventory(
             cpus=cpus, memory_mb=info[1], disk_gb=self._disk_gb(),
             uuid=caps.uuid if caps else None, numa_cells=cells,

@@ -235,6 +235,32 @@ def test_warnings_from_sysfs_reach_the_inventory(driver, host, caplog):
     assert sum("sriov_numvfs" in r.message for r in caplog.records) == 1
 
 
+def test_a_device_warning_is_logged_once_while_it_lasts(driver, host,
+                                                       caplog):
+    numvfs = host.device_dir(PF) / "sriov_numvfs"
+
+    def cycles(count):
+        caplog.clear()
+        for _ in range(count):
+            inv = driver.get_host_inventory()
+            # the inventory still says it every cycle
+            assert any("sriov_numvfs" in w for w in inv.warnings)
+        return [r.getMessage() for r in caplog.records
+                if "sriov_numvfs" in r.getMessage()]
+
+    numvfs.write_text("lots")
+    logged = cycles(3)
+    assert len(logged) == 1 and "'lots'" in logged[0]
+    numvfs.write_text("-1")  # another reason: said again, once
+    logged = cycles(3)
+    assert len(logged) == 1 and "'-1'" in logged[0]
+    numvfs.write_text("2")  # recovered ...
+    caplog.clear()
+    assert driver.get_host_inventory().warnings == ()
+    numvfs.write_text("lots")  # ... and failed again: said again
+    assert len(cycles(2)) == 1
+
+
 def test_sysfs_only_devices_are_ignored(tmp_path, host):
     uri = host.write_test_driver_host_xml(tmp_path / "host.xml")
     host.add_pci_device("0000:c1:00.0", "15b3", "1017", "020000", 1)
