@@ -101,12 +101,21 @@ def namespaces_from_records(records: Iterable[Mapping[str, object]]
     return found, warnings
 
 
-def _with_ndctl_mode(record: Mapping[str, str | None]
-                     ) -> Mapping[str, object]:
-    """A sysfs record with the kernel's mode word put in ndctl's; an
-    unknown word is left as it is, for validation to name it."""
-    mode = KERNEL_MODES.get((record.get("mode") or "").strip())
-    return record if mode is None else {**record, "mode": mode}
+def _namespaces_from_sysfs(records: Iterable[Mapping[str, str | None]]
+                           ) -> tuple[list[PmemNamespace], list[str]]:
+    """Records from sysfs, whose mode is the kernel's word."""
+    in_ndctl_terms, warnings = [], []
+    for record in records:
+        kernel_mode = (record.get("mode") or "").strip()
+        if kernel_mode not in KERNEL_MODES:
+            warnings.append(str(InvalidHostData(
+                str(record.get("dev")), "mode",
+                f"not one of the kernel's {sorted(KERNEL_MODES)}",
+                record.get("mode"))))
+            continue
+        in_ndctl_terms.append({**record, "mode": KERNEL_MODES[kernel_mode]})
+    found, more = namespaces_from_records(in_ndctl_terms)
+    return found, warnings + more
 
 
 def parse_ndctl_json(text: str) -> tuple[list[PmemNamespace], list[str]]:
@@ -141,8 +150,7 @@ def read_namespaces(reader: SysfsReader, ndctl_json: str | None
     """From the ndctl JSON file when one is configured, else from sysfs."""
     if not ndctl_json:
         records, warnings = reader.nd_namespaces()
-        found, more = namespaces_from_records(
-            [_with_ndctl_mode(r) for r in records])
+        found, more = _namespaces_from_sysfs(records)
         return found, warnings + more
     try:
         with open(ndctl_json, encoding="utf-8") as f:

@@ -25,6 +25,26 @@ def test_ndctl_list():
         PmemNamespace("namespace1.0", 1 << 30, 1, "devdax", None, "dax1.0")]
 
 
+def test_ndctl_list_with_dax_regions():
+    # ``ndctl list -N -X`` puts the character device in the dax region.
+    entry = {key: value for key, value in NS.items() if key != "chardev"}
+    entry["daxregion"] = {"id": 0, "size": 4225761280, "align": 2097152,
+                          "devices": [{"chardev": "dax0.0",
+                                       "size": 4225761280}]}
+    found, warnings = pmem.parse_ndctl_json(json.dumps([entry]))
+    assert warnings == [] and found[0].dev == "dax0.0"
+
+
+def test_devdax_without_a_character_device_is_a_warning():
+    entry = {key: value for key, value in NS.items() if key != "chardev"}
+    fsdax = {**entry, "dev": "namespace1.0", "mode": "fsdax",
+             "blockdev": "pmem1"}
+    found, warnings = pmem.parse_ndctl_json(json.dumps([entry, fsdax]))
+    assert [(n.name, n.mode, n.dev) for n in found] == [
+        ("ns_small", "fsdax", None)]
+    assert warnings[0].startswith("namespace0.0: chardev:")
+
+
 def test_single_object_is_accepted():
     found, _ = pmem.parse_ndctl_json(json.dumps(NS))
     assert [n.name for n in found] == ["ns_small"]

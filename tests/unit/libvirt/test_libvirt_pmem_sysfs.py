@@ -120,7 +120,8 @@ def test_unknown_mode_is_a_warning_naming_the_namespace(host):
     found, warnings = read(host)
     assert "plain" not in [n.name for n in found]
     assert len(warnings) == 1
-    assert warnings[0].startswith("namespace1.2: mode: ")
+    assert warnings[0].startswith("namespace1.2: mode: not one of the "
+                                  "kernel's")
     assert "'mystery'" in warnings[0]
 
 
