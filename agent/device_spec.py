@@ -4,7 +4,8 @@ Each entry is a JSON object. Every key it sets must match:
 
 - ``vendor_id``, ``product_id``: hex, compared without case;
 - ``address``: either a string ``[domain:]bus:slot.function`` where any part
-  may be ``*``, or an object of ``domain``/``bus``/``slot``/``function``
+  may be ``*`` (the domain is 4 to 8 hex digits: past ffff for devices
+  behind Intel VMD), or an object of ``domain``/``bus``/``slot``/``function``
   where each part is hex, ``*`` or a hex range ``a-b``. A VF also matches
   through its PF's address, so ``{"address": <PF>, "product_id": <VF id>}``
   allowlists exactly that PF's VFs, as in nova.
@@ -21,12 +22,11 @@ import os_resource_classes as orc
 import os_traits
 
 from agent.exception import ConfigError
+from compute_common.pci_address import PARTS as _ADDRESS_PARTS, split_address
 from drivers.base import PciDevice
 
 OPTION = "[pci] device_spec"
 _KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits"}
-_ADDRESS_PARTS = (("domain", 0xFFFF), ("bus", 0xFF), ("slot", 0x1F),
-                  ("function", 0x7))
 _HEX = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 
 
@@ -63,12 +63,6 @@ class DeviceSpec:
     def _address_matches(self, address: str) -> bool:
         parts = split_address(address)
         return all(v in r for v, r in zip(parts, self.address))
-
-
-def split_address(address: str) -> tuple[int, int, int, int]:
-    domain, bus, rest = address.split(":")
-    slot, function = rest.split(".")
-    return int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16)
 
 
 def _fail(text: str, field: str, value, reason: str) -> ConfigError:

@@ -19,6 +19,7 @@ from agent.claims import Pool, Slot
 from agent.device_spec import DeviceSpec, first_match
 from agent.exception import ConfigError
 from agent.provider_tree import Provider, ProviderTree, inventory
+from compute_common.pci_address import node_device_name
 from drivers.base import (DeviceKind, HostInventory, MdevParent, MdevType, PciDevice,
                           PciKind)
 
@@ -68,7 +69,8 @@ def pci_provider_name(host: str, address: str) -> str:
 
 
 def gpu_provider_name(host: str, address: str) -> str:
-    return f"{host}_pci_{address.replace(':', '_').replace('.', '_')}"
+    """nova's: the host and the GPU's libvirt node-device name."""
+    return f"{host}_{node_device_name(address)}"
 
 
 def numa_provider_name(host: str, cell_id: int) -> str:
@@ -195,11 +197,14 @@ class _Builder:
     def build_cells(self) -> None:
         if not self.policy.nested:
             return
-        for i, cell in enumerate(sorted(self.inv.numa_cells, key=lambda c: c.id)):
+        cells = sorted(self.inv.numa_cells, key=lambda c: c.id)
+        # A memory-less cell has no MEMORY_MB to hold the reservation.
+        reserving = next((c.id for c in cells if c.memory_mb > 0), None)
+        for cell in cells:
             name = numa_provider_name(self.policy.host, cell.id)
             self.add(name, self.root,
                      self.compute_inventory(name, cell.id, cell.cpus, cell.memory_mb,
-                                            i == 0),
+                                            cell.id == reserving),
                      frozenset({os_traits.HW_NUMA_ROOT}))
 
     # --- PCI ------------------------------------------------------------

@@ -6,7 +6,7 @@ import os_resource_classes as orc
 from oslo_config import cfg
 
 from agent.config import register_mdev_type_groups
-from agent.cpuset import parse_cpu_set
+from compute_common.cpuset import parse_cpu_set
 from agent.device_spec import parse_specs
 from agent.exception import ConfigError
 from agent.host_tree import MdevTypePolicy, TreePolicy

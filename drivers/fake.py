@@ -34,12 +34,12 @@ from typing import Any, Callable
 
 import yaml
 
-from agent.cpuset import parse_cpu_set
+from compute_common.cpuset import parse_cpu_set
+from compute_common.pci_address import canonical_address
 from drivers.base import (ComputeDriver, GuestSpec, GuestState, HostInventory,
                           device_resources, Mdev, MdevError, MdevParent,
                           MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
-from drivers.host_data import InvalidHostData, parse_pci_address
 
 
 class InvalidFakeHost(ValueError):
@@ -79,9 +79,10 @@ def _cpus(value, where: str) -> frozenset[int]:
 def _address(entry: dict, where: str) -> str:
     address = _get(entry, "address", where, str)
     try:
-        return parse_pci_address(address, where, "address")
-    except InvalidHostData:
-        raise InvalidFakeHost(f"{where}.address: expected dddd:bb:ss.f "
+        return canonical_address(address)
+    except ValueError:
+        raise InvalidFakeHost(f"{where}.address: expected dddd:bb:ss.f (a "
+                              "domain of 4 to 8 hex digits) "
                               f"(value: {address!r})") from None
 
 

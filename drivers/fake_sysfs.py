@@ -22,13 +22,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from agent.device_spec import split_address
-from drivers.host_data import parse_cpulist
+from compute_common.cpuset import parse_cpu_set
+from compute_common.pci_address import (
+    format_address, node_device_name, split_address)
 
 # Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
 # PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...
 _VF_OFFSET = 0x80
 _NVIDIA_VENDOR = "10de"
+# A namespace's mode by ndctl's name -> the word the kernel's mode file
+# writes, and the kind of device that claims it (its ``holder``).
+_KERNEL_MODES = {"sector": "safe", "fsdax": "memory", "devdax": "dax",
+                 "raw": "raw"}
+_HOLDER_KINDS = {"sector": "btt", "fsdax": "pfn", "devdax": "dax"}
+_DAX_ALIGN = 2 << 20
+
+
+def _metadata_bytes(usable: int) -> int:
+    """What the kernel keeps in a claimed namespace ahead of the data: an
+    info block and a page array of 64 bytes per 4 KiB page, to 2 MiB."""
+    need = (2 << 20) + usable // 64
+    return -(-need // _DAX_ALIGN) * _DAX_ALIGN
 
 
 @dataclass
@@ -56,12 +70,8 @@ def vf_address(pf_address: str, index: int) -> str:
     bus += routing_id >> 8
     if bus > 0xFF:
         raise ValueError(f"VF {index} of {pf_address} is past bus ff")
-    return (f"{domain:04x}:{bus:02x}:{(routing_id >> 3) & 0x1F:02x}."
-            f"{routing_id & 7}")
-
-
-def _node_name(address: str) -> str:
-    return "pci_" + address.replace(":", "_").replace(".", "_")
+    return format_address(domain, bus, (routing_id >> 3) & 0x1F,
+                          routing_id & 7)
 
 
 class SysfsBuilder:
@@ -71,6 +81,7 @@ class SysfsBuilder:
         self._numa: dict[int, tuple[str, int]] = {}
         self._pci: dict[str, _Pci] = {}
         self._mdevs: dict[str, tuple[str, str]] = {}
+        self._holders: dict[tuple[int, str], int] = {}
         self._next_group = 1
 
     # files
@@ -259,26 +270,73 @@ class SysfsBuilder:
     def add_pmem_namespace(self, region: int, index: int, size_bytes: int,
                            numa_node: int | None, alt_name: str = "",
                            mode: str = "devdax") -> str:
+        """A namespace in ``mode`` as ndctl names it (``size_bytes`` 0: the
+        region's idle seed), laid out as the kernel does: the namespace's
+        ``mode`` is the kernel's word and a claimed one names its claiming
+        device in ``holder``. A devdax namespace's holder is an nd_dax
+        device beside it in the region, and the dax device with the
+        character device /dev/daxN.K is that holder's child; ``size_bytes``
+        is then the dax device's (usable) size, and the namespace's own
+        ``size`` the raw one, larger by the kernel's metadata."""
         name = f"namespace{region}.{index}"
-        path = (self.root / "devices" / "ndbus0" / f"region{region}" / name)
-        self._write(path / "size", size_bytes)
-        self._write(path / "mode", mode)
+        region_dir = self.root / "devices" / "ndbus0" / f"region{region}"
+        path = region_dir / name
+        kernel_mode = _KERNEL_MODES[mode] if size_bytes else "raw"
+        holder = ""
+        if size_bytes and mode != "raw":
+            # nd_dax, pfn and btt devices are numbered per region in the
+            # order they are claimed, not after the namespace.
+            holder = (f"{_HOLDER_KINDS[mode]}{region}."
+                      f"{self._next_holder(region, mode)}")
+        devdax = mode == "devdax" and size_bytes > 0
+        raw_size = size_bytes + (_metadata_bytes(size_bytes) if devdax
+                                 else 0)
+        self._write(path / "size", raw_size)
+        self._write(path / "mode", kernel_mode)
+        self._write(path / "holder", holder)
         self._write(path / "uuid", uuid_lib.uuid5(uuid_lib.NAMESPACE_OID,
                                                   f"{self.root}/{name}"))
         self._write(path / "alt_name", alt_name)
         self._write(path / "numa_node", -1 if numa_node is None
                     else numa_node)
-        if mode == "devdax":
-            (path / f"dax{region}.{index}").mkdir()
         self._link(self.root / "bus" / "nd" / "devices" / name, path)
+        if holder:
+            self._write(region_dir / holder / "namespace", name)
+            self._link(self.root / "bus" / "nd" / "devices" / holder,
+                       region_dir / holder)
+        if devdax:
+            self._add_dax_device(region_dir / holder, region, index,
+                                 size_bytes, numa_node)
         return name
+
+    def _next_holder(self, region: int, mode: str) -> int:
+        key = (region, _HOLDER_KINDS[mode])
+        self._holders[key] = self._holders.get(key, -1) + 1
+        return self._holders[key]
+
+    def _add_dax_device(self, holder_dir: Path, region: int, index: int,
+                        size_bytes: int, numa_node: int | None) -> None:
+        # The kernel names the dax device after the namespace it serves.
+        dax = f"dax{region}.{index}"
+        for directory in (holder_dir / "dax_region", holder_dir / dax):
+            self._write(directory / "size", size_bytes)
+            self._write(directory / "align", _DAX_ALIGN)
+        self._write(holder_dir / "dax_region" / "id", region)
+        self._write(holder_dir / dax / "numa_node",
+                    -1 if numa_node is None else numa_node)
+        self._link(self.root / "bus" / "dax" / "devices" / dax,
+                   holder_dir / dax)
+        driver_dir = self.root / "bus" / "dax" / "drivers" / "device_dax"
+        driver_dir.mkdir(parents=True, exist_ok=True)
+        self._link(holder_dir / dax / "driver", driver_dir)
+        self._link(driver_dir / dax, holder_dir / dax)
 
     # the libvirt view
 
     def test_driver_host_xml(self, memory_mb: int | None = None) -> str:
         """The libvirt test driver's host file for the same host: its CPUs,
         memory and the PCI and mdev node devices built so far."""
-        cpus = sum(len(parse_cpulist(c, "fake", "cpus"))
+        cpus = sum(len(parse_cpu_set(c, allow_exclusions=False))
                    for c, _ in self._numa.values()) or 4
         memory_mb = memory_mb or sum(m for _, m in self._numa.values()) or 8192
         parts = ["<node>",
@@ -324,7 +382,7 @@ class SysfsBuilder:
                 else f"<numa node='{dev.numa_node}'/>")
         driver = (f"<driver><name>{escape(dev.driver)}</name></driver>"
                   if dev.driver else "")
-        return (f"  <device><name>{_node_name(dev.address)}</name>"
+        return (f"  <device><name>{node_device_name(dev.address)}</name>"
                 f"<parent>computer</parent>{driver}"
                 f"<capability type='pci'><class>0x{dev.class_id}</class>"
                 f"<domain>{domain}</domain><bus>{bus}</bus>"
@@ -343,7 +401,7 @@ def _address_xml(address: str) -> str:
 
 
 def _mdev_xml(mdev_uuid: str, parent: str, type_id: str) -> str:
-    parent_name = _node_name(parent)
+    parent_name = node_device_name(parent)
     name = f"mdev_{mdev_uuid.replace('-', '_')}_{parent_name[4:]}"
     return (f"  <device><name>{name}</name><parent>{parent_name}</parent>"
             f"<capability type='mdev'><type id={quoteattr(type_id)}/>"

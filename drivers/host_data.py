@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import re
 
-from agent.cpuset import parse_cpu_set
+from compute_common.cpuset import parse_cpu_set
+from compute_common.pci_address import canonical_address, format_address
 
 _MAX_VALUE_REPR = 80
-# A PCI slot is five bits: 00-1f.
-_PCI_ADDRESS = re.compile(
-    r"^([0-9a-fA-F]{4}):([0-9a-fA-F]{2}):([01][0-9a-fA-F])\.([0-7])$")
 _HEX_ID = re.compile(r"^(?:0[xX])?([0-9a-fA-F]{4})$")
 
 
@@ -61,20 +59,23 @@ def parse_hex_id(text: object, device: str, field: str) -> str:
 
 
 def parse_pci_address(text: object, device: str, field: str) -> str:
-    """A PCI address in canonical lower case, "0000:81:00.0"."""
-    match = _PCI_ADDRESS.match(text.strip()) if isinstance(text, str) else None
-    if not match:
-        raise InvalidHostData(device, field, "not a PCI address", text)
-    return "{}:{}:{}.{}".format(*match.groups()).lower()
+    """A PCI address in canonical lower case, "0000:81:00.0" or, past
+    domain ffff, "10000:e1:00.0"."""
+    try:
+        return canonical_address(text.strip() if isinstance(text, str)
+                                 else text)
+    except ValueError:
+        raise InvalidHostData(device, field, "not a PCI address",
+                              text) from None
 
 
 def format_pci_address(domain: int, bus: int, slot: int, function: int,
                        device: str, field: str) -> str:
-    if not (0 <= domain <= 0xFFFF and 0 <= bus <= 0xFF and 0 <= slot <= 0x1F
-            and 0 <= function <= 7):
+    try:
+        return format_address(domain, bus, slot, function)
+    except ValueError:
         raise InvalidHostData(device, field, "PCI address out of range",
-                              (domain, bus, slot, function))
-    return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"
+                              (domain, bus, slot, function)) from None
 
 
 def parse_cpulist(text: object, device: str, field: str) -> frozenset[int]:

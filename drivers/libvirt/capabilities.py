@@ -28,6 +28,9 @@ _MEMINFO_TOTAL = re.compile(r"^Node\s+(\d+)\s+MemTotal:\s+(\d+)\s+kB\s*$",
 class Capabilities:
     uuid: str | None
     cells: tuple[NumaCell, ...]
+    # The kernel's base page size (4 KiB on x86, 64 KiB on some arm64 and
+    # POWER kernels); None when libvirt lists no page sizes.
+    base_page_kib: int | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -84,8 +87,22 @@ def parse_capabilities(text: object) -> Capabilities:
                 f"cell {cell.id}", "id", "duplicate cell id", cell.id)))
             continue
         cells[cell.id] = cell
+    base_page_kib = None
+    try:
+        base_page_kib = _base_page_kib(host)
+    except InvalidHostData as exc:
+        warnings.append(str(exc))
     return Capabilities(host_uuid, tuple(cells[i] for i in sorted(cells)),
-                        tuple(warnings))
+                        base_page_kib, tuple(warnings))
+
+
+def _base_page_kib(host: etree._Element) -> int | None:
+    """libvirt lists the page sizes the host supports under <cpu>, the
+    base page first."""
+    page_el = host.find("cpu/pages")
+    if page_el is None:
+        return None
+    return _page_kib(page_el, "cpu")
 
 
 def _parse_cell(cell_el: etree._Element, index: int) -> NumaCell:
@@ -93,10 +110,11 @@ def _parse_cell(cell_el: etree._Element, index: int) -> NumaCell:
     device = f"cell {raw_id if raw_id is not None else f'#{index}'}"
     cell_id = parse_int(raw_id, device, "id", maximum=4095)
     memory_el = cell_el.find("memory")
-    if memory_el is None:
-        raise InvalidHostData(device, "memory", "missing", None)
-    memory_kib = _kib(memory_el, device, "memory",
-                      parse_int(memory_el.text, device, "memory"))
+    # libvirt leaves <memory> out of a memory-less cell (CPUs whose memory
+    # is on other nodes): the cell still has its CPUs.
+    memory_kib = (0 if memory_el is None else _kib(
+        memory_el, device, "memory",
+        parse_int(memory_el.text, device, "memory")))
     cpus: set[int] = set()
     siblings: set[frozenset[int]] = set()
     for cpu_el in cell_el.iterfind("cpus/cpu"):
@@ -107,12 +125,9 @@ def _parse_cell(cell_el: etree._Element, index: int) -> NumaCell:
         group = (parse_cpulist(threads, device, f"cpu {cpu} siblings")
                  if threads is not None else frozenset())
         siblings.add(group | {cpu})
-    pages = []
-    for page_el in cell_el.iterfind("pages"):
-        size = _kib(page_el, device, "pages size",
-                    parse_int(page_el.get("size"), device, "pages size",
-                              minimum=1))
-        pages.append((size, parse_int(page_el.text, device, "pages")))
+    pages = [(_page_kib(page_el, device),
+              parse_int(page_el.text, device, "pages"))
+             for page_el in cell_el.iterfind("pages")]
     distances = [
         (parse_int(sib.get("id"), device, "distance id", maximum=4095),
          parse_int(sib.get("value"), device, "distance value"))
@@ -121,6 +136,12 @@ def _parse_cell(cell_el: etree._Element, index: int) -> NumaCell:
         id=cell_id, cpus=frozenset(cpus), memory_mb=memory_kib // 1024,
         siblings=tuple(sorted(siblings, key=lambda s: (min(s), sorted(s)))),
         pages=tuple(sorted(pages)), distances=tuple(sorted(distances)))
+
+
+def _page_kib(page_el: etree._Element, device: str) -> int:
+    return _kib(page_el, device, "pages size",
+                parse_int(page_el.get("size"), device, "pages size",
+                          minimum=1))
 
 
 def _kib(element: etree._Element, device: str, field_name: str,
@@ -135,7 +156,7 @@ def _kib(element: etree._Element, device: str, field_name: str,
 
 def parse_sysfs_numa_node(node_id: int, cpulist: str, meminfo: str,
                           hugepages: Mapping[int, str],
-                          base_page_kib: int = 4) -> NumaCell:
+                          base_page_kib: int) -> NumaCell:
     """One ``devices/system/node/node<N>`` directory's files as a cell.
 
     ``hugepages`` maps a page size in KiB to that size's nr_hugepages text.

@@ -12,14 +12,13 @@ from typing import Iterable
 
 from lxml import etree
 
+from compute_common.pci_address import PARTS, address_from_node_device_name
 from drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
 from drivers.libvirt.capabilities import parse_xml
 from drivers.host_data import (
     InvalidHostData, format_pci_address, parse_hex_id, parse_int,
     parse_numa_node)
 
-_PCI_NAME = re.compile(
-    r"^pci_([0-9a-fA-F]{4})_([0-9a-fA-F]{2})_([0-9a-fA-F]{2})_([0-7])$")
 # libvirt >= 7.3 names an mdev "mdev_<uuid>_<parent>"; before, "mdev_<uuid>".
 _MDEV_NAME = re.compile(r"^mdev_([0-9a-fA-F_]{36})(?:_.*)?$")
 
@@ -37,11 +36,11 @@ class NodeDevice:
 
 def pci_address_from_name(name: str, device: str, field: str) -> str:
     """"pci_0000_81_00_0" -> "0000:81:00.0"."""
-    match = _PCI_NAME.match(name or "")
-    if not match:
+    try:
+        return address_from_node_device_name(name)
+    except ValueError:
         raise InvalidHostData(device, field, "not a PCI node-device name",
-                              name)
-    return "{}:{}:{}.{}".format(*match.groups()).lower()
+                              name) from None
 
 
 def parse_node_device(text: object) -> NodeDevice:
@@ -85,15 +84,16 @@ def _int_text(text: str | None, device: str, field: str, maximum: int) -> int:
 
 
 def _address(el: etree._Element, device: str, field: str) -> str:
-    parts = [_int_text(el.get(attr), device, f"{field} {attr}", 0xFFFF)
-             for attr in ("domain", "bus", "slot", "function")]
+    """An <address domain= bus= slot= function=/> element."""
+    parts = [_int_text(el.get(part), device, f"{field} {part}", limit)
+             for part, limit in PARTS]
     return format_pci_address(*parts, device=device, field=field)
 
 
 def _parse_pci(cap: etree._Element, device: str, driver: str | None
                ) -> tuple[PciDevice, MdevParent | None]:
-    parts = [_int_text(cap.findtext(tag), device, tag, 0xFFFF)
-             for tag in ("domain", "bus", "slot", "function")]
+    parts = [_int_text(cap.findtext(part), device, part, limit)
+             for part, limit in PARTS]
     address = format_pci_address(*parts, device=device, field="address")
     vendor_el, product_el = cap.find("vendor"), cap.find("product")
     vendor = parse_hex_id(None if vendor_el is None else vendor_el.get("id"),

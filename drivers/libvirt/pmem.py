@@ -2,10 +2,12 @@
 
 Both sources are reduced to ndctl's keys (dev, mode, size, uuid, name,
 numa_node, chardev) and validated by one function, so a namespace means the
-same whichever way it was read.
+same whichever way it was read. ``size`` is what a guest can use: for a
+devdax namespace, its dax device's size, as ndctl reports it.
 """
 from __future__ import annotations
 
+import enum
 import json
 import uuid
 from typing import Iterable, Mapping
@@ -15,6 +17,20 @@ from drivers.host_data import InvalidHostData, parse_int, parse_numa_node
 from drivers.libvirt.sysfs import SysfsReader
 
 NDCTL = "ndctl JSON"
+
+
+class PmemMode(str, enum.Enum):
+    """A namespace's mode, by ndctl's names."""
+
+    SECTOR = "sector"
+    FSDAX = "fsdax"
+    DEVDAX = "devdax"
+    RAW = "raw"
+
+
+# What the kernel's namespace ``mode`` file says for each (namespace_devs.c).
+KERNEL_MODES = {"safe": PmemMode.SECTOR, "memory": PmemMode.FSDAX,
+                "dax": PmemMode.DEVDAX, "raw": PmemMode.RAW}
 
 
 def namespace_from_record(record: Mapping[str, object]
@@ -28,9 +44,7 @@ def namespace_from_record(record: Mapping[str, object]
     size = parse_int(record.get("size"), dev, "size")
     if size == 0:
         return None
-    mode = record.get("mode")
-    if not isinstance(mode, str) or not mode.strip():
-        raise InvalidHostData(dev, "mode", "missing or not a string", mode)
+    mode = _mode(record.get("mode"), dev)
     name = record.get("name")
     if name is not None and not isinstance(name, str):
         raise InvalidHostData(dev, "name", "not a string", name)
@@ -41,13 +55,36 @@ def namespace_from_record(record: Mapping[str, object]
             ns_uuid = str(uuid.UUID(str(ns_uuid).strip()))
         except ValueError:
             raise InvalidHostData(dev, "uuid", "not a UUID", ns_uuid) from None
-    chardev = record.get("chardev")
-    if chardev is not None and not isinstance(chardev, str):
-        raise InvalidHostData(dev, "chardev", "not a string", chardev)
+    chardev = _chardev(record, dev) if mode is PmemMode.DEVDAX else None
     return PmemNamespace(
         name=(name or "").strip() or dev, size_bytes=size,
         numa_node=None if numa is None else parse_numa_node(numa, dev),
-        mode=mode.strip(), uuid=ns_uuid, dev=chardev or None)
+        mode=mode, uuid=ns_uuid, dev=chardev)
+
+
+def _mode(value: object, dev: str) -> PmemMode:
+    try:
+        return PmemMode(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise InvalidHostData(
+            dev, "mode", f"not one of {[m.value for m in PmemMode]}",
+            value) from None
+
+
+def _chardev(record: Mapping[str, object], dev: str) -> str:
+    """A devdax namespace's character device, "dax0.0": ndctl's
+    ``chardev``, or with ``ndctl list -X`` its dax region's one device."""
+    chardev = record.get("chardev")
+    region = record.get("daxregion")
+    if chardev is None and isinstance(region, dict):
+        devices = region.get("devices")
+        if isinstance(devices, list) and len(devices) == 1 and isinstance(
+                devices[0], dict):
+            chardev = devices[0].get("chardev")
+    if not isinstance(chardev, str) or not chardev.strip():
+        raise InvalidHostData(dev, "chardev", "a devdax namespace with no "
+                              "character device", chardev)
+    return chardev.strip()
 
 
 def namespaces_from_records(records: Iterable[Mapping[str, object]]
@@ -62,6 +99,23 @@ def namespaces_from_records(records: Iterable[Mapping[str, object]]
         if namespace is not None:
             found.append(namespace)
     return found, warnings
+
+
+def _namespaces_from_sysfs(records: Iterable[Mapping[str, str | None]]
+                           ) -> tuple[list[PmemNamespace], list[str]]:
+    """Records from sysfs, whose mode is the kernel's word."""
+    in_ndctl_terms, warnings = [], []
+    for record in records:
+        kernel_mode = (record.get("mode") or "").strip()
+        if kernel_mode not in KERNEL_MODES:
+            warnings.append(str(InvalidHostData(
+                str(record.get("dev")), "mode",
+                f"not one of the kernel's {sorted(KERNEL_MODES)}",
+                record.get("mode"))))
+            continue
+        in_ndctl_terms.append({**record, "mode": KERNEL_MODES[kernel_mode]})
+    found, more = namespaces_from_records(in_ndctl_terms)
+    return found, warnings + more
 
 
 def parse_ndctl_json(text: str) -> tuple[list[PmemNamespace], list[str]]:
@@ -96,7 +150,7 @@ def read_namespaces(reader: SysfsReader, ndctl_json: str | None
     """From the ndctl JSON file when one is configured, else from sysfs."""
     if not ndctl_json:
         records, warnings = reader.nd_namespaces()
-        found, more = namespaces_from_records(records)
+        found, more = _namespaces_from_sysfs(records)
         return found, warnings + more
     try:
         with open(ndctl_json, encoding="utf-8") as f:

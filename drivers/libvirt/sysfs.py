@@ -21,6 +21,13 @@ _NODE_DIR = re.compile(r"^node(\d+)$")
 _HUGEPAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
 _VGPU_LINE = re.compile(r"^\s*(\d+)\s*:\s*(.*?)\s*$")
 _NVIDIA_TYPE_PREFIX = "nvidia-"
+# A device-dax instance: daxN.K (also how an nd_dax holder is named).
+_DAX_DEVICE = re.compile(r"^dax\d+\.\d+$")
+# The namespace mode the kernel writes for a namespace claimed by an nd_dax
+# device (ndctl's devdax), and the driver that gives a dax device its
+# character device (kmem instead onlines it as system RAM).
+KERNEL_DAX_MODE = "dax"
+_DEVICE_DAX_DRIVER = "device_dax"
 
 
 class SysfsReader:
@@ -63,7 +70,10 @@ class SysfsReader:
 
     # NUMA
 
-    def numa_cells(self) -> tuple[list[NumaCell], list[str]]:
+    def numa_cells(self, base_page_kib: int
+                   ) -> tuple[list[NumaCell], list[str]]:
+        """``base_page_kib``: the kernel's base page size, which the node
+        files do not say."""
         base = self._path("devices", "system", "node")
         cells, warnings = [], []
         for entry in self._listdir(base):
@@ -86,7 +96,7 @@ class SysfsReader:
                                "cpulist"),
                     self._read(os.path.join(node_dir, "meminfo"), entry,
                                "meminfo"),
-                    hugepages))
+                    hugepages, base_page_kib))
             except InvalidHostData as exc:
                 warnings.append(str(exc))
         return cells, warnings
@@ -273,28 +283,63 @@ class SysfsReader:
 
     def nd_namespaces(self) -> tuple[list[dict[str, str | None]],
                                      list[str]]:
-        """Each namespace's files under ndctl's key names, still as text;
-        pmem.py validates them the same way as ndctl's JSON."""
+        """Each namespace under ndctl's key names, still as text, except
+        ``mode``, which stays the kernel's word (safe, memory, dax, raw);
+        pmem.py validates them the same way as ndctl's JSON.
+
+        For a dax namespace, ``chardev`` and ``size`` are its dax device's:
+        the namespace's own size is the raw one, metadata included."""
         base = self._path("bus", "nd", "devices")
         records, warnings = [], []
         for name in self._listdir(base):
             if not name.startswith("namespace"):
                 continue
-            ns_dir = os.path.join(base, name)
             try:
-                record: dict[str, str | None] = {
-                    key: self._read_optional(os.path.join(ns_dir, file),
-                                             name, file)
-                    for key, file in (("size", "size"), ("mode", "mode"),
-                                      ("uuid", "uuid"),
-                                      ("name", "alt_name"),
-                                      ("numa_node", "numa_node"))}
+                records.append(self._nd_namespace(os.path.join(base, name),
+                                                  name))
             except InvalidHostData as exc:
                 warnings.append(str(exc))
-                continue
-            record["dev"] = name
-            record["chardev"] = next(
-                (e for e in self._listdir(ns_dir) if e.startswith("dax")),
-                None)
-            records.append(record)
         return records, warnings
+
+    def _nd_namespace(self, ns_dir: str, name: str
+                      ) -> dict[str, str | None]:
+        record: dict[str, str | None] = {
+            key: self._read_optional(os.path.join(ns_dir, file), name, file)
+            for key, file in (("size", "size"), ("mode", "mode"),
+                              ("uuid", "uuid"), ("name", "alt_name"),
+                              ("numa_node", "numa_node"))}
+        record["dev"] = name
+        record["chardev"] = None
+        if record["mode"] == KERNEL_DAX_MODE:
+            chardev, size = self._dax_device(ns_dir, name)
+            record.update(chardev=chardev, size=size)
+        return record
+
+    def _dax_device(self, ns_dir: str, name: str) -> tuple[str, str]:
+        """The character device and usable size of a dax namespace: its
+        ``holder`` is an nd_dax device beside it in the region, whose one
+        child daxN.K is the dax device (/dev/daxN.K)."""
+        holder = self._read(os.path.join(ns_dir, "holder"), name, "holder")
+        if not _DAX_DEVICE.match(holder):
+            raise InvalidHostData(name, "holder", "not an nd_dax device "
+                                  "daxN.M, though the mode is dax", holder)
+        holder_dir = os.path.join(os.path.dirname(os.path.realpath(ns_dir)),
+                                  holder)
+        devices = [e for e in self._listdir(holder_dir)
+                   if _DAX_DEVICE.match(e)
+                   and os.path.isdir(os.path.join(holder_dir, e))]
+        if len(devices) != 1:
+            raise InvalidHostData(
+                name, "holder", f"{holder} has {len(devices)} dax devices, "
+                "not one", holder_dir)
+        device_dir = os.path.join(holder_dir, devices[0])
+        field = f"{holder}/{devices[0]}"
+        driver = self._link_name(os.path.join(device_dir, "driver"))
+        if driver != _DEVICE_DAX_DRIVER:
+            raise InvalidHostData(
+                name, f"{field}/driver", "not bound to device_dax, so there "
+                "is no character device", driver)
+        # Checked here, so that a bad value is blamed on this file.
+        size = parse_int(self._read(os.path.join(device_dir, "size"), name,
+                                    f"{field}/size"), name, f"{field}/size")
+        return devices[0], str(size)

@@ -152,7 +152,7 @@ def make_world(directory: Path, name: str = "hosta", host: dict | None = None,
                driver: FakeDriver | None = None) -> World:
     """A host world with its store at ``directory/state.db``. ``driver``:
     a FakeDriver (or subclass) already made from ``host``."""
-    from agent.cpuset import parse_cpu_set
+    from compute_common.cpuset import parse_cpu_set
     directory.mkdir(parents=True, exist_ok=True)
     host = host if host is not None else host_dict()
     cells = len(host.get("numa_cells", []))

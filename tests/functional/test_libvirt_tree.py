@@ -150,11 +150,12 @@ def test_a_removed_gpu_with_allocations_stays_fully_reserved(
 
 
 def test_malformed_sysfs_values_are_skipped_with_a_warning(host, caplog):
-    # A PF's VF count that is not a number, and a namespace whose size is
-    # not a number: each one warning naming the device and the file.
+    # A PF's VF count that is not a number, and a devdax namespace whose
+    # dax device's size (its usable size) is not a number: each one warning
+    # naming the device and the file.
     (host.sys.device_dir(PF) / "sriov_numvfs").write_text("lots\n")
-    ns = host.sys.root / "bus" / "nd" / "devices" / "namespace1.1"
-    (ns / "size").write_text("big\n")
+    dax = host.sys.root / "bus" / "dax" / "devices" / "dax1.1"
+    (dax / "size").write_text("big\n")
 
     with caplog.at_level(logging.WARNING):
         host.cycle()
@@ -163,7 +164,8 @@ def test_malformed_sysfs_values_are_skipped_with_a_warning(host, caplog):
     assert [w for w in warnings
             if w.startswith(f"{PF}: sriov_numvfs: not an integer")], warnings
     assert [w for w in warnings
-            if w.startswith("namespace1.1: size: not an integer")], warnings
+            if w.startswith("namespace1.1: dax1.1/dax1.1/size: not an integer")
+            ], warnings
     tree = host.tree()
     # The PF keeps libvirt's view of its VFs; the bad namespace alone is
     # left out; every other device is there as before.

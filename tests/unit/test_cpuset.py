@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.cpuset import parse_cpu_set
+from compute_common.cpuset import parse_cpu_set
 
 
 @pytest.mark.parametrize("text,cpus", [

@@ -74,6 +74,30 @@ def test_address_object_missing_parts_match_anything():
     assert spec(address={"bus": "af"}).matches(GPU)
 
 
+VMD_NVME = PciDevice("10000:e1:00.0", "8086", "0a54", PciKind.PCI, 0)
+VMD_VF = PciDevice("10001:3b:10.1", "8086", "154c", PciKind.VF, 0,
+                   parent_address="10001:3b:00.0")
+
+
+@pytest.mark.parametrize("address", [
+    "10000:e1:00.0", "10000:E1:00.0", "00010000:e1:00.0", "*:e1:00.0",
+    "e1:00.0", {"domain": "10000"}, {"domain": "0-ffffffff", "bus": "e1"},
+    {"domain": "fff0-10010"}])
+def test_address_in_a_domain_past_ffff_matches(address):
+    # Intel VMD puts the devices behind it in domains 10000 and up.
+    assert spec(address=address).matches(VMD_NVME)
+
+
+@pytest.mark.parametrize("address", ["0000:e1:00.0", "10001:e1:00.0",
+                                     {"domain": "0-ffff"}])
+def test_address_in_a_domain_past_ffff_does_not_match_another_domain(address):
+    assert not spec(address=address).matches(VMD_NVME)
+
+
+def test_vf_in_a_domain_past_ffff_matches_through_its_pf():
+    assert spec(address="10001:3b:00.0", product_id="154c").matches(VMD_VF)
+
+
 def test_vf_matches_through_its_pf_address():
     s = spec(address="0000:3b:00.0", product_id="154c")
     assert s.matches(VF)
@@ -121,7 +145,9 @@ BAD_ENTRIES = [
     ('{"address": "0000:3b:zz.0"}', "address.slot", "zz"),
     ('{"address": "0000:3b:00.8"}', "address.function", "8"),
     ('{"address": "0000:3b:20.0"}', "address.slot", "20"),
-    ('{"address": "10000:3b:00.0"}', "address.domain", "10000"),
+    ('{"address": "100000000:3b:00.0"}', "address.domain", "100000000"),
+    ('{"address": {"domain": "0-100000000"}}', "address.domain",
+     "0-100000000"),
     ('{"address": {"bus": "100"}}', "address.bus", "100"),
     ('{"address": {"bus": "b0-a0"}}', "address.bus", "b0-a0"),
     ('{"address": {"bus": 59}}', "address.bus", "59"),

@@ -140,6 +140,24 @@ def test_provider_names_follow_nova():
     assert pmem_provider_name(HOST, "SMALL", None) == "cmp1_pmem_SMALL"
 
 
+def test_devices_in_a_pci_domain_past_ffff_get_nova_names():
+    # Intel VMD puts the devices behind it in domains 10000 and up.
+    host = host_dict(
+        pci_devices=[{"address": "10000:e1:00.0", "vendor_id": "8086",
+                      "product_id": "1572", "numa_node": 0,
+                      "vfs": {"count": 2, "product_id": "154c"}}],
+        gpus=[{"address": "10000:af:00.0", "numa_node": 1,
+               "mdev_types": {"nvidia-35": {"available_instances": 4}}}])
+    tree = build(host).tree
+    assert pci_provider_name(HOST, "10000:e1:00.0") == "cmp1_10000:E1:00.0"
+    assert gpu_provider_name(HOST, "10000:af:00.0") == (
+        "cmp1_pci_10000_af_00_0")
+    assert tree.by_name("cmp1_10000:E1:00.0").inventories[
+        "SRIOV_NET_VF"]["total"] == 2
+    assert tree.by_name("cmp1_pci_10000_af_00_0").inventories[
+        "VGPU"]["total"] == 4
+
+
 # --- PCI ---------------------------------------------------------------------
 
 def test_nothing_is_reported_without_an_allowlist():
@@ -316,6 +334,24 @@ def test_reserved_memory_is_on_the_first_cell_only():
     tree = build(host, reserved_memory_mb=1024).tree
     assert tree.by_name(n("numa_0")).inventories["MEMORY_MB"]["reserved"] == 1024
     assert tree.by_name(n("numa_1")).inventories["MEMORY_MB"]["reserved"] == 0
+
+
+MEMORYLESS_CELLS = [{"id": 0, "cpus": "0-7", "memory_mb": 0},
+                    {"id": 1, "cpus": "8-15", "memory_mb": 16384}]
+
+
+def test_memoryless_cell_has_cpus_and_no_memory_inventory():
+    # Placement refuses an inventory of total 0, so the class is left out.
+    tree = build(host_dict(numa_cells=MEMORYLESS_CELLS)).tree
+    cell0 = tree.by_name(n("numa_0")).inventories
+    assert set(cell0) == {"VCPU"} and cell0["VCPU"]["total"] == 8
+    assert tree.by_name(n("numa_1")).inventories["MEMORY_MB"]["total"] == 16384
+
+
+def test_reserved_memory_goes_to_the_first_cell_with_memory():
+    tree = build(host_dict(numa_cells=MEMORYLESS_CELLS),
+                 reserved_memory_mb=1024).tree
+    assert tree.by_name(n("numa_1")).inventories["MEMORY_MB"]["reserved"] == 1024
 
 
 def test_reserved_memory_is_capped_at_the_cell_size():

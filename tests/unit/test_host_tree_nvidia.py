@@ -38,7 +38,7 @@ def host_from_sysfs(builder: SysfsBuilder) -> HostInventory:
     """The inventory the libvirt driver derives from these sysfs files
     (its sysfs half; libvirt lists the same PCI devices)."""
     reader = SysfsReader(str(builder.root))
-    cells, w1 = reader.numa_cells()
+    cells, w1 = reader.numa_cells(4)
     pci, w2 = reader.pci_devices()
     types, w3 = reader.mdev_types()
     mdevs, w4 = reader.mdevs()

@@ -52,6 +52,76 @@ def test_parses_host_uuid_and_cells():
     assert cell1.siblings == (frozenset({4, 5}),)
 
 
+# libvirt leaves <memory> out of a cell that has none: a memory-less node
+# (CPUs whose memory sits on another node), as on some AMD EPYC and
+# POWER hosts. Its CPUs, siblings, pages and distances are still there.
+MEMORYLESS = CAPS.replace(
+    "<memory unit='KiB'>8388608</memory>",
+    "<pages unit='KiB' size='4'>0</pages>"
+    "<pages unit='KiB' size='2048'>0</pages>"
+    "<distances><sibling id='0' value='21'/><sibling id='1' value='10'/>"
+    "</distances>")
+
+
+def test_cell_without_memory_is_kept_with_its_cpus():
+    caps = capabilities.parse_capabilities(MEMORYLESS)
+    assert caps.warnings == ()
+    assert [c.id for c in caps.cells] == [0, 1]
+    assert caps.cells[1] == NumaCell(
+        id=1, cpus=frozenset({4, 5}), memory_mb=0,
+        siblings=(frozenset({4, 5}),), pages=((4, 0), (2048, 0)),
+        distances=((0, 21), (1, 10)))
+    assert caps.cpus == frozenset(range(6))
+
+
+# An arm64 host whose kernel uses 64 KiB base pages (its huge pages are
+# then 2 MiB, 512 MiB and 16 GiB). libvirt lists the base page first.
+CAPS_64K = """<capabilities>
+  <host>
+    <uuid>0b9d7c52-6a3e-4f1b-8d20-7e5a4c3b2a19</uuid>
+    <cpu>
+      <arch>aarch64</arch>
+      <pages unit='KiB' size='64'/>
+      <pages unit='KiB' size='2048'/>
+      <pages unit='KiB' size='524288'/>
+      <pages unit='KiB' size='16777216'/>
+    </cpu>
+    <topology>
+      <cells num='1'>
+        <cell id='0'>
+          <memory unit='KiB'>33554432</memory>
+          <pages unit='KiB' size='64'>516096</pages>
+          <pages unit='KiB' size='2048'>0</pages>
+          <pages unit='KiB' size='524288'>2</pages>
+          <pages unit='KiB' size='16777216'>0</pages>
+          <cpus num='2'>
+            <cpu id='0' socket_id='0' cluster_id='0' core_id='0' siblings='0'/>
+            <cpu id='1' socket_id='0' cluster_id='0' core_id='1' siblings='1'/>
+          </cpus>
+        </cell>
+      </cells>
+    </topology>
+  </host>
+</capabilities>"""
+
+
+def test_base_page_size_of_a_64k_kernel():
+    caps = capabilities.parse_capabilities(CAPS_64K)
+    assert caps.warnings == ()
+    assert caps.base_page_kib == 64
+    assert dict(caps.cells[0].pages) == {64: 516096, 2048: 0, 524288: 2,
+                                         16777216: 0}
+
+
+def test_base_page_size_is_unknown_without_pages():
+    caps = capabilities.parse_capabilities(
+        CAPS_64K.replace("<pages unit='KiB' size='64'/>", "").replace(
+            "<pages unit='KiB' size='2048'/>", "").replace(
+            "<pages unit='KiB' size='524288'/>", "").replace(
+            "<pages unit='KiB' size='16777216'/>", ""))
+    assert caps.base_page_kib is None
+
+
 def test_test_driver_capabilities_have_no_cells():
     caps = capabilities.parse_capabilities(
         "<capabilities><host><cpu><arch>i686</arch></cpu><topology>"
@@ -103,11 +173,28 @@ def test_bad_uuid_is_a_warning():
 def test_sysfs_numa_node():
     cell = capabilities.parse_sysfs_numa_node(
         1, "4-7,12", "Node 1 MemTotal:  4194304 kB\nNode 1 MemFree: 1 kB\n",
-        {2048: "512", 1048576: "1"})
+        {2048: "512", 1048576: "1"}, base_page_kib=4)
     assert cell.cpus == frozenset({4, 5, 6, 7, 12})
     assert cell.memory_mb == 4096
     # 4 GiB - 1 GiB of 2 MiB pages - one 1 GiB page = 2 GiB of 4 KiB pages
     assert dict(cell.pages) == {4: 524288, 2048: 512, 1048576: 1}
+
+
+def test_sysfs_numa_node_without_memory():
+    # The kernel writes MemTotal 0 for a memory-less node and gives it no
+    # hugepages directory.
+    cell = capabilities.parse_sysfs_numa_node(
+        1, "4-7", "Node 1 MemTotal:              0 kB\n"
+        "Node 1 MemFree:               0 kB\n", {}, base_page_kib=4)
+    assert (cell.cpus, cell.memory_mb) == (frozenset({4, 5, 6, 7}), 0)
+
+
+def test_sysfs_numa_node_of_a_64k_kernel():
+    # 32 GiB - one 512 MiB huge page = 32256 MiB of 64 KiB pages
+    cell = capabilities.parse_sysfs_numa_node(
+        0, "0-1", "Node 0 MemTotal:       33554432 kB\n",
+        {2048: "0", 524288: "1"}, base_page_kib=64)
+    assert dict(cell.pages) == {64: 516096, 2048: 0, 524288: 1}
 
 
 @pytest.mark.parametrize("cpulist,meminfo,field", [
@@ -117,7 +204,7 @@ def test_sysfs_numa_node():
 ])
 def test_sysfs_numa_node_errors_name_the_field(cpulist, meminfo, field):
     with pytest.raises(InvalidHostData) as info:
-        capabilities.parse_sysfs_numa_node(0, cpulist, meminfo, {})
+        capabilities.parse_sysfs_numa_node(0, cpulist, meminfo, {}, 4)
     assert (info.value.device, info.value.field) == ("node0", field)
 
 

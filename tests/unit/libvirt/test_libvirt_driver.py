@@ -1,5 +1,6 @@
 """The LibvirtDriver against the real libvirt test driver, reading a host
 file and a sysfs tree that SysfsBuilder wrote for the same host."""
+import os
 import threading
 
 import libvirt
@@ -11,6 +12,7 @@ from drivers.base import DriverUnavailable, Mdev, PciKind
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.driver import LibvirtDriver
+from tests.unit.libvirt.test_libvirt_capabilities import CAPS_64K
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"
@@ -77,6 +79,99 @@ def test_inventory(driver):
     assert [n.name for n in inv.pmem_namespaces] == ["ns0"]
 
 
+def test_sysfs_cells_count_base_pages_of_the_size_libvirt_reports(
+        driver, monkeypatch):
+    # A 64 KiB-page kernel: libvirt's capabilities list 64 KiB first. The
+    # test driver describes no cells, so they come from sysfs.
+    caps = CAPS_64K.replace(
+        CAPS_64K[CAPS_64K.index("<cells"):CAPS_64K.index("</cells>") + 8],
+        "<cells num='0'></cells>")
+    monkeypatch.setattr(libvirt.virConnect, "getCapabilities",
+                        lambda conn: caps)
+    cells = driver.get_host_inventory().numa_cells
+    # 8192 MiB of 64 KiB pages, none of them huge
+    assert [dict(c.pages) for c in cells] == [
+        {64: 131072, 2048: 0, 1048576: 0}] * 2
+
+
+def test_base_page_size_is_the_local_kernels_when_libvirt_lists_none(
+        driver, monkeypatch):
+    monkeypatch.setattr(libvirt.virConnect, "getCapabilities", lambda conn: (
+        "<capabilities><host><cpu><arch>aarch64</arch></cpu><topology>"
+        "<cells num='0'></cells></topology></host></capabilities>"))
+    real_sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 65536 if name in (
+        "SC_PAGE_SIZE", "SC_PAGESIZE") else real_sysconf(name))
+    cells = driver.get_host_inventory().numa_cells
+    assert [dict(c.pages)[64] for c in cells] == [131072] * 2
+    assert all(4 not in dict(c.pages) for c in cells)
+
+
+DEFINED = "0c9f1d4e-7a2b-4c3d-9e8f-1a2b3c4d5e6f"
+ORPHAN = "5d6e7f80-91a2-4b3c-8d4e-5f60718293a4"
+
+
+class DefinedMdev:
+    """A node device as libvirt >= 7.3 lists an mdev that mdevctl defined
+    but nobody started: in listAllDevices unless the ACTIVE flag is given,
+    absent from sysfs."""
+
+    def __init__(self, mdev_uuid: str, parent: str) -> None:
+        self.mdev_uuid, self.parent = mdev_uuid, parent
+
+    def name(self) -> str:
+        suffix = self.parent[4:] if self.parent.startswith("pci_") else ""
+        return f"mdev_{self.mdev_uuid.replace('-', '_')}_{suffix}".rstrip("_")
+
+    def XMLDesc(self, flags=0) -> str:
+        return (f"<device><name>{self.name()}</name>"
+                f"<parent>{self.parent}</parent>"
+                "<capability type='mdev'><type id='nvidia-35'/>"
+                f"<uuid>{self.mdev_uuid}</uuid></capability></device>")
+
+
+@pytest.fixture
+def libvirt_with_defined_mdevs(monkeypatch):
+    """The test driver's listing, as libvirt >= 7.3 gives it when mdevctl
+    defined two mdevs that are not started: one on the GPU, one whose
+    parent is gone (libvirt then names "computer" as its parent)."""
+    real = libvirt.virConnect.listAllDevices
+
+    def listing(conn, flags=0):
+        devices = real(conn, flags & ~libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE)
+        if flags & libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE:
+            return devices
+        return devices + [DefinedMdev(DEFINED, "pci_0000_06_00_0"),
+                          DefinedMdev(ORPHAN, "computer")]
+
+    monkeypatch.setattr(libvirt.virConnect, "listAllDevices", listing)
+
+
+def test_mdevs_defined_but_not_started_are_not_counted(
+        driver, libvirt_with_defined_mdevs):
+    inv = driver.get_host_inventory()
+    assert inv.mdevs == (Mdev(UUID, "nvidia-35", GPU),)
+    assert inv.warnings == ()
+
+
+def test_test_driver_without_the_active_flag_still_lists_devices(
+        driver, monkeypatch):
+    # libvirt's test driver refuses VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE
+    # (and, like libvirt < 7.3, lists no defined-only device): its list is
+    # taken whole, and the flag is not tried again on this connection.
+    real = libvirt.virConnect.listAllDevices
+    calls = []
+    monkeypatch.setattr(libvirt.virConnect, "listAllDevices",
+                        lambda conn, flags=0: calls.append(flags)
+                        or real(conn, flags))
+    for _ in range(3):
+        inv = driver.get_host_inventory()
+        assert inv.mdevs == (Mdev(UUID, "nvidia-35", GPU),)
+        assert len(inv.pci_devices) == 5
+    active = libvirt.VIR_CONNECT_LIST_NODE_DEVICES_ACTIVE
+    assert [bool(f & active) for f in calls] == [True, False, False, False]
+
+
 def count_xmldesc(monkeypatch):
     calls = []
     real = libvirt.virNodeDevice.XMLDesc
@@ -138,6 +233,32 @@ def test_warnings_from_sysfs_reach_the_inventory(driver, host, caplog):
         ["0000", "81", "00.0", " sriov_numvfs"]]
     assert PF in {d.address for d in inv.pci_devices}  # libvirt's view kept
     assert sum("sriov_numvfs" in r.message for r in caplog.records) == 1
+
+
+def test_a_device_warning_is_logged_once_while_it_lasts(driver, host,
+                                                       caplog):
+    numvfs = host.device_dir(PF) / "sriov_numvfs"
+
+    def cycles(count):
+        caplog.clear()
+        for _ in range(count):
+            inv = driver.get_host_inventory()
+            # the inventory still says it every cycle
+            assert any("sriov_numvfs" in w for w in inv.warnings)
+        return [r.getMessage() for r in caplog.records
+                if "sriov_numvfs" in r.getMessage()]
+
+    numvfs.write_text("lots")
+    logged = cycles(3)
+    assert len(logged) == 1 and "'lots'" in logged[0]
+    numvfs.write_text("-1")  # another reason: said again, once
+    logged = cycles(3)
+    assert len(logged) == 1 and "'-1'" in logged[0]
+    numvfs.write_text("2")  # recovered ...
+    caplog.clear()
+    assert driver.get_host_inventory().warnings == ()
+    numvfs.write_text("lots")  # ... and failed again: said again
+    assert len(cycles(2)) == 1
 
 
 def test_sysfs_only_devices_are_ignored(tmp_path, host):

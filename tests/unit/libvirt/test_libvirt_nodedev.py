@@ -130,7 +130,7 @@ def test_bad_devices_are_skipped_with_warnings_naming_device_and_field():
     assert warnings[2].startswith("pci_0000_00_01_0: xml: malformed XML")
     assert warnings[3].startswith(
         "mdev_0b1c2d3e_4f50_6172_8394_a5b6c7d8e9f0: parent:")
-    assert warnings[4].startswith("pci_0000_3b_02_1: address:")
+    assert warnings[4].startswith("pci_0000_3b_02_1: function: out of range")
     assert len(warnings) == 5
 
 
@@ -151,3 +151,59 @@ def test_pci_address_from_name():
 def test_mdev_dataclass_equality():
     assert nodedev.parse_node_device(MDEV_NEW).mdev == Mdev(
         "9f7a1c2e-55d4-4b0e-8c3a-1e2d3f4a5b6c", "nvidia-222", "0000:af:00.0")
+
+
+# A PF behind an Intel VMD controller, in PCI domain 0x10000, as libvirt
+# writes it: <domain> in decimal, address attributes in hex, the name with
+# the domain as printed by %04x.
+VMD_PF = """<device>
+  <name>pci_10000_e1_00_0</name>
+  <path>/sys/devices/pci0000:00/0000:00:0e.0/pci10000:e0/10000:e0:06.0/10000:e1:00.0</path>
+  <parent>pci_10000_e0_06_0</parent>
+  <capability type='pci'>
+    <class>0x020000</class>
+    <domain>65536</domain><bus>225</bus><slot>0</slot><function>0</function>
+    <product id='0x1572'/><vendor id='0x8086'/>
+    <capability type='virt_functions' maxCount='4'>
+      <address domain='0x10000' bus='0xe1' slot='0x02' function='0x0'/>
+    </capability>
+    <iommuGroup number='40'>
+      <address domain='0x10000' bus='0xe1' slot='0x00' function='0x0'/>
+    </iommuGroup>
+    <numa node='0'/>
+  </capability>
+</device>"""
+
+VMD_VF = """<device><name>pci_10000_e1_02_0</name><parent>pci_10000_e0_06_0</parent>
+  <capability type='pci'>
+    <domain>65536</domain><bus>225</bus><slot>2</slot><function>0</function>
+    <product id='0x154c'/><vendor id='0x8086'/>
+    <capability type='phys_function'>
+      <address domain='0x10000' bus='0xe1' slot='0x00' function='0x0'/>
+    </capability>
+  </capability></device>"""
+
+VMD_MDEV = """<device>
+  <name>mdev_9f7a1c2e_55d4_4b0e_8c3a_1e2d3f4a5b6c_10000_e1_00_0</name>
+  <parent>pci_10000_e1_00_0</parent>
+  <capability type='mdev'><type id='nvidia-222'/>
+    <uuid>9f7a1c2e-55d4-4b0e-8c3a-1e2d3f4a5b6c</uuid>
+  </capability></device>"""
+
+
+def test_devices_in_a_pci_domain_past_ffff_are_read():
+    pf = nodedev.parse_node_device(VMD_PF).pci
+    vf = nodedev.parse_node_device(VMD_VF).pci
+    mdev = nodedev.parse_node_device(VMD_MDEV).mdev
+    assert (pf.address, pf.kind, pf.num_vfs) == ("10000:e1:00.0", PciKind.PF,
+                                                 1)
+    assert (vf.address, vf.parent_address) == ("10000:e1:02.0",
+                                               "10000:e1:00.0")
+    assert mdev.parent_address == "10000:e1:00.0"
+
+
+def test_domain_past_32_bits_is_refused_naming_the_field():
+    text = VMD_PF.replace("<domain>65536<", "<domain>4294967296<")
+    with pytest.raises(InvalidHostData) as info:
+        nodedev.parse_node_device(text)
+    assert info.value.field == "domain"

@@ -25,6 +25,26 @@ def test_ndctl_list():
         PmemNamespace("namespace1.0", 1 << 30, 1, "devdax", None, "dax1.0")]
 
 
+def test_ndctl_list_with_dax_regions():
+    # ``ndctl list -N -X`` puts the character device in the dax region.
+    entry = {key: value for key, value in NS.items() if key != "chardev"}
+    entry["daxregion"] = {"id": 0, "size": 4225761280, "align": 2097152,
+                          "devices": [{"chardev": "dax0.0",
+                                       "size": 4225761280}]}
+    found, warnings = pmem.parse_ndctl_json(json.dumps([entry]))
+    assert warnings == [] and found[0].dev == "dax0.0"
+
+
+def test_devdax_without_a_character_device_is_a_warning():
+    entry = {key: value for key, value in NS.items() if key != "chardev"}
+    fsdax = {**entry, "dev": "namespace1.0", "mode": "fsdax",
+             "blockdev": "pmem1"}
+    found, warnings = pmem.parse_ndctl_json(json.dumps([entry, fsdax]))
+    assert [(n.name, n.mode, n.dev) for n in found] == [
+        ("ns_small", "fsdax", None)]
+    assert warnings[0].startswith("namespace0.0: chardev:")
+
+
 def test_single_object_is_accepted():
     found, _ = pmem.parse_ndctl_json(json.dumps(NS))
     assert [n.name for n in found] == ["ns_small"]
@@ -59,12 +79,14 @@ def test_from_sysfs_and_from_file(tmp_path):
     builder.add_pmem_namespace(0, 0, 1 << 30, 0, "ns0")
     builder.add_pmem_namespace(0, 1, 0, 0)  # the region's idle seed
     builder.add_pmem_namespace(1, 0, 2 << 30, None)
-    (builder.root / "devices/ndbus0/region1/namespace1.0/size").write_text("x")
+    # a devdax namespace's usable size is its dax device's
+    (builder.root / "bus/dax/devices/dax1.0/size").write_text("x")
     reader = SysfsReader(str(builder.root))
     found, warnings = pmem.read_namespaces(reader, None)
     assert [(n.name, n.dev, n.numa_node) for n in found] == [
         ("ns0", "dax0.0", 0)]
-    assert warnings[0].startswith("namespace1.0: size: not an integer")
+    assert warnings[0].startswith(
+        "namespace1.0: dax1.0/dax1.0/size: not an integer")
 
     path = tmp_path / "ndctl.json"
     path.write_text(json.dumps([NS]))

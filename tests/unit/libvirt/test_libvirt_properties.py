@@ -126,7 +126,7 @@ def test_sysfs_reader(tmp_path_factory, files):
         else:
             path.write_text(content)
     reader = SysfsReader(os.fspath(root))
-    reader.numa_cells()
+    reader.numa_cells(4)
     reader.pci_devices()
     reader.mdev_types()
     reader.mdevs()

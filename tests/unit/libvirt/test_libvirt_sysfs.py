@@ -32,7 +32,7 @@ def reader(builder):
 
 
 def test_numa_cells(reader):
-    cells, warnings = reader.numa_cells()
+    cells, warnings = reader.numa_cells(4)
     assert warnings == []
     assert [(c.id, sorted(c.cpus), c.memory_mb) for c in cells] == [
         (0, [0, 1, 2, 3], 4096), (1, [4, 5, 6, 7], 4096)]
@@ -157,7 +157,7 @@ def test_nd_namespaces(builder, reader):
 
 def test_missing_tree_reads_as_empty(tmp_path):
     reader = SysfsReader(str(tmp_path / "nothing"))
-    assert reader.numa_cells() == ([], [])
+    assert reader.numa_cells(4) == ([], [])
     assert reader.pci_devices() == ({}, [])
     assert reader.mdev_types() == ({}, [])
     assert reader.mdevs() == ([], [])
@@ -168,4 +168,4 @@ def test_real_sys_pci_reads_without_exceptions():
     devices, warnings = SysfsReader("/sys").pci_devices()
     assert all(d.address == a for a, d in devices.items())
     assert isinstance(warnings, list)
-    SysfsReader("/sys").numa_cells()
+    SysfsReader("/sys").numa_cells(4)
