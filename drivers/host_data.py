@@ -78,11 +78,13 @@ def format_pci_address(domain: int, bus: int, slot: int, function: int,
                               (domain, bus, slot, function)) from None
 
 
-def parse_cpulist(text: object, device: str, field: str) -> frozenset[int]:
-    """The kernel's and libvirt's CPU list syntax, "0-3,8-11" or "0,4"."""
+def parse_cpulist(text: object, device: str, field: str, *,
+                  allow_exclusions: bool = False) -> frozenset[int]:
+    """The kernel's and libvirt's CPU list syntax, "0-3,8-11" or "0,4";
+    libvirt's domain cpusets may also exclude, "0-3,^2"."""
     if not isinstance(text, str):
         raise InvalidHostData(device, field, "not a CPU list", text)
     try:
-        return parse_cpu_set(text, allow_exclusions=False)
+        return parse_cpu_set(text, allow_exclusions=allow_exclusions)
     except ValueError as e:
         raise InvalidHostData(device, field, str(e), text) from None

@@ -164,7 +164,8 @@ def held_resources(domain_xml: str) -> frozenset[HostResource]:
     for path in root.iterfind("devices/memory[@model='nvdimm']/source/path"):
         held.add(HostResource(HostResourceKind.BACKING_PATH, (path.text or "").strip()))
     for pin in root.iterfind("cputune/vcpupin"):
-        for cpu in parse_cpulist(pin.get("cpuset"), name, "vcpupin cpuset"):
+        for cpu in parse_cpulist(pin.get("cpuset"), name, "vcpupin cpuset",
+                                 allow_exclusions=True):
             held.add(HostResource(HostResourceKind.HOST_CPU, str(cpu)))
     return frozenset(held)
 
