@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from agent.claim_model import Assignment, Migration, MigrationRole, MoveKind, Owner
 from agent.claims import InstanceSpec
-from agent.state import Assignment, Migration
 from agent.tracker import Tracker
 from drivers.base import ComputeDriver, DeviceKind, GuestDevice, GuestSpec
 
@@ -20,7 +20,7 @@ LOG = logging.getLogger(__name__)
 def in_guest(a: Assignment) -> bool:
     """Whether the guest's definition carries this assignment: the
     instance's own, except root inventory (disk), which has nothing to pin."""
-    return a.owner == "instance" and not (a.kind is DeviceKind.NUMA
+    return a.owner is Owner.INSTANCE and not (a.kind is DeviceKind.NUMA
                                           and a.device_id == "host")
 
 
@@ -41,15 +41,16 @@ def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestS
 
 
 def describe(assignments: list[Assignment]) -> list[dict]:
-    return [{"id": a.id, "owner": a.owner, "consumer_uuid": a.consumer_uuid,
+    return [{"id": a.id, "owner": a.owner.value, "consumer_uuid": a.consumer_uuid,
              "migration_uuid": a.migration_uuid, "resource_class": a.resource_class,
              "provider_uuid": a.provider_uuid, "kind": a.kind.value,
-             "device_id": a.device_id, "amount": a.amount, "state": a.state}
+             "device_id": a.device_id, "amount": a.amount, "state": a.state.value}
             for a in assignments]
 
 
 def describe_migration(m: Migration) -> dict:
-    return {"uuid": m.uuid, "kind": m.kind, "role": m.role, "state": m.state}
+    return {"uuid": m.uuid, "kind": m.kind.value, "role": m.role.value,
+            "state": m.state.value}
 
 
 class ComputeManager:
@@ -105,13 +106,14 @@ class ComputeManager:
 
     def prep_resize(self, migration_uuid, instance_uuid, spec, allocations) -> dict:
         """Destination: claim the new flavor's devices."""
-        rows = self.tracker.claim_move("resize", migration_uuid, instance_uuid,
+        rows = self.tracker.claim_move(MoveKind.RESIZE, migration_uuid, instance_uuid,
                                        spec, allocations)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def resize_instance(self, migration_uuid, instance_uuid) -> dict:
         """Source: the migration takes over the instance's devices here."""
-        rows = self.tracker.begin_move_source("resize", migration_uuid, instance_uuid)
+        rows = self.tracker.begin_move_source(MoveKind.RESIZE, migration_uuid,
+                                              instance_uuid)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def finish_resize(self, migration_uuid, instance_uuid) -> dict:
@@ -122,7 +124,7 @@ class ComputeManager:
 
     def confirm_resize(self, migration_uuid, instance_uuid) -> dict:
         """Source: give back the old devices; a guest that left is removed."""
-        left = self.tracker.migration(migration_uuid).role == "source"
+        left = self.tracker.migration(migration_uuid).role is MigrationRole.SOURCE
         self._release_devices(self.tracker.confirm_move(migration_uuid))
         if left:
             self.driver.destroy(instance_uuid)
@@ -132,7 +134,7 @@ class ComputeManager:
         """Either side: new devices back, old ones to the instance."""
         role = self.tracker.migration(migration_uuid).role
         self.tracker.revert_move(migration_uuid)
-        if role == "destination":
+        if role is MigrationRole.DESTINATION:
             self.driver.destroy(instance_uuid)
             return {"migration_uuid": migration_uuid, "instance": None}
         self.driver.spawn(self._guest(instance_uuid))
@@ -145,7 +147,7 @@ class ComputeManager:
                                            allocations) -> dict:
         """Destination: claim now; the source needs these devices to
         rewrite the guest's XML."""
-        self.tracker.claim_move("live_migration", migration_uuid, instance_uuid,
+        self.tracker.claim_move(MoveKind.LIVE_MIGRATION, migration_uuid, instance_uuid,
                                 spec, allocations)
         guest = self._guest(instance_uuid)
         return {"migration_uuid": migration_uuid,
@@ -155,7 +157,7 @@ class ComputeManager:
     def live_migrate(self, migration_uuid, instance_uuid) -> dict:
         """Source: hand the devices to the migration. Once the conductor
         reports success, confirm_resize on the source gives them back."""
-        rows = self.tracker.begin_move_source("live_migration", migration_uuid,
+        rows = self.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
                                               instance_uuid)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
@@ -177,7 +179,7 @@ class ComputeManager:
         """Destination of an evacuation: claimed under a migration record
         that is on disk before anything else happens, so a crash resumes
         here; then the guest is built and the move completed."""
-        self.tracker.claim_move("evacuation", migration_uuid, instance_uuid,
+        self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid, instance_uuid,
                                 spec, allocations)
         self.driver.spawn(self._guest(instance_uuid))
         self.tracker.finish_move(migration_uuid)

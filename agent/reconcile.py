@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from agent import state
+from agent.claim_model import AssignmentState, MigrationRole, MoveKind, Owner
 from agent.manager import ComputeManager, in_guest
 from drivers.base import DeviceKind
 
@@ -67,7 +68,8 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
     for uuid in sorted(instances):
         rows = by_instance.get(uuid, [])
         move = open_moves.get(uuid)
-        claiming = [a for a in rows if a.state == "claiming" and a.migration_uuid is None]
+        claiming = [a for a in rows if a.state is AssignmentState.CLAIMING
+                    and a.migration_uuid is None]
         if at_start and claiming:
             # A build that crashed between its claim and its completion.
             carried = {a.id for a in claiming if in_guest(a)}
@@ -83,13 +85,14 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
                      "no guest holds these devices: claim rolled back",
                      lambda: manager.delete_instance(uuid))
             continue
-        if at_start and move is not None and move.kind == "evacuation" \
-                and move.role == "destination":
+        if at_start and move is not None and move.kind is MoveKind.EVACUATION \
+                and move.role is MigrationRole.DESTINATION:
             _fix(report, fix, "evacuation_interrupted", uuid,
                  "resumed: guest built and the move completed",
                  lambda: manager.rebuild_instance(move.uuid, uuid, instances[uuid], None))
             continue
-        claimed = [a for a in rows if a.state == "claimed" and a.owner == "instance"]
+        claimed = [a for a in rows if a.state is AssignmentState.CLAIMED
+                   and a.owner is Owner.INSTANCE]
         if claimed and uuid not in guests and move is None:
             waited = now - changed_at.get(uuid, now - grace)
             if waited < grace:
@@ -109,7 +112,7 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
                  lambda: manager.redefine_guest(uuid))
         stale = [a for a in rows if a.boot_id != boot_id]
         for a in stale:
-            if a.kind is DeviceKind.MDEV and a.owner == "instance":
+            if a.kind is DeviceKind.MDEV and a.owner is Owner.INSTANCE:
                 _fix(report, fix, "mdev_after_reboot", a.device_id,
                      f"claimed before this boot by {uuid}: recreated",
                      lambda a=a: driver.ensure_mdev(a.device_id, a.detail["mdev_parent"],

@@ -15,7 +15,9 @@ import pytest
 
 from agent import state
 from agent.provider_tree import Provider, inventory
-from agent.state import Assignment, Migration, Store, StoreError
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MigrationState, MoveKind, Owner)
+from agent.state import Store, StoreError
 from drivers.base import DeviceKind
 from tests.writer import hold_writer, wait_queued
 
@@ -34,9 +36,9 @@ def mode(path: Path) -> int:
 
 
 def assignment(device="0000:81:10.0", provider=PROVIDER, rc="SRIOV_NET_VF",
-               kind=DeviceKind.VF, st="claimed", instance=None, aid=None) -> Assignment:
+               kind=DeviceKind.VF, st=AssignmentState.CLAIMED, instance=None, aid=None) -> Assignment:
     inst = instance or str(uuid.uuid4())
-    return Assignment(aid or str(uuid.uuid4()), inst, inst, "instance", None, rc,
+    return Assignment(aid or str(uuid.uuid4()), inst, inst, Owner.INSTANCE, None, rc,
                       provider, kind, device, 1, st, "boot-1", {"numa_node": 0})
 
 
@@ -108,13 +110,14 @@ def _make_v1(path: Path) -> dict:
     rows = [assignment(instance=inst),
             assignment(device="5f1e0000-0000-4000-8000-000000000001", rc="VGPU",
                        kind=DeviceKind.MDEV, provider=OTHER_PROVIDER, instance=inst,
-                       st="claiming"),
-            assignment(device="0000:81:10.1", instance=inst, st="released")]
+                       st=AssignmentState.CLAIMING),
+            assignment(device="0000:81:10.1", instance=inst, st=AssignmentState.RELEASED)]
     conn.execute("BEGIN")
     state.run_statements(conn, [state.put_instance_sql(inst, {"name": "old", "vcpus": 1, "memory_mb": 512})])
     state.run_statements(conn, [state.insert_assignments_sql(rows)])
-    state.run_statements(conn, [state.put_migration_sql(Migration(mig, inst, "resize", "both", "active",
-                                        {"name": "old", "vcpus": 1, "memory_mb": 256}))])
+    state.run_statements(conn, [state.put_migration_sql(Migration(
+        mig, inst, MoveKind.RESIZE, MigrationRole.BOTH, MigrationState.ACTIVE,
+        {"name": "old", "vcpus": 1, "memory_mb": 256}))])
     conn.execute("COMMIT")
     conn.close()
     return {"instance": inst, "migration": mig, "rows": rows}
@@ -127,14 +130,15 @@ def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
     try:
         assert s.read(state.schema_version) == state.SCHEMA_VERSION
         live = s.read(state.live_assignments)
-        assert live == sorted([a for a in made["rows"] if a.state != "released"],
+        assert live == sorted([a for a in made["rows"] if a.state is not AssignmentState.RELEASED],
                               key=lambda a: a.id)
         assert [a.detail for a in live] == [{"numa_node": 0}] * 2
         assert s.read(state.instances) == {
             made["instance"]: {"name": "old", "vcpus": 1, "memory_mb": 512}}
         m = s.read(state.migrations)[made["migration"]]
         assert (m.kind, m.role, m.state, m.old_spec) == (
-            "resize", "both", "active", {"name": "old", "vcpus": 1, "memory_mb": 256})
+            MoveKind.RESIZE, MigrationRole.BOTH, MigrationState.ACTIVE,
+            {"name": "old", "vcpus": 1, "memory_mb": 256})
         assert s.read(lambda c: c.execute(
             "SELECT count(*) FROM assignments").fetchone()[0]) == 3
         # The later tables are there and usable.
@@ -363,14 +367,14 @@ def test_many_concurrent_writers_all_land(store):
 # --- the one-live-holder index ------------------------------------------------------
 
 def test_a_device_has_one_live_holder_until_released(store):
-    first = assignment(device="0000:81:10.3", st="claiming")
+    first = assignment(device="0000:81:10.3", st=AssignmentState.CLAIMING)
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
-    for st in ("claiming", "claimed"):
+    for st in (AssignmentState.CLAIMING, AssignmentState.CLAIMED):
         second = assignment(device="0000:81:10.3", st=st)
         with pytest.raises(sqlite3.IntegrityError):
             store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([second])]))
     # claimed is live too
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="claimed")])]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
     with pytest.raises(sqlite3.IntegrityError):
         store.write(lambda c: state.run_statements(
             c, [state.insert_assignments_sql([assignment(device="0000:81:10.3")])]))
@@ -379,14 +383,14 @@ def test_a_device_has_one_live_holder_until_released(store):
         assignment(device="0000:81:10.3", provider=OTHER_PROVIDER),
         assignment(device="0000:81:10.3", rc="CUSTOM_NIC")])]))
     # Released: free for the next holder, and history may keep several.
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="released")])]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.RELEASED)])]))
     again = assignment(device="0000:81:10.3")
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([again])]))
     with pytest.raises(sqlite3.IntegrityError):  # a released row cannot come back
-        store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="claimed")])]))
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([again.with_(state="released")])]))
+        store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([again.with_(state=AssignmentState.RELEASED)])]))
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([assignment(device="0000:81:10.3",
-                                                                  st="released")])]))
+                                                                  st=AssignmentState.RELEASED)])]))
     holders = [a for a in store.read(state.live_assignments)
                if (a.provider_uuid, a.resource_class, a.device_id)
                == (PROVIDER, "SRIOV_NET_VF", "0000:81:10.3")]
