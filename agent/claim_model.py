@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from drivers.base import DeviceKind
+from drivers.base import DeviceDetail, DeviceKind
 
 
 class Owner(str, enum.Enum):
@@ -67,7 +67,7 @@ class Assignment:
     amount: int
     state: AssignmentState
     boot_id: str
-    detail: dict = field(default_factory=dict, compare=False, hash=False)
+    detail: DeviceDetail = field(default=DeviceDetail(), compare=False, hash=False)
 
     def with_(self, **changes) -> "Assignment":
         return replace(self, **changes)

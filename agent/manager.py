@@ -29,13 +29,11 @@ def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestS
     (instance-owned) assignments."""
     devices = []
     for a in filter(in_guest, rows):
-        d = a.detail
         devices.append(GuestDevice(
-            a.id, a.kind, a.device_id, a.amount, d.get("numa_node"),
+            a.id, a.kind, a.device_id, a.amount,
             cpus=frozenset({int(a.device_id)}) if a.kind is DeviceKind.PCPU
             else frozenset(),
-            size_bytes=d.get("size_bytes", 0), dev_path=d.get("dev_path"),
-            mdev_parent=d.get("mdev_parent"), mdev_type=d.get("mdev_type")))
+            detail=a.detail))
     s = InstanceSpec.from_payload(spec)
     return GuestSpec(instance_uuid, s.name, s.vcpus, s.memory_mb, tuple(devices))
 

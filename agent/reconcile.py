@@ -115,8 +115,8 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
             if a.kind is DeviceKind.MDEV and a.owner is Owner.INSTANCE:
                 _fix(report, fix, "mdev_after_reboot", a.device_id,
                      f"claimed before this boot by {uuid}: recreated",
-                     lambda a=a: driver.ensure_mdev(a.device_id, a.detail["mdev_parent"],
-                                                    a.detail["mdev_type"]))
+                     lambda a=a: driver.ensure_mdev(a.device_id, a.detail.mdev_parent,
+                                                    a.detail.mdev_type))
         if stale and fix:
             tracker.rebind_boot(uuid)
         if allocations is not None and claimed and move is None \

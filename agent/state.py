@@ -25,7 +25,7 @@ from agent.claim_model import (Assignment, AssignmentState, Migration, Migration
 from agent.group_commit import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
                                 StoreError, run_statements)
 from agent.provider_tree import Provider
-from drivers.base import DeviceKind
+from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
 
@@ -112,11 +112,15 @@ def new_assignment_id() -> str:
 
 
 def _row_to_assignment(row: sqlite3.Row) -> Assignment:
+    try:
+        detail = DeviceDetail.from_json(row["detail"])
+    except ValueError as e:
+        raise StoreError(f"assignment {row['id']}: {e}") from None
     return Assignment(row["id"], row["consumer_uuid"], row["instance_uuid"],
                       Owner(row["owner"]), row["migration_uuid"], row["resource_class"],
                       row["provider_uuid"], DeviceKind(row["kind"]), row["device_id"],
                       row["amount"], AssignmentState(row["state"]), row["boot_id"],
-                      json.loads(row["detail"]))
+                      detail)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -259,7 +263,7 @@ def insert_assignments_sql(rows: list[Assignment]) -> Statement:
     return ("INSERT INTO assignments VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [(a.id, a.consumer_uuid, a.instance_uuid, a.owner.value, a.migration_uuid,
               a.resource_class, a.provider_uuid, a.kind.value, a.device_id, a.amount,
-              _to_json(a.detail), a.state.value, a.boot_id, now)
+              a.detail.to_json(), a.state.value, a.boot_id, now)
              for a in rows])
 
 

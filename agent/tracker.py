@@ -25,7 +25,7 @@ from typing import Callable
 from agent import state
 from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.claims import (Choice, HeldDevices, InstanceSpec, Pool, choose,
+from agent.claims import (HeldDevices, InstanceSpec, Pool, choose,
                           parse_allocations)
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
 from agent.state import Decision, Store
@@ -164,7 +164,7 @@ class Tracker:
         rows = [Assignment(state.new_assignment_id(), consumer, instance_uuid,
                            Owner.INSTANCE, migration_uuid, c.resource_class,
                            c.provider_uuid, c.kind, c.device_id, c.amount,
-                           AssignmentState.CLAIMING, self.boot_id, _detail(c))
+                           AssignmentState.CLAIMING, self.boot_id, c.detail)
                 for c in choose(wanted, self._pools, self._held)]
         # The order every later answer uses, so a retry gets the same one.
         return sorted(rows, key=lambda a: a.id)
@@ -387,15 +387,6 @@ class Tracker:
         with self._lock:
             return (dict(self._instances), sorted(self._live.values(), key=lambda a: a.id),
                     dict(self._migrations))
-
-
-def _detail(c: Choice) -> dict:
-    """What a guest definition needs of a chosen device besides its id
-    (NUMA node 0 included)."""
-    detail = {"numa_node": c.numa_node, "size_bytes": c.size_bytes or None,
-              "dev_path": c.dev_path, "mdev_parent": c.mdev_parent,
-              "mdev_type": c.mdev_type}
-    return {k: v for k, v in detail.items() if v is not None}
 
 
 def _with_state(m: Migration, new_state: MigrationState) -> Migration:

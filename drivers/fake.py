@@ -217,15 +217,15 @@ class FakeDriver(ComputeDriver):
 
     def spawn(self, guest: GuestSpec) -> None:
         for d in guest.devices:
-            if d.mdev_parent:
-                self.ensure_mdev(d.device_id, d.mdev_parent, d.mdev_type)
+            if d.detail.mdev_parent:
+                self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
         with self._lock:
             self.guests[guest.instance_uuid] = [guest, True]
 
     def update_guest(self, guest: GuestSpec) -> None:
         for d in guest.devices:
-            if d.mdev_parent:
-                self.ensure_mdev(d.device_id, d.mdev_parent, d.mdev_type)
+            if d.detail.mdev_parent:
+                self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
         with self._lock:
             running = self.guests.get(guest.instance_uuid, [None, False])[1]
             self.guests[guest.instance_uuid] = [guest, running]

@@ -75,7 +75,7 @@ def devices_in_store(rows) -> dict[str, list[str]]:
     for a in rows:
         if a.owner is Owner.INSTANCE and a.kind.value in out:
             # A namespace reaches the guest as its dax device.
-            out[a.kind.value].append(a.detail.get("dev_path", a.device_id))
+            out[a.kind.value].append(a.detail.dev_path or a.device_id)
     return {k: sorted(set(v)) for k, v in out.items()}
 
 

@@ -98,8 +98,8 @@ def test_numa_preference_follows_the_instances_cell_not_another_device():
              MIXED: {"resources": {"CUSTOM_NIC": 1}}}, p)
         got = choose(wanted, p, HeldDevices())
         nic = next(c for c in got if c.resource_class == "CUSTOM_NIC")
-        assert nic.numa_node == 0, (
-            f"GPU provider {gpu}: NIC {nic.device_id} on cell {nic.numa_node}, "
+        assert nic.detail.numa_node == 0, (
+            f"GPU provider {gpu}: NIC {nic.device_id} on cell {nic.detail.numa_node}, "
             "instance on cell 0")
 
 
@@ -108,13 +108,13 @@ def test_existing_unassigned_mdev_before_creating_one():
     held = HeldDevices({(GPU, "VGPU"): {MDEV1}})
     got = choose([Wanted(GPU, "VGPU", 1)], p, held)
     assert ids(got) == [MDEV2]
-    assert (got[0].mdev_parent, got[0].mdev_type) == ("0000:84:00.0", "nvidia-35")
+    assert (got[0].detail.mdev_parent, got[0].detail.mdev_type) == ("0000:84:00.0", "nvidia-35")
     got = choose([Wanted(GPU, "VGPU", 2)], p, held)
     assert ids(got)[0] == MDEV2
     created = got[1]
     assert created.device_id not in (MDEV1, MDEV2)
     assert str(uuid.UUID(created.device_id)) == created.device_id
-    assert (created.mdev_parent, created.mdev_type, created.numa_node) == (
+    assert (created.detail.mdev_parent, created.detail.mdev_type, created.detail.numa_node) == (
         "0000:84:00.0", "nvidia-35", 1)
     # Nothing free at all: every one is new, and they differ.
     got = choose([Wanted(GPU, "VGPU", 2)], p,
@@ -161,7 +161,7 @@ def test_counted_pools_hand_out_the_cell_not_a_device():
     p = pools()
     got = choose([Wanted(NUMA0, "MEMORY_MB", 1024), Wanted(NUMA0, "VCPU", 4)], p,
                  HeldDevices())
-    assert [(c.kind, c.device_id, c.amount, c.numa_node) for c in got] == [
+    assert [(c.kind, c.device_id, c.amount, c.detail.numa_node) for c in got] == [
         (DeviceKind.NUMA, "0", 1024, 0), (DeviceKind.NUMA, "0", 4, 0)]
     held = HeldDevices()
     held.take(got)

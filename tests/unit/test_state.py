@@ -18,7 +18,7 @@ from agent.provider_tree import Provider, inventory
 from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
 from agent.state import Store, StoreError
-from drivers.base import DeviceKind
+from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def assignment(device="0000:81:10.0", provider=PROVIDER, rc="SRIOV_NET_VF",
                kind=DeviceKind.VF, st=AssignmentState.CLAIMED, instance=None, aid=None) -> Assignment:
     inst = instance or str(uuid.uuid4())
     return Assignment(aid or str(uuid.uuid4()), inst, inst, Owner.INSTANCE, None, rc,
-                      provider, kind, device, 1, st, "boot-1", {"numa_node": 0})
+                      provider, kind, device, 1, st, "boot-1", DeviceDetail(numa_node=0))
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
         live = s.read(state.live_assignments)
         assert live == sorted([a for a in made["rows"] if a.state is not AssignmentState.RELEASED],
                               key=lambda a: a.id)
-        assert [a.detail for a in live] == [{"numa_node": 0}] * 2
+        assert [a.detail for a in live] == [DeviceDetail(numa_node=0)] * 2
         assert s.read(state.instances) == {
             made["instance"]: {"name": "old", "vcpus": 1, "memory_mb": 512}}
         m = s.read(state.migrations)[made["migration"]]
@@ -401,6 +401,46 @@ def test_counted_numa_amounts_are_not_exclusive(store):
     rows = [assignment(device="1", rc="VCPU", kind=DeviceKind.NUMA) for _ in range(3)]
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(rows)]))
     assert len(store.read(state.live_assignments)) == 3
+
+
+# --- a device's detail ----------------------------------------------------------------
+
+def _with_detail_text(store: Store, text: str) -> Assignment:
+    row = assignment(kind=DeviceKind.PMEM, rc="CUSTOM_PMEM_NAMESPACE_4GB", device="ns0")
+    store.write(lambda c: (
+        state.run_statements(c, [state.insert_assignments_sql([row])]),
+        c.execute("UPDATE assignments SET detail = ? WHERE id = ?", (text, row.id))))
+    return row
+
+
+def test_a_detail_is_stored_as_its_known_fields_node_0_included(store):
+    row = assignment(kind=DeviceKind.MDEV, rc="VGPU", device=str(uuid.uuid4())).with_(
+        detail=DeviceDetail(numa_node=0, mdev_parent="0000:84:00.0", mdev_type="nvidia-35"))
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([row])]))
+    text = store.read(lambda c: c.execute("SELECT detail FROM assignments").fetchone()[0])
+    assert json.loads(text) == {"numa_node": 0, "mdev_parent": "0000:84:00.0",
+                                "mdev_type": "nvidia-35"}
+    assert [a.detail for a in store.read(state.live_assignments)] == [row.detail]
+
+
+def test_a_detail_written_as_a_plain_dict_by_an_older_agent_still_reads(store):
+    _with_detail_text(store, '{"dev_path": "/dev/dax0.0", "mdev_parent": null, '
+                             '"numa_node": 0, "size_bytes": 4294967296}')
+    assert [a.detail for a in store.read(state.live_assignments)] == [
+        DeviceDetail(numa_node=0, size_bytes=4294967296, dev_path="/dev/dax0.0")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"numa_node": 0, "colour": "red"}', "detail.colour: 'red': not a field"),
+    ('{"numa_node": "0"}', "detail.numa_node: '0': must be int"),
+    ('{"size_bytes": true}', "detail.size_bytes: True: must be int"),
+    ('[0]', "detail: '[0]': not a JSON object"),
+])
+def test_a_detail_that_is_not_ours_is_refused_naming_the_field(store, text, message):
+    row = _with_detail_text(store, text)
+    with pytest.raises(StoreError) as e:
+        store.read(state.live_assignments)
+    assert str(e.value).startswith(f"assignment {row.id}: {message}")
 
 
 # --- dump ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from agent.claims import Pool, Slot
 from agent.manager import guest_spec
 from agent.state import Store
 from agent.tracker import Tracker
-from drivers.base import DeviceKind
+from drivers.base import DeviceDetail, DeviceKind
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 
@@ -28,8 +28,8 @@ def test_a_device_on_numa_node_0_is_recorded_on_node_0(tracker):
     inst = str(uuid.uuid4())
     spec = {"name": "vm", "vcpus": 1, "memory_mb": 512}
     rows = tracker.claim_build(inst, spec, {PF: {"resources": {"SRIOV_NET_VF": 1}}})
-    assert [a.detail for a in rows] == [{"numa_node": 0}]
+    assert [a.detail for a in rows] == [DeviceDetail(numa_node=0)]
     stored = tracker.store.read(state.live_assignments)
-    assert [a.detail for a in stored] == [{"numa_node": 0}]
+    assert [a.detail for a in stored] == [DeviceDetail(numa_node=0)]
     (device,) = guest_spec(inst, spec, stored).devices
-    assert device.numa_node == 0
+    assert device.detail.numa_node == 0
