@@ -50,7 +50,7 @@ class Pool:
 
     @property
     def exclusive(self) -> bool:
-        return self.kind is not DeviceKind.NUMA
+        return not self.kind.counted
 
     @cached_property
     def ordered_slots(self) -> tuple[Slot, ...]:
@@ -120,14 +120,14 @@ class HeldDevices:
 
     def take(self, choices: list[Choice]) -> None:
         for c in choices:
-            if c.kind is not DeviceKind.NUMA:
+            if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).add(c.device_id)
 
     def give_back(self, items) -> None:
         """``items``: anything with provider_uuid, resource_class, kind and
         device_id (choices or assignments)."""
         for c in items:
-            if c.kind is not DeviceKind.NUMA:
+            if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).discard(c.device_id)
 
 

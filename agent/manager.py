@@ -19,9 +19,8 @@ LOG = logging.getLogger(__name__)
 
 def in_guest(a: Assignment) -> bool:
     """Whether the guest's definition carries this assignment: the
-    instance's own, except root inventory (disk), which has nothing to pin."""
-    return a.owner is Owner.INSTANCE and not (a.kind is DeviceKind.NUMA
-                                          and a.device_id == "host")
+    instance's own, except the host's resources, which have nothing to pin."""
+    return a.owner is Owner.INSTANCE and a.kind is not DeviceKind.HOST_RESOURCES
 
 
 def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestSpec:
@@ -38,10 +37,16 @@ def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestS
     return GuestSpec(instance_uuid, s.name, s.vcpus, s.memory_mb, tuple(devices))
 
 
+def kind_on_the_wire(kind: DeviceKind) -> str:
+    """RPC answers (version 1.0) name the host's resources as they did
+    before these had a kind of their own: NUMA, with device id 'host'."""
+    return DeviceKind.NUMA.value if kind is DeviceKind.HOST_RESOURCES else kind.value
+
+
 def describe(assignments: list[Assignment]) -> list[dict]:
     return [{"id": a.id, "owner": a.owner.value, "consumer_uuid": a.consumer_uuid,
              "migration_uuid": a.migration_uuid, "resource_class": a.resource_class,
-             "provider_uuid": a.provider_uuid, "kind": a.kind.value,
+             "provider_uuid": a.provider_uuid, "kind": kind_on_the_wire(a.kind),
              "device_id": a.device_id, "amount": a.amount, "state": a.state.value}
             for a in assignments]
 

@@ -29,7 +29,7 @@ from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -93,7 +93,18 @@ INSERT INTO placement_view SELECT uuid, NULL, name, NULL, '{}', '[]', NULL FROM 
 DROP TABLE providers;
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
+# v4: the host's own resources (DISK_GB; CPUs and memory of a host without
+# NUMA providers) get a kind of their own. v1-v3 recorded them as kind
+# 'numa' with device 'host'. Like 'numa', many live rows share the device.
+_V4 = """
+DROP INDEX assignments_one_live_holder;
+UPDATE assignments SET kind = 'host_resources' WHERE kind = 'numa' AND device_id = 'host';
+CREATE UNIQUE INDEX assignments_one_live_holder
+    ON assignments (provider_uuid, resource_class, device_id)
+    WHERE state != 'released' AND kind NOT IN ('numa', 'host_resources');
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def new_assignment_id() -> str:

@@ -113,6 +113,15 @@ class DeviceKind(str, enum.Enum):
     PMEM = "pmem"  # a persistent-memory namespace, as an nvdimm
     PCPU = "pcpu"  # dedicated host CPUs, pinned
     NUMA = "numa"  # shared CPUs and memory of a NUMA cell
+    # Amounts of the whole host, of no cell: DISK_GB, and the CPUs and
+    # memory of a host without NUMA providers. They do not reach the guest.
+    HOST_RESOURCES = "host_resources"
+
+    @property
+    def counted(self) -> bool:
+        """Only an amount is recorded, of no device in particular: many
+        assignments share the one device id."""
+        return self in (DeviceKind.NUMA, DeviceKind.HOST_RESOURCES)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def world(tmp_path):
 
 def held_devices(w):
     return [(a.provider_uuid, a.resource_class, a.device_id) for a in w.live()
-            if a.kind is not DeviceKind.NUMA]
+            if not a.kind.counted]
 
 
 def claim_all_at_once(w, count: int):

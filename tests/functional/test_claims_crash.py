@@ -251,7 +251,7 @@ def check(w, truth: Truth, iteration: int) -> None:
     where = f"iteration {iteration}"
     live = w.live()
     held = [(a.provider_uuid, a.resource_class, a.device_id) for a in live
-            if a.kind is not DeviceKind.NUMA]
+            if not a.kind.counted]
     assert len(held) == len(set(held)), f"{where}: a device is held twice"
     instances = w.instances()
     assert set(instances) == set(truth.known), \
@@ -267,7 +267,7 @@ def check(w, truth: Truth, iteration: int) -> None:
     assert not any(m.open for m in w.migrations().values()), f"{where}: a move is open"
     assert not truth.pending
     guests = w.driver.list_guests()
-    disk = {a.id for a in live if a.kind is DeviceKind.NUMA and a.device_id == "host"}
+    disk = {a.id for a in live if a.kind is DeviceKind.HOST_RESOURCES}
     assert guests == {i: frozenset(ids - disk) for i, ids in truth.known.items()}, \
         f"{where}: guests differ from the store"
     audit = w.reconcile(None, at_start=False, fix=False)

@@ -117,9 +117,8 @@ class Model:
 
 def guest_ids(rows) -> frozenset[str]:
     """The ids a guest's metadata carries: every row of its device set but
-    the root's disk, which the guest does not pin."""
-    return frozenset(a.id for a in rows
-                     if not (a.kind is DeviceKind.NUMA and a.device_id == "host"))
+    the host's resources (the root's disk), which the guest does not pin."""
+    return frozenset(a.id for a in rows if a.kind is not DeviceKind.HOST_RESOURCES)
 
 
 class ClaimsMachine(RuleBasedStateMachine):
@@ -387,7 +386,7 @@ class ClaimsMachine(RuleBasedStateMachine):
         for h, w in self.worlds.items():
             seen = {}
             for a in w.live():
-                if a.kind is DeviceKind.NUMA:
+                if a.kind.counted:
                     continue
                 key = (a.provider_uuid, a.resource_class, a.device_id)
                 assert key not in seen, f"host {h}: {key} held by {seen[key]} and {a.id}"
@@ -534,7 +533,7 @@ def test_same_host_resize_restart_revert_restores_exact_devices(hosts):
     assert w.driver.list_guests()[inst] == guest_ids(a for a in during.values()
                                                      if a.owner is Owner.INSTANCE)
     held = [(a.provider_uuid, a.resource_class, a.device_id) for a in during.values()
-            if a.kind is not DeviceKind.NUMA]
+            if not a.kind.counted]
     assert len(held) == len(set(held)), "old and new sets overlap"
 
     w.restart()

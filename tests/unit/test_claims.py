@@ -348,8 +348,7 @@ def test_bad_counts(key, limit, value):
 
 # --- property: no held device is ever chosen ----------------------------------------------
 
-POOL_KINDS = st.sampled_from([DeviceKind.VF, DeviceKind.PCI, DeviceKind.MDEV,
-                              DeviceKind.PMEM, DeviceKind.PCPU, DeviceKind.NUMA])
+POOL_KINDS = st.sampled_from(list(DeviceKind))
 
 
 @st.composite
@@ -363,7 +362,7 @@ def random_pools(draw):
             n_slots = draw(st.integers(0 if kind is DeviceKind.MDEV else 1, 6))
             slots = tuple(Slot(f"{provider[-2:]}-{rc}-{i}", draw(st.sampled_from([None, 0, 1])))
                           for i in range(n_slots))
-            if kind is DeviceKind.NUMA:
+            if kind.counted:
                 slots, capacity = (), draw(st.integers(1, 64))
             elif kind is DeviceKind.MDEV:
                 capacity = n_slots + draw(st.integers(0, 4))
@@ -390,7 +389,7 @@ class NoHeldDeviceChosen(RuleBasedStateMachine):
         out = {}
         for claim in self.claims:
             for c in claim:
-                if c.kind is not DeviceKind.NUMA:
+                if not c.kind.counted:
                     out.setdefault((c.provider_uuid, c.resource_class), []).append(
                         c.device_id)
         return out
@@ -398,7 +397,7 @@ class NoHeldDeviceChosen(RuleBasedStateMachine):
     def free(self, key) -> int:
         pool = self.pools[key[0]][key[1]]
         held = set(self.shadow().get(key, ()))
-        if pool.kind is DeviceKind.NUMA:
+        if pool.kind.counted:
             return 1 << 30
         if pool.kind is DeviceKind.MDEV:
             return pool.capacity - len(held)
@@ -424,7 +423,7 @@ class NoHeldDeviceChosen(RuleBasedStateMachine):
         assert fits, f"granted beyond what is free: {need}"
         assert live(self.held) == before  # choose itself changes nothing
         for c in got:
-            if c.kind is DeviceKind.NUMA:
+            if c.kind.counted:
                 continue
             assert c.device_id not in before.get((c.provider_uuid, c.resource_class),
                                                  ()), f"{c.device_id} is held"
@@ -432,7 +431,7 @@ class NoHeldDeviceChosen(RuleBasedStateMachine):
             if pool.kind is not DeviceKind.MDEV:
                 assert c.device_id in {s.device_id for s in pool.slots}
         exclusive = [(c.provider_uuid, c.resource_class, c.device_id) for c in got
-                     if c.kind is not DeviceKind.NUMA]
+                     if not c.kind.counted]
         assert len(exclusive) == len(set(exclusive)), "one device twice in one claim"
         self.held.take(got)
         self.claims.append(got)

@@ -176,6 +176,34 @@ def test_version_2_provider_names_become_the_placement_view(tmp_path):
         s.close()
 
 
+def test_version_3_host_rows_become_host_resources_that_many_share(tmp_path):
+    """v3 recorded the host's own resources as NUMA device 'host'; v4 names
+    them, and its one-live-holder index still lets every instance hold some."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    state.migrate(conn, target=3)
+    disk = [assignment(device="host", rc="DISK_GB", kind=DeviceKind.NUMA) for _ in range(2)]
+    cell = assignment(device="0", rc="VCPU", kind=DeviceKind.NUMA)
+    vf = assignment()
+    conn.execute("BEGIN")
+    state.run_statements(conn, [state.insert_assignments_sql(disk + [cell, vf])])
+    conn.execute("COMMIT")
+    conn.close()
+    s = Store(path)
+    try:
+        kinds = {a.id: a.kind for a in s.read(state.live_assignments)}
+        assert kinds == {disk[0].id: DeviceKind.HOST_RESOURCES,
+                         disk[1].id: DeviceKind.HOST_RESOURCES,
+                         cell.id: DeviceKind.NUMA, vf.id: DeviceKind.VF}
+        more = assignment(device="host", rc="DISK_GB", kind=DeviceKind.HOST_RESOURCES)
+        s.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([more])]))
+        with pytest.raises(sqlite3.IntegrityError):  # devices are still exclusive
+            s.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(
+                [assignment()])]))
+    finally:
+        s.close()
+
+
 def test_the_placement_view_is_kept_whole(store):
     store.write(state.put_placement_view_sql(VIEW))
     assert store.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
@@ -397,8 +425,10 @@ def test_a_device_has_one_live_holder_until_released(store):
     assert holders == []
 
 
-def test_counted_numa_amounts_are_not_exclusive(store):
-    rows = [assignment(device="1", rc="VCPU", kind=DeviceKind.NUMA) for _ in range(3)]
+@pytest.mark.parametrize("kind, device", [(DeviceKind.NUMA, "1"),
+                                          (DeviceKind.HOST_RESOURCES, "host")])
+def test_counted_amounts_are_not_exclusive(store, kind, device):
+    rows = [assignment(device=device, rc="VCPU", kind=kind) for _ in range(3)]
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(rows)]))
     assert len(store.read(state.live_assignments)) == 3
 
