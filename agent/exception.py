@@ -92,3 +92,17 @@ class MoveInProgress(AgentError):
 
     def __str__(self) -> str:
         return f"instance {self.instance_uuid} is in move {self.migration_uuid}"
+
+
+class DevicesInUse(AgentError):
+    """Devices about to be given back are still in a running guest's live
+    definition; nothing was given back."""
+
+    def __init__(self, instance_uuid: str, devices: list[str]):
+        super().__init__(instance_uuid, devices)
+        self.instance_uuid = instance_uuid
+        self.devices = devices
+
+    def __str__(self) -> str:
+        return (f"instance {self.instance_uuid}: its running guest still uses "
+                f"{', '.join(self.devices)}; nothing was given back")

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 
-from agent.claim_model import Assignment, Migration, MigrationRole, MoveKind, Owner
+from agent.claim_model import (Assignment, Migration, MigrationRole, MigrationState,
+                               MoveKind, Owner)
 from agent.claims import InstanceSpec
-from agent.tracker import Tracker
-from drivers.base import ComputeDriver, DeviceKind, GuestDevice, GuestSpec
+from agent.exception import DevicesInUse, InvalidRequest
+from agent.tracker import Tracker, check_uuid
+from drivers.base import (ComputeDriver, DeviceKind, GuestDevice, GuestSpec, GuestState,
+                          device_resources)
 
 LOG = logging.getLogger(__name__)
 
@@ -26,15 +29,17 @@ def in_guest(a: Assignment) -> bool:
 def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestSpec:
     """The guest as the driver defines it, from the instance's own
     (instance-owned) assignments."""
-    devices = []
-    for a in filter(in_guest, rows):
-        devices.append(GuestDevice(
-            a.id, a.kind, a.device_id, a.amount,
-            cpus=frozenset({int(a.device_id)}) if a.kind is DeviceKind.PCPU
-            else frozenset(),
-            detail=a.detail))
+    devices = tuple(guest_device(a) for a in rows if in_guest(a))
     s = InstanceSpec.from_payload(spec)
-    return GuestSpec(instance_uuid, s.name, s.vcpus, s.memory_mb, tuple(devices))
+    return GuestSpec(instance_uuid, s.name, s.vcpus, s.memory_mb, devices)
+
+
+def guest_device(a: Assignment) -> GuestDevice:
+    return GuestDevice(
+        a.id, a.kind, a.device_id, a.amount,
+        cpus=frozenset({int(a.device_id)}) if a.kind is DeviceKind.PCPU
+        else frozenset(),
+        detail=a.detail)
 
 
 def kind_on_the_wire(kind: DeviceKind) -> str:
@@ -56,7 +61,23 @@ def describe_migration(m: Migration) -> dict:
             "state": m.state.value}
 
 
+def live_conflicts(state: GuestState | None, rows: list[Assignment]) -> list[str]:
+    """The devices among ``rows`` that a running guest still uses, by its
+    live definition: by assignment id, or by the host resource itself."""
+    if state is None or not state.running:
+        return []
+    return [f"{a.kind.value} {a.device_id}" for a in rows
+            if a.id in state.live
+            or device_resources(guest_device(a)) & state.live_resources]
+
+
 class ComputeManager:
+    """Each move step first checks that the migration, the instance and
+    this host's part in the move agree, and only then changes anything.
+    Devices are given back only once no running guest uses them: a guest
+    whose devices change is stopped first, since libvirt cannot change a
+    running guest's devices by redefining it."""
+
     def __init__(self, tracker: Tracker, driver: ComputeDriver,
                  remove_released_mdevs: bool = False):
         self.tracker = tracker
@@ -67,24 +88,82 @@ class ComputeManager:
 
     def get_instance(self, instance_uuid) -> dict:
         spec, rows, moves = self.tracker.instance(instance_uuid)
+        guest = self.driver.guest_state(instance_uuid)
+        running = guest is not None and guest.running
         return {"uuid": instance_uuid, "spec": spec, "assignments": describe(rows),
                 "migrations": [describe_migration(m) for m in moves],
-                "running": self.driver.guest_is_running(instance_uuid),
-                "definition": self.driver.guest_definition(instance_uuid)}
+                "running": running,
+                # What the guest will start with, and what it runs with.
+                "definition": self.driver.guest_definition(instance_uuid),
+                "live_definition": (self.driver.guest_definition(instance_uuid, live=True)
+                                    if running else None)}
 
     def redefine_guest(self, instance_uuid: str) -> None:
-        """Define the guest again from the store, keeping it running."""
+        """Define the guest again from the store; a running guest keeps its
+        live devices until it is next started."""
         self.driver.update_guest(self._guest(instance_uuid))
 
     def _guest(self, instance_uuid: str) -> GuestSpec:
         spec, rows, _ = self.tracker.instance(instance_uuid)
         return guest_spec(instance_uuid, spec, rows)
 
+    def _run_with_store_devices(self, instance_uuid: str) -> None:
+        """The guest runs with exactly the devices the store gives it: one
+        running on others is stopped, then defined and started."""
+        guest = self._guest(instance_uuid)
+        state = self.driver.guest_state(instance_uuid)
+        wanted = frozenset(d.assignment_id for d in guest.devices)
+        if state is not None and state.running and state.live != wanted:
+            self.driver.power_off(instance_uuid)
+        self.driver.spawn(guest)
+
+    def _check_not_in_use(self, instance_uuid: str, rows: list[Assignment]) -> None:
+        """Raise DevicesInUse, giving nothing back, when the instance's
+        running guest still holds any of ``rows``."""
+        busy = live_conflicts(self.driver.guest_state(instance_uuid), rows)
+        if busy:
+            raise DevicesInUse(instance_uuid, busy)
+
     def _release_devices(self, released: list[Assignment]) -> None:
         if self.remove_released_mdevs:
             for a in released:
                 if a.kind is DeviceKind.MDEV:
                     self.driver.remove_mdev(a.device_id)
+
+    def _move(self, migration_uuid, instance_uuid, roles: tuple[MigrationRole, ...],
+              kinds: tuple[MoveKind, ...] = tuple(MoveKind)) -> Migration:
+        """The migration, once it is known here, is of this instance, and
+        this host plays one of ``roles`` in it; InvalidRequest otherwise."""
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+        m = self.tracker.migration(migration_uuid)
+        if m.instance_uuid != instance_uuid:
+            raise InvalidRequest("instance_uuid", instance_uuid,
+                                 f"migration {m.uuid} moves instance {m.instance_uuid}")
+        if m.role not in roles:
+            raise InvalidRequest("migration_uuid", m.uuid,
+                                 f"this host is the move's {m.role.value}, not its "
+                                 f"{' or '.join(r.value for r in roles)}")
+        if m.kind not in kinds:
+            raise InvalidRequest("migration_uuid", m.uuid,
+                                 f"is a {m.kind.value}, not a "
+                                 f"{' or '.join(k.value for k in kinds)}")
+        return m
+
+    def _known_move(self, migration_uuid, instance_uuid,
+                    roles: tuple[MigrationRole, ...],
+                    kinds: tuple[MoveKind, ...]) -> Migration | None:
+        """Like _move, for a step that may be the first this host hears of
+        the move: None when the migration is not known here yet."""
+        migration_uuid = check_uuid(migration_uuid, "migration_uuid")
+        try:
+            self.tracker.migration(migration_uuid)
+        except InvalidRequest:
+            return None
+        return self._move(migration_uuid, instance_uuid, roles, kinds)
+
+    def _migration_rows(self, m: Migration, owner: Owner) -> list[Assignment]:
+        _, rows, _ = self.tracker.instance(m.instance_uuid)
+        return [a for a in rows if a.owner is owner and a.migration_uuid == m.uuid]
 
     # --- build and delete -----------------------------------------------
 
@@ -94,8 +173,8 @@ class ComputeManager:
             self.driver.spawn(self._guest(instance_uuid))
         except Exception:
             LOG.exception("Spawning %s failed; giving its devices back", instance_uuid)
-            self._release_devices(self.tracker.release_instance(instance_uuid))
             self.driver.destroy(instance_uuid)
+            self._release_devices(self.tracker.release_instance(instance_uuid))
             raise
         self.tracker.complete(instance_uuid)
         return self.get_instance(instance_uuid)
@@ -114,35 +193,57 @@ class ComputeManager:
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def resize_instance(self, migration_uuid, instance_uuid) -> dict:
-        """Source: the migration takes over the instance's devices here."""
+        """Source: the migration takes over the instance's devices here, and
+        the guest stops (nova's migrate_disk_and_power_off)."""
+        self._known_move(migration_uuid, instance_uuid,
+                         (MigrationRole.SOURCE, MigrationRole.BOTH), (MoveKind.RESIZE,))
         rows = self.tracker.begin_move_source(MoveKind.RESIZE, migration_uuid,
                                               instance_uuid)
+        self.driver.power_off(instance_uuid)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def finish_resize(self, migration_uuid, instance_uuid) -> dict:
-        """Destination: the guest gets its new devices."""
-        self.driver.spawn(self._guest(instance_uuid))
-        self.tracker.finish_move(migration_uuid)
-        return self.get_instance(instance_uuid)
+        """Destination: the guest runs with its new devices."""
+        m = self._move(migration_uuid, instance_uuid,
+                       (MigrationRole.DESTINATION, MigrationRole.BOTH), (MoveKind.RESIZE,))
+        if m.state is MigrationState.REVERTED:
+            raise InvalidRequest("migration_uuid", m.uuid, "this move was reverted")
+        self._run_with_store_devices(m.instance_uuid)
+        self.tracker.finish_move(m.uuid)
+        return self.get_instance(m.instance_uuid)
 
     def confirm_resize(self, migration_uuid, instance_uuid) -> dict:
-        """Source: give back the old devices; a guest that left is removed."""
-        left = self.tracker.migration(migration_uuid).role is MigrationRole.SOURCE
-        self._release_devices(self.tracker.confirm_move(migration_uuid))
-        if left:
-            self.driver.destroy(instance_uuid)
-        return {"migration_uuid": migration_uuid, "state": "confirmed"}
+        """Source: give back the old devices; a guest that left is removed
+        first. On the same host the guest must already run on its new
+        devices."""
+        m = self._move(migration_uuid, instance_uuid, tuple(MigrationRole))
+        if m.role is MigrationRole.SOURCE:
+            self.driver.destroy(m.instance_uuid)
+        elif m.state not in (MigrationState.CONFIRMED, MigrationState.REVERTED):
+            self._check_not_in_use(m.instance_uuid,
+                                   self._migration_rows(m, Owner.MIGRATION))
+        self._release_devices(self.tracker.confirm_move(m.uuid))
+        return {"migration_uuid": m.uuid, "state": "confirmed"}
 
     def revert_resize(self, migration_uuid, instance_uuid) -> dict:
-        """Either side: new devices back, old ones to the instance."""
-        role = self.tracker.migration(migration_uuid).role
-        self.tracker.revert_move(migration_uuid)
-        if role is MigrationRole.DESTINATION:
-            self.driver.destroy(instance_uuid)
-            return {"migration_uuid": migration_uuid, "instance": None}
-        self.driver.spawn(self._guest(instance_uuid))
-        return {"migration_uuid": migration_uuid,
-                "instance": self.get_instance(instance_uuid)}
+        """Either side: new devices back, old ones to the instance. A guest
+        running on the new devices stops before they are given back."""
+        m = self._move(migration_uuid, instance_uuid, tuple(MigrationRole))
+        return self._revert(m)
+
+    def _revert(self, m: Migration) -> dict:
+        if m.role is MigrationRole.DESTINATION:
+            self.driver.destroy(m.instance_uuid)
+            self._release_devices(self.tracker.revert_move(m.uuid))
+            return {"migration_uuid": m.uuid, "instance": None}
+        if m.state not in (MigrationState.CONFIRMED, MigrationState.REVERTED):
+            new = self._migration_rows(m, Owner.INSTANCE)
+            if live_conflicts(self.driver.guest_state(m.instance_uuid), new):
+                self.driver.power_off(m.instance_uuid)
+            self._check_not_in_use(m.instance_uuid, new)
+        self.tracker.revert_move(m.uuid)
+        self._run_with_store_devices(m.instance_uuid)
+        return {"migration_uuid": m.uuid, "instance": self.get_instance(m.instance_uuid)}
 
     # --- live migration -------------------------------------------------
 
@@ -150,6 +251,8 @@ class ComputeManager:
                                            allocations) -> dict:
         """Destination: claim now; the source needs these devices to
         rewrite the guest's XML."""
+        self._known_move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                         (MoveKind.LIVE_MIGRATION,))
         self.tracker.claim_move(MoveKind.LIVE_MIGRATION, migration_uuid, instance_uuid,
                                 spec, allocations)
         guest = self._guest(instance_uuid)
@@ -160,6 +263,8 @@ class ComputeManager:
     def live_migrate(self, migration_uuid, instance_uuid) -> dict:
         """Source: hand the devices to the migration. Once the conductor
         reports success, confirm_resize on the source gives them back."""
+        self._known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                         (MoveKind.LIVE_MIGRATION,))
         rows = self.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
                                               instance_uuid)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
@@ -167,24 +272,40 @@ class ComputeManager:
     def post_live_migration_at_destination(self, migration_uuid, instance_uuid) -> dict:
         """Destination: the guest runs here, defined with our devices. There
         is no going back after this, so the move is settled here too."""
-        self.driver.spawn(self._guest(instance_uuid))
-        self.tracker.finish_move(migration_uuid)
-        self.tracker.confirm_move(migration_uuid)
-        return self.get_instance(instance_uuid)
+        m = self._move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                       (MoveKind.LIVE_MIGRATION,))
+        if m.state is MigrationState.REVERTED:
+            raise InvalidRequest("migration_uuid", m.uuid, "this move was rolled back")
+        self._run_with_store_devices(m.instance_uuid)
+        self.tracker.finish_move(m.uuid)
+        self.tracker.confirm_move(m.uuid)
+        return self.get_instance(m.instance_uuid)
 
     def rollback_live_migration_at_destination(self, migration_uuid,
                                                instance_uuid) -> dict:
-        return self.revert_resize(migration_uuid, instance_uuid)
+        m = self._move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                       (MoveKind.LIVE_MIGRATION,))
+        return self._revert(m)
 
     # --- evacuation -----------------------------------------------------
 
     def rebuild_instance(self, migration_uuid, instance_uuid, spec, allocations) -> dict:
         """Destination of an evacuation: claimed under a migration record
         that is on disk before anything else happens, so a crash resumes
-        here; then the guest is built and the move completed."""
+        here; then the guest is built and the move completed. An instance
+        that already runs here is not evacuated here."""
+        known = self._known_move(migration_uuid, instance_uuid,
+                                 (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
+        if known is None and not self.tracker.knows(instance_uuid) \
+                and self.driver.guest_state(instance_uuid) is not None:
+            # An instance the store knows is refused by the claim, once its
+            # allocations are checked; a guest the store does not know, here.
+            raise InvalidRequest("instance_uuid", instance_uuid,
+                                 "has a guest on this host; an evacuation "
+                                 "rebuilds it on another")
         self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid, instance_uuid,
                                 spec, allocations)
-        self.driver.spawn(self._guest(instance_uuid))
+        self._run_with_store_devices(instance_uuid)
         self.tracker.finish_move(migration_uuid)
         self.tracker.confirm_move(migration_uuid)
         return self.get_instance(instance_uuid)

@@ -1,18 +1,28 @@
 """Reconciliation: the store, the hypervisor's guests and Placement's
 allocations, compared. Run at start-up (when nothing is in flight) and
 every few cycles. It fixes what is safe, reports the rest, and never
-deletes a running guest. With ``fix=False`` it only reports (the audit).
+deletes or restarts a running guest. With ``fix=False`` it only reports
+(the audit).
+
+Every case is a named rule below, in the order they are tried: a rule
+detects one disagreement and either fixes it or reports it. The
+per-instance rules run for each instance the store knows; a rule that
+settles an instance (rolls back its claim, gives back its devices) stops
+the later rules for it. What is unknown (Placement not answering) is never
+taken for empty: the rules that need Placement's allocations are skipped.
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from agent import state
-from agent.claim_model import AssignmentState, MigrationRole, MoveKind, Owner
 from agent.manager import ComputeManager, in_guest
-from drivers.base import DeviceKind
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MoveKind, Owner)
+from drivers.base import DeviceKind, GuestState
 
 LOG = logging.getLogger(__name__)
 
@@ -44,108 +54,216 @@ class Report:
                 "findings": [asdict(f) for f in self.findings]}
 
 
+@dataclass
+class Pass:
+    """What one reconciliation pass knows, read once at its start."""
+
+    manager: ComputeManager
+    report: Report
+    fix: bool
+    at_start: bool
+    instances: dict[str, dict]
+    rows: dict[str, list[Assignment]]
+    open_moves: dict[str, Migration]  # by instance uuid
+    migrations: set[str]  # every move the store knows, open or settled
+    guests: dict[str, GuestState]
+    # consumer uuid -> our providers it holds allocations on; None when
+    # Placement's answer is unknown.
+    allocations: dict[str, set[str]] | None
+    boot_id: str
+    grace: float
+    changed_at: dict[str, float]
+    now: float
+
+    def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
+        """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
+        if not self.fix:
+            self.report.add(kind, subject, detail.split(":")[0])
+            return
+        try:
+            action()
+            self.report.add(kind, subject, detail, fixed=True)
+        except Exception as e:  # one bad record must not stop the others
+            self.report.add(kind, subject, f"{detail.split(':')[0]}; fixing failed: {e}")
+
+    def claimed(self, uuid: str) -> list[Assignment]:
+        return [a for a in self.rows.get(uuid, ())
+                if a.state is AssignmentState.CLAIMED and a.owner is Owner.INSTANCE]
+
+
+def carried(guest: GuestState) -> frozenset[str]:
+    """The assignments a guest holds: what it runs with, or when stopped
+    what it will start with."""
+    return guest.live if guest.running else guest.saved
+
+
+# --- per-instance rules: each returns True when it settled the instance ---
+
+def claim_stuck_claiming(p: Pass, uuid: str) -> bool:
+    """At start-up: a build that crashed between its claim and its
+    completion. Completed when the guest carries the devices, rolled back
+    when there is no guest, left alone when a running guest lacks some."""
+    claiming = [a for a in p.rows.get(uuid, ())
+                if a.state is AssignmentState.CLAIMING and a.migration_uuid is None]
+    if not p.at_start or not claiming:
+        return False
+    guest = p.guests.get(uuid)
+    wanted = {a.id for a in claiming if in_guest(a)}
+    if guest is not None and wanted <= carried(guest):
+        p.act("claim_stuck_claiming", uuid,
+              "the guest has these devices: claim completed",
+              lambda: p.manager.tracker.complete(uuid))
+    elif guest is not None and guest.running:
+        p.report.add("claim_stuck_claiming", uuid,
+                     "a running guest lacks some of these devices; left alone")
+    else:
+        p.act("claim_stuck_claiming", uuid,
+              "no guest holds these devices: claim rolled back",
+              lambda: p.manager.delete_instance(uuid))
+    return True
+
+
+def evacuation_interrupted(p: Pass, uuid: str) -> bool:
+    """At start-up: an evacuation accepted here whose rebuild did not
+    finish is resumed; this host is its single owner."""
+    move = p.open_moves.get(uuid)
+    if not (p.at_start and move is not None and move.kind is MoveKind.EVACUATION
+            and move.role is MigrationRole.DESTINATION):
+        return False
+    p.act("evacuation_interrupted", uuid,
+          "resumed: guest built and the move completed",
+          lambda: p.manager.rebuild_instance(move.uuid, uuid, p.instances[uuid], None))
+    return True
+
+
+def assignment_without_guest(p: Pass, uuid: str) -> bool:
+    """Devices held by an instance with no guest here and no move: given
+    back once unchanged for the grace period, reported until then."""
+    if not p.claimed(uuid) or uuid in p.guests or uuid in p.open_moves:
+        return False
+    waited = p.now - p.changed_at.get(uuid, p.now - p.grace)
+    if waited < p.grace:
+        p.report.add("assignment_without_guest", uuid,
+                     f"devices held by an instance that has no guest here; "
+                     f"given back once unchanged for {p.grace:.0f} s "
+                     f"(now {max(waited, 0):.0f} s)")
+        return True
+    p.act("assignment_without_guest", uuid,
+          "devices held by an instance that has no guest here: given back",
+          lambda: p.manager.delete_instance(uuid))
+    return True
+
+
+def guest_devices_differ(p: Pass, uuid: str) -> bool:
+    """A guest whose devices are not the store's. Its saved definition is
+    redefined from the store; a running guest keeps its live devices until
+    it is next started, so that part is reported, never fixed by a restart."""
+    guest = p.guests.get(uuid)
+    if guest is None or uuid in p.open_moves or not p.claimed(uuid):
+        return False
+    stored = frozenset(a.id for a in p.rows.get(uuid, ()) if in_guest(a))
+    if guest.saved != stored:
+        p.act("guest_devices_differ", uuid,
+              "the guest's saved definition is not the store's: guest redefined",
+              lambda: p.manager.redefine_guest(uuid))
+    if guest.running and guest.live != stored:
+        p.report.add("guest_running_on_other_devices", uuid,
+                     "the running guest's live devices are not the store's; "
+                     "left running, it takes the store's at its next start")
+    return False
+
+
+def mdev_after_reboot(p: Pass, uuid: str) -> bool:
+    """Assignments from an earlier boot: the instance's mdevs are created
+    again (a reboot removes them), then the rows move to this boot."""
+    stale = [a for a in p.rows.get(uuid, ()) if a.boot_id != p.boot_id]
+    driver = p.manager.driver
+    for a in stale:
+        if a.kind is DeviceKind.MDEV and a.owner is Owner.INSTANCE:
+            p.act("mdev_after_reboot", a.device_id,
+                  f"claimed before this boot by {uuid}: recreated",
+                  lambda a=a: driver.ensure_mdev(a.device_id, a.detail.mdev_parent,
+                                                 a.detail.mdev_type))
+    if stale and p.fix:
+        p.manager.tracker.rebind_boot(uuid)
+    return False
+
+
+def assignment_without_allocation(p: Pass, uuid: str) -> bool:
+    """Placement holds no allocation of the instance on our providers
+    (evacuated away, say): a stopped guest and its devices are removed; a
+    running one is reported. Skipped while Placement's answer is unknown."""
+    if p.allocations is None or uuid in p.allocations or uuid in p.open_moves \
+            or not p.claimed(uuid):
+        return False
+    guest = p.guests.get(uuid)
+    if guest is not None and guest.running:
+        p.report.add("assignment_without_allocation", uuid,
+                     "Placement has no allocation of it here, but its guest "
+                     "runs; left alone")
+        return False
+    p.act("assignment_without_allocation", uuid,
+          "Placement has no allocation of it here (evacuated?): "
+          "guest and devices removed",
+          lambda: p.manager.delete_instance(uuid))
+    return True
+
+
+INSTANCE_RULES: tuple[Callable[[Pass, str], bool], ...] = (
+    claim_stuck_claiming,
+    evacuation_interrupted,
+    assignment_without_guest,
+    guest_devices_differ,
+    mdev_after_reboot,
+    assignment_without_allocation,
+)
+
+
+# --- host-wide rules ------------------------------------------------------
+
+def guest_without_assignments(p: Pass) -> None:
+    """A guest of ours that the store does not know: reported, left alone."""
+    for uuid in sorted(set(p.guests) - set(p.instances)):
+        p.report.add("guest_without_assignments", uuid,
+                     "a guest of ours that the store does not know; left alone")
+
+
+def allocation_without_record(p: Pass) -> None:
+    """A consumer holding allocations on our providers that no local record
+    explains: reported. Skipped while Placement's answer is unknown."""
+    if p.allocations is None:
+        return
+    known = set(p.instances) | p.migrations
+    for consumer in sorted(set(p.allocations) - known):
+        p.report.add("allocation_without_record", consumer,
+                     f"holds allocations on {len(p.allocations[consumer])} of our "
+                     "providers that no local record explains")
+
+
+HOST_RULES: tuple[Callable[[Pass], None], ...] = (
+    guest_without_assignments,
+    allocation_without_record,
+)
+
+
 def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
               at_start: bool, fix: bool = True, grace: float = 0) -> Report:
     """``allocations``: consumer uuid -> our providers it holds allocations
-    on, or None when Placement could not be asked. ``grace``: seconds for
+    on, or None when Placement's answer is unknown. ``grace``: seconds for
     which devices whose guest has gone stay held (orphan_grace_period)."""
     tracker, driver = manager.tracker, manager.driver
-    report = Report()
     instances, live, moves = tracker.snapshot()
-    changed_at = tracker.store.read(state.live_changed_at) if grace else {}
-    now = time.time()
-    guests = driver.list_guests()
-    open_moves = {m.instance_uuid: m for m in moves.values() if m.open}
-    by_instance: dict[str, list] = {}
+    rows: dict[str, list[Assignment]] = {}
     for a in live:
-        by_instance.setdefault(a.instance_uuid, []).append(a)
-
-    for uuid in sorted(set(guests) - set(instances)):
-        report.add("guest_without_assignments", uuid,
-                   "a guest of ours that the store does not know; left alone")
-
-    boot_id = driver.boot_id()
+        rows.setdefault(a.instance_uuid, []).append(a)
+    p = Pass(manager, Report(), fix, at_start, instances, rows,
+             {m.instance_uuid: m for m in moves.values() if m.open}, set(moves),
+             driver.list_guests(), allocations, driver.boot_id(), grace,
+             tracker.store.read(state.live_changed_at) if grace else {}, time.time())
     for uuid in sorted(instances):
-        rows = by_instance.get(uuid, [])
-        move = open_moves.get(uuid)
-        claiming = [a for a in rows if a.state is AssignmentState.CLAIMING
-                    and a.migration_uuid is None]
-        if at_start and claiming:
-            # A build that crashed between its claim and its completion.
-            carried = {a.id for a in claiming if in_guest(a)}
-            if uuid in guests and carried <= guests[uuid]:
-                _fix(report, fix, "claim_stuck_claiming", uuid,
-                     "the guest has these devices: claim completed",
-                     lambda: tracker.complete(uuid))
-            elif driver.guest_is_running(uuid):
-                report.add("claim_stuck_claiming", uuid,
-                           "a running guest lacks some of these devices; left alone")
-            else:
-                _fix(report, fix, "claim_stuck_claiming", uuid,
-                     "no guest holds these devices: claim rolled back",
-                     lambda: manager.delete_instance(uuid))
-            continue
-        if at_start and move is not None and move.kind is MoveKind.EVACUATION \
-                and move.role is MigrationRole.DESTINATION:
-            _fix(report, fix, "evacuation_interrupted", uuid,
-                 "resumed: guest built and the move completed",
-                 lambda: manager.rebuild_instance(move.uuid, uuid, instances[uuid], None))
-            continue
-        claimed = [a for a in rows if a.state is AssignmentState.CLAIMED
-                   and a.owner is Owner.INSTANCE]
-        if claimed and uuid not in guests and move is None:
-            waited = now - changed_at.get(uuid, now - grace)
-            if waited < grace:
-                report.add("assignment_without_guest", uuid,
-                           f"devices held by an instance that has no guest here; "
-                           f"given back once unchanged for {grace:.0f} s "
-                           f"(now {max(waited, 0):.0f} s)")
-                continue
-            _fix(report, fix, "assignment_without_guest", uuid,
-                 "devices held by an instance that has no guest here: given back",
-                 lambda: manager.delete_instance(uuid))
-            continue
-        if move is None and uuid in guests and claimed \
-                and guests[uuid] != {a.id for a in rows if in_guest(a)}:
-            _fix(report, fix, "guest_devices_differ", uuid,
-                 "the guest's devices are not the store's: guest redefined",
-                 lambda: manager.redefine_guest(uuid))
-        stale = [a for a in rows if a.boot_id != boot_id]
-        for a in stale:
-            if a.kind is DeviceKind.MDEV and a.owner is Owner.INSTANCE:
-                _fix(report, fix, "mdev_after_reboot", a.device_id,
-                     f"claimed before this boot by {uuid}: recreated",
-                     lambda a=a: driver.ensure_mdev(a.device_id, a.detail.mdev_parent,
-                                                    a.detail.mdev_type))
-        if stale and fix:
-            tracker.rebind_boot(uuid)
-        if allocations is not None and claimed and move is None \
-                and uuid not in allocations:
-            if driver.guest_is_running(uuid):
-                report.add("assignment_without_allocation", uuid,
-                           "Placement has no allocation of it here, but its guest "
-                           "runs; left alone")
-            else:
-                _fix(report, fix, "assignment_without_allocation", uuid,
-                     "Placement has no allocation of it here (evacuated?): "
-                     "guest and devices removed",
-                     lambda: manager.delete_instance(uuid))
-
-    if allocations is not None:
-        known = set(instances) | set(moves)
-        for consumer in sorted(set(allocations) - known):
-            report.add("allocation_without_record", consumer,
-                       f"holds allocations on {len(allocations[consumer])} of our "
-                       "providers that no local record explains")
-    return report
-
-
-def _fix(report: Report, fix: bool, kind: str, subject: str, detail: str, action) -> None:
-    if not fix:
-        report.add(kind, subject, detail.split(":")[0])
-        return
-    try:
-        action()
-        report.add(kind, subject, detail, fixed=True)
-    except Exception as e:  # one bad record must not stop the others
-        report.add(kind, subject, f"{detail.split(':')[0]}; fixing failed: {e}")
+        for rule in INSTANCE_RULES:
+            if rule(p, uuid):
+                break
+    for host_rule in HOST_RULES:
+        host_rule(p)
+    return p.report

@@ -82,8 +82,14 @@ def saved_view(store: state.Store) -> ProviderTree:
         return ProviderTree()
 
 
-def provider_allocations(client: PlacementClient, tree) -> dict[str, set[str]]:
-    """consumer uuid -> which of our providers it holds allocations on."""
+def provider_allocations(client: PlacementClient, tree: ProviderTree,
+                         root_uuid: str) -> dict[str, set[str]] | None:
+    """consumer uuid -> which of our providers it holds allocations on; None
+    (unknown) while the view of Placement does not hold our root, as after
+    SIGHUP or a first cycle that failed: no providers read is not "no
+    allocations"."""
+    if root_uuid not in tree:
+        return None
     out: dict[str, set[str]] = {}
     for provider in tree:
         for consumer in client.get_provider_allocations(provider.uuid):
@@ -168,10 +174,15 @@ class Agent:
         """Compare store, guests and Placement; Placement's part is left out
         when it does not answer."""
         try:
-            allocations = provider_allocations(self.sync.client, self.sync.cache)
+            allocations = provider_allocations(self.sync.client, self.sync.cache,
+                                               self.sync.root_uuid)
         except (PlacementUnavailable, PlacementError) as e:
             LOG.warning("Reconciling without Placement's allocations: %s", e)
             allocations = None
+        else:
+            if allocations is None:
+                LOG.warning("Reconciling without Placement's allocations: "
+                            "Placement's tree is not read yet")
         return reconcile(self.manager, allocations, at_start, fix,
                          grace=self.orphan_grace_period)
 

@@ -265,6 +265,10 @@ class Tracker:
                 raise MoveInProgress(instance_uuid, other.uuid)
             rows = self._choose_rows(instance_uuid, allocations, instance_uuid,
                                      migration_uuid)
+            if kind is MoveKind.EVACUATION and instance_uuid in self._instances:
+                raise InvalidRequest("instance_uuid", instance_uuid,
+                                     "is already on this host; an evacuation "
+                                     "rebuilds it on another")
             current = [] if kind is MoveKind.EVACUATION else [
                 a for a in self._rows_of(instance_uuid, Owner.INSTANCE)
                 if a.migration_uuid != migration_uuid]
@@ -373,6 +377,11 @@ class Tracker:
     def migration(self, migration_uuid) -> Migration:
         with self._lock:
             return self._migration(migration_uuid)
+
+    def knows(self, instance_uuid) -> bool:
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+        with self._lock:
+            return instance_uuid in self._instances
 
     def instance(self, instance_uuid) -> tuple[dict, list[Assignment], list[Migration]]:
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")

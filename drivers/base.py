@@ -182,6 +182,60 @@ class GuestDevice:
     detail: DeviceDetail = DeviceDetail()
 
 
+class HostResourceKind(str, enum.Enum):
+    """How a running guest's live definition names a host resource it
+    holds exclusively."""
+
+    PCI_ADDRESS = "pci"  # a hostdev or hostdev interface: PCI, VF
+    MDEV_UUID = "mdev"  # an mdev hostdev
+    BACKING_PATH = "path"  # an nvdimm's backing device or file
+    HOST_CPU = "cpu"  # a pinned host CPU
+
+
+@dataclass(frozen=True)
+class HostResource:
+    kind: HostResourceKind
+    id: str  # canonical: lower-case PCI address or UUID, a path, a CPU number
+
+
+def device_resources(device: GuestDevice) -> frozenset[HostResource]:
+    """What a guest given this device holds exclusively on the host, as
+    its live definition names it. Shared CPUs and memory hold nothing."""
+    kind = DeviceKind(device.kind)
+    if kind in (DeviceKind.PCI, DeviceKind.VF):
+        return frozenset({HostResource(HostResourceKind.PCI_ADDRESS, device.device_id)})
+    if kind is DeviceKind.MDEV:
+        return frozenset({HostResource(HostResourceKind.MDEV_UUID, device.device_id)})
+    if kind is DeviceKind.PMEM and device.detail.dev_path:
+        return frozenset({HostResource(HostResourceKind.BACKING_PATH,
+                                       device.detail.dev_path)})
+    if kind is DeviceKind.PCPU:
+        return frozenset(HostResource(HostResourceKind.HOST_CPU, str(c))
+                         for c in device.cpus)
+    return frozenset()
+
+
+@dataclass(frozen=True)
+class GuestState:
+    """A guest as the hypervisor holds it. A running guest's devices are
+    those it was started with (``live``); a redefinition changes only the
+    saved definition, until the guest is next started."""
+
+    running: bool
+    # Assignment ids in the live definition's metadata (empty when stopped).
+    live: frozenset[str]
+    # Assignment ids in the saved (persistent) definition.
+    saved: frozenset[str]
+    # The host resources the live guest holds (empty when stopped).
+    live_resources: frozenset[HostResource] = frozenset()
+
+    @property
+    def in_use(self) -> frozenset[str]:
+        """Assignment ids no one else may be given: the live ones while it
+        runs, and the saved ones it will start with."""
+        return self.live | self.saved
+
+
 @dataclass(frozen=True)
 class GuestSpec:
     instance_uuid: str
@@ -214,35 +268,50 @@ class ComputeDriver(abc.ABC):
     @abc.abstractmethod
     def spawn(self, guest: GuestSpec) -> None:
         """Create missing mdevs, define the guest with its devices and the
-        assignment ids in its metadata, and start it. Idempotent: a guest
-        that already exists is redefined and left running."""
+        assignment ids in its metadata, and start it if it is stopped.
+        Idempotent. A guest that is already running is redefined and keeps
+        running on the devices it was started with: only a stop and a
+        start (``power_off``, then ``spawn``) changes a live guest's
+        devices."""
 
     @abc.abstractmethod
     def update_guest(self, guest: GuestSpec) -> None:
-        """Redefine an existing guest with new devices (a move finishing
-        here); it keeps running state as it was."""
+        """Redefine the guest with these devices, leaving it running or
+        stopped as it was; a running guest keeps its live devices."""
+
+    @abc.abstractmethod
+    def power_off(self, instance_uuid: str) -> None:
+        """Stop the guest, keeping its definition; a stopped or missing
+        guest is left as it is."""
 
     @abc.abstractmethod
     def destroy(self, instance_uuid: str) -> None:
         """Stop and undefine the guest, if it exists."""
 
     @abc.abstractmethod
-    def list_guests(self) -> dict[str, frozenset[str]]:
-        """Every guest this agent defined: instance uuid -> the assignment
-        ids recorded in its metadata."""
-
-    def guest_definition(self, instance_uuid: str) -> str | None:
-        """The hypervisor's own definition of the guest (libvirt: its domain
-        XML), for operators and tests; None when there is none."""
-        return None
+    def list_guests(self) -> dict[str, GuestState]:
+        """Every guest this agent defined, by instance uuid, with its live
+        and saved devices told apart."""
 
     @abc.abstractmethod
+    def guest_state(self, instance_uuid: str) -> GuestState | None:
+        """One guest's state, or None when there is no guest of ours."""
+
+    def guest_definition(self, instance_uuid: str, live: bool = False) -> str | None:
+        """The hypervisor's own definition of the guest (libvirt: its domain
+        XML; with ``live``, what a running guest runs with), for operators
+        and tests; None when there is none."""
+        return None
+
     def guest_is_running(self, instance_uuid: str) -> bool:
         """Whether the guest exists and is running."""
+        state = self.guest_state(instance_uuid)
+        return state is not None and state.running
 
     @abc.abstractmethod
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
-        """Create the mdev if it does not exist (after a reboot, say)."""
+        """Create the mdev if it does not exist (after a reboot, say).
+        Raises MdevError when the parent does not offer the type."""
 
     @abc.abstractmethod
     def remove_mdev(self, mdev_uuid: str) -> None:
@@ -252,6 +321,11 @@ class ComputeDriver(abc.ABC):
         """Changes at every host boot; claims record it."""
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
+
+
+class MdevError(RuntimeError):
+    """An mdev could not be created or removed; the message names the
+    parent and type, or the mdev (and, on a real host, the file written)."""
 
 
 class DriverUnavailable(Exception):

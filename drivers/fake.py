@@ -28,14 +28,15 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
 from agent.cpuset import parse_cpu_set
-from drivers.base import (ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent,
+from drivers.base import (ComputeDriver, GuestSpec, GuestState, HostInventory,
+                          device_resources, Mdev, MdevError, MdevParent,
                           MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
 from drivers.host_data import InvalidHostData, parse_pci_address
@@ -178,9 +179,29 @@ def load_host_file(path: str | Path) -> HostInventory:
     return host_from_dict(data or {})
 
 
+@dataclass
+class FakeGuest:
+    """A guest as a hypervisor holds it: its saved definition, and while it
+    runs the definition it was started with."""
+
+    saved: GuestSpec
+    live: GuestSpec | None = None
+
+    def state(self) -> GuestState:
+        live = self.live.devices if self.live else ()
+        return GuestState(self.live is not None, _ids(live), _ids(self.saved.devices),
+                          frozenset(r for d in live for r in device_resources(d)))
+
+
+def _ids(devices) -> frozenset[str]:
+    return frozenset(d.assignment_id for d in devices)
+
+
 class FakeDriver(ComputeDriver):
-    """Guests live in ``guests`` (instance uuid -> [spec, running]); mdevs it
-    creates join the host's inventory, as the kernel's would."""
+    """Guests live in ``guests`` (instance uuid -> FakeGuest) and behave as
+    libvirt's do: redefining a running guest changes only its saved
+    definition. mdevs it creates join the host's inventory, as the kernel's
+    would."""
 
     def __init__(self, host: HostInventory | dict | None = None,
                  boot_id: str = "fake-boot-1"):
@@ -190,7 +211,7 @@ class FakeDriver(ComputeDriver):
                                           memory_mb=8192, disk_gb=100)
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
-        self.guests: dict[str, list] = {}
+        self.guests: dict[str, FakeGuest] = {}
         self.created_mdevs: dict[str, tuple[str, str]] = {}
         self.current_boot_id = boot_id
 
@@ -216,37 +237,54 @@ class FakeDriver(ComputeDriver):
     # --- guests ---------------------------------------------------------
 
     def spawn(self, guest: GuestSpec) -> None:
-        for d in guest.devices:
-            if d.detail.mdev_parent:
-                self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
+        self._define(guest)
         with self._lock:
-            self.guests[guest.instance_uuid] = [guest, True]
+            g = self.guests[guest.instance_uuid]
+            if g.live is None:
+                g.live = g.saved
 
     def update_guest(self, guest: GuestSpec) -> None:
+        self._define(guest)
+
+    def _define(self, guest: GuestSpec) -> None:
         for d in guest.devices:
             if d.detail.mdev_parent:
                 self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
         with self._lock:
-            running = self.guests.get(guest.instance_uuid, [None, False])[1]
-            self.guests[guest.instance_uuid] = [guest, running]
+            existing = self.guests.get(guest.instance_uuid)
+            if existing is None:
+                self.guests[guest.instance_uuid] = FakeGuest(guest)
+            else:
+                existing.saved = guest
+
+    def power_off(self, instance_uuid: str) -> None:
+        with self._lock:
+            g = self.guests.get(instance_uuid)
+            if g is not None:
+                g.live = None
 
     def destroy(self, instance_uuid: str) -> None:
         with self._lock:
             self.guests.pop(instance_uuid, None)
 
-    def list_guests(self) -> dict[str, frozenset[str]]:
+    def list_guests(self) -> dict[str, GuestState]:
         with self._lock:
-            return {u: frozenset(d.assignment_id for d in g.devices)
-                    for u, (g, _) in self.guests.items()}
+            return {u: g.state() for u, g in self.guests.items()}
 
-    def guest_is_running(self, instance_uuid: str) -> bool:
+    def guest_state(self, instance_uuid: str) -> GuestState | None:
         with self._lock:
-            return self.guests.get(instance_uuid, [None, False])[1]
+            g = self.guests.get(instance_uuid)
+            return None if g is None else g.state()
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         with self._lock:
-            if not any(m.uuid == mdev_uuid for m in self.host.mdevs):
-                self.created_mdevs[mdev_uuid] = (parent, type_id)
+            if any(m.uuid == mdev_uuid for m in self.host.mdevs):
+                return
+            offered = {(p.address, t.id) for p in self.host.mdev_parents for t in p.types}
+            if (parent, type_id) not in offered:
+                raise MdevError(f"{parent}: no mdev type {type_id} to create "
+                                f"{mdev_uuid} from")
+            self.created_mdevs[mdev_uuid] = (parent, type_id)
 
     def remove_mdev(self, mdev_uuid: str) -> None:
         with self._lock:
@@ -260,7 +298,7 @@ class FakeDriver(ComputeDriver):
         with self._lock:
             self.created_mdevs.clear()
             for g in self.guests.values():
-                g[1] = False
+                g.live = None
             self.current_boot_id = boot_id
 
     def set_host(self, host: HostInventory | dict) -> None:

@@ -15,7 +15,7 @@ from typing import Callable
 import libvirt
 
 from drivers.base import (
-    ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent, PciDevice, PciKind)
+    ComputeDriver, GuestSpec, GuestState, HostInventory, Mdev, MdevParent, PciDevice, PciKind)
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.host_data import InvalidHostData
@@ -80,14 +80,17 @@ class LibvirtDriver(ComputeDriver):
     def destroy(self, instance_uuid: str) -> None:
         self._guests.destroy(instance_uuid)
 
-    def list_guests(self) -> dict[str, frozenset[str]]:
+    def power_off(self, instance_uuid: str) -> None:
+        self._guests.power_off(instance_uuid)
+
+    def list_guests(self) -> dict[str, GuestState]:
         return self._guests.list_guests()
 
-    def guest_is_running(self, instance_uuid: str) -> bool:
-        return self._guests.guest_is_running(instance_uuid)
+    def guest_state(self, instance_uuid: str) -> GuestState | None:
+        return self._guests.guest_state(instance_uuid)
 
-    def guest_definition(self, instance_uuid: str) -> str | None:
-        return self._guests.guest_xml(instance_uuid)
+    def guest_definition(self, instance_uuid: str, live: bool = False) -> str | None:
+        return self._guests.guest_xml(instance_uuid, live)
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         self._guests.ensure_mdev(mdev_uuid, parent, type_id)

@@ -15,9 +15,11 @@ from typing import Iterable, Mapping
 
 from lxml import etree
 
-from drivers.base import DeviceKind, GuestDevice, GuestSpec
+from drivers.base import (DeviceKind, GuestDevice, GuestSpec, HostResource,
+                          HostResourceKind)
 from drivers.libvirt.capabilities import parse_xml
-from drivers.host_data import parse_pci_address
+from drivers.host_data import (InvalidHostData, format_pci_address, parse_cpulist,
+                               parse_int, parse_pci_address)
 
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
 PREFIX = "ca"
@@ -46,7 +48,11 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
     total_kib = ram_kib + sum(size for _, size in pmem)
 
     root = etree.Element("domain", type=domain_type)
-    _text(root, "name", spec.name)
+    # libvirt wants a name unique on the host; an instance's name is not
+    # (two tenants' "web"), so the domain is named by the instance's uuid
+    # and its name is the title.
+    _text(root, "name", domain_name(spec.instance_uuid))
+    _text(root, "title", spec.name)
     _text(root, "uuid", str(uuid_lib.UUID(spec.instance_uuid)))
     root.append(_metadata(spec))
     if pmem:
@@ -64,6 +70,11 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
     _text(os_el, "type", "hvm")
     # Diskless: the guest boots from the network.
     etree.SubElement(os_el, "boot", dev="network")
+    # QEMU refuses an nvdimm without ACPI ("memory hotplug is not
+    # enabled"), and a guest OS expects both, as nova gives them.
+    features = etree.SubElement(root, "features")
+    etree.SubElement(features, "acpi")
+    etree.SubElement(features, "apic")
     if pmem:
         # An nvdimm's <target><node> must name a guest NUMA cell.
         numa = etree.SubElement(etree.SubElement(root, "cpu"), "numa")
@@ -99,6 +110,10 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
     return etree.tostring(root, pretty_print=True, encoding="unicode")
 
 
+def domain_name(instance_uuid: str) -> str:
+    return f"instance-{uuid_lib.UUID(instance_uuid)}"
+
+
 def vf_mac(assignment_id: str) -> str:
     """A MAC fixed by the assignment, so that redefining the guest (a
     retried spawn, a move finishing) keeps it; libvirt would draw a new one.
@@ -124,6 +139,41 @@ def parse_metadata(domain_xml: str) -> tuple[str | None, frozenset[str]]:
         a.get("id").strip() for a in instance.iterfind(f"{_NS}assignment")
         if (a.get("id") or "").strip())
     return instance_uuid, ids
+
+
+def held_resources(domain_xml: str) -> frozenset[HostResource]:
+    """The host resources a domain's XML holds exclusively, read from its
+    devices and CPU pinning (not from our metadata), so a guest we did not
+    define is read the same way. Raises InvalidHostData naming the element
+    that cannot be read."""
+    root = parse_xml(domain_xml, "domain")
+    name = root.findtext("uuid") or "domain"
+    held: set[HostResource] = set()
+    for address in root.iterfind("devices/hostdev[@type='pci']/source/address"):
+        held.add(_pci_resource(address, name))
+    for address in root.iterfind(
+            "devices/interface[@type='hostdev']/source/address[@type='pci']"):
+        held.add(_pci_resource(address, name))
+    for address in root.iterfind("devices/hostdev[@type='mdev']/source/address"):
+        try:
+            mdev = str(uuid_lib.UUID(address.get("uuid") or ""))
+        except ValueError:
+            raise InvalidHostData(name, "hostdev mdev uuid", "not a UUID",
+                                  address.get("uuid")) from None
+        held.add(HostResource(HostResourceKind.MDEV_UUID, mdev))
+    for path in root.iterfind("devices/memory[@model='nvdimm']/source/path"):
+        held.add(HostResource(HostResourceKind.BACKING_PATH, (path.text or "").strip()))
+    for pin in root.iterfind("cputune/vcpupin"):
+        for cpu in parse_cpulist(pin.get("cpuset"), name, "vcpupin cpuset"):
+            held.add(HostResource(HostResourceKind.HOST_CPU, str(cpu)))
+    return frozenset(held)
+
+
+def _pci_resource(address: etree._Element, name: str) -> HostResource:
+    fields = [parse_int(address.get(f), name, f"source address {f}", base=16)
+              for f in ("domain", "bus", "slot", "function")]
+    return HostResource(HostResourceKind.PCI_ADDRESS,
+                        format_pci_address(*fields, name, "source address"))
 
 
 def _by_kind(devices: Iterable[GuestDevice]

@@ -11,10 +11,10 @@ import uuid as uuid_lib
 
 import libvirt
 
-from drivers.base import DeviceKind, GuestSpec
+from drivers.base import DeviceKind, GuestSpec, GuestState
 from drivers.libvirt.connection import Connection
 from drivers.host_data import InvalidHostData
-from drivers.libvirt.guest_xml import build_domain_xml, parse_metadata
+from drivers.libvirt.guest_xml import build_domain_xml, held_resources, parse_metadata
 from drivers.libvirt.mdev import MdevError, MdevSysfs
 
 LOG = logging.getLogger(__name__)
@@ -31,6 +31,9 @@ _UNDEFINE_FLAG_SETS = (
     libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
     | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA,
     0)
+# What libvirt answers when asked to stop a guest that is not running.
+_ALREADY_STOPPED = frozenset({libvirt.VIR_ERR_OPERATION_INVALID,
+                              libvirt.VIR_ERR_NO_DOMAIN})
 # What a hypervisor driver answers to flags it does not know.
 _UNSUPPORTED = frozenset({libvirt.VIR_ERR_INVALID_ARG,
                           libvirt.VIR_ERR_NO_SUPPORT,
@@ -60,6 +63,17 @@ class GuestManager:
         xml = self._prepare(guest)
         self._conn.call(lambda conn: conn.defineXML(xml))
 
+    def power_off(self, instance_uuid: str) -> None:
+        def power_off(conn: libvirt.virConnect) -> None:
+            dom = _lookup(conn, instance_uuid)
+            try:
+                if dom is not None and dom.isActive():
+                    dom.destroy()
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() not in _ALREADY_STOPPED:
+                    raise
+        self._conn.call(power_off)
+
     def destroy(self, instance_uuid: str) -> None:
         def destroy(conn: libvirt.virConnect) -> None:
             dom = _lookup(conn, instance_uuid)
@@ -76,25 +90,35 @@ class GuestManager:
                     raise
         self._conn.call(destroy)
 
-    def list_guests(self) -> dict[str, frozenset[str]]:
-        return self._conn.call(_list_guests)
+    def list_guests(self) -> dict[str, GuestState]:
+        def list_guests(conn: libvirt.virConnect) -> dict[str, GuestState]:
+            guests: dict[str, GuestState] = {}
+            for dom in conn.listAllDomains(0):
+                try:
+                    read = _read_state(dom)
+                except InvalidHostData as exc:
+                    LOG.warning("domain %s: %s", dom.UUIDString(), exc)
+                    continue
+                if read is not None and read[0] is not None:
+                    guests[read[0]] = read[1]
+            return guests
+        return self._conn.call(list_guests)
 
-    def guest_is_running(self, instance_uuid: str) -> bool:
-        def running(conn: libvirt.virConnect) -> bool:
+    def guest_state(self, instance_uuid: str) -> GuestState | None:
+        def guest_state(conn: libvirt.virConnect) -> GuestState | None:
             dom = _lookup(conn, instance_uuid)
-            try:
-                return dom is not None and bool(dom.isActive())
-            except libvirt.libvirtError as exc:
-                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                    return False
-                raise
-        return self._conn.call(running)
+            read = None if dom is None else _read_state(dom)
+            return None if read is None else read[1]
+        return self._conn.call(guest_state)
 
-    def guest_xml(self, instance_uuid: str) -> str | None:
-        """The guest's persistent definition, as libvirt has it."""
+    def guest_xml(self, instance_uuid: str, live: bool = False) -> str | None:
+        """The guest's saved definition, or with ``live`` what it runs with
+        (the saved one when it is stopped), as libvirt has it."""
+        flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
+
         def xml(conn: libvirt.virConnect) -> str | None:
             dom = _lookup(conn, instance_uuid)
-            return dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom else None
+            return dom.XMLDesc(flags) if dom else None
         return self._conn.call(xml)
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
@@ -142,28 +166,26 @@ def _undefine(dom: libvirt.virDomain) -> None:
                 raise
 
 
-def _list_guests(conn: libvirt.virConnect) -> dict[str, frozenset[str]]:
-    guests: dict[str, frozenset[str]] = {}
-    for dom in conn.listAllDomains(0):
-        try:
-            # A running guest redefined by update_guest has two versions:
-            # the live one still holds its old devices, the persistent one
-            # the new. Report both sets, so no device still in use looks
-            # free.
-            texts = [dom.XMLDesc(0)]
-            if dom.isActive() and dom.isPersistent():
-                texts.append(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-        except libvirt.libvirtError as exc:
-            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                continue  # undefined between listing and reading
-            raise
-        for text in texts:
-            try:
-                instance_uuid, ids = parse_metadata(text)
-            except InvalidHostData as exc:
-                LOG.warning("domain %s: %s", dom.UUIDString(), exc)
-                continue
-            if instance_uuid is not None:
-                guests[instance_uuid] = guests.get(instance_uuid,
-                                                   frozenset()) | ids
-    return guests
+def _read_state(dom: libvirt.virDomain) -> tuple[str | None, GuestState] | None:
+    """(instance uuid from our metadata, its state); None when the domain
+    went away while it was read. Raises InvalidHostData when its XML
+    cannot be read: a guest whose devices are unknown is not one without
+    devices."""
+    try:
+        running = bool(dom.isActive())
+        live_xml = dom.XMLDesc(0) if running else None
+        saved_xml = (dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+                     if dom.isPersistent() else live_xml)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None  # undefined between listing and reading
+        raise
+    instance_uuid, live, saved = None, frozenset(), frozenset()
+    resources = frozenset()
+    if live_xml is not None:
+        instance_uuid, live = parse_metadata(live_xml)
+        resources = held_resources(live_xml)
+    if saved_xml is not None:
+        saved_uuid, saved = parse_metadata(saved_xml)
+        instance_uuid = instance_uuid or saved_uuid
+    return instance_uuid, GuestState(running, live, saved, resources)

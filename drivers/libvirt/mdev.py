@@ -16,12 +16,8 @@ import errno
 import os
 import uuid as uuid_lib
 
+from drivers.base import MdevError
 from drivers.libvirt.guest_xml import DEFAULT_MDEV_MODEL
-
-
-class MdevError(RuntimeError):
-    """An mdev could not be created or removed; the message names the
-    parent and type, or the mdev, and the file we wrote."""
 
 
 class MdevSysfs:

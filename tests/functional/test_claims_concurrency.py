@@ -99,7 +99,8 @@ def test_32_concurrent_claims_get_distinct_devices(world):
         guests = w.driver.list_guests()
         assert set(guests) == set(ok)
         for uuid in ok:
-            assert guests[uuid] == {a.id for a in rows if a.instance_uuid == uuid}
+            assert guests[uuid].live == guests[uuid].saved == {
+                a.id for a in rows if a.instance_uuid == uuid}
             assert all(a.state is AssignmentState.CLAIMED for a in rows if a.instance_uuid == uuid)
 
         # One more is refused, whatever it is, and changes nothing.

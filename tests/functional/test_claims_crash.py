@@ -39,12 +39,21 @@ import pytest
 from agent.claim_model import AssignmentState, Owner
 from agent.exception import ClaimFailed
 from drivers.base import DeviceKind, GuestDevice, GuestSpec
-from drivers.fake import FakeDriver
+from drivers.fake import FakeDriver, FakeGuest
 from tests.functional.claims_world import PMEM_RC, host_dict, make_world, new_uuid, spec
 
 ITERATIONS = 500
 TIME_BUDGET = 85.0  # seconds; the test fails if 200 iterations do not fit
 HOST = host_dict(vfs=6, vgpus=4)
+
+
+def _devices(guest: GuestSpec) -> list:
+    return [[d.assignment_id, d.kind.value, d.device_id] for d in guest.devices]
+
+
+def _spec(uuid: str, devices: list) -> GuestSpec:
+    return GuestSpec(uuid, "guest", 1, 1, tuple(
+        GuestDevice(d[0], DeviceKind(d[1]), d[2]) for d in devices))
 
 
 class PersistentFakeDriver(FakeDriver):
@@ -56,19 +65,16 @@ class PersistentFakeDriver(FakeDriver):
         if path.exists():
             data = json.loads(path.read_text())
             self.created_mdevs = {u: tuple(v) for u, v in data["created_mdevs"].items()}
-            self.guests = {
-                u: [GuestSpec(u, g["name"], 1, 1, tuple(
-                    GuestDevice(d[0], DeviceKind(d[1]), d[2]) for d in g["devices"])),
-                    g["running"]]
-                for u, g in data["guests"].items()}
+            self.guests = {u: FakeGuest(_spec(u, g["saved"]),
+                                        _spec(u, g["live"]) if g["live"] else None)
+                           for u, g in data["guests"].items()}
 
     def _save(self) -> None:
         with self._lock:
             data = {"created_mdevs": self.created_mdevs,
-                    "guests": {u: {"name": g.name, "running": running,
-                                   "devices": [[d.assignment_id, d.kind.value, d.device_id]
-                                               for d in g.devices]}
-                               for u, (g, running) in self.guests.items()}}
+                    "guests": {u: {"saved": _devices(g.saved),
+                                   "live": _devices(g.live) if g.live else None}
+                               for u, g in self.guests.items()}}
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -89,6 +95,10 @@ class PersistentFakeDriver(FakeDriver):
 
     def update_guest(self, guest):
         super().update_guest(guest)
+        self._save()
+
+    def power_off(self, instance_uuid):
+        super().power_off(instance_uuid)
         self._save()
 
     def destroy(self, instance_uuid):
@@ -268,8 +278,11 @@ def check(w, truth: Truth, iteration: int) -> None:
     assert not truth.pending
     guests = w.driver.list_guests()
     disk = {a.id for a in live if a.kind is DeviceKind.HOST_RESOURCES}
-    assert guests == {i: frozenset(ids - disk) for i, ids in truth.known.items()}, \
+    assert {u: g.saved for u, g in guests.items()} == \
+        {i: frozenset(ids - disk) for i, ids in truth.known.items()}, \
         f"{where}: guests differ from the store"
+    assert all(g.live == g.saved for g in guests.values() if g.running), \
+        f"{where}: a running guest runs on devices it is not defined with"
     audit = w.reconcile(None, at_start=False, fix=False)
     assert not audit.findings, f"{where}: {audit.as_dict()}"
 
@@ -331,7 +344,7 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(tmp_path, root_disk)
 
         w = open_world(directory)  # the agent restarts
         try:
-            running = {u for u in w.driver.list_guests() if w.driver.guest_is_running(u)}
+            running = {u for u, g in w.driver.list_guests().items() if g.running}
             report = w.reconcile(None, at_start=True)
             assert report.consistent, report.as_dict()
             destroyed = running - set(w.driver.list_guests())
@@ -394,9 +407,9 @@ def test_revert_killed_before_the_guest_is_redefined_is_seen_by_reconcile(tmp_pa
         w.tracker.revert_move(mig)  # then the kill, before driver.spawn
         w.restart()
         rows = {a.id for a in w.live() if a.instance_uuid == inst}
-        assert w.driver.list_guests()[inst] != rows  # the window exists
+        assert w.driver.list_guests()[inst].saved != rows  # the window exists
         report = w.reconcile(None, at_start=True)
-        fixed = w.driver.list_guests()[inst] == rows
+        fixed = w.driver.list_guests()[inst].saved == rows
         assert fixed or not report.consistent, \
             f"guest carries released devices and the audit is silent: {report.as_dict()}"
     finally:

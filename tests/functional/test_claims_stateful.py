@@ -463,12 +463,15 @@ class ClaimsMachine(RuleBasedStateMachine):
                         expected[i.uuid] = m.new_ids
             live = {a.id: a for a in w.live()}
             want = {u: guest_ids(live[x] for x in ids) for u, ids in expected.items()}
-            assert guests == want, f"host {h}: guests differ from the store"
+            assert {u: g.saved for u, g in guests.items()} == want, \
+                f"host {h}: guests differ from the store"
             present = w.existing_mdevs()
-            for u in guests:
-                if not w.driver.guest_is_running(u):
+            for u, g in guests.items():
+                if not g.running:
                     continue
-                for x in guests[u]:
+                assert g.live == g.saved, \
+                    f"host {h}: running guest {u} runs on devices it is not defined with"
+                for x in g.live:
                     a = live[x]
                     if a.kind is DeviceKind.MDEV:
                         assert a.device_id in present, \
@@ -530,8 +533,8 @@ def test_same_host_resize_restart_revert_restores_exact_devices(hosts):
     new_ids = {i for i, a in during.items() if a.owner is Owner.INSTANCE}
     assert {i for i, a in during.items() if a.owner is Owner.MIGRATION} == set(before)
     assert not new_ids & set(before)
-    assert w.driver.list_guests()[inst] == guest_ids(a for a in during.values()
-                                                     if a.owner is Owner.INSTANCE)
+    assert w.driver.list_guests()[inst].live == guest_ids(
+        a for a in during.values() if a.owner is Owner.INSTANCE)
     held = [(a.provider_uuid, a.resource_class, a.device_id) for a in during.values()
             if not a.kind.counted]
     assert len(held) == len(set(held)), "old and new sets overlap"

@@ -40,7 +40,10 @@ def one(root, path):
 def test_domain_basics():
     root = etree.fromstring(build_domain_xml(full_spec(devices=())))
     assert root.get("type") == "kvm"
-    assert one(root, "/domain/name/text()") == "instance-0001"
+    # Named by the uuid, so two instances of one name can share a host.
+    assert one(root, "/domain/name/text()") == f"instance-{INSTANCE}"
+    assert one(root, "/domain/title/text()") == "instance-0001"
+    one(root, "/domain/features/acpi")  # an nvdimm needs it
     assert one(root, "/domain/uuid/text()") == INSTANCE
     assert one(root, "/domain/memory[@unit='KiB']/text()") == "524288"
     assert one(root, "/domain/currentMemory[@unit='KiB']/text()") == "524288"

@@ -72,6 +72,15 @@ def vfs(root) -> list[str]:
         for a in root.xpath("//interface[@type='hostdev']/source/address")]
 
 
+def running(guests: GuestManager, instance: str) -> bool:
+    state = guests.guest_state(instance)
+    return state is not None and state.running
+
+
+def saved_ids(guests: GuestManager) -> dict[str, frozenset[str]]:
+    return {u: g.saved for u, g in guests.list_guests().items()}
+
+
 def create_file(host, parent=GPU, type_id="nvidia-35") -> Path:
     return (Path(host.root) / "class" / "mdev_bus" / parent /
             "mdev_supported_types" / type_id / "create")
@@ -80,9 +89,9 @@ def create_file(host, parent=GPU, type_id="nvidia-35") -> Path:
 def test_spawn_defines_and_starts_with_every_device(guests, conn, host):
     guests.spawn(spec(host))
 
-    assert guests.list_guests() == {INSTANCE: frozenset(
-        {"a-vf", "a-mdev", "a-pmem", "a-pcpu", "a-numa"})}
-    assert guests.guest_is_running(INSTANCE)
+    every = frozenset({"a-vf", "a-mdev", "a-pmem", "a-pcpu", "a-numa"})
+    state = guests.list_guests()[INSTANCE]
+    assert state.running and state.live == state.saved == every
     root = domain_xml(conn)
     assert vfs(root) == [host.vf_address(PF, 0)]
     assert root.xpath("//hostdev[@type='mdev']/source/address/@uuid") == [
@@ -112,28 +121,32 @@ def test_spawn_is_idempotent(guests, conn, host):
 def test_spawn_starts_a_stopped_guest(guests, conn, host):
     guests.spawn(spec(host))
     conn.call(lambda c: c.lookupByUUIDString(INSTANCE).destroy())
-    assert not guests.guest_is_running(INSTANCE)
+    assert not running(guests, INSTANCE)
     guests.spawn(spec(host))
-    assert guests.guest_is_running(INSTANCE)
+    assert running(guests, INSTANCE)
 
 
 def test_update_guest_changes_devices_and_keeps_state(guests, conn, host):
     guests.spawn(spec(host))
     guests.update_guest(spec(host, vf_index=2, vf_id="a-vf-new"))
 
-    assert guests.guest_is_running(INSTANCE)
+    assert running(guests, INSTANCE)
     persistent = domain_xml(conn, flags=libvirt.VIR_DOMAIN_XML_INACTIVE)
     assert vfs(persistent) == [host.vf_address(PF, 2)]
     assert vfs(domain_xml(conn)) == [host.vf_address(PF, 0)]
-    # While it runs, the live guest still holds the old VF, so both
-    # assignments are reported as in use.
-    assert guests.list_guests()[INSTANCE] >= {"a-vf", "a-vf-new"}
+    # While it runs, the live guest still holds the old VF: live and saved
+    # are told apart, and both are in use.
+    state = guests.list_guests()[INSTANCE]
+    assert "a-vf" in state.live and "a-vf-new" not in state.live
+    assert "a-vf-new" in state.saved and "a-vf" not in state.saved
+    assert state.in_use >= {"a-vf", "a-vf-new"}
 
     conn.call(lambda c: c.lookupByUUIDString(INSTANCE).destroy())
     guests.update_guest(spec(host, vf_index=2, vf_id="a-vf-new"))
-    assert not guests.guest_is_running(INSTANCE)
-    assert guests.list_guests() == {INSTANCE: frozenset(
+    assert not running(guests, INSTANCE)
+    assert saved_ids(guests) == {INSTANCE: frozenset(
         {"a-vf-new", "a-mdev", "a-pmem", "a-pcpu", "a-numa"})}
+    assert guests.list_guests()[INSTANCE].live == frozenset()
 
 
 def test_destroy_removes_the_guest(guests, conn, host):
@@ -142,7 +155,7 @@ def test_destroy_removes_the_guest(guests, conn, host):
     guests.destroy(INSTANCE)
 
     assert list(guests.list_guests()) == [OTHER]
-    assert not guests.guest_is_running(INSTANCE)
+    assert not running(guests, INSTANCE)
     with pytest.raises(libvirt.libvirtError):
         conn.call(lambda c: c.lookupByUUIDString(INSTANCE))
     guests.destroy(INSTANCE)  # absent: nothing to do
@@ -158,7 +171,7 @@ def test_domains_not_ours_are_not_listed(guests, conn, host):
         "<os><type>hvm</type></os></domain>"))
     guests.spawn(spec(host))
     assert list(guests.list_guests()) == [INSTANCE]
-    assert not guests.guest_is_running(OTHER)
+    assert not running(guests, OTHER)
 
 
 def test_existing_mdev_is_not_created_again(guests, host):
@@ -198,7 +211,7 @@ def test_spawn_refuses_a_missing_mdev_it_cannot_create(guests, host):
     # An mdev that exists needs neither.
     guests.spawn(GuestSpec(INSTANCE, "instance-01", 1, 64, (
         GuestDevice("a-mdev", DeviceKind.MDEV, EXISTING_MDEV),)))
-    assert guests.list_guests() == {INSTANCE: frozenset({"a-mdev"})}
+    assert saved_ids(guests) == {INSTANCE: frozenset({"a-mdev"})}
 
 
 def test_mdev_model_comes_from_the_type(guests, conn, host):

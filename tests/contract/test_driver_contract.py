@@ -1,0 +1,277 @@
+"""The driver contract: one suite every driver must pass.
+
+- ``fake``: drivers/fake.py, which our users' tests run against;
+- ``libvirt-test``: the libvirt driver on libvirt's test driver, with a
+  sysfs tree of our own (VFs, a GPU with mdev types);
+- ``libvirt-qemu``: the libvirt driver on this machine's real libvirtd
+  with QEMU/KVM. No host device may be given to a guest here, so its guests
+  hold what QEMU can really run: pinned host CPUs, a NUMA cell, and
+  persistent memory backed by a file standing in for a dax device.
+
+What it pins is what the agent relies on: a running guest keeps the
+devices it was started with until it is stopped and started again; its
+live devices and its saved definition are told apart; stop, start and
+destroy are idempotent; the assignment ids written into a guest come back.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from agent.cmd.common import load_config
+from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
+                          HostResource, HostResourceKind, MdevError, device_resources)
+from drivers.fake import FakeDriver
+from drivers.fake_sysfs import SysfsBuilder
+from drivers.libvirt.driver import LibvirtDriver
+from tests.functional.helpers import write_conf
+
+PF = "0000:81:00.0"
+GPU = "0000:06:00.0"
+MDEV_TYPE = "nvidia-35"
+
+
+@dataclass
+class Subject:
+    """A driver under test and the two device sets its host can run (as a
+    resize would move a guest from one to the other)."""
+
+    driver: ComputeDriver
+    devices: Callable[[str], tuple[GuestDevice, ...]]  # "a" or "b" -> devices
+    mdev_parent: tuple[str, str]  # a parent and a type it offers
+
+    def guest(self, which: str, instance: str | None = None) -> GuestSpec:
+        instance = instance or str(uuid.uuid4())
+        return GuestSpec(instance, f"contract-{instance[:8]}", 2, 64,
+                         self.devices(which))
+
+
+def device_set(which: str, vf: str, mdev: str | None, pmem_path: str, cpu: int,
+               cell: int) -> tuple[GuestDevice, ...]:
+    """Assignment ids are prefixed with the set's name, so a guest's ids
+    say which set it holds."""
+    devices = [GuestDevice(f"{which}-pcpu", DeviceKind.PCPU, str(cpu),
+                           cpus=frozenset({cpu}), detail=DeviceDetail(numa_node=cell)),
+               GuestDevice(f"{which}-numa", DeviceKind.NUMA, str(cell)),
+               GuestDevice(f"{which}-pmem", DeviceKind.PMEM, f"ns-{which}",
+                           detail=DeviceDetail(numa_node=cell, size_bytes=64 << 20,
+                                               dev_path=pmem_path))]
+    if vf:
+        devices.append(GuestDevice(f"{which}-vf", DeviceKind.VF, vf,
+                                   detail=DeviceDetail(numa_node=cell)))
+    if mdev:
+        devices.append(GuestDevice(f"{which}-mdev", DeviceKind.MDEV, mdev,
+                                   detail=DeviceDetail(numa_node=cell, mdev_parent=GPU,
+                                                       mdev_type=MDEV_TYPE)))
+    return tuple(devices)
+
+
+def device_host(root: Path) -> SysfsBuilder:
+    b = SysfsBuilder(root)
+    b.add_numa_node(0, "0-3", 8192)
+    b.add_numa_node(1, "4-7", 8192)
+    b.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8, num_vfs=4,
+             driver="ixgbe", vf_driver="ixgbevf")
+    b.add_mdev_parent(GPU, 1, {MDEV_TYPE: ("GRID M60-2Q", 4)})
+    return b
+
+
+def libvirt_driver(tmp_path: Path, uri: str, sysfs: Path) -> LibvirtDriver:
+    path = write_conf(tmp_path, "http://127.0.0.1:9", "contract", None,
+                      DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(sysfs)},
+                      libvirt={"connection_uri": uri,
+                               "instances_path": str(tmp_path / "instances")})
+    driver = LibvirtDriver(load_config(["--config-file", str(path)]))
+    driver.init_host()
+    return driver
+
+
+def make_fake(tmp_path: Path) -> Subject:
+    host = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 8192},
+                           {"id": 1, "cpus": "4-7", "memory_mb": 8192}],
+            "pci_devices": [{"address": PF, "vendor_id": "8086", "product_id": "10fb",
+                             "numa_node": 1, "vfs": {"count": 4, "product_id": "10ed"}}],
+            "gpus": [{"address": GPU, "numa_node": 1,
+                      "mdev_types": {MDEV_TYPE: {"available_instances": 4}}}]}
+    driver = FakeDriver(host)
+    vfs = [d.address for d in driver.host.pci_devices if d.parent_address == PF]
+    return Subject(driver, lambda w: device_set(
+        w, vfs[0 if w == "a" else 1], str(uuid.uuid5(uuid.NAMESPACE_OID, w)),
+        f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE))
+
+
+def make_libvirt_test(tmp_path: Path) -> Subject:
+    b = device_host(tmp_path / "sys")
+    uri = b.write_test_driver_host_xml(tmp_path / "host.xml")
+    driver = libvirt_driver(tmp_path, uri, b.root)
+    return Subject(driver, lambda w: device_set(
+        w, b.vf_address(PF, 0 if w == "a" else 1), str(uuid.uuid5(uuid.NAMESPACE_OID, w)),
+        f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE))
+
+
+def make_libvirt_qemu(tmp_path: Path) -> Subject:
+    b = device_host(tmp_path / "sys")  # only for the mdev calls: sysfs writes
+    driver = libvirt_driver(tmp_path, "qemu:///system", b.root)
+    files = {}
+    for which in "ab":
+        files[which] = tmp_path / f"pmem-{which}"
+        with open(files[which], "wb") as f:
+            f.truncate(64 << 20)
+    # This machine has two CPUs and one NUMA cell.
+    return Subject(driver, lambda w: device_set(
+        w, "", None, str(files[w]), 0 if w == "a" else 1, 0), (GPU, MDEV_TYPE))
+
+
+MAKERS = {"fake": make_fake, "libvirt-test": make_libvirt_test,
+          "libvirt-qemu": make_libvirt_qemu}
+
+
+@pytest.fixture(params=sorted(MAKERS))
+def subject(request, tmp_path):
+    if request.param == "libvirt-qemu":
+        request.getfixturevalue("services")  # the real libvirtd is up
+    s = MAKERS[request.param](tmp_path)
+    made: list[str] = []
+    real_spawn = s.driver.spawn
+
+    def spawn(guest: GuestSpec) -> None:
+        made.append(guest.instance_uuid)
+        real_spawn(guest)
+
+    s.driver.spawn = spawn
+    yield s
+    for instance in made:
+        s.driver.destroy(instance)
+    s.driver.cleanup()
+
+
+def ids(guest: GuestSpec) -> frozenset[str]:
+    return frozenset(d.assignment_id for d in guest.devices)
+
+
+def resources(guest: GuestSpec) -> frozenset[HostResource]:
+    return frozenset().union(*(device_resources(d) for d in guest.devices))
+
+
+# --- spawn -------------------------------------------------------------------
+
+def test_spawn_of_a_new_guest_runs_it_with_its_devices(subject):
+    a = subject.guest("a")
+    subject.driver.spawn(a)
+    state = subject.driver.guest_state(a.instance_uuid)
+    assert state.running
+    assert state.live == state.saved == ids(a)
+    assert state.live_resources == resources(a)
+    assert HostResource(HostResourceKind.HOST_CPU, a.devices[0].device_id) \
+        in state.live_resources
+
+
+def test_spawn_again_leaves_the_running_guest_as_it_is(subject):
+    a = subject.guest("a")
+    subject.driver.spawn(a)
+    before = subject.driver.guest_state(a.instance_uuid)
+    subject.driver.spawn(a)
+    assert subject.driver.guest_state(a.instance_uuid) == before
+
+
+def test_spawn_of_a_running_guest_only_redefines_it(subject):
+    """The running guest keeps the devices it was started with: a move
+    that only redefines it leaves the old devices in use."""
+    a = subject.guest("a")
+    b = subject.guest("b", a.instance_uuid)
+    subject.driver.spawn(a)
+    subject.driver.spawn(b)
+    state = subject.driver.guest_state(a.instance_uuid)
+    assert state.running
+    assert state.live == ids(a) and state.saved == ids(b)
+    assert state.live_resources == resources(a)
+    assert state.in_use == ids(a) | ids(b)
+
+
+def test_spawn_of_a_stopped_guest_starts_it_with_its_new_devices(subject):
+    a = subject.guest("a")
+    b = subject.guest("b", a.instance_uuid)
+    subject.driver.spawn(a)
+    subject.driver.power_off(a.instance_uuid)
+    subject.driver.spawn(b)
+    state = subject.driver.guest_state(a.instance_uuid)
+    assert state.running
+    assert state.live == state.saved == ids(b)
+    assert state.live_resources == resources(b)
+
+
+# --- update, power off, destroy -----------------------------------------------
+
+def test_update_guest_keeps_running_state_and_live_devices(subject):
+    a = subject.guest("a")
+    b = subject.guest("b", a.instance_uuid)
+    subject.driver.spawn(a)
+    subject.driver.update_guest(b)
+    state = subject.driver.guest_state(a.instance_uuid)
+    assert state.running and state.live == ids(a) and state.saved == ids(b)
+
+    subject.driver.power_off(a.instance_uuid)
+    subject.driver.update_guest(a)
+    state = subject.driver.guest_state(a.instance_uuid)
+    assert not state.running and state.saved == ids(a)
+
+
+def test_power_off_keeps_the_definition_and_is_idempotent(subject):
+    a = subject.guest("a")
+    subject.driver.spawn(a)
+    subject.driver.power_off(a.instance_uuid)
+    subject.driver.power_off(a.instance_uuid)
+    state = subject.driver.guest_state(a.instance_uuid)
+    assert not state.running
+    assert state.live == frozenset() and state.live_resources == frozenset()
+    assert state.saved == ids(a)
+    assert not subject.driver.guest_is_running(a.instance_uuid)
+    subject.driver.power_off(str(uuid.uuid4()))  # no such guest: nothing to do
+
+
+def test_destroy_twice(subject):
+    a = subject.guest("a")
+    subject.driver.spawn(a)
+    subject.driver.destroy(a.instance_uuid)
+    subject.driver.destroy(a.instance_uuid)
+    assert subject.driver.guest_state(a.instance_uuid) is None
+    assert a.instance_uuid not in subject.driver.list_guests()
+
+
+# --- listing and metadata -------------------------------------------------------
+
+def test_list_guests_tells_live_from_saved(subject):
+    a = subject.guest("a")
+    b = subject.guest("b")
+    subject.driver.spawn(a)
+    subject.driver.spawn(b)
+    subject.driver.power_off(b.instance_uuid)
+    subject.driver.update_guest(subject.guest("a", b.instance_uuid))
+    guests = subject.driver.list_guests()
+    assert guests[a.instance_uuid].running
+    assert guests[a.instance_uuid].live == guests[a.instance_uuid].saved == ids(a)
+    assert not guests[b.instance_uuid].running
+    assert guests[b.instance_uuid].live == frozenset()
+    # Assignment ids round-trip through the guest's definition.
+    assert guests[b.instance_uuid].saved == ids(a)
+
+
+# --- mdevs ---------------------------------------------------------------------
+
+def test_mdev_of_a_type_the_parent_offers_is_created_and_removed(subject):
+    parent, type_id = subject.mdev_parent
+    mdev = str(uuid.uuid4())
+    subject.driver.ensure_mdev(mdev, parent, type_id)
+    subject.driver.ensure_mdev(mdev, parent, type_id)  # idempotent
+    subject.driver.remove_mdev(mdev)
+    subject.driver.remove_mdev(str(uuid.uuid4()))  # absent: nothing to do
+
+
+def test_mdev_of_a_type_the_parent_lacks_is_refused_naming_both(subject):
+    parent, _ = subject.mdev_parent
+    with pytest.raises(MdevError, match=f"{parent}.*nvidia-99|nvidia-99.*{parent}"):
+        subject.driver.ensure_mdev(str(uuid.uuid4()), parent, "nvidia-99")

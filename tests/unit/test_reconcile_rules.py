@@ -1,0 +1,159 @@
+"""One test per reconcile rule (agent/reconcile.py), each named after it,
+on a host world with the fake driver (which passes the driver contract)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent import reconcile as rules
+from agent.claim_model import AssignmentState, MigrationState, MoveKind
+from agent.reconcile import reconcile
+from drivers.base import DeviceKind
+from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
+
+VF = {"pf": {"SRIOV_NET_VF": 1}}
+VGPU = {"gpu": {"VGPU": 1}}
+
+
+@pytest.fixture
+def w(tmp_path):
+    world = make_world(tmp_path)
+    yield world
+    world.stop()
+
+
+def kinds(report, fixed: bool | None = None) -> list[str]:
+    return [f.kind for f in report.findings if fixed is None or f.fixed is fixed]
+
+
+def built(w, wanted=VF) -> str:
+    instance = new_uuid()
+    w.manager.build_instance(instance, spec(), w.allocations(wanted))
+    return instance
+
+
+def test_the_rules_are_named_and_ordered():
+    assert [r.__name__ for r in rules.INSTANCE_RULES] == [
+        "claim_stuck_claiming", "evacuation_interrupted", "assignment_without_guest",
+        "guest_devices_differ", "mdev_after_reboot", "assignment_without_allocation"]
+    assert [r.__name__ for r in rules.HOST_RULES] == [
+        "guest_without_assignments", "allocation_without_record"]
+
+
+def test_claim_stuck_claiming(w):
+    carried, lost, lacking = new_uuid(), new_uuid(), new_uuid()
+    for instance in (carried, lost, lacking):
+        w.tracker.claim_build(instance, spec(), w.allocations(VF))
+    w.driver.spawn(w.manager._guest(carried))
+    w.driver.spawn(w.manager._guest(lacking).__class__(
+        lacking, "vm", 1, 512, ()))  # runs, without its devices
+    w.restart()
+
+    assert kinds(w.reconcile(None, at_start=False)) == []  # only at start-up
+    report = w.reconcile(None, at_start=True)
+    by = {f.subject: f for f in report.findings}
+    assert by[carried].fixed and "completed" in by[carried].detail
+    assert by[lost].fixed and "rolled back" in by[lost].detail
+    assert not by[lacking].fixed and "left alone" in by[lacking].detail
+    assert {a.state for a in w.live() if a.instance_uuid == carried} == {
+        AssignmentState.CLAIMED}
+    assert lost not in w.instances()
+    assert w.driver.guest_is_running(lacking)
+
+
+def test_evacuation_interrupted(w):
+    instance, migration = new_uuid(), new_uuid()
+    w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
+    w.restart()
+    report = w.reconcile(None, at_start=True)
+    assert kinds(report, fixed=True) == ["evacuation_interrupted"]
+    assert w.driver.guest_is_running(instance)
+    assert w.migrations()[migration].state is MigrationState.CONFIRMED
+
+
+def test_assignment_without_guest(w):
+    instance = built(w)
+    w.driver.destroy(instance)
+    held = reconcile(w.manager, None, at_start=False, grace=3600)
+    assert kinds(held) == ["assignment_without_guest"] and not held.consistent
+    assert instance in w.instances()
+    # Unchanged for longer than the grace period: given back.
+    time.sleep(0.01)
+    report = reconcile(w.manager, None, at_start=False, grace=0.001)
+    assert kinds(report, fixed=True) == ["assignment_without_guest"]
+    assert instance not in w.instances()
+
+
+def test_guest_devices_differ_on_a_stopped_guest_is_redefined(w):
+    instance = built(w)
+    w.driver.power_off(instance)
+    w.driver.update_guest(w.manager._guest(instance).__class__(instance, "vm", 1, 512, ()))
+    report = w.reconcile(None, at_start=False)
+    assert kinds(report, fixed=True) == ["guest_devices_differ"]
+    stored = {a.id for a in w.live() if a.instance_uuid == instance}
+    assert w.driver.guest_state(instance).saved == stored
+    assert not w.driver.guest_is_running(instance)  # never started by reconcile
+    assert kinds(w.reconcile(None, at_start=False)) == []
+
+
+def test_guest_devices_differ_on_a_running_guest_is_reported_and_converges(w):
+    """Regression: reconcile compared live plus saved ids with the store and
+    redefined the saved definition, which a running guest ignores, so it
+    reported the same guest as fixed on every pass and never converged."""
+    instance = built(w)
+    stored = w.driver.guest_state(instance).live
+    w.driver.power_off(instance)
+    w.driver.spawn(w.manager._guest(instance).__class__(instance, "vm", 1, 512, ()))
+    first = w.reconcile(None, at_start=False)
+    assert kinds(first, fixed=True) == ["guest_devices_differ"]
+    assert kinds(first, fixed=False) == ["guest_running_on_other_devices"]
+    second = w.reconcile(None, at_start=False)
+    assert kinds(second) == ["guest_running_on_other_devices"]
+    assert not second.consistent
+    state = w.driver.guest_state(instance)
+    assert state.running and state.saved == stored and state.live == frozenset()
+
+
+def test_mdev_after_reboot(tmp_path):
+    w = make_world(tmp_path / "created", host=host_dict(existing_mdev=False))
+    instance = built(w, VGPU)
+    mdev = next(a.device_id for a in w.live() if a.instance_uuid == instance
+                and a.kind is DeviceKind.MDEV)
+    boot = w.reboot()
+    assert mdev not in w.existing_mdevs()
+    report = w.reconcile(None, at_start=True)
+    assert "mdev_after_reboot" in kinds(report, fixed=True)
+    assert mdev in w.existing_mdevs()
+    assert {a.boot_id for a in w.live() if a.instance_uuid == instance} == {boot}
+    w.stop()
+
+
+def test_assignment_without_allocation(w):
+    stopped, running = built(w), built(w)
+    w.driver.power_off(stopped)
+    # Placement unknown: nothing is decided on it (regression: unknown was
+    # read as "no allocations" and the stopped guest was destroyed).
+    assert kinds(w.reconcile(None, at_start=False)) == []
+    assert stopped in w.instances()
+    report = w.reconcile({}, at_start=False)
+    by = {f.subject: f for f in report.findings}
+    assert by[stopped].fixed and stopped not in w.instances()
+    assert not by[running].fixed and w.driver.guest_is_running(running)
+
+
+def test_guest_without_assignments(w):
+    instance = built(w)
+    w.tracker.release_instance(instance)
+    report = w.reconcile(None, at_start=False)
+    assert kinds(report) == ["guest_without_assignments"]
+    assert w.driver.guest_is_running(instance)
+
+
+def test_allocation_without_record(w):
+    instance, stranger = built(w), new_uuid()
+    report = w.reconcile({instance: {w.uuid("pf")}, stranger: {w.uuid("pf")}},
+                         at_start=False)
+    assert [(f.kind, f.subject) for f in report.findings] == [
+        ("allocation_without_record", stranger)]
+    assert kinds(w.reconcile(None, at_start=False)) == []
