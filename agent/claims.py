@@ -15,7 +15,7 @@ from typing import Mapping
 import os_resource_classes as orc
 
 from agent.exception import ClaimFailed, InvalidRequest
-from drivers.base import DeviceKind
+from drivers.base import DeviceDetail, DeviceKind
 
 MAX_AMOUNT = 1 << 20
 
@@ -50,7 +50,7 @@ class Pool:
 
     @property
     def exclusive(self) -> bool:
-        return self.kind is not DeviceKind.NUMA
+        return not self.kind.counted
 
     @cached_property
     def ordered_slots(self) -> tuple[Slot, ...]:
@@ -65,11 +65,7 @@ class Choice:
     kind: DeviceKind
     device_id: str
     amount: int = 1
-    numa_node: int | None = None
-    size_bytes: int = 0
-    dev_path: str | None = None
-    mdev_parent: str | None = None
-    mdev_type: str | None = None
+    detail: DeviceDetail = DeviceDetail()
 
 
 @dataclass(frozen=True)
@@ -124,14 +120,14 @@ class HeldDevices:
 
     def take(self, choices: list[Choice]) -> None:
         for c in choices:
-            if c.kind is not DeviceKind.NUMA:
+            if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).add(c.device_id)
 
     def give_back(self, items) -> None:
         """``items``: anything with provider_uuid, resource_class, kind and
         device_id (choices or assignments)."""
         for c in items:
-            if c.kind is not DeviceKind.NUMA:
+            if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).discard(c.device_id)
 
 
@@ -148,7 +144,7 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
     if not pool.exclusive:
         return [Choice(provider_uuid, pool.resource_class, pool.kind,
                        "host" if pool.numa_node is None else str(pool.numa_node),
-                       amount, pool.numa_node)]
+                       amount, DeviceDetail(pool.numa_node))]
     # NUMA-local first, then the others; each in the order of device ids.
     local: list[Slot] = []
     others: list[Slot] = []
@@ -158,15 +154,17 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
             if len(local) == amount:
                 break
     chosen = [Choice(provider_uuid, pool.resource_class, pool.kind, s.device_id, 1,
-                     s.numa_node, s.size_bytes, s.dev_path, pool.mdev_parent,
-                     pool.mdev_type) for s in (local + others)[:amount]]
+                     DeviceDetail(s.numa_node, s.size_bytes or None, s.dev_path,
+                                  pool.mdev_parent, pool.mdev_type))
+              for s in (local + others)[:amount]]
     # An mdev that does not exist yet is created, within the capacity
     # Placement was told about; existing free ones always go first.
     room = pool.capacity - len(held) - len(chosen)
     while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0):
         chosen.append(Choice(provider_uuid, pool.resource_class, pool.kind,
-                             new_mdev_uuid(), 1, pool.numa_node,
-                             mdev_parent=pool.mdev_parent, mdev_type=pool.mdev_type))
+                             new_mdev_uuid(), 1,
+                             DeviceDetail(pool.numa_node, mdev_parent=pool.mdev_parent,
+                                          mdev_type=pool.mdev_type)))
         room -= 1
     if len(chosen) < amount:
         raise ClaimFailed(provider_uuid, pool.resource_class, amount, len(chosen))

@@ -175,8 +175,10 @@ class _Builder:
                 skip=()) -> None:
         for rc, rec in invs.items():
             if rc not in skip:
-                self.pools.append(Pool(provider_name, rc, DeviceKind.NUMA,
-                                       rec["total"], numa_node=numa_node))
+                kind = (DeviceKind.HOST_RESOURCES if numa_node is None
+                        else DeviceKind.NUMA)
+                self.pools.append(Pool(provider_name, rc, kind, rec["total"],
+                                       numa_node=numa_node))
 
     def build_root(self) -> None:
         p, inv = self.policy, self.inv

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 
+from agent.claim_model import (Assignment, Migration, MigrationRole, MigrationState,
+                               MoveKind, Owner)
 from agent.claims import InstanceSpec
 from agent.exception import DevicesInUse, InvalidRequest
-from agent.state import Assignment, Migration
 from agent.tracker import Tracker, check_uuid
 from drivers.base import (ComputeDriver, DeviceKind, GuestDevice, GuestSpec, GuestState,
                           device_resources)
@@ -21,9 +22,8 @@ LOG = logging.getLogger(__name__)
 
 def in_guest(a: Assignment) -> bool:
     """Whether the guest's definition carries this assignment: the
-    instance's own, except root inventory (disk), which has nothing to pin."""
-    return a.owner == "instance" and not (a.kind is DeviceKind.NUMA
-                                          and a.device_id == "host")
+    instance's own, except the host's resources, which have nothing to pin."""
+    return a.owner is Owner.INSTANCE and a.kind is not DeviceKind.HOST_RESOURCES
 
 
 def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestSpec:
@@ -35,25 +35,30 @@ def guest_spec(instance_uuid: str, spec: dict, rows: list[Assignment]) -> GuestS
 
 
 def guest_device(a: Assignment) -> GuestDevice:
-    d = a.detail
     return GuestDevice(
-        a.id, a.kind, a.device_id, a.amount, d.get("numa_node"),
+        a.id, a.kind, a.device_id, a.amount,
         cpus=frozenset({int(a.device_id)}) if a.kind is DeviceKind.PCPU
         else frozenset(),
-        size_bytes=d.get("size_bytes", 0), dev_path=d.get("dev_path"),
-        mdev_parent=d.get("mdev_parent"), mdev_type=d.get("mdev_type"))
+        detail=a.detail)
+
+
+def kind_on_the_wire(kind: DeviceKind) -> str:
+    """RPC answers (version 1.0) name the host's resources as they did
+    before these had a kind of their own: NUMA, with device id 'host'."""
+    return DeviceKind.NUMA.value if kind is DeviceKind.HOST_RESOURCES else kind.value
 
 
 def describe(assignments: list[Assignment]) -> list[dict]:
-    return [{"id": a.id, "owner": a.owner, "consumer_uuid": a.consumer_uuid,
+    return [{"id": a.id, "owner": a.owner.value, "consumer_uuid": a.consumer_uuid,
              "migration_uuid": a.migration_uuid, "resource_class": a.resource_class,
-             "provider_uuid": a.provider_uuid, "kind": a.kind.value,
-             "device_id": a.device_id, "amount": a.amount, "state": a.state}
+             "provider_uuid": a.provider_uuid, "kind": kind_on_the_wire(a.kind),
+             "device_id": a.device_id, "amount": a.amount, "state": a.state.value}
             for a in assignments]
 
 
 def describe_migration(m: Migration) -> dict:
-    return {"uuid": m.uuid, "kind": m.kind, "role": m.role, "state": m.state}
+    return {"uuid": m.uuid, "kind": m.kind.value, "role": m.role.value,
+            "state": m.state.value}
 
 
 def live_conflicts(state: GuestState | None, rows: list[Assignment]) -> list[str]:
@@ -125,9 +130,8 @@ class ComputeManager:
                 if a.kind is DeviceKind.MDEV:
                     self.driver.remove_mdev(a.device_id)
 
-    def _move(self, migration_uuid, instance_uuid, roles: tuple[str, ...],
-              kinds: tuple[str, ...] = ("resize", "live_migration", "evacuation")
-              ) -> Migration:
+    def _move(self, migration_uuid, instance_uuid, roles: tuple[MigrationRole, ...],
+              kinds: tuple[MoveKind, ...] = tuple(MoveKind)) -> Migration:
         """The migration, once it is known here, is of this instance, and
         this host plays one of ``roles`` in it; InvalidRequest otherwise."""
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
@@ -137,15 +141,17 @@ class ComputeManager:
                                  f"migration {m.uuid} moves instance {m.instance_uuid}")
         if m.role not in roles:
             raise InvalidRequest("migration_uuid", m.uuid,
-                                 f"this host is the move's {m.role}, not its "
-                                 f"{' or '.join(roles)}")
+                                 f"this host is the move's {m.role.value}, not its "
+                                 f"{' or '.join(r.value for r in roles)}")
         if m.kind not in kinds:
             raise InvalidRequest("migration_uuid", m.uuid,
-                                 f"is a {m.kind}, not a {' or '.join(kinds)}")
+                                 f"is a {m.kind.value}, not a "
+                                 f"{' or '.join(k.value for k in kinds)}")
         return m
 
-    def _known_move(self, migration_uuid, instance_uuid, roles: tuple[str, ...],
-                    kinds: tuple[str, ...]) -> Migration | None:
+    def _known_move(self, migration_uuid, instance_uuid,
+                    roles: tuple[MigrationRole, ...],
+                    kinds: tuple[MoveKind, ...]) -> Migration | None:
         """Like _move, for a step that may be the first this host hears of
         the move: None when the migration is not known here yet."""
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
@@ -155,9 +161,9 @@ class ComputeManager:
             return None
         return self._move(migration_uuid, instance_uuid, roles, kinds)
 
-    def _migration_rows(self, m: Migration, owner: str) -> list[Assignment]:
+    def _migration_rows(self, m: Migration, owner: Owner) -> list[Assignment]:
         _, rows, _ = self.tracker.instance(m.instance_uuid)
-        return [a for a in rows if a.owner == owner and a.migration_uuid == m.uuid]
+        return [a for a in rows if a.owner is owner and a.migration_uuid == m.uuid]
 
     # --- build and delete -----------------------------------------------
 
@@ -182,23 +188,25 @@ class ComputeManager:
 
     def prep_resize(self, migration_uuid, instance_uuid, spec, allocations) -> dict:
         """Destination: claim the new flavor's devices."""
-        rows = self.tracker.claim_move("resize", migration_uuid, instance_uuid,
+        rows = self.tracker.claim_move(MoveKind.RESIZE, migration_uuid, instance_uuid,
                                        spec, allocations)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def resize_instance(self, migration_uuid, instance_uuid) -> dict:
         """Source: the migration takes over the instance's devices here, and
         the guest stops (nova's migrate_disk_and_power_off)."""
-        self._known_move(migration_uuid, instance_uuid, ("source", "both"), ("resize",))
-        rows = self.tracker.begin_move_source("resize", migration_uuid, instance_uuid)
+        self._known_move(migration_uuid, instance_uuid,
+                         (MigrationRole.SOURCE, MigrationRole.BOTH), (MoveKind.RESIZE,))
+        rows = self.tracker.begin_move_source(MoveKind.RESIZE, migration_uuid,
+                                              instance_uuid)
         self.driver.power_off(instance_uuid)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def finish_resize(self, migration_uuid, instance_uuid) -> dict:
         """Destination: the guest runs with its new devices."""
-        m = self._move(migration_uuid, instance_uuid, ("destination", "both"),
-                       ("resize",))
-        if m.state == "reverted":
+        m = self._move(migration_uuid, instance_uuid,
+                       (MigrationRole.DESTINATION, MigrationRole.BOTH), (MoveKind.RESIZE,))
+        if m.state is MigrationState.REVERTED:
             raise InvalidRequest("migration_uuid", m.uuid, "this move was reverted")
         self._run_with_store_devices(m.instance_uuid)
         self.tracker.finish_move(m.uuid)
@@ -208,27 +216,28 @@ class ComputeManager:
         """Source: give back the old devices; a guest that left is removed
         first. On the same host the guest must already run on its new
         devices."""
-        m = self._move(migration_uuid, instance_uuid, ("source", "both", "destination"))
-        if m.role == "source":
+        m = self._move(migration_uuid, instance_uuid, tuple(MigrationRole))
+        if m.role is MigrationRole.SOURCE:
             self.driver.destroy(m.instance_uuid)
-        elif m.state not in ("confirmed", "reverted"):
-            self._check_not_in_use(m.instance_uuid, self._migration_rows(m, "migration"))
+        elif m.state not in (MigrationState.CONFIRMED, MigrationState.REVERTED):
+            self._check_not_in_use(m.instance_uuid,
+                                   self._migration_rows(m, Owner.MIGRATION))
         self._release_devices(self.tracker.confirm_move(m.uuid))
         return {"migration_uuid": m.uuid, "state": "confirmed"}
 
     def revert_resize(self, migration_uuid, instance_uuid) -> dict:
         """Either side: new devices back, old ones to the instance. A guest
         running on the new devices stops before they are given back."""
-        m = self._move(migration_uuid, instance_uuid, ("source", "both", "destination"))
+        m = self._move(migration_uuid, instance_uuid, tuple(MigrationRole))
         return self._revert(m)
 
     def _revert(self, m: Migration) -> dict:
-        if m.role == "destination":
+        if m.role is MigrationRole.DESTINATION:
             self.driver.destroy(m.instance_uuid)
             self._release_devices(self.tracker.revert_move(m.uuid))
             return {"migration_uuid": m.uuid, "instance": None}
-        if m.state not in ("confirmed", "reverted"):
-            new = self._migration_rows(m, "instance")
+        if m.state not in (MigrationState.CONFIRMED, MigrationState.REVERTED):
+            new = self._migration_rows(m, Owner.INSTANCE)
             if live_conflicts(self.driver.guest_state(m.instance_uuid), new):
                 self.driver.power_off(m.instance_uuid)
             self._check_not_in_use(m.instance_uuid, new)
@@ -242,9 +251,9 @@ class ComputeManager:
                                            allocations) -> dict:
         """Destination: claim now; the source needs these devices to
         rewrite the guest's XML."""
-        self._known_move(migration_uuid, instance_uuid, ("destination",),
-                         ("live_migration",))
-        self.tracker.claim_move("live_migration", migration_uuid, instance_uuid,
+        self._known_move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                         (MoveKind.LIVE_MIGRATION,))
+        self.tracker.claim_move(MoveKind.LIVE_MIGRATION, migration_uuid, instance_uuid,
                                 spec, allocations)
         guest = self._guest(instance_uuid)
         return {"migration_uuid": migration_uuid,
@@ -254,17 +263,18 @@ class ComputeManager:
     def live_migrate(self, migration_uuid, instance_uuid) -> dict:
         """Source: hand the devices to the migration. Once the conductor
         reports success, confirm_resize on the source gives them back."""
-        self._known_move(migration_uuid, instance_uuid, ("source",), ("live_migration",))
-        rows = self.tracker.begin_move_source("live_migration", migration_uuid,
+        self._known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                         (MoveKind.LIVE_MIGRATION,))
+        rows = self.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
                                               instance_uuid)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def post_live_migration_at_destination(self, migration_uuid, instance_uuid) -> dict:
         """Destination: the guest runs here, defined with our devices. There
         is no going back after this, so the move is settled here too."""
-        m = self._move(migration_uuid, instance_uuid, ("destination",),
-                       ("live_migration",))
-        if m.state == "reverted":
+        m = self._move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                       (MoveKind.LIVE_MIGRATION,))
+        if m.state is MigrationState.REVERTED:
             raise InvalidRequest("migration_uuid", m.uuid, "this move was rolled back")
         self._run_with_store_devices(m.instance_uuid)
         self.tracker.finish_move(m.uuid)
@@ -273,8 +283,8 @@ class ComputeManager:
 
     def rollback_live_migration_at_destination(self, migration_uuid,
                                                instance_uuid) -> dict:
-        m = self._move(migration_uuid, instance_uuid, ("destination",),
-                       ("live_migration",))
+        m = self._move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                       (MoveKind.LIVE_MIGRATION,))
         return self._revert(m)
 
     # --- evacuation -----------------------------------------------------
@@ -284,8 +294,8 @@ class ComputeManager:
         that is on disk before anything else happens, so a crash resumes
         here; then the guest is built and the move completed. An instance
         that already runs here is not evacuated here."""
-        known = self._known_move(migration_uuid, instance_uuid, ("destination",),
-                                 ("evacuation",))
+        known = self._known_move(migration_uuid, instance_uuid,
+                                 (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
         if known is None and not self.tracker.knows(instance_uuid) \
                 and self.driver.guest_state(instance_uuid) is not None:
             # An instance the store knows is refused by the claim, once its
@@ -293,7 +303,7 @@ class ComputeManager:
             raise InvalidRequest("instance_uuid", instance_uuid,
                                  "has a guest on this host; an evacuation "
                                  "rebuilds it on another")
-        self.tracker.claim_move("evacuation", migration_uuid, instance_uuid,
+        self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid, instance_uuid,
                                 spec, allocations)
         self._run_with_store_devices(instance_uuid)
         self.tracker.finish_move(migration_uuid)

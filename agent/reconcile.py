@@ -20,7 +20,8 @@ from typing import Callable
 
 from agent import state
 from agent.manager import ComputeManager, in_guest
-from agent.state import Assignment, Migration
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MoveKind, Owner)
 from drivers.base import DeviceKind, GuestState
 
 LOG = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class Pass:
 
     def claimed(self, uuid: str) -> list[Assignment]:
         return [a for a in self.rows.get(uuid, ())
-                if a.state == "claimed" and a.owner == "instance"]
+                if a.state is AssignmentState.CLAIMED and a.owner is Owner.INSTANCE]
 
 
 def carried(guest: GuestState) -> frozenset[str]:
@@ -103,7 +104,7 @@ def claim_stuck_claiming(p: Pass, uuid: str) -> bool:
     completion. Completed when the guest carries the devices, rolled back
     when there is no guest, left alone when a running guest lacks some."""
     claiming = [a for a in p.rows.get(uuid, ())
-                if a.state == "claiming" and a.migration_uuid is None]
+                if a.state is AssignmentState.CLAIMING and a.migration_uuid is None]
     if not p.at_start or not claiming:
         return False
     guest = p.guests.get(uuid)
@@ -126,8 +127,8 @@ def evacuation_interrupted(p: Pass, uuid: str) -> bool:
     """At start-up: an evacuation accepted here whose rebuild did not
     finish is resumed; this host is its single owner."""
     move = p.open_moves.get(uuid)
-    if not (p.at_start and move is not None and move.kind == "evacuation"
-            and move.role == "destination"):
+    if not (p.at_start and move is not None and move.kind is MoveKind.EVACUATION
+            and move.role is MigrationRole.DESTINATION):
         return False
     p.act("evacuation_interrupted", uuid,
           "resumed: guest built and the move completed",
@@ -178,11 +179,11 @@ def mdev_after_reboot(p: Pass, uuid: str) -> bool:
     stale = [a for a in p.rows.get(uuid, ()) if a.boot_id != p.boot_id]
     driver = p.manager.driver
     for a in stale:
-        if a.kind is DeviceKind.MDEV and a.owner == "instance":
+        if a.kind is DeviceKind.MDEV and a.owner is Owner.INSTANCE:
             p.act("mdev_after_reboot", a.device_id,
                   f"claimed before this boot by {uuid}: recreated",
-                  lambda a=a: driver.ensure_mdev(a.device_id, a.detail["mdev_parent"],
-                                                 a.detail["mdev_type"]))
+                  lambda a=a: driver.ensure_mdev(a.device_id, a.detail.mdev_parent,
+                                                 a.detail.mdev_type))
     if stale and p.fix:
         p.manager.tracker.rebind_boot(uuid)
     return False

@@ -16,20 +16,20 @@ import random
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MigrationState, MoveKind, Owner)
 # Decision, StoreError and run_statements belong to the store's API too.
 from agent.group_commit import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
                                 StoreError, run_statements)
 from agent.provider_tree import Provider
-from drivers.base import DeviceKind
+from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
 
-LIVE = ("claiming", "claimed")
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -93,27 +93,18 @@ INSERT INTO placement_view SELECT uuid, NULL, name, NULL, '{}', '[]', NULL FROM 
 DROP TABLE providers;
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
+# v4: the host's own resources (DISK_GB; CPUs and memory of a host without
+# NUMA providers) get a kind of their own. v1-v3 recorded them as kind
+# 'numa' with device 'host'. Like 'numa', many live rows share the device.
+_V4 = """
+DROP INDEX assignments_one_live_holder;
+UPDATE assignments SET kind = 'host_resources' WHERE kind = 'numa' AND device_id = 'host';
+CREATE UNIQUE INDEX assignments_one_live_holder
+    ON assignments (provider_uuid, resource_class, device_id)
+    WHERE state != 'released' AND kind NOT IN ('numa', 'host_resources');
+"""
 
-
-@dataclass(frozen=True)
-class Assignment:
-    id: str
-    consumer_uuid: str
-    instance_uuid: str
-    owner: str  # "instance" or "migration"
-    migration_uuid: str | None
-    resource_class: str
-    provider_uuid: str
-    kind: DeviceKind
-    device_id: str
-    amount: int
-    state: str
-    boot_id: str
-    detail: dict = field(default_factory=dict, compare=False, hash=False)
-
-    def with_(self, **changes) -> "Assignment":
-        return replace(self, **changes)
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def new_assignment_id() -> str:
@@ -132,30 +123,15 @@ def new_assignment_id() -> str:
 
 
 def _row_to_assignment(row: sqlite3.Row) -> Assignment:
+    try:
+        detail = DeviceDetail.from_json(row["detail"])
+    except ValueError as e:
+        raise StoreError(f"assignment {row['id']}: {e}") from None
     return Assignment(row["id"], row["consumer_uuid"], row["instance_uuid"],
-                      row["owner"], row["migration_uuid"], row["resource_class"],
+                      Owner(row["owner"]), row["migration_uuid"], row["resource_class"],
                       row["provider_uuid"], DeviceKind(row["kind"]), row["device_id"],
-                      row["amount"], row["state"], row["boot_id"],
-                      json.loads(row["detail"]))
-
-
-@dataclass(frozen=True)
-class Migration:
-    uuid: str
-    instance_uuid: str
-    kind: str  # resize, live_migration, evacuation
-    role: str  # source, destination, or both (same host)
-    state: str  # active, finished, confirmed, reverted
-    old_spec: dict | None = None  # the spec to restore on revert
-
-    @property
-    def open(self) -> bool:
-        """Still in progress here. A destination whose guest runs with its
-        new devices is settled (a revert can still come, and is honoured);
-        a source keeps its old devices until confirm or revert."""
-        if self.role == "destination":
-            return self.state == "active"
-        return self.state in ("active", "finished")
+                      row["amount"], AssignmentState(row["state"]), row["boot_id"],
+                      detail)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -296,9 +272,9 @@ def delete_instance_sql(uuid: str, moves_too: bool) -> list[Statement]:
 def insert_assignments_sql(rows: list[Assignment]) -> Statement:
     now = time.time()
     return ("INSERT INTO assignments VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            [(a.id, a.consumer_uuid, a.instance_uuid, a.owner, a.migration_uuid,
+            [(a.id, a.consumer_uuid, a.instance_uuid, a.owner.value, a.migration_uuid,
               a.resource_class, a.provider_uuid, a.kind.value, a.device_id, a.amount,
-              _to_json(a.detail), a.state, a.boot_id, now)
+              a.detail.to_json(), a.state.value, a.boot_id, now)
              for a in rows])
 
 
@@ -307,13 +283,14 @@ def update_assignments_sql(rows: list[Assignment]) -> Statement:
     now = time.time()
     return ("UPDATE assignments SET consumer_uuid=?, owner=?, migration_uuid=?, "
             "state=?, boot_id=?, updated_at=? WHERE id=?",
-            [(a.consumer_uuid, a.owner, a.migration_uuid, a.state, a.boot_id, now, a.id)
+            [(a.consumer_uuid, a.owner.value, a.migration_uuid, a.state.value, a.boot_id,
+              now, a.id)
              for a in rows])
 
 
 def put_migration_sql(m: Migration) -> Statement:
     return ("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
-            [(m.uuid, m.instance_uuid, m.kind, m.role, m.state,
+            [(m.uuid, m.instance_uuid, m.kind.value, m.role.value, m.state.value,
               None if m.old_spec is None else _to_json(m.old_spec),
               time.time())])
 
@@ -329,8 +306,8 @@ def instances(conn: sqlite3.Connection) -> dict[str, dict]:
 
 
 def migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
-    return {r["uuid"]: Migration(r["uuid"], r["instance_uuid"], r["kind"], r["role"],
-                                 r["state"],
+    return {r["uuid"]: Migration(r["uuid"], r["instance_uuid"], MoveKind(r["kind"]),
+                                 MigrationRole(r["role"]), MigrationState(r["state"]),
                                  json.loads(r["old_spec"]) if r["old_spec"] else None)
             for r in conn.execute("SELECT * FROM migrations")}
 

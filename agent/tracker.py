@@ -23,12 +23,12 @@ from collections import defaultdict
 from typing import Callable
 
 from agent import state
-from agent.claims import (Choice, HeldDevices, InstanceSpec, Pool, choose,
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MigrationState, MoveKind, Owner)
+from agent.claims import (HeldDevices, InstanceSpec, Pool, choose,
                           parse_allocations)
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
-from agent.state import Assignment, Decision, Migration, Store
-
-MOVE_KINDS = ("resize", "live_migration", "evacuation")
+from agent.state import Decision, Store
 
 
 def check_uuid(value, field_name: str) -> str:
@@ -67,7 +67,7 @@ class Tracker:
             old = self._live.get(a.id)
             if old is not None:
                 self._held.give_back([old])
-            if a.state in state.LIVE:
+            if a.state.live:
                 self._live[a.id] = a
                 self._by_instance[a.instance_uuid].add(a.id)
                 self._held.take([a])
@@ -79,11 +79,11 @@ class Tracker:
                     if not ids:
                         del self._by_instance[a.instance_uuid]
 
-    def _rows_of(self, instance_uuid: str, owner: str | None = None,
+    def _rows_of(self, instance_uuid: str, owner: Owner | None = None,
                  migration_uuid: str | None | type(...) = ...) -> list[Assignment]:
         rows = [self._live[i] for i in sorted(self._by_instance.get(instance_uuid, ()))]
         return [a for a in rows
-                if (owner is None or a.owner == owner)
+                if (owner is None or a.owner is owner)
                 and (migration_uuid is ... or a.migration_uuid == migration_uuid)]
 
     def _open_move(self, instance_uuid: str) -> Migration | None:
@@ -130,7 +130,7 @@ class Tracker:
             # operation touched: others may have changed the rest meanwhile.
             with self._lock:
                 for a in new_rows:
-                    self._index([a.with_(state="released")])
+                    self._index([a.with_(state=AssignmentState.RELEASED)])
                 self._index(before_rows)
                 for saved, live in ((before_instances, self._instances),
                                     (before_moves, self._migrations)):
@@ -161,9 +161,10 @@ class Tracker:
     def _choose_rows(self, instance_uuid: str, allocations, consumer: str,
                      migration_uuid: str | None) -> list[Assignment]:
         wanted = parse_allocations(allocations, self._pools)
-        rows = [Assignment(state.new_assignment_id(), consumer, instance_uuid, "instance",
-                           migration_uuid, c.resource_class, c.provider_uuid, c.kind,
-                           c.device_id, c.amount, "claiming", self.boot_id, _detail(c))
+        rows = [Assignment(state.new_assignment_id(), consumer, instance_uuid,
+                           Owner.INSTANCE, migration_uuid, c.resource_class,
+                           c.provider_uuid, c.kind, c.device_id, c.amount,
+                           AssignmentState.CLAIMING, self.boot_id, c.detail)
                 for c in choose(wanted, self._pools, self._held)]
         # The order every later answer uses, so a retry gets the same one.
         return sorted(rows, key=lambda a: a.id)
@@ -191,12 +192,13 @@ class Tracker:
                  ) -> list[Assignment]:
         """The guest has its devices: claiming -> claimed."""
         def decide() -> Decision:
-            rows = self._rows_of(instance_uuid, "instance", migration_uuid)
-            todo = [a.with_(state="claimed") for a in rows if a.state == "claiming"]
+            rows = self._rows_of(instance_uuid, Owner.INSTANCE, migration_uuid)
+            todo = [a.with_(state=AssignmentState.CLAIMED) for a in rows
+                    if a.state is AssignmentState.CLAIMING]
             if not todo:
                 return Decision(rows)
             d = self._change(todo)
-            d.result = self._rows_of(instance_uuid, "instance", migration_uuid)
+            d.result = self._rows_of(instance_uuid, Owner.INSTANCE, migration_uuid)
             return d
 
         return self._run(instance_uuid, decide)
@@ -210,7 +212,7 @@ class Tracker:
             rows = self._rows_of(instance_uuid)
             if not rows and instance_uuid not in self._instances:
                 return Decision([])
-            released = [a.with_(state="released") for a in rows]
+            released = [a.with_(state=AssignmentState.RELEASED) for a in rows]
             d = self._change(released, forget_instance=instance_uuid, forget_moves=True)
             d.result = released
             return d
@@ -237,46 +239,47 @@ class Tracker:
                                  "no such move on this host")
         return m
 
-    def claim_move(self, kind: str, migration_uuid, instance_uuid, spec,
+    def claim_move(self, kind: MoveKind, migration_uuid, instance_uuid, spec,
                    allocations) -> list[Assignment]:
         """The destination's claim for a resize, live migration or
         evacuation. On the same host, the instance's current devices pass
         to the migration in the same commit."""
-        if kind not in MOVE_KINDS:
-            raise InvalidRequest("kind", kind, f"must be one of {', '.join(MOVE_KINDS)}")
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
         spec = InstanceSpec.from_payload(spec)
 
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
-            if m is not None and m.role in ("destination", "both"):
+            if m is not None and m.role is not MigrationRole.SOURCE:
                 # A retry. After a confirm the devices kept are the
                 # instance's own; a reverted move cannot be claimed again.
-                if m.state == "reverted":
+                if m.state is MigrationState.REVERTED:
                     raise InvalidRequest("migration_uuid", migration_uuid,
                                          "this move was reverted")
-                if m.state == "confirmed":
-                    return Decision(self._rows_of(instance_uuid, "instance"))
-                return Decision(self._rows_of(instance_uuid, "instance", migration_uuid))
+                if m.state is MigrationState.CONFIRMED:
+                    return Decision(self._rows_of(instance_uuid, Owner.INSTANCE))
+                return Decision(self._rows_of(instance_uuid, Owner.INSTANCE,
+                                              migration_uuid))
             other = self._open_move(instance_uuid)
             if other is not None and other.uuid != migration_uuid:
                 raise MoveInProgress(instance_uuid, other.uuid)
             rows = self._choose_rows(instance_uuid, allocations, instance_uuid,
                                      migration_uuid)
-            if kind == "evacuation" and instance_uuid in self._instances:
+            if kind is MoveKind.EVACUATION and instance_uuid in self._instances:
                 raise InvalidRequest("instance_uuid", instance_uuid,
                                      "is already on this host; an evacuation "
                                      "rebuilds it on another")
-            current = [] if kind == "evacuation" else [
-                a for a in self._rows_of(instance_uuid, "instance")
+            current = [] if kind is MoveKind.EVACUATION else [
+                a for a in self._rows_of(instance_uuid, Owner.INSTANCE)
                 if a.migration_uuid != migration_uuid]
             same_host = bool(current) or m is not None
-            passed = [a.with_(owner="migration", consumer_uuid=migration_uuid,
+            passed = [a.with_(owner=Owner.MIGRATION, consumer_uuid=migration_uuid,
                               migration_uuid=migration_uuid) for a in current]
             old_spec = self._instances.get(instance_uuid) if same_host else None
             move = Migration(migration_uuid, instance_uuid, kind,
-                             "both" if same_host else "destination", "active", old_spec)
+                             MigrationRole.BOTH if same_host
+                             else MigrationRole.DESTINATION,
+                             MigrationState.ACTIVE, old_spec)
             d = self._change(passed, {instance_uuid: spec.to_payload()}, move,
                              new_rows=rows)
             d.result = rows
@@ -284,28 +287,27 @@ class Tracker:
 
         return self._run(instance_uuid, decide)
 
-    def begin_move_source(self, kind: str, migration_uuid, instance_uuid
+    def begin_move_source(self, kind: MoveKind, migration_uuid, instance_uuid
                           ) -> list[Assignment]:
         """The source's half: the instance's devices pass to the migration."""
-        if kind not in MOVE_KINDS:
-            raise InvalidRequest("kind", kind, f"must be one of {', '.join(MOVE_KINDS)}")
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
 
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None:
-                return Decision(self._rows_of(instance_uuid, "migration", migration_uuid))
+                return Decision(self._rows_of(instance_uuid, Owner.MIGRATION,
+                                              migration_uuid))
             if instance_uuid not in self._instances:
                 raise NoSuchInstance(instance_uuid)
             other = self._open_move(instance_uuid)
             if other is not None:
                 raise MoveInProgress(instance_uuid, other.uuid)
-            passed = [a.with_(owner="migration", consumer_uuid=migration_uuid,
+            passed = [a.with_(owner=Owner.MIGRATION, consumer_uuid=migration_uuid,
                               migration_uuid=migration_uuid)
-                      for a in self._rows_of(instance_uuid, "instance")]
-            move = Migration(migration_uuid, instance_uuid, kind, "source", "active",
-                             self._instances[instance_uuid])
+                      for a in self._rows_of(instance_uuid, Owner.INSTANCE)]
+            move = Migration(migration_uuid, instance_uuid, kind, MigrationRole.SOURCE,
+                             MigrationState.ACTIVE, self._instances[instance_uuid])
             d = self._change(passed, migration=move)
             d.result = passed
             return d
@@ -320,11 +322,11 @@ class Tracker:
     def finish_move(self, migration_uuid) -> list[Assignment]:
         """The destination's guest runs with its new devices."""
         def step(m: Migration) -> Decision:
-            rows = self._rows_of(m.instance_uuid, "instance", m.uuid)
-            if m.state != "active" or m.role == "source":
+            rows = self._rows_of(m.instance_uuid, Owner.INSTANCE, m.uuid)
+            if m.state is not MigrationState.ACTIVE or m.role is MigrationRole.SOURCE:
                 return Decision(rows)
-            done = [a.with_(state="claimed") for a in rows]
-            d = self._change(done, migration=_with_state(m, "finished"))
+            done = [a.with_(state=AssignmentState.CLAIMED) for a in rows]
+            d = self._change(done, migration=_with_state(m, MigrationState.FINISHED))
             d.result = done
             return d
 
@@ -333,15 +335,16 @@ class Tracker:
     def confirm_move(self, migration_uuid) -> list[Assignment]:
         """Give back the source's devices (those the migration owns)."""
         def step(m: Migration) -> Decision:
-            if m.state in ("confirmed", "reverted"):
+            if m.state in (MigrationState.CONFIRMED, MigrationState.REVERTED):
                 return Decision([])
-            released = [a.with_(state="released")
-                        for a in self._rows_of(m.instance_uuid, "migration", m.uuid)]
+            released = [a.with_(state=AssignmentState.RELEASED)
+                        for a in self._rows_of(m.instance_uuid, Owner.MIGRATION, m.uuid)]
             # The devices the instance keeps no longer belong to a move.
             kept = [a.with_(migration_uuid=None)
-                    for a in self._rows_of(m.instance_uuid, "instance", m.uuid)]
-            gone = m.role == "source"
-            d = self._change(released + kept, migration=_with_state(m, "confirmed"),
+                    for a in self._rows_of(m.instance_uuid, Owner.INSTANCE, m.uuid)]
+            gone = m.role is MigrationRole.SOURCE
+            d = self._change(released + kept,
+                             migration=_with_state(m, MigrationState.CONFIRMED),
                              forget_instance=m.instance_uuid if gone else None)
             d.result = released
             return d
@@ -352,16 +355,17 @@ class Tracker:
         """Give back the new devices and return the old ones to the
         instance, on whichever side of the move this host is."""
         def step(m: Migration) -> Decision:
-            if m.state in ("confirmed", "reverted"):
-                return Decision(self._rows_of(m.instance_uuid, "instance"))
-            released = [a.with_(state="released")
-                        for a in self._rows_of(m.instance_uuid, "instance", m.uuid)]
-            returned = [a.with_(owner="instance", consumer_uuid=m.instance_uuid,
+            if m.state in (MigrationState.CONFIRMED, MigrationState.REVERTED):
+                return Decision(self._rows_of(m.instance_uuid, Owner.INSTANCE))
+            released = [a.with_(state=AssignmentState.RELEASED)
+                        for a in self._rows_of(m.instance_uuid, Owner.INSTANCE, m.uuid)]
+            returned = [a.with_(owner=Owner.INSTANCE, consumer_uuid=m.instance_uuid,
                                 migration_uuid=None)
-                        for a in self._rows_of(m.instance_uuid, "migration", m.uuid)]
-            gone = m.role == "destination"
+                        for a in self._rows_of(m.instance_uuid, Owner.MIGRATION, m.uuid)]
+            gone = m.role is MigrationRole.DESTINATION
             restore = {m.instance_uuid: m.old_spec} if m.old_spec and not gone else None
-            d = self._change(released + returned, restore, _with_state(m, "reverted"),
+            d = self._change(released + returned, restore,
+                             _with_state(m, MigrationState.REVERTED),
                              forget_instance=m.instance_uuid if gone else None)
             d.result = returned
             return d
@@ -394,14 +398,5 @@ class Tracker:
                     dict(self._migrations))
 
 
-def _detail(c: Choice) -> dict:
-    """What a guest definition needs of a chosen device besides its id
-    (NUMA node 0 included)."""
-    detail = {"numa_node": c.numa_node, "size_bytes": c.size_bytes or None,
-              "dev_path": c.dev_path, "mdev_parent": c.mdev_parent,
-              "mdev_type": c.mdev_type}
-    return {k: v for k, v in detail.items() if v is not None}
-
-
-def _with_state(m: Migration, new_state: str) -> Migration:
+def _with_state(m: Migration, new_state: MigrationState) -> Migration:
     return Migration(m.uuid, m.instance_uuid, m.kind, m.role, new_state, m.old_spec)

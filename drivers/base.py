@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import json
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, get_args, get_type_hints
 
 
 class PciKind(str, enum.Enum):
@@ -112,6 +113,61 @@ class DeviceKind(str, enum.Enum):
     PMEM = "pmem"  # a persistent-memory namespace, as an nvdimm
     PCPU = "pcpu"  # dedicated host CPUs, pinned
     NUMA = "numa"  # shared CPUs and memory of a NUMA cell
+    # Amounts of the whole host, of no cell: DISK_GB, and the CPUs and
+    # memory of a host without NUMA providers. They do not reach the guest.
+    HOST_RESOURCES = "host_resources"
+
+    @property
+    def counted(self) -> bool:
+        """Only an amount is recorded, of no device in particular: many
+        assignments share the one device id."""
+        return self in (DeviceKind.NUMA, DeviceKind.HOST_RESOURCES)
+
+
+@dataclass(frozen=True)
+class DeviceDetail:
+    """What a guest definition needs of an assigned device besides its id.
+    None is unknown or not applicable; NUMA node 0 is a node."""
+
+    numa_node: int | None = None
+    # PMEM: the namespace's size and the device the guest maps.
+    size_bytes: int | None = None
+    dev_path: str | None = None
+    # MDEV: the parent address and type, so a missing mdev can be created.
+    mdev_parent: str | None = None
+    mdev_type: str | None = None
+
+    def to_json(self) -> str:
+        """The known fields as a JSON object, keys sorted."""
+        return _encode_json({name: value for name in _DETAIL_TYPES
+                             if (value := getattr(self, name)) is not None})
+
+    @classmethod
+    def from_json(cls, text: str) -> "DeviceDetail":
+        """Read what ``to_json`` wrote, or the plain dict of the same keys
+        that agents wrote before this class. Raises ValueError naming the
+        first field that is not one of ours or not of its type."""
+        obj = json.loads(text)
+        if not isinstance(obj, dict):
+            raise ValueError(f"detail: {text!r}: not a JSON object")
+        for name, value in obj.items():
+            expected = _DETAIL_TYPES.get(name)
+            if expected is None:
+                raise ValueError(f"detail.{name}: {value!r}: not a field of a "
+                                 "device's detail")
+            if value is not None and type(value) is not expected:
+                raise ValueError(f"detail.{name}: {value!r}: must be "
+                                 f"{expected.__name__}")
+        return cls(**obj)
+
+
+# Each field of DeviceDetail -> the type of its known values (int for
+# "int | None").
+_DETAIL_TYPES: dict[str, type] = {
+    name: next(t for t in get_args(hint) if t is not type(None))
+    for name, hint in get_type_hints(DeviceDetail).items()}
+# Made once: json.dumps with any option builds a new encoder every call.
+_encode_json = json.JSONEncoder(sort_keys=True).encode
 
 
 @dataclass(frozen=True)
@@ -122,14 +178,8 @@ class GuestDevice:
     kind: DeviceKind
     device_id: str  # PCI address, mdev UUID, namespace name, or cell number
     amount: int = 1
-    numa_node: int | None = None
-    # PCPU: the pinned host CPUs. PMEM: size_bytes and dev path. MDEV: the
-    # parent address and type, so a missing mdev can be created.
-    cpus: frozenset[int] = frozenset()
-    size_bytes: int = 0
-    dev_path: str | None = None
-    mdev_parent: str | None = None
-    mdev_type: str | None = None
+    cpus: frozenset[int] = frozenset()  # PCPU: the pinned host CPUs
+    detail: DeviceDetail = DeviceDetail()
 
 
 class HostResourceKind(str, enum.Enum):
@@ -156,8 +206,9 @@ def device_resources(device: GuestDevice) -> frozenset[HostResource]:
         return frozenset({HostResource(HostResourceKind.PCI_ADDRESS, device.device_id)})
     if kind is DeviceKind.MDEV:
         return frozenset({HostResource(HostResourceKind.MDEV_UUID, device.device_id)})
-    if kind is DeviceKind.PMEM and device.dev_path:
-        return frozenset({HostResource(HostResourceKind.BACKING_PATH, device.dev_path)})
+    if kind is DeviceKind.PMEM and device.detail.dev_path:
+        return frozenset({HostResource(HostResourceKind.BACKING_PATH,
+                                       device.detail.dev_path)})
     if kind is DeviceKind.PCPU:
         return frozenset(HostResource(HostResourceKind.HOST_CPU, str(c))
                          for c in device.cpus)

@@ -249,8 +249,8 @@ class FakeDriver(ComputeDriver):
 
     def _define(self, guest: GuestSpec) -> None:
         for d in guest.devices:
-            if d.mdev_parent:
-                self.ensure_mdev(d.device_id, d.mdev_parent, d.mdev_type)
+            if d.detail.mdev_parent:
+                self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
         with self._lock:
             existing = self.guests.get(guest.instance_uuid)
             if existing is None:

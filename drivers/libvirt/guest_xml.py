@@ -218,19 +218,21 @@ def _pci_source(parent: etree._Element, device: GuestDevice,
 
 
 def _pmem_size_kib(device: GuestDevice) -> int:
-    if not device.dev_path:
+    if not device.detail.dev_path:
         raise ValueError(f"pmem {device.device_id}: no device path")
-    size_kib = device.size_bytes // 1024
+    if device.detail.size_bytes is None:
+        raise ValueError(f"pmem {device.device_id}: no size")
+    size_kib = device.detail.size_bytes // 1024
     if _is_devdax(device):
         size_kib -= size_kib % _DEVDAX_ALIGN_KIB
     if size_kib <= 0:
         raise ValueError(f"pmem {device.device_id}: size "
-                         f"{device.size_bytes} bytes is too small")
+                         f"{device.detail.size_bytes} bytes is too small")
     return size_kib
 
 
 def _is_devdax(device: GuestDevice) -> bool:
-    return (device.dev_path or "").startswith("/dev/dax")
+    return (device.detail.dev_path or "").startswith("/dev/dax")
 
 
 def _nvdimm(devices: etree._Element, device: GuestDevice,
@@ -238,7 +240,7 @@ def _nvdimm(devices: etree._Element, device: GuestDevice,
     memory = etree.SubElement(devices, "memory", model="nvdimm",
                               access="shared")
     source = etree.SubElement(memory, "source")
-    _text(source, "path", device.dev_path)
+    _text(source, "path", device.detail.dev_path)
     if _is_devdax(device):
         # Real persistent memory: tell QEMU so it keeps writes durable.
         _text(source, "alignsize", _DEVDAX_ALIGN_KIB, unit="KiB")

@@ -134,12 +134,11 @@ class GuestManager:
         for device in guest.devices:
             if DeviceKind(device.kind) is not DeviceKind.MDEV:
                 continue
-            if device.mdev_parent and device.mdev_type:
-                self._mdevs.create(device.device_id, device.mdev_parent,
-                                   device.mdev_type)
+            parent, type_id = device.detail.mdev_parent, device.detail.mdev_type
+            if parent and type_id:
+                self._mdevs.create(device.device_id, parent, type_id)
                 models[str(uuid_lib.UUID(device.device_id))] = (
-                    self._mdevs.device_api(
-                        device.mdev_parent, device.mdev_type))
+                    self._mdevs.device_api(parent, type_id))
             elif not self._mdevs.exists(device.device_id):
                 raise MdevError(
                     f"{guest.instance_uuid}: mdev {device.device_id} is "

@@ -23,7 +23,7 @@ from typing import Callable
 import pytest
 
 from agent.cmd.common import load_config
-from drivers.base import (ComputeDriver, DeviceKind, GuestDevice, GuestSpec,
+from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           HostResource, HostResourceKind, MdevError, device_resources)
 from drivers.fake import FakeDriver
 from drivers.fake_sysfs import SysfsBuilder
@@ -54,16 +54,19 @@ def device_set(which: str, vf: str, mdev: str | None, pmem_path: str, cpu: int,
                cell: int) -> tuple[GuestDevice, ...]:
     """Assignment ids are prefixed with the set's name, so a guest's ids
     say which set it holds."""
-    devices = [GuestDevice(f"{which}-pcpu", DeviceKind.PCPU, str(cpu), numa_node=cell,
-                           cpus=frozenset({cpu})),
+    devices = [GuestDevice(f"{which}-pcpu", DeviceKind.PCPU, str(cpu),
+                           cpus=frozenset({cpu}), detail=DeviceDetail(numa_node=cell)),
                GuestDevice(f"{which}-numa", DeviceKind.NUMA, str(cell)),
-               GuestDevice(f"{which}-pmem", DeviceKind.PMEM, f"ns-{which}", numa_node=cell,
-                           size_bytes=64 << 20, dev_path=pmem_path)]
+               GuestDevice(f"{which}-pmem", DeviceKind.PMEM, f"ns-{which}",
+                           detail=DeviceDetail(numa_node=cell, size_bytes=64 << 20,
+                                               dev_path=pmem_path))]
     if vf:
-        devices.append(GuestDevice(f"{which}-vf", DeviceKind.VF, vf, numa_node=cell))
+        devices.append(GuestDevice(f"{which}-vf", DeviceKind.VF, vf,
+                                   detail=DeviceDetail(numa_node=cell)))
     if mdev:
-        devices.append(GuestDevice(f"{which}-mdev", DeviceKind.MDEV, mdev, numa_node=cell,
-                                   mdev_parent=GPU, mdev_type=MDEV_TYPE))
+        devices.append(GuestDevice(f"{which}-mdev", DeviceKind.MDEV, mdev,
+                                   detail=DeviceDetail(numa_node=cell, mdev_parent=GPU,
+                                                       mdev_type=MDEV_TYPE)))
     return tuple(devices)
 
 

@@ -15,6 +15,7 @@ import uuid as uuid_lib
 
 import pytest
 
+from agent.claim_model import AssignmentState
 from agent.exception import ClaimFailed, InvalidRequest
 from drivers.base import DeviceKind
 from tests.functional.claims_world import (host_dict, make_world, new_uuid, spec)
@@ -34,7 +35,7 @@ def world(tmp_path):
 
 def held_devices(w):
     return [(a.provider_uuid, a.resource_class, a.device_id) for a in w.live()
-            if a.kind is not DeviceKind.NUMA]
+            if not a.kind.counted]
 
 
 def claim_all_at_once(w, count: int):
@@ -100,7 +101,7 @@ def test_32_concurrent_claims_get_distinct_devices(world):
         for uuid in ok:
             assert guests[uuid].live == guests[uuid].saved == {
                 a.id for a in rows if a.instance_uuid == uuid}
-            assert all(a.state == "claimed" for a in rows if a.instance_uuid == uuid)
+            assert all(a.state is AssignmentState.CLAIMED for a in rows if a.instance_uuid == uuid)
 
         # One more is refused, whatever it is, and changes nothing.
         before, guests_before = w.store.dump(), w.driver.list_guests()

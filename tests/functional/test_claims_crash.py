@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.claim_model import AssignmentState, Owner
 from agent.exception import ClaimFailed
 from drivers.base import DeviceKind, GuestDevice, GuestSpec
 from drivers.fake import FakeDriver, FakeGuest
@@ -176,7 +177,7 @@ def child_main(directory: Path, log_path: Path, ready_fd: int, seed: int,
                 continue
             m.resize_instance(mig, inst)
             m.finish_resize(mig, inst)
-            new = sorted(a.id for a in w.tracker.instance(inst)[1] if a.owner == "instance")
+            new = sorted(a.id for a in w.tracker.instance(inst)[1] if a.owner is Owner.INSTANCE)
             log("acked", "finish", inst, mig, *new)
             if rng.random() < 0.5:
                 log("intent", "confirm", inst, mig)
@@ -231,7 +232,7 @@ def resolve_in_flight(w, truth: Truth, last: list[str] | None, rng: random.Rando
     if op == "build":  # intent build, not acked
         if inst in instances:
             rows = [a for a in w.live() if a.instance_uuid == inst]
-            assert rows and all(a.state == "claimed" for a in rows), rows
+            assert rows and all(a.state is AssignmentState.CLAIMED for a in rows), rows
             truth.known[inst] = frozenset(a.id for a in rows)
         return
     if op == "delete":
@@ -263,7 +264,7 @@ def check(w, truth: Truth, iteration: int) -> None:
     where = f"iteration {iteration}"
     live = w.live()
     held = [(a.provider_uuid, a.resource_class, a.device_id) for a in live
-            if a.kind is not DeviceKind.NUMA]
+            if not a.kind.counted]
     assert len(held) == len(set(held)), f"{where}: a device is held twice"
     instances = w.instances()
     assert set(instances) == set(truth.known), \
@@ -271,14 +272,15 @@ def check(w, truth: Truth, iteration: int) -> None:
     by_inst: dict[str, set[str]] = {}
     for a in live:
         assert a.instance_uuid in instances, f"{where}: {a} belongs to no instance"
-        assert a.owner == "instance" and a.state == "claimed", f"{where}: {a}"
+        assert a.owner is Owner.INSTANCE and a.state is AssignmentState.CLAIMED, \
+            f"{where}: {a}"
         by_inst.setdefault(a.instance_uuid, set()).add(a.id)
     for inst, ids in truth.known.items():
         assert by_inst.get(inst, set()) == ids, f"{where}: {inst} lost or changed devices"
     assert not any(m.open for m in w.migrations().values()), f"{where}: a move is open"
     assert not truth.pending
     guests = w.driver.list_guests()
-    disk = {a.id for a in live if a.kind is DeviceKind.NUMA and a.device_id == "host"}
+    disk = {a.id for a in live if a.kind is DeviceKind.HOST_RESOURCES}
     assert {u: g.saved for u, g in guests.items()} == \
         {i: frozenset(ids - disk) for i, ids in truth.known.items()}, \
         f"{where}: guests differ from the store"
@@ -386,7 +388,7 @@ def test_build_killed_after_spawn_is_completed_not_rolled_back(tmp_path):
             report = w.reconcile(None, at_start=True)
             assert inst in w.driver.list_guests(), \
                 f"{mix}: reconcile deleted the running guest: {report.as_dict()}"
-            assert all(a.state == "claimed" for a in w.live() if a.instance_uuid == inst)
+            assert all(a.state is AssignmentState.CLAIMED for a in w.live() if a.instance_uuid == inst)
     finally:
         w.stop()
 

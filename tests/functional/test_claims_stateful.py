@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
+from agent.claim_model import AssignmentState, MigrationState, Owner
 from agent.exception import ClaimFailed, MoveInProgress
 from drivers.base import DeviceKind
 from tests.functional.claims_world import (PMEM_RC, World, make_world, new_uuid,
@@ -117,9 +118,8 @@ class Model:
 
 def guest_ids(rows) -> frozenset[str]:
     """The ids a guest's metadata carries: every row of its device set but
-    the root's disk, which the guest does not pin."""
-    return frozenset(a.id for a in rows
-                     if not (a.kind is DeviceKind.NUMA and a.device_id == "host"))
+    the host's resources (the root's disk), which the guest does not pin."""
+    return frozenset(a.id for a in rows if a.kind is not DeviceKind.HOST_RESOURCES)
 
 
 class ClaimsMachine(RuleBasedStateMachine):
@@ -225,7 +225,8 @@ class ClaimsMachine(RuleBasedStateMachine):
                 lambda: w.manager.build_instance(uuid, s, w.allocations(mix)), host):
             return
         rows = self.rows_of(host, uuid)
-        assert rows and all(a.state == "claimed" and a.owner == "instance" for a in rows)
+        assert rows and all(a.state is AssignmentState.CLAIMED and a.owner is Owner.INSTANCE
+                            for a in rows)
         self.model.instances[uuid] = Inst(uuid, host, frozenset(a.id for a in rows),
                                           self.providers(host, mix), s)
         self.successes["build"] += 1
@@ -256,7 +257,7 @@ class ClaimsMachine(RuleBasedStateMachine):
         w.manager.resize_instance(mig, inst.uuid)
         w.manager.finish_resize(mig, inst.uuid)
         new = frozenset(a.id for a in self.rows_of(h, inst.uuid)
-                        if a.owner == "instance")
+                        if a.owner is Owner.INSTANCE)
         assert not new & inst.ids
         inst.move = Move(mig, "resize", h, h, inst.ids, new, inst.providers,
                          self.providers(h, mix), "finished")
@@ -334,7 +335,7 @@ class ClaimsMachine(RuleBasedStateMachine):
         # Exactly the devices it had before the move, by assignment id.
         rows = self.rows_of(inst.host, inst.uuid)
         assert frozenset(a.id for a in rows) == inst.ids
-        assert all(a.owner == "instance" and a.consumer_uuid == inst.uuid
+        assert all(a.owner is Owner.INSTANCE and a.consumer_uuid == inst.uuid
                    and a.migration_uuid is None for a in rows)
         assert self.worlds[inst.host].instances()[inst.uuid] == inst.spec
 
@@ -394,7 +395,7 @@ class ClaimsMachine(RuleBasedStateMachine):
         for h, w in self.worlds.items():
             seen = {}
             for a in w.live():
-                if a.kind is DeviceKind.NUMA:
+                if a.kind.counted:
                     continue
                 key = (a.provider_uuid, a.resource_class, a.device_id)
                 assert key not in seen, f"host {h}: {key} held by {seen[key]} and {a.id}"
@@ -417,26 +418,26 @@ class ClaimsMachine(RuleBasedStateMachine):
                 m = i.move
                 if m is None:
                     if i.host == h:
-                        expected[(i.uuid, "instance", None)] = i.ids
+                        expected[(i.uuid, Owner.INSTANCE, None)] = i.ids
                         here.add(i.uuid)
                     continue
                 if m.src == h:
-                    expected[(i.uuid, "migration", m.uuid)] = m.old_ids
+                    expected[(i.uuid, Owner.MIGRATION, m.uuid)] = m.old_ids
                     here.add(i.uuid)
                 if m.dst == h:
-                    expected[(i.uuid, "instance", None)] = m.new_ids
+                    expected[(i.uuid, Owner.INSTANCE, None)] = m.new_ids
                     here.add(i.uuid)
             actual: dict[tuple, set] = {}
             for a in w.live():
-                consumer = a.migration_uuid if a.owner == "migration" else a.instance_uuid
+                consumer = a.migration_uuid if a.owner is Owner.MIGRATION else a.instance_uuid
                 assert a.consumer_uuid == consumer, a
                 # Instance-owned rows keep the uuid of the move that claimed
                 # them after it closes; only an open move's tag is checked.
                 key = (a.instance_uuid, a.owner,
-                       a.migration_uuid if a.owner == "migration" else None)
+                       a.migration_uuid if a.owner is Owner.MIGRATION else None)
                 actual.setdefault(key, set()).add(a.id)
                 i = self.model.instances.get(a.instance_uuid)
-                if a.owner == "instance" and i is not None and i.move is not None:
+                if a.owner is Owner.INSTANCE and i is not None and i.move is not None:
                     assert a.migration_uuid == i.move.uuid, a
             actual = {k: frozenset(v) for k, v in actual.items()}
             assert actual == expected, f"host {h}: live rows differ from the model"
@@ -560,13 +561,13 @@ def test_same_host_resize_restart_revert_restores_exact_devices(hosts):
     w.manager.resize_instance(mig, inst)
     w.manager.finish_resize(mig, inst)
     during = {a.id: a for a in w.live() if a.instance_uuid == inst}
-    new_ids = {i for i, a in during.items() if a.owner == "instance"}
-    assert {i for i, a in during.items() if a.owner == "migration"} == set(before)
+    new_ids = {i for i, a in during.items() if a.owner is Owner.INSTANCE}
+    assert {i for i, a in during.items() if a.owner is Owner.MIGRATION} == set(before)
     assert not new_ids & set(before)
     assert w.driver.list_guests()[inst].live == guest_ids(
-        a for a in during.values() if a.owner == "instance")
+        a for a in during.values() if a.owner is Owner.INSTANCE)
     held = [(a.provider_uuid, a.resource_class, a.device_id) for a in during.values()
-            if a.kind is not DeviceKind.NUMA]
+            if not a.kind.counted]
     assert len(held) == len(set(held)), "old and new sets overlap"
 
     w.restart()
@@ -577,7 +578,7 @@ def test_same_host_resize_restart_revert_restores_exact_devices(hosts):
     assert after == before
     assert w.driver.list_guests()[inst] == guest_before
     assert w.instances()[inst] == spec("vm", 1)
-    assert w.migrations()[mig].state == "reverted"
+    assert w.migrations()[mig].state is MigrationState.REVERTED
     # The new set went back: the same claim can be made again.
     w.restart()
     again = new_uuid()
@@ -602,7 +603,7 @@ def test_same_host_resize_restart_at_every_step_then_revert(hosts):
     w.manager.revert_resize(mig, inst)
     w.restart()
     assert {a.id: a.device_id for a in w.live()} == before
-    assert all(a.owner == "instance" and a.state == "claimed" for a in w.live())
+    assert all(a.owner is Owner.INSTANCE and a.state is AssignmentState.CLAIMED for a in w.live())
 
 
 def test_cross_host_move_leaves_destination_move_open(hosts):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
+from agent.claim_model import AssignmentState, Owner
 from agent.cmd.common import load_config
 from agent.manager import ComputeManager
 from agent.service import Agent
@@ -72,9 +73,9 @@ def devices_in_xml(dom) -> dict[str, list[str]]:
 def devices_in_store(rows) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"vf": [], "mdev": [], "pmem": [], "numa": []}
     for a in rows:
-        if a.owner == "instance" and a.kind.value in out:
+        if a.owner is Owner.INSTANCE and a.kind.value in out:
             # A namespace reaches the guest as its dax device.
-            out[a.kind.value].append(a.detail.get("dev_path", a.device_id))
+            out[a.kind.value].append(a.detail.dev_path or a.device_id)
     return {k: sorted(set(v)) for k, v in out.items()}
 
 
@@ -94,7 +95,7 @@ def test_a_build_puts_every_claimed_device_in_the_domain(host):
     host.agent.manager.build_instance(instance, SPEC, allocations(host))
 
     _, rows, _ = host.agent.manager.tracker.instance(instance)
-    assert {a.state for a in rows} == {"claimed"}
+    assert {a.state for a in rows} == {AssignmentState.CLAIMED}
     dom = domain(host, instance)
     in_xml = devices_in_xml(dom)
     in_store = devices_in_store(rows)
@@ -141,7 +142,7 @@ def test_same_host_resize_then_restart_then_revert_restores_the_devices(host):
     assert devices_in_xml(domain(host, instance)) == before
     _, rows, _ = host.agent.manager.tracker.instance(instance)
     assert devices_in_store(rows) == before
-    assert {a.owner for a in rows} == {"instance"}
+    assert {a.owner for a in rows} == {Owner.INSTANCE}
 
 
 def test_same_host_resize_then_restart_then_confirm_keeps_only_the_new(host):
@@ -160,7 +161,7 @@ def test_same_host_resize_then_restart_then_confirm_keeps_only_the_new(host):
 
     # Nothing of the old set is held any more, by anyone.
     live = host.agent.manager.tracker.snapshot()[1]
-    assert {a.owner for a in live} == {"instance"}
+    assert {a.owner for a in live} == {Owner.INSTANCE}
     assert devices_in_store(live) == after
     assert after["vf"] != before["vf"]
 

@@ -16,9 +16,11 @@ import libvirt
 import pytest
 from lxml import etree
 
+from agent.claim_model import Owner
 from agent.cmd.common import load_config
 from agent.exception import DevicesInUse
 from agent.service import Agent
+from drivers.base import DeviceKind
 from tests.functional.helpers import placement_tree, write_conf
 
 URI = "qemu:///system"
@@ -74,7 +76,7 @@ def build(agent: Agent, made: list[str], allocations: dict) -> str:
 def pinned(agent: Agent, instance: str) -> list[str]:
     _, rows, _ = agent.manager.tracker.instance(instance)
     return sorted(a.device_id for a in rows
-                  if a.kind.value == "pcpu" and a.owner == "instance")
+                  if a.kind is DeviceKind.PCPU and a.owner is Owner.INSTANCE)
 
 
 def test_same_host_resize_moves_a_running_qemu_guest_to_its_new_cpu(agent, placement):
@@ -130,4 +132,4 @@ def test_confirm_refuses_while_the_running_guest_still_holds_the_old_cpu(agent,
         m.confirm_resize(migration, instance)
     assert live_pins(agent, instance) == cpu
     _, rows, _ = m.tracker.instance(instance)
-    assert cpu[0] in {a.device_id for a in rows if a.owner == "migration"}
+    assert cpu[0] in {a.device_id for a in rows if a.owner is Owner.MIGRATION}

@@ -10,6 +10,7 @@ from agent.host_tree import (MdevTypePolicy, TreePolicy, build_tree, child_uuid,
                              gpu_provider_name, numa_provider_name,
                              pci_provider_name, pmem_provider_name)
 from agent.provider_tree import inventory, normalized_inventories
+from drivers.base import DeviceKind
 from drivers.fake import host_from_dict
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
@@ -275,6 +276,19 @@ def test_nested_host_without_cells_keeps_compute_on_the_root():
     tree = build(host).tree
     assert len(tree) == 1
     assert set(tree.root.inventories) == {"VCPU", "MEMORY_MB", "DISK_GB"}
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_counted_pools_of_the_root_are_host_resources_and_of_a_cell_numa(nested):
+    kinds = {(p.provider_name, p.resource_class): p.kind
+             for p in build(nested=nested).pools if p.kind.counted}
+    if nested:
+        assert kinds == {(HOST, "DISK_GB"): DeviceKind.HOST_RESOURCES,
+                         **{(n(f"numa_{c}"), rc): DeviceKind.NUMA
+                            for c in (0, 1) for rc in ("VCPU", "MEMORY_MB")}}
+    else:
+        assert kinds == {(HOST, rc): DeviceKind.HOST_RESOURCES
+                         for rc in ("DISK_GB", "VCPU", "MEMORY_MB")}
 
 
 # --- CPU sets ----------------------------------------------------------------

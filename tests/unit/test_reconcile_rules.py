@@ -7,7 +7,9 @@ import time
 import pytest
 
 from agent import reconcile as rules
+from agent.claim_model import AssignmentState, MigrationState, MoveKind
 from agent.reconcile import reconcile
+from drivers.base import DeviceKind
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
 
 VF = {"pf": {"SRIOV_NET_VF": 1}}
@@ -54,19 +56,20 @@ def test_claim_stuck_claiming(w):
     assert by[carried].fixed and "completed" in by[carried].detail
     assert by[lost].fixed and "rolled back" in by[lost].detail
     assert not by[lacking].fixed and "left alone" in by[lacking].detail
-    assert {a.state for a in w.live() if a.instance_uuid == carried} == {"claimed"}
+    assert {a.state for a in w.live() if a.instance_uuid == carried} == {
+        AssignmentState.CLAIMED}
     assert lost not in w.instances()
     assert w.driver.guest_is_running(lacking)
 
 
 def test_evacuation_interrupted(w):
     instance, migration = new_uuid(), new_uuid()
-    w.tracker.claim_move("evacuation", migration, instance, spec(), w.allocations(VF))
+    w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
     w.restart()
     report = w.reconcile(None, at_start=True)
     assert kinds(report, fixed=True) == ["evacuation_interrupted"]
     assert w.driver.guest_is_running(instance)
-    assert w.migrations()[migration].state == "confirmed"
+    assert w.migrations()[migration].state is MigrationState.CONFIRMED
 
 
 def test_assignment_without_guest(w):
@@ -116,7 +119,7 @@ def test_mdev_after_reboot(tmp_path):
     w = make_world(tmp_path / "created", host=host_dict(existing_mdev=False))
     instance = built(w, VGPU)
     mdev = next(a.device_id for a in w.live() if a.instance_uuid == instance
-                and a.kind.value == "mdev")
+                and a.kind is DeviceKind.MDEV)
     boot = w.reboot()
     assert mdev not in w.existing_mdevs()
     report = w.reconcile(None, at_start=True)

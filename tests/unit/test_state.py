@@ -15,8 +15,10 @@ import pytest
 
 from agent import state
 from agent.provider_tree import Provider, inventory
-from agent.state import Assignment, Migration, Store, StoreError
-from drivers.base import DeviceKind
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MigrationState, MoveKind, Owner)
+from agent.state import Store, StoreError
+from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,10 +36,10 @@ def mode(path: Path) -> int:
 
 
 def assignment(device="0000:81:10.0", provider=PROVIDER, rc="SRIOV_NET_VF",
-               kind=DeviceKind.VF, st="claimed", instance=None, aid=None) -> Assignment:
+               kind=DeviceKind.VF, st=AssignmentState.CLAIMED, instance=None, aid=None) -> Assignment:
     inst = instance or str(uuid.uuid4())
-    return Assignment(aid or str(uuid.uuid4()), inst, inst, "instance", None, rc,
-                      provider, kind, device, 1, st, "boot-1", {"numa_node": 0})
+    return Assignment(aid or str(uuid.uuid4()), inst, inst, Owner.INSTANCE, None, rc,
+                      provider, kind, device, 1, st, "boot-1", DeviceDetail(numa_node=0))
 
 
 @pytest.fixture
@@ -108,13 +110,14 @@ def _make_v1(path: Path) -> dict:
     rows = [assignment(instance=inst),
             assignment(device="5f1e0000-0000-4000-8000-000000000001", rc="VGPU",
                        kind=DeviceKind.MDEV, provider=OTHER_PROVIDER, instance=inst,
-                       st="claiming"),
-            assignment(device="0000:81:10.1", instance=inst, st="released")]
+                       st=AssignmentState.CLAIMING),
+            assignment(device="0000:81:10.1", instance=inst, st=AssignmentState.RELEASED)]
     conn.execute("BEGIN")
     state.run_statements(conn, [state.put_instance_sql(inst, {"name": "old", "vcpus": 1, "memory_mb": 512})])
     state.run_statements(conn, [state.insert_assignments_sql(rows)])
-    state.run_statements(conn, [state.put_migration_sql(Migration(mig, inst, "resize", "both", "active",
-                                        {"name": "old", "vcpus": 1, "memory_mb": 256}))])
+    state.run_statements(conn, [state.put_migration_sql(Migration(
+        mig, inst, MoveKind.RESIZE, MigrationRole.BOTH, MigrationState.ACTIVE,
+        {"name": "old", "vcpus": 1, "memory_mb": 256}))])
     conn.execute("COMMIT")
     conn.close()
     return {"instance": inst, "migration": mig, "rows": rows}
@@ -127,14 +130,15 @@ def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
     try:
         assert s.read(state.schema_version) == state.SCHEMA_VERSION
         live = s.read(state.live_assignments)
-        assert live == sorted([a for a in made["rows"] if a.state != "released"],
+        assert live == sorted([a for a in made["rows"] if a.state is not AssignmentState.RELEASED],
                               key=lambda a: a.id)
-        assert [a.detail for a in live] == [{"numa_node": 0}] * 2
+        assert [a.detail for a in live] == [DeviceDetail(numa_node=0)] * 2
         assert s.read(state.instances) == {
             made["instance"]: {"name": "old", "vcpus": 1, "memory_mb": 512}}
         m = s.read(state.migrations)[made["migration"]]
         assert (m.kind, m.role, m.state, m.old_spec) == (
-            "resize", "both", "active", {"name": "old", "vcpus": 1, "memory_mb": 256})
+            MoveKind.RESIZE, MigrationRole.BOTH, MigrationState.ACTIVE,
+            {"name": "old", "vcpus": 1, "memory_mb": 256})
         assert s.read(lambda c: c.execute(
             "SELECT count(*) FROM assignments").fetchone()[0]) == 3
         # The later tables are there and usable.
@@ -168,6 +172,34 @@ def test_version_2_provider_names_become_the_placement_view(tmp_path):
             key=lambda p: p.uuid)
         assert not s.read(lambda c: c.execute(
             "SELECT 1 FROM sqlite_master WHERE name='providers'").fetchone())
+    finally:
+        s.close()
+
+
+def test_version_3_host_rows_become_host_resources_that_many_share(tmp_path):
+    """v3 recorded the host's own resources as NUMA device 'host'; v4 names
+    them, and its one-live-holder index still lets every instance hold some."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    state.migrate(conn, target=3)
+    disk = [assignment(device="host", rc="DISK_GB", kind=DeviceKind.NUMA) for _ in range(2)]
+    cell = assignment(device="0", rc="VCPU", kind=DeviceKind.NUMA)
+    vf = assignment()
+    conn.execute("BEGIN")
+    state.run_statements(conn, [state.insert_assignments_sql(disk + [cell, vf])])
+    conn.execute("COMMIT")
+    conn.close()
+    s = Store(path)
+    try:
+        kinds = {a.id: a.kind for a in s.read(state.live_assignments)}
+        assert kinds == {disk[0].id: DeviceKind.HOST_RESOURCES,
+                         disk[1].id: DeviceKind.HOST_RESOURCES,
+                         cell.id: DeviceKind.NUMA, vf.id: DeviceKind.VF}
+        more = assignment(device="host", rc="DISK_GB", kind=DeviceKind.HOST_RESOURCES)
+        s.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([more])]))
+        with pytest.raises(sqlite3.IntegrityError):  # devices are still exclusive
+            s.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(
+                [assignment()])]))
     finally:
         s.close()
 
@@ -363,14 +395,14 @@ def test_many_concurrent_writers_all_land(store):
 # --- the one-live-holder index ------------------------------------------------------
 
 def test_a_device_has_one_live_holder_until_released(store):
-    first = assignment(device="0000:81:10.3", st="claiming")
+    first = assignment(device="0000:81:10.3", st=AssignmentState.CLAIMING)
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
-    for st in ("claiming", "claimed"):
+    for st in (AssignmentState.CLAIMING, AssignmentState.CLAIMED):
         second = assignment(device="0000:81:10.3", st=st)
         with pytest.raises(sqlite3.IntegrityError):
             store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([second])]))
     # claimed is live too
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="claimed")])]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
     with pytest.raises(sqlite3.IntegrityError):
         store.write(lambda c: state.run_statements(
             c, [state.insert_assignments_sql([assignment(device="0000:81:10.3")])]))
@@ -379,24 +411,66 @@ def test_a_device_has_one_live_holder_until_released(store):
         assignment(device="0000:81:10.3", provider=OTHER_PROVIDER),
         assignment(device="0000:81:10.3", rc="CUSTOM_NIC")])]))
     # Released: free for the next holder, and history may keep several.
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="released")])]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.RELEASED)])]))
     again = assignment(device="0000:81:10.3")
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([again])]))
     with pytest.raises(sqlite3.IntegrityError):  # a released row cannot come back
-        store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state="claimed")])]))
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([again.with_(state="released")])]))
+        store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
+    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([again.with_(state=AssignmentState.RELEASED)])]))
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([assignment(device="0000:81:10.3",
-                                                                  st="released")])]))
+                                                                  st=AssignmentState.RELEASED)])]))
     holders = [a for a in store.read(state.live_assignments)
                if (a.provider_uuid, a.resource_class, a.device_id)
                == (PROVIDER, "SRIOV_NET_VF", "0000:81:10.3")]
     assert holders == []
 
 
-def test_counted_numa_amounts_are_not_exclusive(store):
-    rows = [assignment(device="1", rc="VCPU", kind=DeviceKind.NUMA) for _ in range(3)]
+@pytest.mark.parametrize("kind, device", [(DeviceKind.NUMA, "1"),
+                                          (DeviceKind.HOST_RESOURCES, "host")])
+def test_counted_amounts_are_not_exclusive(store, kind, device):
+    rows = [assignment(device=device, rc="VCPU", kind=kind) for _ in range(3)]
     store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(rows)]))
     assert len(store.read(state.live_assignments)) == 3
+
+
+# --- a device's detail ----------------------------------------------------------------
+
+def _with_detail_text(store: Store, text: str) -> Assignment:
+    row = assignment(kind=DeviceKind.PMEM, rc="CUSTOM_PMEM_NAMESPACE_4GB", device="ns0")
+    store.write(lambda c: (
+        state.run_statements(c, [state.insert_assignments_sql([row])]),
+        c.execute("UPDATE assignments SET detail = ? WHERE id = ?", (text, row.id))))
+    return row
+
+
+def test_a_detail_is_stored_as_its_known_fields_node_0_included(store):
+    row = assignment(kind=DeviceKind.MDEV, rc="VGPU", device=str(uuid.uuid4())).with_(
+        detail=DeviceDetail(numa_node=0, mdev_parent="0000:84:00.0", mdev_type="nvidia-35"))
+    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([row])]))
+    text = store.read(lambda c: c.execute("SELECT detail FROM assignments").fetchone()[0])
+    assert json.loads(text) == {"numa_node": 0, "mdev_parent": "0000:84:00.0",
+                                "mdev_type": "nvidia-35"}
+    assert [a.detail for a in store.read(state.live_assignments)] == [row.detail]
+
+
+def test_a_detail_written_as_a_plain_dict_by_an_older_agent_still_reads(store):
+    _with_detail_text(store, '{"dev_path": "/dev/dax0.0", "mdev_parent": null, '
+                             '"numa_node": 0, "size_bytes": 4294967296}')
+    assert [a.detail for a in store.read(state.live_assignments)] == [
+        DeviceDetail(numa_node=0, size_bytes=4294967296, dev_path="/dev/dax0.0")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"numa_node": 0, "colour": "red"}', "detail.colour: 'red': not a field"),
+    ('{"numa_node": "0"}', "detail.numa_node: '0': must be int"),
+    ('{"size_bytes": true}', "detail.size_bytes: True: must be int"),
+    ('[0]', "detail: '[0]': not a JSON object"),
+])
+def test_a_detail_that_is_not_ours_is_refused_naming_the_field(store, text, message):
+    row = _with_detail_text(store, text)
+    with pytest.raises(StoreError) as e:
+        store.read(state.live_assignments)
+    assert str(e.value).startswith(f"assignment {row.id}: {message}")
 
 
 # --- dump ---------------------------------------------------------------------------

@@ -5,12 +5,13 @@ import pytest
 
 from agent import state
 from agent.claims import Pool, Slot
-from agent.manager import guest_spec
+from agent.manager import describe, guest_spec
 from agent.state import Store
 from agent.tracker import Tracker
-from drivers.base import DeviceKind
+from drivers.base import DeviceDetail, DeviceKind
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
+ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 
 
 SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
@@ -35,11 +36,11 @@ def tracker(tmp_path):
 def test_a_device_on_numa_node_0_is_recorded_on_node_0(tracker):
     inst = str(uuid.uuid4())
     rows = tracker.claim_build(inst, SPEC, ONE_VF)
-    assert [a.detail for a in rows] == [{"numa_node": 0}]
+    assert [a.detail for a in rows] == [DeviceDetail(numa_node=0)]
     stored = tracker.store.read(state.live_assignments)
-    assert [a.detail for a in stored] == [{"numa_node": 0}]
+    assert [a.detail for a in stored] == [DeviceDetail(numa_node=0)]
     (device,) = guest_spec(inst, SPEC, stored).devices
-    assert device.numa_node == 0
+    assert device.detail.numa_node == 0
 
 
 def boots(rows) -> set[tuple[str, str]]:
@@ -66,5 +67,24 @@ def test_rebind_boot_moves_the_instances_rows_to_the_new_boot(tmp_path):
         want = {(rebound, "boot-2"), (other, "boot-1")}
         assert boots(store.read(state.live_assignments)) == want
         assert boots(after.snapshot()[1]) == want
+    finally:
+        store.close()
+
+
+def test_the_hosts_own_resources_are_shared_and_stay_out_of_the_guest(tmp_path):
+    store = Store(tmp_path / "state.db")
+    t = Tracker(store, "boot-1")
+    t.set_pools({ROOT: {"DISK_GB": Pool("cmp", "DISK_GB", DeviceKind.HOST_RESOURCES, 100)}})
+    spec = {"name": "vm", "vcpus": 1, "memory_mb": 512}
+    try:
+        for _ in range(2):  # each instance holds an amount, not the device
+            inst = str(uuid.uuid4())
+            (row,) = t.claim_build(inst, spec, {ROOT: {"resources": {"DISK_GB": 60}}})
+            assert (row.kind, row.device_id, row.amount) == (
+                DeviceKind.HOST_RESOURCES, "host", 60)
+            assert guest_spec(inst, spec, [row]).devices == ()
+            # The RPC answer names it as before it had a kind of its own.
+            assert [(d["kind"], d["device_id"]) for d in describe([row])] == [
+                ("numa", "host")]
     finally:
         store.close()

@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from agent import state
+from agent.claim_model import AssignmentState
 from agent.device_spec import parse_specs
 from agent.host_tree import MdevTypePolicy, TreePolicy, build_tree
 from agent.service import STORE_FILE, pools_by_uuid
@@ -242,7 +243,7 @@ def measure_startup(workdir: Path) -> list[dict]:
         plain.append(time.perf_counter() - began)
         instances, live, _ = tracker.snapshot()
         assert len(instances) == STARTUP_INSTANCES, len(instances)
-        assert len(live) == rows and all(a.state == "claimed" for a in live)
+        assert len(live) == rows and all(a.state is AssignmentState.CLAIMED for a in live)
         store.close()
 
         began = time.perf_counter()

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from lxml import etree
 
-from drivers.base import DeviceKind, GuestDevice, GuestSpec
+from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from drivers.host_data import InvalidHostData
 from drivers.libvirt.guest_xml import (
     NAMESPACE, build_domain_xml, parse_metadata)
@@ -19,11 +19,11 @@ def full_spec(**overrides) -> GuestSpec:
                       GuestDevice("a-pci", DeviceKind.PCI, "0000:06:00.0"),
                       GuestDevice("a-vf", DeviceKind.VF, "0000:81:10.1"),
                       GuestDevice("a-mdev", DeviceKind.MDEV, MDEV,
-                                  mdev_parent="0000:07:00.0",
-                                  mdev_type="nvidia-35"),
+                                  detail=DeviceDetail(mdev_parent="0000:07:00.0",
+                                                      mdev_type="nvidia-35")),
                       GuestDevice("a-pmem", DeviceKind.PMEM, "ns0",
-                                  size_bytes=(1 << 30) + 4096,
-                                  dev_path="/dev/dax0.0"),
+                                  detail=DeviceDetail(size_bytes=(1 << 30) + 4096,
+                                                      dev_path="/dev/dax0.0")),
                       GuestDevice("a-pcpu", DeviceKind.PCPU, "pcpus",
                                   amount=2, cpus=frozenset({9, 3})),
                       GuestDevice("a-numa", DeviceKind.NUMA, "1")))
@@ -118,10 +118,10 @@ def test_several_cells_and_pmems():
     spec = full_spec(devices=(
         GuestDevice("n0", DeviceKind.NUMA, "0"),
         GuestDevice("n1", DeviceKind.NUMA, "2"),
-        GuestDevice("p0", DeviceKind.PMEM, "ns0", size_bytes=1 << 21,
-                    dev_path="/dev/dax0.0"),
-        GuestDevice("p1", DeviceKind.PMEM, "ns1", size_bytes=3 << 20,
-                    dev_path="/tmp/backing")))
+        GuestDevice("p0", DeviceKind.PMEM, "ns0", detail=DeviceDetail(
+            size_bytes=1 << 21, dev_path="/dev/dax0.0")),
+        GuestDevice("p1", DeviceKind.PMEM, "ns1", detail=DeviceDetail(
+            size_bytes=3 << 20, dev_path="/tmp/backing"))))
     root = etree.fromstring(build_domain_xml(spec))
     one(root, "/domain/numatune/memory[@nodeset='0,2']")
     assert one(root, "/domain/maxMemory/@slots") == "2"
@@ -136,11 +136,12 @@ def test_several_cells_and_pmems():
     (full_spec(vcpus=0), "at least one vCPU"),
     (full_spec(devices=(GuestDevice("x", DeviceKind.VF, "81:10.1"),)),
      "not a PCI address"),
-    (full_spec(devices=(GuestDevice("x", DeviceKind.PMEM, "ns0",
-                                    size_bytes=1 << 30),)), "device path"),
-    (full_spec(devices=(GuestDevice("x", DeviceKind.PMEM, "ns0",
-                                    size_bytes=1 << 20,
-                                    dev_path="/dev/dax0.0"),)), "too small"),
+    (full_spec(devices=(GuestDevice("x", DeviceKind.PMEM, "ns0", detail=DeviceDetail(
+        size_bytes=1 << 30)),)), "device path"),
+    (full_spec(devices=(GuestDevice("x", DeviceKind.PMEM, "ns0", detail=DeviceDetail(
+        dev_path="/dev/dax0.0")),)), "no size"),
+    (full_spec(devices=(GuestDevice("x", DeviceKind.PMEM, "ns0", detail=DeviceDetail(
+        size_bytes=1 << 20, dev_path="/dev/dax0.0")),)), "too small"),
     (full_spec(devices=(GuestDevice("x", DeviceKind.MDEV, "nope"),)),
      "UUID"),
 ])

@@ -7,7 +7,7 @@ import libvirt
 import pytest
 from lxml import etree
 
-from drivers.base import DeviceKind, GuestDevice, GuestSpec
+from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.guests import GuestManager
@@ -50,13 +50,13 @@ def guests(conn, host):
 def spec(host, vf_index=0, instance=INSTANCE, vf_id="a-vf") -> GuestSpec:
     return GuestSpec(instance, f"instance-{instance[-2:]}", 4, 256, (
         GuestDevice(vf_id, DeviceKind.VF, host.vf_address(PF, vf_index),
-                    numa_node=1),
-        GuestDevice("a-mdev", DeviceKind.MDEV, NEW_MDEV, numa_node=0,
-                    mdev_parent=GPU, mdev_type="nvidia-35"),
-        GuestDevice("a-pmem", DeviceKind.PMEM, "ns0", numa_node=1,
-                    size_bytes=1 << 30, dev_path="/dev/dax0.0"),
+                    detail=DeviceDetail(numa_node=1)),
+        GuestDevice("a-mdev", DeviceKind.MDEV, NEW_MDEV, detail=DeviceDetail(
+            numa_node=0, mdev_parent=GPU, mdev_type="nvidia-35")),
+        GuestDevice("a-pmem", DeviceKind.PMEM, "ns0", detail=DeviceDetail(
+            numa_node=1, size_bytes=1 << 30, dev_path="/dev/dax0.0")),
         GuestDevice("a-pcpu", DeviceKind.PCPU, "pcpus", amount=2,
-                    numa_node=1, cpus=frozenset({4, 5})),
+                    cpus=frozenset({4, 5}), detail=DeviceDetail(numa_node=1)),
         GuestDevice("a-numa", DeviceKind.NUMA, "1")))
 
 

@@ -1,0 +1,92 @@
+"""The claim model: who holds a device (an assignment) and the moves that
+pass devices between holders (migrations), with the closed sets of values
+each takes.
+
+The enums are str-valued: the store's text columns and the RPC answers
+carry their values, the same strings as before they were typed.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from drivers.base import DeviceDetail, DeviceKind
+
+
+class Owner(str, enum.Enum):
+    """Whom an assignment holds its device for. During a move the side
+    being left is held by the migration (nova's allocation swap)."""
+
+    INSTANCE = "instance"
+    MIGRATION = "migration"
+
+
+class AssignmentState(str, enum.Enum):
+    CLAIMING = "claiming"  # chosen and recorded; the guest may not have it yet
+    CLAIMED = "claimed"  # the guest has it
+    RELEASED = "released"  # given back; kept only until its instance is forgotten
+
+    @property
+    def live(self) -> bool:
+        """Whether the device is still held."""
+        return self is not AssignmentState.RELEASED
+
+
+class MoveKind(str, enum.Enum):
+    RESIZE = "resize"  # resize and cold migration
+    LIVE_MIGRATION = "live_migration"
+    EVACUATION = "evacuation"
+
+
+class MigrationRole(str, enum.Enum):
+    """Which side of a move this host is."""
+
+    SOURCE = "source"
+    DESTINATION = "destination"
+    BOTH = "both"  # a move within this host
+
+
+class MigrationState(str, enum.Enum):
+    ACTIVE = "active"
+    FINISHED = "finished"  # the destination's guest runs with its new devices
+    CONFIRMED = "confirmed"
+    REVERTED = "reverted"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    id: str
+    consumer_uuid: str
+    instance_uuid: str
+    owner: Owner
+    migration_uuid: str | None
+    resource_class: str
+    provider_uuid: str
+    kind: DeviceKind
+    device_id: str
+    amount: int
+    state: AssignmentState
+    boot_id: str
+    detail: DeviceDetail = field(default=DeviceDetail(), compare=False, hash=False)
+
+    def with_(self, **changes) -> "Assignment":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Migration:
+    uuid: str
+    instance_uuid: str
+    kind: MoveKind
+    role: MigrationRole
+    state: MigrationState
+    old_spec: dict | None = None  # the spec to restore on revert
+
+    @property
+    def open(self) -> bool:
+        """Still in progress here. A destination whose guest runs with its
+        new devices is settled (a revert can still come, and is honoured);
+        a source keeps its old devices until confirm or revert."""
+        if self.role is MigrationRole.DESTINATION:
+            return self.state is MigrationState.ACTIVE
+        return self.state in (MigrationState.ACTIVE, MigrationState.FINISHED)
