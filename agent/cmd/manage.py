@@ -63,7 +63,8 @@ def add_parsers(subparsers) -> None:
 
 
 def audit(conf: cfg.ConfigOpts) -> int:
-    agent = Agent.from_conf(conf)
+    # Read-only, beside a running agent: no lock, nothing created.
+    agent = Agent.from_conf(conf, holder=False)
     agent.driver.init_host()
     try:
         try:
