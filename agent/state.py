@@ -284,6 +284,7 @@ class Store:
         self.path = Path(path)
         self._holder = root_uuid is not None
         self._read_only = read_only
+        self._closed = False
         try:
             if not read_only:
                 create_private(self.path)
@@ -367,10 +368,11 @@ class Store:
         return self.read(lambda c: "\n".join(sorted(c.iterdump())))
 
     def close(self) -> None:
-        """Finish what was queued, then refuse further writes."""
+        """Finish what was queued, then refuse further writes. Closing
+        again does nothing."""
         self._commits.close()
         try:
-            if self._holder:
+            if self._holder and not self._closed:
                 self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, 'closed')",
                                      (IN_USE,))
         except sqlite3.Error as e:
@@ -379,6 +381,7 @@ class Store:
             self._close_connections()
 
     def _close_connections(self) -> None:
+        self._closed = True
         self._writer.close()
         with self._readers_lock:
             for conn in self._readers:

@@ -186,6 +186,14 @@ class ComputeDriver(abc.ABC):
         XML), for operators and tests; None when there is none."""
         return None
 
+    def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
+        """The guest as its definition records it: name, vCPUs, memory,
+        and for each device the assignment id, kind and device id its
+        metadata carries (nothing else of a device is read back). None
+        when there is no such guest of ours. Rebuilding a lost store
+        (compute-agent-manage rebuild-store) reads this."""
+        return None
+
     @abc.abstractmethod
     def guest_is_running(self, instance_uuid: str) -> bool:
         """Whether the guest exists and is running."""

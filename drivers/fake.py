@@ -35,8 +35,8 @@ from typing import Any, Callable
 import yaml
 
 from agent.cpuset import parse_cpu_set
-from drivers.base import (ComputeDriver, GuestSpec, HostInventory, Mdev, MdevParent,
-                          MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
+from drivers.base import (ComputeDriver, GuestDevice, GuestSpec, HostInventory, Mdev,
+                          MdevParent, MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
 from drivers.host_data import InvalidHostData, parse_pci_address
 
@@ -238,6 +238,15 @@ class FakeDriver(ComputeDriver):
         with self._lock:
             return {u: frozenset(d.assignment_id for d in g.devices)
                     for u, (g, _) in self.guests.items()}
+
+    def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
+        with self._lock:
+            guest = self.guests.get(instance_uuid)
+        if guest is None:
+            return None
+        spec = guest[0]
+        return replace(spec, devices=tuple(GuestDevice(d.assignment_id, d.kind, d.device_id)
+                                           for d in spec.devices))
 
     def guest_is_running(self, instance_uuid: str) -> bool:
         with self._lock:

@@ -16,8 +16,8 @@ from typing import Iterable, Mapping
 from lxml import etree
 
 from drivers.base import DeviceKind, GuestDevice, GuestSpec
-from drivers.libvirt.capabilities import parse_xml
-from drivers.host_data import parse_pci_address
+from drivers.libvirt.capabilities import _kib, parse_xml
+from drivers.host_data import InvalidHostData, parse_pci_address
 
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
 PREFIX = "ca"
@@ -124,6 +124,36 @@ def parse_metadata(domain_xml: str) -> tuple[str | None, frozenset[str]]:
         a.get("id").strip() for a in instance.iterfind(f"{_NS}assignment")
         if (a.get("id") or "").strip())
     return instance_uuid, ids
+
+
+def parse_guest(domain_xml: str) -> GuestSpec | None:
+    """The guest as build_domain_xml wrote it, read back: name, vCPUs,
+    memory (currentMemory, without nvdimms) and, from our metadata, each
+    device's assignment id, kind and device id. None when the domain has
+    no usable metadata of ours, or an entry lacks its kind or device."""
+    root = parse_xml(domain_xml, "domain")
+    instance_uuid, _ = parse_metadata(domain_xml)
+    if instance_uuid is None:
+        return None
+    devices = []
+    for entry in root.find(f"metadata/{_NS}instance").iterfind(f"{_NS}assignment"):
+        try:
+            kind = DeviceKind(entry.get("kind"))
+        except ValueError:
+            return None
+        if not entry.get("id") or not entry.get("device"):
+            return None
+        devices.append(GuestDevice(entry.get("id").strip(), kind,
+                                   entry.get("device").strip()))
+    memory = root.find("currentMemory")
+    if memory is None:
+        memory = root.find("memory")
+    try:
+        kib = _kib(memory, instance_uuid, "currentMemory", int(memory.text))
+        return GuestSpec(instance_uuid, root.findtext("name"),
+                         int(root.findtext("vcpu")), kib // 1024, tuple(devices))
+    except (AttributeError, TypeError, ValueError, InvalidHostData):
+        return None
 
 
 def _by_kind(devices: Iterable[GuestDevice]

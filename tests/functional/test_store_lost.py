@@ -4,7 +4,8 @@ over the real RabbitMQ and Placement, as an operator runs it.
 
 Placement outlives the store: the allocation of an instance built before
 the loss is what tells a lost store from a new host (the fake driver's
-guests live only as long as its process)."""
+guests live only as long as its process). Rebuilding the store needs
+guests that outlive the agent: a real QEMU guest on the real libvirtd."""
 from __future__ import annotations
 
 import json
@@ -14,8 +15,13 @@ import sys
 import uuid
 from pathlib import Path
 
+from lxml import etree
+
+from agent.cmd.common import load_config
+from agent.service import Agent
 from tests.functional.helpers import put_allocations, unallocate, wait_for, write_conf
 from tests.functional.test_ctl import HOST, PF, RABBIT, VF_SPEC, ctl
+from tests.functional.test_daemon import run
 
 BIN = Path(sys.executable).parent
 
@@ -187,3 +193,86 @@ def test_a_second_agent_on_the_same_state_directory_exits_2(tmp_path, placement,
         assert first.poll() is None
     finally:
         stop(first)
+
+
+# --- rebuild-store, with a real QEMU guest on the real libvirtd ---------------
+
+def pinned_cpu(agent: Agent, instance: str) -> str:
+    dom = etree.fromstring(agent.driver.guest_definition(instance).encode())
+    return dom.find("cputune/vcpupin").get("cpuset")
+
+
+def test_rebuild_store_gives_a_lost_stores_pinned_cpu_back_to_its_guest(
+        tmp_path, placement, libvirtd):
+    # Only CPUs and memory: no device of this machine is ever given to a
+    # guest. Two dedicated CPUs, so Placement lets a second guest in, and
+    # only the store says which CPU the first one holds.
+    conf = write_conf(
+        tmp_path, placement.url, f"rebuild-{uuid.uuid4().hex[:8]}", host_dict=None,
+        DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
+        compute={"cpu_dedicated_set": "0-1"},
+        libvirt={"connection_uri": "qemu:///system",
+                 "instances_path": str(tmp_path / "instances")})
+    store = tmp_path / "state" / "state.db"
+    agent = Agent.from_conf(load_config(["--config-file", str(conf)]))
+    agent.start()
+    cell = next(p.uuid for p in agent.sync.cache if p.name.endswith("_numa_0"))
+    wanted = {cell: {"resources": {"PCPU": 1, "MEMORY_MB": 64}}}
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    put_allocations(placement.url, first, wanted)
+    agent.manager.build_instance(first, {"name": f"ca-test-{first[:8]}", "vcpus": 1,
+                                         "memory_mb": 64}, wanted)
+    again = None
+    try:
+        cpu = pinned_cpu(agent, first)
+        agent.stop()
+        store.unlink()
+
+        refused_once = run("compute-agent", conf, "--once")
+        assert refused_once.returncode == 2, refused_once.stderr
+        assert f"store {store} is missing" in refused_once.stderr
+        assert first in refused_once.stderr
+
+        shown = run("compute-agent-manage", conf, "rebuild-store", "--dry-run")
+        assert shown.returncode == 0, shown.stderr
+        assert f"instance {first}" in shown.stdout
+        assert f"PCPU x1  device {cpu}" in shown.stdout
+        assert not store.exists()
+
+        done = run("compute-agent-manage", conf, "rebuild-store", "--yes")
+        assert done.returncode == 0, done.stderr
+        # Never over a store that is there.
+        twice = run("compute-agent-manage", conf, "rebuild-store", "--yes")
+        assert twice.returncode == 1 and "never overwritten" in twice.stderr
+
+        again = Agent.from_conf(load_config(["--config-file", str(conf)]))
+        again.start()
+        assert again.reconcile(at_start=False, fix=False).consistent
+        put_allocations(placement.url, second, wanted)
+        again.manager.build_instance(second, {"name": f"ca-test-{second[:8]}",
+                                              "vcpus": 1, "memory_mb": 64}, wanted)
+        assert pinned_cpu(again, second) != cpu
+    finally:
+        for instance in (first, second):
+            (again or agent).driver.destroy(instance)
+            unallocate(placement.url, instance)
+        if again is not None:
+            again.stop()
+
+
+def test_rebuild_store_refuses_what_no_guest_explains_and_writes_nothing(
+        tmp_path, placement, services):
+    # The fake driver's guests end with its process: the allocation of
+    # the instance built before is left unexplained.
+    def delete(d: Daemon, proc) -> None:
+        stop(proc)
+        d.store.unlink()
+
+    d, instance = lose_store_after_a_build(tmp_path, placement, delete)
+    try:
+        done = run("compute-agent-manage", d.conf, "rebuild-store", "--yes")
+        assert done.returncode == 1
+        assert f"consumer {instance}: holds allocations" in done.stderr
+        assert not d.store.exists()
+    finally:
+        unallocate(placement.url, instance)

@@ -683,3 +683,9 @@ def test_the_state_directory_has_one_holder(tmp_path):
     assert f"state directory {tmp_path} is in use by another agent (pid {os.getpid()})" in out
     held.release()
     state_lock.acquire(str(tmp_path)).release()
+
+
+def test_a_holders_store_closes_twice_without_error(tmp_path):
+    store = Store(tmp_path / "state.db", ROOT_UUID)
+    store.close()
+    store.close()
