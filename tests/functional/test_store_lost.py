@@ -111,13 +111,14 @@ def lose_store_after_a_build(tmp_path, placement, lose) -> tuple[Daemon, str]:
     return d, instance
 
 
+def stop_and_delete(d: Daemon, proc) -> None:
+    stop(proc)
+    d.store.unlink()
+
+
 def test_a_deleted_store_is_refused_while_an_instance_holds_allocations(
         tmp_path, placement, services):
-    def delete(d: Daemon, proc) -> None:
-        stop(proc)
-        d.store.unlink()
-
-    d, instance = lose_store_after_a_build(tmp_path, placement, delete)
+    d, instance = lose_store_after_a_build(tmp_path, placement, stop_and_delete)
     try:
         line = refused(*d.start())
         assert f"store {d.store} is missing" in line
@@ -264,11 +265,7 @@ def test_rebuild_store_refuses_what_no_guest_explains_and_writes_nothing(
         tmp_path, placement, services):
     # The fake driver's guests end with its process: the allocation of
     # the instance built before is left unexplained.
-    def delete(d: Daemon, proc) -> None:
-        stop(proc)
-        d.store.unlink()
-
-    d, instance = lose_store_after_a_build(tmp_path, placement, delete)
+    d, instance = lose_store_after_a_build(tmp_path, placement, stop_and_delete)
     try:
         done = run("compute-agent-manage", d.conf, "rebuild-store", "--yes")
         assert done.returncode == 1

@@ -620,13 +620,19 @@ def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
     assert facts.root_uuid == ROOT_UUID
 
 
-def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
-    path = tmp_path / "state.db"
+def crash_after_a_write(path: Path) -> None:
+    """A holder that writes one instance and dies without closing: the
+    write is acknowledged and only in the write-ahead log."""
     code = (f"from agent.state import Store, put_instance_sql; import os\n"
             f"s = Store({str(path)!r}, {ROOT_UUID!r})\n"
             f"s.write([put_instance_sql('a', {{'name': 'a'}})])\n"
             f"os._exit(0)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
+    path = tmp_path / "state.db"
+    crash_after_a_write(path)
     wal = Path(f"{path}-wal")
     assert wal.stat().st_size > 0
     assert not inspect_store(path).wal_lost
@@ -636,11 +642,7 @@ def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
 
 def test_readers_opened_read_only_never_remove_the_log(tmp_path):
     path = tmp_path / "state.db"
-    code = (f"from agent.state import Store, put_instance_sql; import os\n"
-            f"s = Store({str(path)!r}, {ROOT_UUID!r})\n"
-            f"s.write([put_instance_sql('a', {{'name': 'a'}})])\n"
-            f"os._exit(0)\n")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    crash_after_a_write(path)
     reader = Store(path, read_only=True)
     assert reader.read(state.instances) == {"a": {"name": "a"}}
     with pytest.raises(StoreError, match=str(path)):
