@@ -68,6 +68,12 @@ class Choice:
     detail: DeviceDetail = DeviceDetail()
 
 
+def slot_detail(pool: Pool, slot: Slot) -> DeviceDetail:
+    """What a guest definition needs of a device besides its id."""
+    return DeviceDetail(slot.numa_node, slot.size_bytes or None, slot.dev_path,
+                        pool.mdev_parent, pool.mdev_type)
+
+
 @dataclass(frozen=True)
 class Wanted:
     provider_uuid: str
@@ -154,8 +160,7 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
             if len(local) == amount:
                 break
     chosen = [Choice(provider_uuid, pool.resource_class, pool.kind, s.device_id, 1,
-                     DeviceDetail(s.numa_node, s.size_bytes or None, s.dev_path,
-                                  pool.mdev_parent, pool.mdev_type))
+                     slot_detail(pool, s))
               for s in (local + others)[:amount]]
     # An mdev that does not exist yet is created, within the capacity
     # Placement was told about; existing free ones always go first.

@@ -241,7 +241,7 @@ class GroupCommitter:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             for job in batch:
-                job.fail(StoreError(f"commit failed: {e!r}"))
+                job.fail(StoreError(f"{self._label}: commit failed: {e!r}"))
         finally:
             self.batches += 1
             self.jobs += len(batch)
@@ -283,8 +283,7 @@ class GroupCommitter:
                 conn.execute("ROLLBACK")
             return False
 
-    @staticmethod
-    def _commit_one_by_one(conn: sqlite3.Connection, batch: list[Job]) -> None:
+    def _commit_one_by_one(self, conn: sqlite3.Connection, batch: list[Job]) -> None:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
@@ -301,4 +300,4 @@ class GroupCommitter:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             for job in batch:
-                job.fail(StoreError(f"commit failed: {e}"))
+                job.fail(StoreError(f"{self._label}: commit failed: {e}"))

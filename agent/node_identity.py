@@ -13,16 +13,21 @@ from agent.exception import ConfigError
 FILENAME = "compute_id"
 
 
-def load_or_create(state_path: str) -> str:
+def load(state_path: str) -> str | None:
+    """The recorded UUID, or None when there is none yet."""
     path = Path(state_path) / FILENAME
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
-        return _create(path)
+        return None
     try:
         return str(uuid.UUID(text))
     except ValueError:
         raise ConfigError(f"{path}: not a UUID (value: {text[:80]!r})") from None
+
+
+def load_or_create(state_path: str) -> str:
+    return load(state_path) or _create(Path(state_path) / FILENAME)
 
 
 def _create(path: Path) -> str:

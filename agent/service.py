@@ -12,7 +12,7 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent import node_identity, state
+from agent import node_identity, state, store_check
 from agent.claims import Pool
 from agent.exception import (AgentError, ConfigError, PlacementError,
                              PlacementUnavailable)
@@ -82,6 +82,64 @@ def saved_view(store: state.Store) -> ProviderTree:
         return ProviderTree()
 
 
+def tree_allocations(client: PlacementClient, root_uuid: str
+                     ) -> dict[str, dict[str, dict[str, int]]]:
+    """consumer uuid -> provider uuid -> resources, over every provider
+    that Placement has in the tree of ``root_uuid``."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for provider in client.get_tree(root_uuid):
+        for consumer, body in client.get_provider_allocations(provider["uuid"]).items():
+            out.setdefault(consumer, {})[provider["uuid"]] = dict(body["resources"])
+    return out
+
+
+def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
+               compute_id_existed: bool) -> store_check.HostFacts:
+    """Ask the hypervisor for our guests and, for a root that existed
+    before, Placement for the allocations on its tree. What does not
+    answer stays unknown (None)."""
+    why: list[str] = []
+    try:
+        guests: frozenset[str] | None = frozenset(driver.list_guests())
+    except DriverUnavailable as e:
+        guests = None
+        why.append(f"the hypervisor did not answer ({e})")
+    allocations = None
+    if compute_id_existed:
+        try:
+            allocations = {consumer: set(on) for consumer, on
+                           in tree_allocations(client, root_uuid).items()}
+        except (PlacementUnavailable, PlacementError) as e:
+            why.append(f"Placement's allocations are unknown ({e})")
+    return store_check.HostFacts(root_uuid, compute_id_existed, guests, allocations,
+                                 "; ".join(why))
+
+
+def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
+               driver: ComputeDriver, client: PlacementClient,
+               holder: bool = True) -> state.Store:
+    """The store, once judged this host's (store_check): opened, or
+    created for a new host. Raises StoreRefused with the one line that
+    says why not. ``holder``: the caller holds the state directory's lock
+    (state_lock); any other caller gets the store read-only, and never a
+    new one."""
+    facts = state.inspect_store(path)
+    host = (host_facts(driver, client, root_uuid, compute_id_existed)
+            if store_check.needs_host_facts(facts)
+            else store_check.HostFacts(root_uuid, compute_id_existed, None, None))
+    judgement = store_check.judge(facts, host)
+    if judgement.verdict is store_check.Verdict.REFUSE:
+        raise store_check.StoreRefused(judgement.reason)
+    if judgement.verdict is store_check.Verdict.CREATE:
+        if not holder:
+            raise store_check.StoreRefused(f"store {path} is {facts.file.value}: "
+                                           "the agent has not run on this host yet")
+        LOG.info("New host: creating store %s", path)
+    if not holder:
+        return state.Store(path, read_only=True)
+    return state.Store(path, root_uuid)
+
+
 def provider_allocations(client: PlacementClient, tree: ProviderTree,
                          root_uuid: str) -> dict[str, set[str]] | None:
     """consumer uuid -> which of our providers it holds allocations on; None
@@ -126,16 +184,27 @@ class Agent:
         driver.register_change_listener(self._wake.set)
 
     @classmethod
-    def from_conf(cls, conf: cfg.ConfigOpts) -> "Agent":
-        """Raises ConfigError for a bad value; connects to nothing yet."""
+    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
+        """Raises ConfigError for a bad value, StoreRefused when the store
+        is not to be served from (store_check). Asks the hypervisor and
+        Placement only when the store is missing or empty. ``holder``: the
+        caller holds the state directory's lock (state_lock), and may
+        write there; otherwise it only reads."""
         conf.set_default("timeout", 30, group="placement")
-        root_uuid = node_identity.load_or_create(conf.state_path)
+        compute_id = node_identity.load(conf.state_path)
+        if compute_id is None and not holder:
+            raise store_check.StoreRefused(
+                f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
+                "the agent has not run on this host yet")
+        root_uuid = compute_id or node_identity.load_or_create(conf.state_path)
         policy = tree_policy_from_conf(conf, root_uuid)
         host = conf.host
-        sync = TreeSync(PlacementClient(adapter_from_conf(conf)), root_uuid,
+        client = PlacementClient(adapter_from_conf(conf))
+        sync = TreeSync(client, root_uuid,
                         owned=lambda p: p.name == host or p.name.startswith(host + "_"))
         driver = load_driver(conf)
-        store = state.Store(Path(conf.state_path) / STORE_FILE)
+        store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
+                           compute_id is not None, driver, client, holder)
         manager = ComputeManager(Tracker(store, driver.boot_id()), driver,
                                  conf.devices.remove_released_mdevs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,

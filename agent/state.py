@@ -25,6 +25,7 @@ from agent.claim_model import (Assignment, AssignmentState, Migration, Migration
 from agent.group_commit import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
                                 StoreError, run_statements)
 from agent.provider_tree import Provider
+from agent.store_check import StoreFacts, StoreFile
 from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
@@ -134,11 +135,17 @@ def _row_to_assignment(row: sqlite3.Row) -> Assignment:
                       detail)
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                           timeout=30)
+def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
+    if read_only:
+        # Cannot checkpoint either, so never removes a write-ahead log
+        # that inspect_store must still find.
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False, timeout=30)
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                               timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
     conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     return conn
 
@@ -162,12 +169,17 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
-    """Apply forward migrations, each in its own transaction."""
+def _check_version(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     current = schema_version(conn)
     if current > target:
-        raise StoreError(f"store schema version {current} is newer than this "
+        raise StoreError(f"schema version {current} is newer than this "
                          f"agent's {target}; refusing to downgrade")
+    return current
+
+
+def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Apply forward migrations, each in its own transaction."""
+    current = _check_version(conn, target)
     for version in range(current + 1, target + 1):
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -183,20 +195,110 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     return target
 
 
-class Store:
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        create_private(self.path)
-        self._writer = _connect(self.path)
+# Meta keys the agent that holds the state directory writes (Store opened
+# with ``root_uuid``). Plain meta rows: the table is there since v1.
+ROOT_UUID = "root_uuid"  # the root provider the store was created for
+# "open" from the moment the holder opened the store (checkpointed into
+# the database file itself) until it closed it; "closed" after.
+IN_USE = "in_use"
+
+
+def wal_path(path: Path) -> Path:
+    return Path(f"{path}-wal")
+
+
+def inspect_store(path: Path) -> StoreFacts:
+    """What is at ``path``, told apart without writing anything of ours.
+    Call it holding the state directory's lock, before opening the store."""
+    wal_there = wal_path(path).exists()
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return StoreFacts(str(path), StoreFile.ABSENT)
+    if size == 0 and not wal_there:
+        return StoreFacts(str(path), StoreFile.EMPTY)
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            migrate(self._writer)
-        except BaseException:
+            return _inspect(conn, path, wal_there)
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        return StoreFacts(str(path), StoreFile.CORRUPT, f"{type(e).__name__}: {e}")
+
+
+def _inspect(conn: sqlite3.Connection, path: Path, wal_there: bool) -> StoreFacts:
+    check = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
+    if check != ["ok"]:
+        return StoreFacts(str(path), StoreFile.CORRUPT,
+                          "integrity check: " + "; ".join(check))
+    tables = {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        return StoreFacts(str(path), StoreFile.EMPTY)
+    if "meta" not in tables or not schema_version(conn):
+        return StoreFacts(str(path), StoreFile.CORRUPT,
+                          f"not a compute-agent store: tables {sorted(tables)}")
+    meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    return StoreFacts(str(path), StoreFile.VALID,
+                      wal_lost=meta.get(IN_USE) == "open" and not wal_there,
+                      root_uuid=meta.get(ROOT_UUID))
+
+
+def _named(path: Path, e: sqlite3.Error) -> StoreError:
+    return StoreError(f"store {path}: {type(e).__name__}: {e}")
+
+
+class Store:
+    def __init__(self, path: str | Path, root_uuid: str | None = None,
+                 read_only: bool = False):
+        """Open (creating if need be) the store at ``path``. The agent that
+        holds the state directory passes ``root_uuid``: the store then
+        records it, and marks itself in use until ``close`` (inspect_store
+        reads both at the next start). Any other process opens it
+        ``read_only``: it creates, migrates and writes nothing."""
+        self.path = Path(path)
+        self._holder = root_uuid is not None
+        self._read_only = read_only
+        self._closed = False
+        try:
+            if not read_only:
+                create_private(self.path)
+            self._writer = _connect(self.path, read_only)
+        except sqlite3.Error as e:
+            raise _named(self.path, e) from None
+        except OSError as e:
+            raise StoreError(f"store {self.path}: {e.strerror}") from None
+        try:
+            if read_only:
+                _check_version(self._writer)
+            else:
+                migrate(self._writer)
+            if self._holder:
+                self._mark_in_use(root_uuid)
+        except sqlite3.Error as e:
             self._writer.close()
-            raise
+            raise _named(self.path, e) from None
+        except StoreError as e:
+            self._writer.close()
+            raise StoreError(f"store {self.path}: {e}") from None
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._commits = GroupCommitter(self._writer, str(self.path))
+        self._commits = GroupCommitter(self._writer, f"store {self.path}")
+        if read_only:
+            self._commits.close()  # every write is refused, naming the store
+
+    def _mark_in_use(self, root_uuid: str) -> None:
+        """Record the root (first time only) and that the store is open,
+        then checkpoint: the mark must be in the database file itself, so
+        that a write-ahead log lost later is seen as lost."""
+        self._writer.execute("BEGIN IMMEDIATE")
+        self._writer.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                             (ROOT_UUID, root_uuid))
+        self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, 'open')", (IN_USE,))
+        self._writer.execute("COMMIT")
+        self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # --- writing --------------------------------------------------------
 
@@ -222,25 +324,40 @@ class Store:
     def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on a consistent snapshot, from this thread's own
         connection (WAL lets readers run beside the writer)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = _connect(self.path)
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        conn.execute("BEGIN")
         try:
-            return fn(conn)
-        finally:
-            conn.execute("COMMIT")
+            conn = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = _connect(self.path, self._read_only)
+                self._local.conn = conn
+                with self._readers_lock:
+                    self._readers.append(conn)
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise _named(self.path, e) from None
 
     def dump(self) -> str:
         """Every row, sorted: two stores with the same rows dump alike."""
         return self.read(lambda c: "\n".join(sorted(c.iterdump())))
 
     def close(self) -> None:
-        """Finish what was queued, then refuse further writes."""
+        """Finish what was queued, then refuse further writes. Closing
+        again does nothing."""
         self._commits.close()
+        try:
+            if self._holder and not self._closed:
+                self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, 'closed')",
+                                     (IN_USE,))
+        except sqlite3.Error as e:
+            raise _named(self.path, e) from None
+        finally:
+            self._close_connections()
+
+    def _close_connections(self) -> None:
+        self._closed = True
         self._writer.close()
         with self._readers_lock:
             for conn in self._readers:

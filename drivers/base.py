@@ -293,6 +293,14 @@ class ComputeDriver(abc.ABC):
         """Every guest this agent defined, by instance uuid, with its live
         and saved devices told apart."""
 
+    def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
+        """The guest as its definition records it: name, vCPUs, memory,
+        and for each device the assignment id, kind and device id its
+        metadata carries (nothing else of a device is read back). None
+        when there is no such guest of ours. Rebuilding a lost store
+        (compute-agent-manage rebuild-store) reads this."""
+        return None
+
     @abc.abstractmethod
     def guest_state(self, instance_uuid: str) -> GuestState | None:
         """One guest's state, or None when there is no guest of ours."""

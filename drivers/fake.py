@@ -36,7 +36,7 @@ import yaml
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from drivers.base import (ComputeDriver, GuestSpec, GuestState, HostInventory,
+from drivers.base import (ComputeDriver, GuestDevice, GuestSpec, GuestState, HostInventory,
                           device_resources, Mdev, MdevError, MdevParent,
                           MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
@@ -271,6 +271,15 @@ class FakeDriver(ComputeDriver):
     def list_guests(self) -> dict[str, GuestState]:
         with self._lock:
             return {u: g.state() for u, g in self.guests.items()}
+
+    def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
+        with self._lock:
+            guest = self.guests.get(instance_uuid)
+        if guest is None:
+            return None
+        # As a domain's XML names them: kind and id, without our detail.
+        return replace(guest.saved, devices=tuple(
+            GuestDevice(d.assignment_id, d.kind, d.device_id) for d in guest.saved.devices))
 
     def guest_state(self, instance_uuid: str) -> GuestState | None:
         with self._lock:

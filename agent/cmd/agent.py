@@ -13,10 +13,15 @@ import threading
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from agent.cmd.common import exit_config_error, load_config, setup_logging
+from agent import state_lock
+from agent.cmd.common import (exit_config_error, exit_store_error, load_config,
+                              setup_logging)
 from agent.exception import ConfigError
 from agent.rpc import make_server
 from agent.service import Agent, sd_notify
+from agent.state import StoreError
+from agent.state_lock import StateDirectoryInUse
+from agent.store_check import StoreRefused
 
 LOG = logging.getLogger(__name__)
 
@@ -31,9 +36,17 @@ def main(argv=None) -> int:
     try:
         conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts)
         setup_logging(conf)
+    except ConfigError as e:
+        return exit_config_error(e)
+    try:
+        # Held until the process ends: before anything in the state
+        # directory is read, so two agents never serve one store.
+        state_lock.acquire(conf.state_path)
         agent = Agent.from_conf(conf)
     except ConfigError as e:
         return exit_config_error(e)
+    except (StateDirectoryInUse, StoreRefused, StoreError) as e:
+        return exit_store_error(e)
     if conf.once:
         agent.driver.init_host()
         try:

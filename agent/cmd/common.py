@@ -60,6 +60,21 @@ def setup_logging(conf: cfg.ConfigOpts, project="compute-agent") -> None:
     logging.setup(conf, project)
 
 
-def exit_config_error(error: ConfigError) -> int:
+def _print_error(error: Exception) -> None:
     print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {error}", file=sys.stderr)
+
+
+def exit_config_error(error: ConfigError) -> int:
+    _print_error(error)
     return CONFIG_ERROR_EXIT
+
+
+# The state directory is another agent's, or its store is lost, corrupt
+# or not this host's: an operator must act, so a restart would not help.
+STORE_ERROR_EXIT = 2
+
+
+def exit_store_error(error: Exception) -> int:
+    """One line (the error names the directory or the file), exit 2."""
+    _print_error(error)
+    return STORE_ERROR_EXIT

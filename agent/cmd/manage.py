@@ -5,6 +5,12 @@
     compute-agent-manage --config-file F audit [--json]
         Compare the store, the hypervisor's guests and Placement's
         allocations; change nothing. Exit 1 when anything is inconsistent.
+    compute-agent-manage --config-file F rebuild-store (--dry-run | --yes)
+        With the agent stopped and its store lost (missing or empty): make
+        it again from the guests' metadata and Placement's allocations
+        (agent/store_rebuild.py says what that covers). Refuses, writing
+        nothing, when anything cannot be mapped; never touches a store
+        that is there. Exit 1 when refused, 2 when the agent runs.
 """
 from __future__ import annotations
 
@@ -14,13 +20,20 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent import node_identity
-from agent.cmd.common import exit_config_error, load_config, setup_logging
+from agent import node_identity, state, state_lock
+from agent.cmd.common import (exit_config_error, exit_store_error, load_config,
+                              setup_logging)
 from agent.exception import AgentError, ConfigError
+from agent.host_tree import build_tree
 from agent.placement import PlacementClient, adapter_from_conf
+from agent.policy import tree_policy_from_conf
 from agent.provider_tree import ProviderTree, tree_as_dicts
-from agent.service import Agent
+from agent.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
+from agent.state_lock import StateDirectoryInUse
+from agent.store_check import StoreFile
+from agent.store_rebuild import RebuildRefused, RebuiltStore, plan_rebuild
 from agent.tree_sync import TreeSync
+from drivers.base import DriverUnavailable
 
 
 def _tree_from_placement(conf: cfg.ConfigOpts) -> ProviderTree:
@@ -60,10 +73,18 @@ def add_parsers(subparsers) -> None:
     audit = subparsers.add_parser("audit", help="Report what the store, the "
                                   "guests and Placement disagree on.")
     audit.add_argument("--json", action="store_true")
+    rebuild = subparsers.add_parser(
+        "rebuild-store", help="Make a lost store again from the guests' "
+        "metadata and Placement's allocations (the agent stopped).")
+    mode = rebuild.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--dry-run", action="store_true",
+                      help="Show what would be written; write nothing.")
+    mode.add_argument("--yes", action="store_true", help="Write it.")
 
 
 def audit(conf: cfg.ConfigOpts) -> int:
-    agent = Agent.from_conf(conf)
+    # Read-only, beside a running agent: no lock, nothing created.
+    agent = Agent.from_conf(conf, holder=False)
     agent.driver.init_host()
     try:
         try:
@@ -85,6 +106,74 @@ def audit(conf: cfg.ConfigOpts) -> int:
     return 0 if report.consistent else 1
 
 
+def rebuild_store(conf: cfg.ConfigOpts) -> int:
+    """Holding the state directory (the agent must be stopped)."""
+    state_lock.acquire(conf.state_path)
+    root_uuid = node_identity.load(conf.state_path)
+    path = Path(conf.state_path) / STORE_FILE
+    if root_uuid is None:
+        raise AgentError(f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
+                         "no root provider to rebuild the store for")
+    found = state.inspect_store(path)
+    if found.file is StoreFile.VALID:
+        raise AgentError(f"store {path} is there and valid: it is never overwritten "
+                         "(move it aside first if it is behind)")
+    if found.file is StoreFile.CORRUPT:
+        raise AgentError(f"store {path} is unusable ({found.detail}): move it aside, "
+                         "then rebuild")
+    driver = load_driver(conf)
+    client = PlacementClient(adapter_from_conf(conf))
+    try:
+        rebuilt = _plan_from_host(conf, driver, client, root_uuid)
+    finally:
+        driver.cleanup()
+    for line in _describe_rebuild(rebuilt):
+        print(line)
+    if conf.command.dry_run:
+        print(f"dry run: {path} not written")
+        return 0
+    store = state.Store(path, root_uuid)
+    try:
+        store.write([state.put_instance_sql(u, spec)
+                     for u, spec in sorted(rebuilt.instances.items())]
+                    + [state.insert_assignments_sql(rebuilt.assignments)])
+    finally:
+        store.close()
+    print(f"{path} rebuilt: {len(rebuilt.instances)} instances, "
+          f"{len(rebuilt.assignments)} assignments")
+    return 0
+
+
+def _plan_from_host(conf: cfg.ConfigOpts, driver, client: PlacementClient,
+                    root_uuid: str) -> RebuiltStore:
+    """What the guests and Placement say, mapped (store_rebuild)."""
+    try:
+        built = build_tree(driver.get_host_inventory(),
+                           tree_policy_from_conf(conf, root_uuid))
+        guests = {u: driver.describe_guest(u) for u in sorted(driver.list_guests())}
+    except DriverUnavailable as e:
+        raise AgentError(f"the hypervisor did not answer: {e}") from None
+    unreadable = [f"guest {u}: its definition cannot be read back" for u, g
+                  in guests.items() if g is None]
+    if unreadable:
+        raise RebuildRefused(unreadable)
+    names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
+    return plan_rebuild(guests, tree_allocations(client, root_uuid),
+                        pools_by_uuid(built, names), driver.boot_id(),
+                        state.new_assignment_id)
+
+
+def _describe_rebuild(rebuilt: RebuiltStore) -> list[str]:
+    lines = []
+    for uuid, spec in sorted(rebuilt.instances.items()):
+        lines.append(f"instance {uuid}  {spec['name']}  {spec['vcpus']} vCPU  "
+                     f"{spec['memory_mb']} MB")
+        lines += [f"  {a.resource_class} x{a.amount}  device {a.device_id}  "
+                  f"provider {a.provider_uuid}  assignment {a.id}"
+                  for a in rebuilt.assignments if a.instance_uuid == uuid]
+    return lines
+
+
 def main(argv=None) -> int:
     command = cfg.SubCommandOpt("command", handler=add_parsers)
     try:
@@ -95,9 +184,14 @@ def main(argv=None) -> int:
     try:
         if conf.command.name == "audit":
             return audit(conf)
+        if conf.command.name == "rebuild-store":
+            return rebuild_store(conf)
         tree = _tree_from_placement(conf)
-    except AgentError as e:
-        print(f"compute-agent-manage: {e}", file=sys.stderr)
+    except StateDirectoryInUse as e:
+        return exit_store_error(e)
+    except (AgentError, state.StoreError) as e:
+        for line in str(e).splitlines():
+            print(f"compute-agent-manage: {line}", file=sys.stderr)
         return 1
     if conf.command.json:
         json.dump(tree_as_dicts(tree), sys.stdout, indent=2, sort_keys=True)

@@ -19,6 +19,7 @@ from drivers.base import (
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.host_data import InvalidHostData
+from drivers.libvirt.guest_xml import parse_guest
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.sysfs import SysfsReader
@@ -100,6 +101,10 @@ class LibvirtDriver(ComputeDriver):
 
     def guest_definition(self, instance_uuid: str, live: bool = False) -> str | None:
         return self._guests.guest_xml(instance_uuid, live)
+
+    def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
+        text = self._guests.guest_xml(instance_uuid)
+        return None if text is None else parse_guest(text)
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         self._guests.ensure_mdev(mdev_uuid, parent, type_id)

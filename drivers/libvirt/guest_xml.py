@@ -17,7 +17,7 @@ from lxml import etree
 
 from drivers.base import (DeviceKind, GuestDevice, GuestSpec, HostResource,
                           HostResourceKind)
-from drivers.libvirt.capabilities import parse_xml
+from drivers.libvirt.capabilities import _kib, parse_xml
 from drivers.host_data import (InvalidHostData, format_pci_address, parse_cpulist,
                                parse_int, parse_pci_address)
 
@@ -175,6 +175,36 @@ def _pci_resource(address: etree._Element, name: str) -> HostResource:
               for f in ("domain", "bus", "slot", "function")]
     return HostResource(HostResourceKind.PCI_ADDRESS,
                         format_pci_address(*fields, name, "source address"))
+
+
+def parse_guest(domain_xml: str) -> GuestSpec | None:
+    """The guest as build_domain_xml wrote it, read back: name, vCPUs,
+    memory (currentMemory, without nvdimms) and, from our metadata, each
+    device's assignment id, kind and device id. None when the domain has
+    no usable metadata of ours, or an entry lacks its kind or device."""
+    root = parse_xml(domain_xml, "domain")
+    instance_uuid, _ = parse_metadata(domain_xml)
+    if instance_uuid is None:
+        return None
+    devices = []
+    for entry in root.find(f"metadata/{_NS}instance").iterfind(f"{_NS}assignment"):
+        try:
+            kind = DeviceKind(entry.get("kind"))
+        except ValueError:
+            return None
+        if not entry.get("id") or not entry.get("device"):
+            return None
+        devices.append(GuestDevice(entry.get("id").strip(), kind,
+                                   entry.get("device").strip()))
+    memory = root.find("currentMemory")
+    if memory is None:
+        memory = root.find("memory")
+    try:
+        kib = _kib(memory, instance_uuid, "currentMemory", int(memory.text))
+        return GuestSpec(instance_uuid, root.findtext("title") or root.findtext("name"),
+                         int(root.findtext("vcpu")), kib // 1024, tuple(devices))
+    except (AttributeError, TypeError, ValueError, InvalidHostData):
+        return None
 
 
 def _by_kind(devices: Iterable[GuestDevice]

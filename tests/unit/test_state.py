@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from agent import state
+from agent import state, state_lock
 from agent.provider_tree import Provider, inventory
 from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.state import Store, StoreError
+from agent.state import Store, StoreError, inspect_store
+from agent.store_check import StoreFile
 from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
 
@@ -644,3 +645,123 @@ def test_a_write_survives_sigkill_right_after_it_returns(tmp_path):
                 "PRAGMA integrity_check").fetchone()[0]) == "ok"
         finally:
             s.close()
+
+
+# --- what is at the store's path, and errors that name it -------------------
+
+ROOT_UUID = "5d2bd8a6-8f2f-4f0b-9c55-0e1c9d1b6c11"
+
+
+def test_inspect_tells_missing_empty_and_schemaless_apart(tmp_path):
+    path = tmp_path / "state.db"
+    assert inspect_store(path).file is StoreFile.ABSENT
+    path.write_bytes(b"")
+    assert inspect_store(path).file is StoreFile.EMPTY
+    sqlite3.connect(path).execute("PRAGMA user_version=1").connection.commit()
+    assert inspect_store(path).file is StoreFile.EMPTY
+
+
+def test_inspect_finds_a_file_that_is_not_a_database_corrupt(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"not sqlite\n" * 500)
+    facts = inspect_store(path)
+    assert facts.file is StoreFile.CORRUPT and "not a database" in facts.detail
+
+
+def test_inspect_finds_a_truncated_store_corrupt(tmp_path):
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    store.write([("INSERT INTO instances VALUES (?, ?, ?)",
+                  [(f"i{n}", "x" * 2000, 0.0) for n in range(200)])])
+    store.close()
+    with open(path, "r+b") as f:
+        f.truncate(8192)
+    assert inspect_store(path).file is StoreFile.CORRUPT
+
+
+def test_inspect_finds_another_programs_database_corrupt(tmp_path):
+    path = tmp_path / "state.db"
+    sqlite3.connect(path).execute("CREATE TABLE t (x)").connection.commit()
+    facts = inspect_store(path)
+    assert facts.file is StoreFile.CORRUPT and "not a compute-agent store" in facts.detail
+
+
+def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
+    path = tmp_path / "state.db"
+    Store(path, ROOT_UUID).close()
+    facts = inspect_store(path)
+    assert facts.file is StoreFile.VALID and not facts.wal_lost
+    assert facts.root_uuid == ROOT_UUID
+
+
+def crash_after_a_write(path: Path) -> None:
+    """A holder that writes one instance and dies without closing: the
+    write is acknowledged and only in the write-ahead log."""
+    code = (f"from agent.state import Store, put_instance_sql; import os\n"
+            f"s = Store({str(path)!r}, {ROOT_UUID!r})\n"
+            f"s.write([put_instance_sql('a', {{'name': 'a'}})])\n"
+            f"os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
+    path = tmp_path / "state.db"
+    crash_after_a_write(path)
+    wal = Path(f"{path}-wal")
+    assert wal.stat().st_size > 0
+    assert not inspect_store(path).wal_lost
+    wal.unlink()
+    assert inspect_store(path).wal_lost
+
+
+def test_readers_opened_read_only_never_remove_the_log(tmp_path):
+    path = tmp_path / "state.db"
+    crash_after_a_write(path)
+    reader = Store(path, read_only=True)
+    assert reader.read(state.instances) == {"a": {"name": "a"}}
+    with pytest.raises(StoreError, match=str(path)):
+        reader.write([state.put_instance_sql("b", {})])
+    reader.close()
+    assert Path(f"{path}-wal").exists()
+    assert not inspect_store(path).wal_lost
+
+
+def test_an_unreadable_store_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"not sqlite\n" * 500)
+    with pytest.raises(StoreError, match=f"store {path}: DatabaseError: file is not a"):
+        Store(path)
+
+
+def test_a_read_that_fails_names_the_file(store):
+    with pytest.raises(StoreError, match=f"store {store.path}: OperationalError"):
+        store.read(lambda c: c.execute("SELECT * FROM no_such_table").fetchall())
+
+
+def test_a_commit_that_fails_names_the_file(store):
+    # A job that ends the transaction under the writer: what follows in
+    # the commit fails, as a full disk or an I/O error would.
+    with pytest.raises(StoreError, match=f"store {store.path}: commit failed"):
+        store.write(lambda conn: conn.execute("ROLLBACK"))
+
+
+def test_the_state_directory_has_one_holder(tmp_path):
+    held = state_lock.acquire(str(tmp_path))
+    assert (tmp_path / "lock").read_text() == f"{os.getpid()}\n"
+    assert (tmp_path / "lock").stat().st_mode & 0o777 == 0o600
+    # Another process: flock locks belong to the open file, so a second
+    # open in this process would conflict the same way.
+    code = (f"from agent import state_lock\n"
+            f"try:\n    state_lock.acquire({str(tmp_path)!r})\n"
+            f"except state_lock.StateDirectoryInUse as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert f"state directory {tmp_path} is in use by another agent (pid {os.getpid()})" in out
+    held.release()
+    state_lock.acquire(str(tmp_path)).release()
+
+
+def test_a_holders_store_closes_twice_without_error(tmp_path):
+    store = Store(tmp_path / "state.db", ROOT_UUID)
+    store.close()
+    store.close()

@@ -1,0 +1,77 @@
+"""The start-up rules that tell a new host from a lost store (pure)."""
+from __future__ import annotations
+
+import pytest
+
+from agent.store_check import HostFacts, StoreFacts, StoreFile, Verdict, judge
+
+ROOT = "5d2bd8a6-8f2f-4f0b-9c55-0e1c9d1b6c11"
+GUEST = "0b6f8f3e-54a4-4b8e-a6a9-2f1e0b3d7d01"
+PATH = "/var/lib/compute-agent/state.db"
+
+
+def host(guests=frozenset(), allocations=None, existed=True, why="") -> HostFacts:
+    return HostFacts(ROOT, existed, guests, {} if allocations is None else allocations,
+                     why)
+
+
+@pytest.mark.parametrize("file", [StoreFile.ABSENT, StoreFile.EMPTY])
+def test_nothing_anywhere_is_a_new_host(file):
+    assert judge(StoreFacts(PATH, file), host()).verdict is Verdict.CREATE
+
+
+@pytest.mark.parametrize("file", [StoreFile.ABSENT, StoreFile.EMPTY])
+def test_no_store_with_a_guest_of_ours_is_a_lost_store(file):
+    j = judge(StoreFacts(PATH, file), host(guests=frozenset({GUEST})))
+    assert j.verdict is Verdict.REFUSE
+    assert f"store {PATH} is {file.value}" in j.reason and GUEST in j.reason
+    assert "rebuild-store" in j.reason
+
+
+def test_no_store_with_allocations_on_our_tree_is_a_lost_store():
+    j = judge(StoreFacts(PATH, StoreFile.ABSENT),
+              host(allocations={GUEST: {ROOT}}))
+    assert j.verdict is Verdict.REFUSE and "allocations" in j.reason and PATH in j.reason
+
+
+def test_allocations_unknown_are_never_read_as_none():
+    j = judge(StoreFacts(PATH, StoreFile.ABSENT),
+              HostFacts(ROOT, True, frozenset(), None, "Placement did not answer"))
+    assert j.verdict is Verdict.REFUSE
+    assert "cannot be told" in j.reason and "Placement did not answer" in j.reason
+
+
+def test_guests_unknown_are_never_read_as_none():
+    j = judge(StoreFacts(PATH, StoreFile.EMPTY),
+              HostFacts(ROOT, False, None, None, "the hypervisor did not answer"))
+    assert j.verdict is Verdict.REFUSE and "hypervisor" in j.reason
+
+
+def test_a_root_made_at_this_start_needs_no_placement():
+    # compute_id did not exist: nothing can be allocated on a new UUID.
+    j = judge(StoreFacts(PATH, StoreFile.ABSENT),
+              HostFacts(ROOT, False, frozenset(), None, "not asked"))
+    assert j.verdict is Verdict.CREATE
+
+
+def test_a_valid_store_opens_whatever_else_is_unknown():
+    facts = StoreFacts(PATH, StoreFile.VALID, root_uuid=ROOT)
+    assert judge(facts, HostFacts(ROOT, True, None, None)).verdict is Verdict.OPEN
+
+
+def test_a_valid_store_whose_log_was_lost_is_refused():
+    j = judge(StoreFacts(PATH, StoreFile.VALID, wal_lost=True), host())
+    assert j.verdict is Verdict.REFUSE and f"{PATH}-wal is missing" in j.reason
+
+
+def test_a_corrupt_store_is_refused_naming_the_file_and_why():
+    j = judge(StoreFacts(PATH, StoreFile.CORRUPT, "DatabaseError: file is not a "
+                         "database"), host())
+    assert j.verdict is Verdict.REFUSE
+    assert f"store {PATH} is unusable (DatabaseError: file is not a database)" in j.reason
+
+
+def test_a_store_made_for_another_root_is_refused():
+    other = "c3f0b0a4-7d49-4a8e-8f6e-1b1c2d3e4f50"
+    j = judge(StoreFacts(PATH, StoreFile.VALID, root_uuid=other), host())
+    assert j.verdict is Verdict.REFUSE and other in j.reason and ROOT in j.reason
