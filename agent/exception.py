@@ -92,3 +92,45 @@ class MoveInProgress(AgentError):
 
     def __str__(self) -> str:
         return f"instance {self.instance_uuid} is in move {self.migration_uuid}"
+
+
+class StoreUnavailable(AgentError):
+    """The agent's store could not be read or written; nothing was
+    changed. A retry may succeed once an operator has fixed the store."""
+
+    def __init__(self, method: str, reason: str):
+        super().__init__(method, reason)
+        self.method = method
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.method}: the agent's store failed: {self.reason}"
+
+
+class InternalError(AgentError):
+    """The agent failed in a way it did not foresee; its log has the
+    traceback. The caller gets only a short message."""
+
+    def __init__(self, method: str, reason: str):
+        super().__init__(method, reason)
+        self.method = method
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.method}: internal error in the agent: {self.reason}"
+
+
+class VersionCapped(AgentError):
+    """A call this client may not send: its ``[upgrade_levels]
+    compute_agent`` cap is below the version the call needs. Raised in the
+    client; nothing was sent."""
+
+    def __init__(self, method: str, needed: str, cap: str):
+        super().__init__(method, needed, cap)
+        self.method = method
+        self.needed = needed
+        self.cap = cap
+
+    def __str__(self) -> str:
+        return (f"{self.method} needs RPC API {self.needed}, but [upgrade_levels] "
+                f"compute_agent caps this client at {self.cap}")
