@@ -94,9 +94,11 @@ class MoveInProgress(AgentError):
         return f"instance {self.instance_uuid} is in move {self.migration_uuid}"
 
 
-class StoreUnavailable(AgentError):
-    """The agent's store could not be read or written; nothing was
-    changed. A retry may succeed once an operator has fixed the store."""
+class CallFailed(AgentError):
+    """An RPC call failed on the agent's side, not for anything wrong in
+    the request. ``reason`` is short; the agent's log has the rest."""
+
+    failure = "failed"
 
     def __init__(self, method: str, reason: str):
         super().__init__(method, reason)
@@ -104,20 +106,21 @@ class StoreUnavailable(AgentError):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"{self.method}: the agent's store failed: {self.reason}"
+        return f"{self.method}: {self.failure}: {self.reason}"
 
 
-class InternalError(AgentError):
+class StoreUnavailable(CallFailed):
+    """The agent's store could not be read or written. A retry may succeed
+    once an operator has fixed the store."""
+
+    failure = "the agent's store failed"
+
+
+class InternalError(CallFailed):
     """The agent failed in a way it did not foresee; its log has the
-    traceback. The caller gets only a short message."""
+    traceback."""
 
-    def __init__(self, method: str, reason: str):
-        super().__init__(method, reason)
-        self.method = method
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"{self.method}: internal error in the agent: {self.reason}"
+    failure = "internal error in the agent"
 
 
 class VersionCapped(AgentError):
