@@ -106,3 +106,48 @@ class DevicesInUse(AgentError):
     def __str__(self) -> str:
         return (f"instance {self.instance_uuid}: its running guest still uses "
                 f"{', '.join(self.devices)}; nothing was given back")
+
+
+class CallFailed(AgentError):
+    """An RPC call failed on the agent's side, not for anything wrong in
+    the request. ``reason`` is short; the agent's log has the rest."""
+
+    failure = "failed"
+
+    def __init__(self, method: str, reason: str):
+        super().__init__(method, reason)
+        self.method = method
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.method}: {self.failure}: {self.reason}"
+
+
+class StoreUnavailable(CallFailed):
+    """The agent's store could not be read or written. A retry may succeed
+    once an operator has fixed the store."""
+
+    failure = "the agent's store failed"
+
+
+class InternalError(CallFailed):
+    """The agent failed in a way it did not foresee; its log has the
+    traceback."""
+
+    failure = "internal error in the agent"
+
+
+class VersionCapped(AgentError):
+    """A call this client may not send: its ``[upgrade_levels]
+    compute_agent`` cap is below the version the call needs. Raised in the
+    client; nothing was sent."""
+
+    def __init__(self, method: str, needed: str, cap: str):
+        super().__init__(method, needed, cap)
+        self.method = method
+        self.needed = needed
+        self.cap = cap
+
+    def __str__(self) -> str:
+        return (f"{self.method} needs RPC API {self.needed}, but [upgrade_levels] "
+                f"compute_agent caps this client at {self.cap}")

@@ -1,6 +1,7 @@
 """oslo.messaging, set up once for the RPC server and for its client."""
 from __future__ import annotations
 
+import sys
 import warnings
 
 from oslo_config import cfg
@@ -18,6 +19,14 @@ with warnings.catch_warnings():
 TOPIC = "compute-agent"
 # Our typed errors reach the caller as the same types.
 ALLOWED_EXMODS = ["agent.exception"]
+# oslo.messaging decodes a message recursively, in the thread that receives
+# it, before any endpoint sees it. At Python's default recursion limit
+# (1000) a message about as deep as a client at that same limit can send
+# fails to decode and is dropped unanswered: its caller waits out its
+# timeout. With this much room such a message is decoded, and the endpoint
+# refuses its depth with an answer. A thread's stack (8 MiB) holds that
+# depth of decoding several times over.
+DECODE_DEPTH = 10_000
 
 upgrade_opts = [
     cfg.StrOpt(
@@ -37,6 +46,12 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(_metrics.oslo_messaging_metrics, group="oslo_messaging_metrics")
     conf.register_opts(_tracing.oslo_messaging_tracing, group="oslo_messaging_tracing")
     conf.register_opts(upgrade_opts, group="upgrade_levels")
+
+
+def allow_deep_messages() -> None:
+    """Let the server decode any message nested up to DECODE_DEPTH."""
+    if sys.getrecursionlimit() < DECODE_DEPTH:
+        sys.setrecursionlimit(DECODE_DEPTH)
 
 
 def transport(conf: cfg.ConfigOpts):

@@ -1,90 +1,222 @@
 """The RPC server conductors call: topic ``compute-agent``, server = this
 host, oslo.messaging's default (threading) executor.
 
-Versioning. The API is 1.0. A new method, or a new optional argument,
-raises the minor version (1.1, 1.2, ...) and is listed below with its
-version; the server keeps answering every older 1.x call unchanged, so an
-N-1 conductor keeps working. Clients send a new method only when their
-``[upgrade_levels] compute_agent`` cap allows it (``can_send_version``).
-A change that breaks 1.x callers would be 2.0, served beside 1.x for a
-release.
+Each call is one method of ComputeAgentEndpoint, marked with the API
+version it appeared in; agent/rpc_versions.py is the ledger of versions
+and says how they may change. Only the marked methods are served: the
+endpoint's own attributes are not calls.
 
-Every payload is checked against its schema before anything is read or
-changed; every method that changes state is idempotent on the instance and
-migration uuids, so a conductor may retry after a timeout.
+A call's payload is checked whole before the manager is asked anything
+(agent/rpc_schemas.py): its shape, its schema, uuids made lower case, the
+move's two uuids told apart. Every method that changes state is idempotent
+on the instance and migration uuids, so a conductor may retry after a
+timeout. Every error a call raises is one of agent.exception's, which the
+caller gets as the same type: its own mistakes as they are, a failing
+store as StoreUnavailable, and anything else, logged here once with its
+traceback, as InternalError.
 """
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Callable
+import sqlite3
+from enum import Enum
 
 from agent import rpc_schemas as schemas
-from agent.exception import AgentError
-from agent.messaging import TOPIC, messaging, transport
+from agent import rpc_versions
+from agent.exception import AgentError, InternalError, StoreUnavailable
+from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
 from agent.provider_tree import tree_as_dicts
+from agent.rpc_versions import VERSION
+from agent.claim_model import Assignment, AssignmentState, Migration
+from agent.state import StoreError
 
 LOG = logging.getLogger(__name__)
-VERSION = "1.0"
+# What the caller is told of an error it cannot act on; the log has all.
+REASON_LENGTH = 200
 
 
-def _host_info(agent, _payload: dict) -> dict:
-    instances, live, _ = agent.manager.tracker.snapshot()
-    return {"host": agent.policy.host, "root_uuid": agent.policy.root_uuid,
-            "rpc_version": VERSION, "instances": len(instances),
-            "assignments": len(live), "providers": len(agent.last_tree)}
+def short(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= REASON_LENGTH else text[:REASON_LENGTH - 3] + "..."
 
 
-# method -> (schema, call(agent, payload)); each is served as
-# method(ctxt, **payload).
-METHODS: dict[str, tuple[dict, Callable]] = {
-    "get_host_info": (schemas.NOTHING, _host_info),
-    "get_provider_tree": (schemas.NOTHING, lambda a, p: tree_as_dicts(a.last_tree)),
-    "get_instance": (schemas.INSTANCE,
-                     lambda a, p: a.manager.get_instance(p["instance_uuid"])),
-    "build_instance": (schemas.CLAIM, lambda a, p: a.manager.build_instance(
-        p["instance_uuid"], p["spec"], p["allocations"])),
-    "delete_instance": (schemas.INSTANCE,
-                        lambda a, p: a.manager.delete_instance(p["instance_uuid"])),
-    "prep_resize": (schemas.MOVE_CLAIM, lambda a, p: a.manager.prep_resize(
-        p["migration_uuid"], p["instance_uuid"], p["spec"], p["allocations"])),
-    "check_can_live_migrate_destination": (
-        schemas.MOVE_CLAIM, lambda a, p: a.manager.check_can_live_migrate_destination(
-            p["migration_uuid"], p["instance_uuid"], p["spec"], p["allocations"])),
-    "rebuild_instance": (schemas.MOVE_CLAIM, lambda a, p: a.manager.rebuild_instance(
-        p["migration_uuid"], p["instance_uuid"], p["spec"], p["allocations"])),
-}
-for _name in ("resize_instance", "finish_resize", "confirm_resize", "revert_resize",
-              "live_migrate", "post_live_migration_at_destination",
-              "rollback_live_migration_at_destination"):
-    METHODS[_name] = (schemas.MOVE, lambda a, p, _name=_name: getattr(a.manager, _name)(
-        p["migration_uuid"], p["instance_uuid"]))
+def rpc_method(since: str, schema: dict):
+    """Serve the decorated endpoint method as an RPC call that appeared in
+    API version ``since``, its payload checked against ``schema`` (and
+    made canonical) before the method runs."""
+    rpc_versions.known(since)
+    checker = schemas.validator(schema)
+
+    def serve_as_call(method):
+        name = method.__name__
+
+        # AgentError is the caller's to see, not logged as our failure.
+        @messaging.expected_exceptions(AgentError)
+        def serve(self, ctxt, **payload):
+            try:
+                arguments = schemas.checked(checker, payload)
+                LOG.debug("RPC %s", name)
+                return method(self, ctxt, **arguments)
+            except AgentError:
+                raise
+            except (StoreError, sqlite3.Error) as e:
+                LOG.error("RPC %s: the store failed: %s", name, short(e))
+                raise StoreUnavailable(name, short(e)) from None
+            except Exception as e:  # noqa: BLE001 - answered as a declared type
+                LOG.exception("RPC %s failed", name)
+                raise InternalError(name, short(e)) from None
+
+        served = messaging.expose(functools.wraps(method)(serve))
+        served.since = since
+        return served
+
+    return serve_as_call
+
+
+class InstanceState(str, Enum):
+    BUILDING = "building"  # claimed; its guest not yet started
+    ACTIVE = "active"
+    MOVING = "moving"  # in a move that is still open on this host
+
+
+def listed_instances(instances: dict[str, dict], live: list[Assignment],
+                     migrations: dict[str, Migration]) -> list[dict]:
+    """Each instance this host holds, by uuid, with its state."""
+    building = {a.instance_uuid for a in live
+                if a.state is AssignmentState.CLAIMING and a.migration_uuid is None}
+    moving = {m.instance_uuid: m.uuid for m in migrations.values() if m.open}
+    out = []
+    for uuid in sorted(instances):
+        state = (InstanceState.MOVING if uuid in moving
+                 else InstanceState.BUILDING if uuid in building
+                 else InstanceState.ACTIVE)
+        out.append({"uuid": uuid, "name": instances[uuid]["name"],
+                    "state": state.value, "migration_uuid": moving.get(uuid)})
+    return out
 
 
 class ComputeAgentEndpoint:
     target = messaging.Target(version=VERSION)
 
     def __init__(self, agent):
-        self.agent = agent
+        self._agent = agent
 
-    def __getattr__(self, name: str):
-        if name not in METHODS:
-            raise AttributeError(name)
-        schema, call = METHODS[name]
+    # --- views ----------------------------------------------------------
 
-        # The caller's mistakes are answered, not logged as our failures.
-        @messaging.expected_exceptions(AgentError)
-        def serve(ctxt, **payload):
-            schemas.validate(schema, payload)
-            LOG.debug("RPC %s", name)
-            return call(self.agent, payload)
+    @rpc_method("1.0", schemas.NOTHING)
+    def get_host_info(self, ctxt) -> dict:
+        """Since 1.0. This host, its root provider, the API version it
+        serves, and how many instances and assignments it holds."""
+        instances, live, _ = self._agent.manager.tracker.snapshot()
+        return {"host": self._agent.policy.host, "root_uuid": self._agent.policy.root_uuid,
+                "rpc_version": VERSION, "instances": len(instances),
+                "assignments": len(live), "providers": len(self._agent.last_tree)}
 
-        return serve
+    @rpc_method("1.0", schemas.NOTHING)
+    def get_provider_tree(self, ctxt) -> list[dict]:
+        """Since 1.0. The provider tree as the agent last saw it in
+        Placement."""
+        return tree_as_dicts(self._agent.last_tree)
+
+    @rpc_method("1.0", schemas.INSTANCE)
+    def get_instance(self, ctxt, instance_uuid) -> dict:
+        """Since 1.0. An instance: spec, assignments, moves, its guest."""
+        return self._agent.manager.get_instance(instance_uuid)
+
+    @rpc_method("1.1", schemas.NOTHING)
+    def list_instances(self, ctxt) -> list[dict]:
+        """Since 1.1. Every instance this host holds, with its state."""
+        return listed_instances(*self._agent.manager.tracker.snapshot())
+
+    # --- build and delete -----------------------------------------------
+
+    @rpc_method("1.0", schemas.CLAIM)
+    def build_instance(self, ctxt, instance_uuid, spec, allocations) -> dict:
+        """Since 1.0. Claim devices for a new instance, define and start
+        its guest."""
+        return self._agent.manager.build_instance(instance_uuid, spec, allocations)
+
+    @rpc_method("1.0", schemas.INSTANCE)
+    def delete_instance(self, ctxt, instance_uuid) -> dict:
+        """Since 1.0. Remove the guest and give its devices back."""
+        return self._agent.manager.delete_instance(instance_uuid)
+
+    # --- resize and cold migration --------------------------------------
+
+    @rpc_method("1.0", schemas.MOVE_CLAIM)
+    def prep_resize(self, ctxt, migration_uuid, instance_uuid, spec, allocations) -> dict:
+        """Since 1.0. Destination: claim the new flavor's devices."""
+        return self._agent.manager.prep_resize(migration_uuid, instance_uuid, spec,
+                                               allocations)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def resize_instance(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Source: the migration takes over the instance's
+        devices."""
+        return self._agent.manager.resize_instance(migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def finish_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Destination: the guest gets its new devices."""
+        return self._agent.manager.finish_resize(migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def confirm_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Source: give back the old devices."""
+        return self._agent.manager.confirm_resize(migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def revert_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Either side: new devices back, old ones to the
+        instance."""
+        return self._agent.manager.revert_resize(migration_uuid, instance_uuid)
+
+    # --- live migration -------------------------------------------------
+
+    @rpc_method("1.0", schemas.MOVE_CLAIM)
+    def check_can_live_migrate_destination(self, ctxt, migration_uuid, instance_uuid,
+                                           spec, allocations) -> dict:
+        """Since 1.0. Destination: claim now; answer the devices the source
+        writes into the guest's XML."""
+        return self._agent.manager.check_can_live_migrate_destination(
+            migration_uuid, instance_uuid, spec, allocations)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def live_migrate(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Source: hand the devices to the migration."""
+        return self._agent.manager.live_migrate(migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def post_live_migration_at_destination(self, ctxt, migration_uuid,
+                                           instance_uuid) -> dict:
+        """Since 1.0. Destination: the guest runs here; the move is
+        settled."""
+        return self._agent.manager.post_live_migration_at_destination(
+            migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def rollback_live_migration_at_destination(self, ctxt, migration_uuid,
+                                               instance_uuid) -> dict:
+        """Since 1.0. Destination: give back what the check claimed."""
+        return self._agent.manager.rollback_live_migration_at_destination(
+            migration_uuid, instance_uuid)
+
+    # --- evacuation -----------------------------------------------------
+
+    @rpc_method("1.0", schemas.MOVE_CLAIM)
+    def rebuild_instance(self, ctxt, migration_uuid, instance_uuid, spec,
+                         allocations) -> dict:
+        """Since 1.0. Destination of an evacuation: claim, build, settle."""
+        return self._agent.manager.rebuild_instance(migration_uuid, instance_uuid,
+                                                    spec, allocations)
 
 
 def make_server(conf, agent):
     """The server; ``start()`` it beside the update loop, ``stop()`` and
     ``wait()`` on the way out."""
+    allow_deep_messages()
     target = messaging.Target(topic=TOPIC, server=conf.host)
     return messaging.get_rpc_server(
         transport(conf), target, [ComputeAgentEndpoint(agent)],
-        access_policy=messaging.DefaultRPCAccessPolicy)
+        access_policy=messaging.ExplicitRPCAccessPolicy)

@@ -5,17 +5,19 @@ version cap for rolling upgrades, plus the allocation-swap helper.
     api.build_instance("host-1", instance_uuid, spec, allocations)
 
 Errors arrive as the agent's own types (agent.exception): InvalidRequest,
-NoSuchInstance, ClaimFailed, MoveInProgress. The timeout counts from when
+NoSuchInstance, ClaimFailed, MoveInProgress, StoreUnavailable and
+InternalError. A call newer than the client's version cap is refused here,
+before it is sent, with VersionCapped. The timeout counts from when
 the request is sent: while the broker cannot be reached, oslo.messaging
 keeps reconnecting first, so a caller that must not wait for the broker
 needs a deadline of its own (compute-agent-ctl has one).
 """
 from __future__ import annotations
 
-from agent.exception import GenerationConflict
+from agent.exception import GenerationConflict, VersionCapped
 from agent.messaging import TOPIC, messaging, transport
 from agent.placement import PlacementClient
-from agent.rpc import VERSION
+from agent.rpc_versions import OLDEST, VERSION
 
 
 class ComputeAgentAPI:
@@ -29,8 +31,11 @@ class ComputeAgentAPI:
         """Close the connection to the broker."""
         self.client.transport.cleanup()
 
-    def _call(self, host: str, method: str, version: str = "1.0",
+    def _call(self, host: str, method: str, version: str = OLDEST,
               timeout: float | None = None, **payload):
+        """Send ``method``, which appeared in API ``version``."""
+        if not self.client.can_send_version(version):
+            raise VersionCapped(method, version, self.client.version_cap)
         prepared = self.client.prepare(server=host, version=version,
                                        **({"timeout": timeout} if timeout else {}))
         return prepared.call({}, method, **payload)
@@ -44,6 +49,11 @@ class ComputeAgentAPI:
 
     def get_instance(self, host: str, instance_uuid: str) -> dict:
         return self._call(host, "get_instance", instance_uuid=instance_uuid)
+
+    def list_instances(self, host: str) -> list[dict]:
+        """Every instance ``host`` holds: uuid, name, state (building,
+        active, moving) and the open move's uuid. Needs API 1.1."""
+        return self._call(host, "list_instances", version="1.1")
 
     # build and delete
     def build_instance(self, host: str, instance_uuid: str, spec: dict,

@@ -257,9 +257,9 @@ def main(argv=None) -> int:
                     "host may be down, or its compute-agent not running or not "
                     "connected to this broker")
     if isinstance(error, (AgentError, messaging.MessagingException)):
-        # Typed errors (InvalidRequest, NoSuchInstance, ClaimFailed,
-        # MoveInProgress) arrive as their own types; anything else the
-        # agent raised arrives as RemoteError.
+        # Every error an RPC method raises arrives as its own type
+        # (agent.exception), VersionCapped is the client's own; the
+        # dispatcher's (no such method, unsupported version) as RemoteError.
         return fail(first_line(error))
     if error is not None:
         raise error

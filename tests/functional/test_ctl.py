@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.rpc_versions import VERSION
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import put_allocations, unallocate, wait_for, write_conf
 
@@ -121,7 +122,7 @@ def vfs_of(instance: dict) -> list[str]:
 
 def test_host_info_human_and_json(agent):
     info = agent.info()
-    assert info["host"] == agent.name and info["rpc_version"] == "1.0"
+    assert info["host"] == agent.name and info["rpc_version"] == VERSION
     assert info["providers"] == 3  # root, NUMA cell, PF
     human = agent.ctl("host-info", agent.name)
     assert human.returncode == 0, human.stderr

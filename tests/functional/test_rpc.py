@@ -20,7 +20,9 @@ from keystoneauth1 import adapter, session
 from lxml import etree
 
 from agent.cmd.common import load_config
-from agent.exception import ClaimFailed, InvalidRequest, NoSuchInstance
+from agent.exception import (ClaimFailed, InvalidRequest, NoSuchInstance,
+                             StoreUnavailable, VersionCapped)
+from agent.messaging import messaging
 from agent.placement import PlacementClient
 from agent.placement_auth import NoAuth2
 from agent.rpcapi import ComputeAgentAPI, move_allocations
@@ -94,7 +96,11 @@ class AgentDaemon:
 @pytest.fixture
 def conductor(tmp_path, placement, services):
     first = AgentDaemon(tmp_path / "a", placement.url)
-    api = ComputeAgentAPI(load_config(["--config-file", str(first.conf)]), timeout=30)
+    # The conductor of an upgrade that has not finished: pinned at the
+    # oldest version, so every test here makes every 1.0 call that way.
+    conf = load_config(["--config-file", str(first.conf)])
+    conf.set_override("compute_agent", "1.0", group="upgrade_levels")
+    api = ComputeAgentAPI(conf, timeout=30)
     ks = adapter.Adapter(session.Session(auth=NoAuth2(placement.url)),
                          service_type="placement")
     daemons = [first]
@@ -120,6 +126,7 @@ def conductor(tmp_path, placement, services):
     yield Conductor()
     for d in daemons:
         d.stop()
+    api.close()
 
 
 def devices(view: dict, owner: str = "instance") -> dict[str, list[str]]:
@@ -388,13 +395,157 @@ def test_live_migration_rollback_and_evacuation_calls_twice(conductor):
             "state": "confirmed"} in rebuilt["migrations"]
 
 
-def test_the_client_never_sends_past_its_version_cap(conductor):
-    conf = load_config(["--config-file", str(conductor.agent().conf)])
-    conf.set_override("compute_agent", "1.0", group="upgrade_levels")
-    pinned = ComputeAgentAPI(conf, timeout=10)
+def test_a_client_pinned_at_1_0_is_refused_a_1_1_call_before_sending_it(conductor):
+    """The N-1 case: the conductor fixture's client is pinned at 1.0 and
+    every test above drives today's server with it; the 1.1 call is refused
+    in the client, and the client at the newest version makes it."""
+    c, agent = conductor, conductor.agent()
+    instance, _ = build(c, agent)
+    assert c.rpc.get_provider_tree(agent.name)
+    with pytest.raises(VersionCapped) as caught:
+        c.rpc.list_instances(agent.name)
+    message = str(caught.value)
+    assert "list_instances" in message and "1.1" in message and "1.0" in message
+
+    newest = ComputeAgentAPI(load_config(["--config-file", str(agent.conf)]), timeout=30)
     try:
-        assert pinned.client.can_send_version("1.0")
-        assert not pinned.client.can_send_version("1.1")
-        assert pinned.get_host_info(conductor.agent().name)["rpc_version"] == "1.0"
+        assert newest.list_instances(agent.name) == [
+            {"uuid": instance, "name": SPEC["name"], "state": "active",
+             "migration_uuid": None}]
     finally:
-        pinned.close()
+        newest.close()
+
+
+def test_endpoint_attributes_are_not_rpc_methods(conductor):
+    agent = conductor.agent()
+    for name in ("agent", "_agent", "target", "no_such_method"):
+        with pytest.raises(messaging.RemoteError) as caught:
+            conductor.rpc._call(agent.name, name)
+        assert caught.value.exc_type == "NoSuchMethod", (name, caught.value)
+
+
+def same_host_resize_to_finish(c, agent: AgentDaemon, instance: str) -> str:
+    """A same-host resize of ``instance`` up to finish_resize; its uuid."""
+    migration = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, migration)
+    bigger = agent.allocations(vcpus=4, memory_mb=2048)
+    c.schedule(instance, bigger)
+    c.rpc.prep_resize(agent.name, migration, instance, BIGGER, bigger)
+    c.rpc.resize_instance(agent.name, migration, instance)
+    c.rpc.finish_resize(agent.name, migration, instance)
+    return migration
+
+
+def test_a_uuid_with_a_trailing_newline_is_refused_and_confirms_nothing(conductor):
+    c, agent = conductor, conductor.agent()
+    instance, _ = build(c, agent)
+    migration = same_host_resize_to_finish(c, agent, instance)
+    before = agent.store_dump()
+    for args, field in [((migration, instance + "\n"), "instance_uuid"),
+                        ((migration + "\n", instance), "migration_uuid")]:
+        with pytest.raises(InvalidRequest) as caught:
+            c.rpc.confirm_resize(agent.name, *args)
+        assert str(caught.value).startswith(f"{field}: "), caught.value
+    assert agent.store_dump() == before
+    assert c.rpc.get_instance(agent.name, instance)["migrations"] == [
+        {"uuid": migration, "kind": "resize", "role": "both", "state": "finished"}]
+
+
+def test_upper_case_uuids_are_accepted_and_used_in_lower_case(conductor):
+    c, agent = conductor, conductor.agent()
+    instance = str(uuid.uuid4())
+    wanted = agent.allocations()
+    c.schedule(instance, wanted)
+    built = c.rpc.build_instance(agent.name, instance.upper(), SPEC,
+                                 {p.upper(): a for p, a in wanted.items()})
+    assert built["uuid"] == instance
+    assert {a["state"] for a in built["assignments"]} == {"claimed"}
+    assert {a["provider_uuid"] for a in built["assignments"]} == set(wanted)
+    assert c.rpc.get_instance(agent.name, instance.upper()) == built
+
+    migration = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, migration)
+    bigger = agent.allocations(vcpus=4, memory_mb=2048)
+    c.schedule(instance, bigger)
+    c.rpc.prep_resize(agent.name, migration.upper(), instance.upper(), BIGGER,
+                      {p.upper(): a for p, a in bigger.items()})
+    c.rpc.resize_instance(agent.name, migration.upper(), instance.upper())
+    finished = c.rpc.finish_resize(agent.name, migration.upper(), instance.upper())
+    assert finished["uuid"] == instance and finished["running"]
+    c.rpc.confirm_resize(agent.name, migration.upper(), instance.upper())
+    c.forget(migration)
+    confirmed = c.rpc.get_instance(agent.name, instance)
+    assert confirmed["migrations"] == [{"uuid": migration, "kind": "resize",
+                                        "role": "both", "state": "confirmed"}]
+    assert {a["state"] for a in confirmed["assignments"]} == {"claimed"}
+    c.rpc.delete_instance(agent.name, instance.upper())
+    assert c.rpc.get_host_info(agent.name)["assignments"] == 0
+
+
+def nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def test_a_deeply_nested_payload_is_refused_at_once(conductor):
+    c, agent = conductor, conductor.agent()
+    # A caller near the top of its stack (a script) can send about 990
+    # levels at Python's default recursion limit; this test's own stack is
+    # deeper, so the limit is raised while it sends.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + 5000)
+    try:
+        for depth in (990, 4000):
+            began = time.monotonic()
+            with pytest.raises(InvalidRequest) as caught:
+                c.rpc._call(agent.name, "build_instance", timeout=10,
+                            instance_uuid=str(uuid.uuid4()), spec=nested(depth),
+                            allocations=ALLOCATED)
+            assert time.monotonic() - began < 5, depth
+            assert str(caught.value).startswith("spec."), caught.value
+            assert "nested deeper than" in str(caught.value).splitlines()[0]
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_a_map_of_200000_keys_is_refused_at_once(conductor):
+    c, agent = conductor, conductor.agent()
+    huge = {str(uuid.uuid4()): {"resources": {"VCPU": 1}} for _ in range(200_000)}
+
+    def timed(method: str, error) -> tuple[float, Exception]:
+        began = time.monotonic()
+        with pytest.raises(error) as caught:
+            c.rpc._call(agent.name, method, timeout=60, instance_uuid=str(uuid.uuid4()),
+                        spec=SPEC, allocations=huge)
+        return time.monotonic() - began, caught.value
+
+    # The same message to a method that does not exist: what carrying and
+    # decoding it costs, whatever the machine's load.
+    carried, _ = timed("no_such_method", messaging.RemoteError)
+    took, refused = timed("build_instance", InvalidRequest)
+    assert str(refused).splitlines()[0] == (
+        "allocations: has 200000 entries, at most 64 (value: an object)")
+    assert took - carried < 1, (took, carried)
+
+
+def test_a_failed_store_write_reaches_the_caller_as_a_declared_error(conductor):
+    c, agent = conductor, conductor.agent()
+    # Another process changes the store under the running agent: the table
+    # claims are written to is gone, so the next claim's write fails.
+    path = Path(agent.host.dir) / "state" / "state.db"
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("ALTER TABLE assignments RENAME TO assignments_elsewhere")
+    finally:
+        conn.close()
+    logged = len(agent.log.read_text().splitlines())
+    instance = str(uuid.uuid4())
+    wanted = agent.allocations()
+    c.schedule(instance, wanted)
+    with pytest.raises(StoreUnavailable) as caught:
+        c.rpc.build_instance(agent.name, instance, SPEC, wanted)
+    assert "assignments" in str(caught.value).splitlines()[0]
+    new = agent.log.read_text().splitlines()[logged:]
+    assert len(new) == 1 and "build_instance" in new[0] and "ERROR" in new[0], new
