@@ -18,7 +18,9 @@ from agent.exception import (InternalError, InvalidRequest, NoSuchInstance,
 from agent.messaging import messaging
 from agent.rpc import ComputeAgentEndpoint, listed_instances
 from agent.rpcapi import ComputeAgentAPI
-from agent.state import Assignment, Migration, StoreError
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MigrationState, MoveKind, Owner)
+from agent.state import StoreError
 from drivers.base import DeviceKind
 
 SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
@@ -239,13 +241,16 @@ def test_instances_are_listed_with_their_state():
     instances = {u: {"name": n} for u, n in [(building, "b"), (active, "a"), (moving, "m")]}
 
     def row(instance, state, migration=None):
-        return Assignment(str(uuid.uuid4()), instance, instance, "instance", migration,
-                          "VCPU", PROVIDER, DeviceKind.NUMA, "0", 1, state, "boot", {})
+        return Assignment(str(uuid.uuid4()), instance, instance, Owner.INSTANCE, migration,
+                          "VCPU", PROVIDER, DeviceKind.NUMA, "0", 1, state, "boot")
 
-    live = [row(building, "claiming"), row(active, "claimed"),
-            row(moving, "claimed"), row(moving, "claiming", MIGRATION)]
-    migrations = {MIGRATION: Migration(MIGRATION, moving, "resize", "both", "active"),
-                  INSTANCE: Migration(INSTANCE, active, "resize", "both", "confirmed")}
+    live = [row(building, AssignmentState.CLAIMING), row(active, AssignmentState.CLAIMED),
+            row(moving, AssignmentState.CLAIMED),
+            row(moving, AssignmentState.CLAIMING, MIGRATION)]
+    migrations = {MIGRATION: Migration(MIGRATION, moving, MoveKind.RESIZE, MigrationRole.BOTH,
+                                       MigrationState.ACTIVE),
+                  INSTANCE: Migration(INSTANCE, active, MoveKind.RESIZE, MigrationRole.BOTH,
+                                      MigrationState.CONFIRMED)}
     assert listed_instances(instances, live, migrations) == [
         {"uuid": building, "name": "b", "state": "building", "migration_uuid": None},
         {"uuid": active, "name": "a", "state": "active", "migration_uuid": None},
