@@ -171,8 +171,11 @@ class ComputeManager:
         self.tracker.claim_build(instance_uuid, spec, allocations)
         try:
             self.driver.spawn(self._guest(instance_uuid))
-        except Exception:
-            LOG.exception("Spawning %s failed; giving its devices back", instance_uuid)
+        except Exception as e:
+            # The caller gets the error; its traceback is logged where it is
+            # answered (the RPC layer), once.
+            LOG.warning("Spawning %s failed (%s); giving its devices back",
+                        instance_uuid, e)
             self.driver.destroy(instance_uuid)
             self._release_devices(self.tracker.release_instance(instance_uuid))
             raise
