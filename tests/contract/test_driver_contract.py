@@ -113,9 +113,9 @@ def make_libvirt_test(tmp_path: Path) -> Subject:
         f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE))
 
 
-def make_libvirt_qemu(tmp_path: Path) -> Subject:
+def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
     b = device_host(tmp_path / "sys")  # only for the mdev calls: sysfs writes
-    driver = libvirt_driver(tmp_path, "qemu:///system", b.root)
+    driver = libvirt_driver(tmp_path, uri, b.root)
     files = {}
     for which in "ab":
         files[which] = tmp_path / f"pmem-{which}"
@@ -126,15 +126,16 @@ def make_libvirt_qemu(tmp_path: Path) -> Subject:
         w, "", None, str(files[w]), 0 if w == "a" else 1, 0), (GPU, MDEV_TYPE))
 
 
-MAKERS = {"fake": make_fake, "libvirt-test": make_libvirt_test,
-          "libvirt-qemu": make_libvirt_qemu}
-
-
-@pytest.fixture(params=sorted(MAKERS))
+@pytest.fixture(params=["fake", "libvirt-qemu", "libvirt-test"])
 def subject(request, tmp_path):
     if request.param == "libvirt-qemu":
-        request.getfixturevalue("services")  # the real libvirtd is up
-    s = MAKERS[request.param](tmp_path)
+        # A libvirtd of the test's own: no other agent's guests in it.
+        uri = request.getfixturevalue("private_libvirtd").uri
+        s = make_libvirt_qemu(tmp_path, uri)
+    elif request.param == "libvirt-test":
+        s = make_libvirt_test(tmp_path)
+    else:
+        s = make_fake(tmp_path)
     made: list[str] = []
     real_spawn = s.driver.spawn
 

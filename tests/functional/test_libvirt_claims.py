@@ -195,11 +195,11 @@ def test_audit_reports_a_guest_deleted_behind_the_agents_back(host):
 # --- the real hypervisor -----------------------------------------------------
 
 @pytest.fixture
-def real_agent(tmp_path, placement, libvirtd):
+def real_agent(tmp_path, placement, private_libvirtd):
     path = write_conf(
         tmp_path, placement.url, f"realvm-{uuid.uuid4().hex[:8]}", host_dict=None,
         DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
-        libvirt={"connection_uri": "qemu:///system",
+        libvirt={"connection_uri": private_libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")})
     agent = Agent.from_conf(load_config(["--config-file", str(path)]))
     agent.start()

@@ -1,5 +1,7 @@
-"""compute_driver = libvirt against this machine's REAL libvirtd (QEMU/KVM,
-qemu:///system) and its real /sys, synced into the real Placement.
+"""compute_driver = libvirt against a REAL libvirtd (QEMU/KVM) with this
+machine's QEMU and its real /sys, synced into the real Placement. Each test
+runs a libvirtd of its own (tests/functional/private_services.py), so no
+other agent's guests are in it.
 
 Nothing is allowlisted, so no device of this machine may be reported as
 assignable; and no test here defines or starts a guest, so no host device
@@ -20,7 +22,6 @@ from agent.cmd.common import load_config
 from agent.service import Agent
 from tests.functional.helpers import placement_tree, totals, write_conf
 
-URI = "qemu:///system"
 
 
 def real_agent(tmp_path: Path, placement_url: str, uri: str) -> Agent:
@@ -35,8 +36,10 @@ def real_agent(tmp_path: Path, placement_url: str, uri: str) -> Agent:
 
 
 @pytest.fixture
-def agent(tmp_path, placement, libvirtd):
-    agent = real_agent(tmp_path, placement.url, URI)
+def agent(tmp_path, placement, libvirtd, private_libvirtd):
+    # The machine's own QEMU and /sys, through a libvirtd of the test's own,
+    # so no other agent's guests are in it.
+    agent = real_agent(tmp_path, placement.url, private_libvirtd.uri)
     yield agent
     agent.driver.cleanup()
 

@@ -23,23 +23,21 @@ from agent.service import Agent
 from drivers.base import DeviceKind
 from tests.functional.helpers import placement_tree, write_conf
 
-URI = "qemu:///system"
-
-
 @pytest.fixture
-def agent(tmp_path, placement, services):
+def agent(tmp_path, placement, private_libvirtd):
     assert os.cpu_count() >= 2, "the resize needs two host CPUs to move between"
     path = write_conf(
         tmp_path, placement.url, f"real-{uuid.uuid4().hex[:8]}", host_dict=None,
         DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(tmp_path / "sys")},
-        libvirt={"connection_uri": URI, "instances_path": str(tmp_path / "instances")},
+        libvirt={"connection_uri": private_libvirtd.uri,
+                 "instances_path": str(tmp_path / "instances")},
         compute={"cpu_dedicated_set": "0-1"})
     agent = Agent.from_conf(load_config(["--config-file", str(path)]))
     agent.driver.init_host()
     outcome = agent.run_cycle()
     assert outcome.ok, outcome.reason
     made: list[str] = []
-    yield agent, made
+    yield agent, made, private_libvirtd.uri
     for instance in made:
         agent.manager.delete_instance(instance)
     agent.driver.cleanup()
@@ -52,10 +50,10 @@ def pcpu_allocations(agent: Agent, placement) -> dict:
     return {cell: {"resources": {"PCPU": 1, "MEMORY_MB": 64}}}
 
 
-def live_pins(agent: Agent, instance: str) -> list[str]:
+def live_pins(uri: str, instance: str) -> list[str]:
     """The host CPUs the running guest's vCPUs are pinned to, read from
     libvirt's live XML over a connection of the test's own."""
-    conn = libvirt.open(URI)
+    conn = libvirt.open(uri)
     try:
         dom = conn.lookupByUUIDString(instance)
         assert dom.isActive(), f"guest {instance} is not running"
@@ -80,12 +78,12 @@ def pinned(agent: Agent, instance: str) -> list[str]:
 
 
 def test_same_host_resize_moves_a_running_qemu_guest_to_its_new_cpu(agent, placement):
-    agent, made = agent
+    agent, made, uri = agent
     m = agent.manager
     alloc = pcpu_allocations(agent, placement)
     instance = build(agent, made, alloc)
     first_cpu = pinned(agent, instance)
-    assert live_pins(agent, instance) == first_cpu
+    assert live_pins(uri, instance) == first_cpu
 
     migration = str(uuid.uuid4())
     m.prep_resize(migration, instance, {"name": f"ca-{instance[:8]}", "vcpus": 1,
@@ -94,14 +92,14 @@ def test_same_host_resize_moves_a_running_qemu_guest_to_its_new_cpu(agent, place
     m.finish_resize(migration, instance)
     second_cpu = pinned(agent, instance)
     assert second_cpu != first_cpu
-    assert live_pins(agent, instance) == second_cpu
+    assert live_pins(uri, instance) == second_cpu
     m.confirm_resize(migration, instance)
-    assert live_pins(agent, instance) == second_cpu
+    assert live_pins(uri, instance) == second_cpu
 
     # The CPU given back at confirm is the only free one: the next guest
     # gets it, and the two running guests do not share a CPU.
     other = build(agent, made, alloc)
-    assert live_pins(agent, other) == first_cpu
+    assert live_pins(uri, other) == first_cpu
     m.delete_instance(other)
 
     # Resized again and reverted: back on the CPU it ran on before.
@@ -110,9 +108,9 @@ def test_same_host_resize_moves_a_running_qemu_guest_to_its_new_cpu(agent, place
                                     "memory_mb": 64}, alloc)
     m.resize_instance(again, instance)
     m.finish_resize(again, instance)
-    assert live_pins(agent, instance) == first_cpu
+    assert live_pins(uri, instance) == first_cpu
     m.revert_resize(again, instance)
-    assert live_pins(agent, instance) == second_cpu
+    assert live_pins(uri, instance) == second_cpu
     assert pinned(agent, instance) == second_cpu
 
 
@@ -120,7 +118,7 @@ def test_confirm_refuses_while_the_running_guest_still_holds_the_old_cpu(agent,
                                                                         placement):
     """A conductor that confirms without finishing: the guest still runs on
     the CPU the confirm would give back, so nothing is given back."""
-    agent, made = agent
+    agent, made, uri = agent
     m = agent.manager
     alloc = pcpu_allocations(agent, placement)
     instance = build(agent, made, alloc)
@@ -130,6 +128,6 @@ def test_confirm_refuses_while_the_running_guest_still_holds_the_old_cpu(agent,
                                         "memory_mb": 64}, alloc)
     with pytest.raises(DevicesInUse, match=f"pcpu {cpu[0]}"):
         m.confirm_resize(migration, instance)
-    assert live_pins(agent, instance) == cpu
+    assert live_pins(uri, instance) == cpu
     _, rows, _ = m.tracker.instance(instance)
     assert cpu[0] in {a.device_id for a in rows if a.owner is Owner.MIGRATION}

@@ -204,7 +204,7 @@ def pinned_cpu(agent: Agent, instance: str) -> str:
 
 
 def test_rebuild_store_gives_a_lost_stores_pinned_cpu_back_to_its_guest(
-        tmp_path, placement, libvirtd):
+        tmp_path, placement, private_libvirtd):
     # Only CPUs and memory: no device of this machine is ever given to a
     # guest. Two dedicated CPUs, so Placement lets a second guest in, and
     # only the store says which CPU the first one holds.
@@ -212,7 +212,7 @@ def test_rebuild_store_gives_a_lost_stores_pinned_cpu_back_to_its_guest(
         tmp_path, placement.url, f"rebuild-{uuid.uuid4().hex[:8]}", host_dict=None,
         DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
         compute={"cpu_dedicated_set": "0-1"},
-        libvirt={"connection_uri": "qemu:///system",
+        libvirt={"connection_uri": private_libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")})
     store = tmp_path / "state" / "state.db"
     agent = Agent.from_conf(load_config(["--config-file", str(conf)]))
