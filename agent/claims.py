@@ -115,19 +115,34 @@ def parse_allocations(allocations, pools: Mapping[str, Mapping[str, Pool]],
     return wanted
 
 
+def device_identity(kind: DeviceKind, device_id: str) -> tuple[str, str]:
+    """What makes a device one device on this host, whatever provider or
+    class it was claimed under (a NIC whose class changed, a device whose
+    provider moved with the tree mode): its PCI address, whole device or
+    VF alike; its mdev UUID; its namespace; its CPU number."""
+    return ("pci" if kind in (DeviceKind.PCI, DeviceKind.VF) else kind.value, device_id)
+
+
 @dataclass
 class HeldDevices:
-    """Devices held by live assignments, per (provider uuid, class)."""
+    """Devices held by live assignments: each by its identity on the host,
+    which is what makes it exclusive, and per (provider uuid, class), which
+    is what a pool has given out."""
 
     by_pool: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    devices: set[tuple[str, str]] = field(default_factory=set)
 
     def held(self, provider_uuid: str, rc: str) -> set[str]:
         return self.by_pool.setdefault((provider_uuid, rc), set())
+
+    def is_held(self, kind: DeviceKind, device_id: str) -> bool:
+        return device_identity(kind, device_id) in self.devices
 
     def take(self, choices: list[Choice]) -> None:
         for c in choices:
             if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).add(c.device_id)
+                self.devices.add(device_identity(c.kind, c.device_id))
 
     def give_back(self, items) -> None:
         """``items``: anything with provider_uuid, resource_class, kind and
@@ -135,6 +150,7 @@ class HeldDevices:
         for c in items:
             if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).discard(c.device_id)
+                self.devices.discard(device_identity(c.kind, c.device_id))
 
 
 def new_mdev_uuid() -> str:
@@ -145,8 +161,9 @@ def new_mdev_uuid() -> str:
     return str(uuid_lib.UUID(int=random.getrandbits(128), version=4))
 
 
-def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
-                 prefer_numa: int | None) -> list[Choice]:
+def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
+                 earlier: set[str], prefer_numa: int | None) -> list[Choice]:
+    """``earlier``: devices of this pool chosen earlier in the same claim."""
     if not pool.exclusive:
         return [Choice(provider_uuid, pool.resource_class, pool.kind,
                        "host" if pool.numa_node is None else str(pool.numa_node),
@@ -155,7 +172,7 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
     local: list[Slot] = []
     others: list[Slot] = []
     for s in pool.ordered_slots:
-        if s.device_id not in held:
+        if s.device_id not in earlier and not held.is_held(pool.kind, s.device_id):
             (local if s.numa_node == prefer_numa else others).append(s)
             if len(local) == amount:
                 break
@@ -164,7 +181,8 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: set[str],
               for s in (local + others)[:amount]]
     # An mdev that does not exist yet is created, within the capacity
     # Placement was told about; existing free ones always go first.
-    room = pool.capacity - len(held) - len(chosen)
+    room = (pool.capacity - len(held.held(provider_uuid, pool.resource_class))
+            - len(earlier) - len(chosen))
     while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0):
         chosen.append(Choice(provider_uuid, pool.resource_class, pool.kind,
                              new_mdev_uuid(), 1,
@@ -195,13 +213,12 @@ def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
     out: list[Choice] = []
     for w in wanted:
         pool = pools[w.provider_uuid][w.resource_class]
-        taken = held.held(w.provider_uuid, w.resource_class)
+        # Rare: the same pool named twice.
         earlier = {c.device_id for c in out
                    if (c.provider_uuid, c.resource_class) == (w.provider_uuid,
                                                               w.resource_class)}
-        if earlier:  # rare: the same pool named twice
-            taken = taken | earlier
-        out.extend(_choose_from(pool, w.provider_uuid, w.amount, taken, prefer_numa))
+        out.extend(_choose_from(pool, w.provider_uuid, w.amount, held, earlier,
+                                prefer_numa))
     return out
 
 

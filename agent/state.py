@@ -100,8 +100,10 @@ DROP TABLE providers;
 _V4 = """
 DROP INDEX assignments_one_live_holder;
 UPDATE assignments SET kind = 'host_resources' WHERE kind = 'numa' AND device_id = 'host';
+-- A device is one device whatever provider or class it was claimed under
+-- (agent/claims.py device_identity): a PCI address whole or as a VF.
 CREATE UNIQUE INDEX assignments_one_live_holder
-    ON assignments (provider_uuid, resource_class, device_id)
+    ON assignments (CASE WHEN kind IN ('pci', 'vf') THEN 'pci' ELSE kind END, device_id)
     WHERE state != 'released' AND kind NOT IN ('numa', 'host_resources');
 """
 

@@ -24,6 +24,18 @@ MDEV1 = "11111111-0000-4000-8000-000000000001"
 MDEV2 = "11111111-0000-4000-8000-000000000002"
 
 
+KIND_OF = {"CUSTOM_NIC": DeviceKind.PCI, "VGPU": DeviceKind.MDEV,
+           "SRIOV_NET_VF": DeviceKind.VF, "PCPU": DeviceKind.PCPU}
+
+
+def held_by(pools: dict[tuple[str, str], set[str]]) -> HeldDevices:
+    """Devices held, given per (provider, class) as the tracker takes them."""
+    held = HeldDevices()
+    held.take([Choice(provider, rc, KIND_OF[rc], device)
+               for (provider, rc), devices in pools.items() for device in devices])
+    return held
+
+
 def vf_slots(n, numa=0, bus="81"):
     return tuple(Slot(f"0000:{bus}:1{i // 8}.{i % 8}", numa) for i in range(n))
 
@@ -68,7 +80,7 @@ def test_numa_local_devices_first():
     assert ids(choose(want, p, HeldDevices(), prefer_numa=0)) == [
         "0000:90:00.0", "0000:90:00.2"]
     # Local ones taken: the rest, in a stable order.
-    held = HeldDevices({(MIXED, "CUSTOM_NIC"): {"0000:90:00.1"}})
+    held = held_by({(MIXED, "CUSTOM_NIC"): {"0000:90:00.1"}})
     assert ids(choose([Wanted(MIXED, "CUSTOM_NIC", 3)], p, held, prefer_numa=1)) == [
         "0000:90:00.3", "0000:90:00.0", "0000:90:00.2"]
 
@@ -105,7 +117,7 @@ def test_numa_preference_follows_the_instances_cell_not_another_device():
 
 def test_existing_unassigned_mdev_before_creating_one():
     p = pools(gpu_capacity=4)
-    held = HeldDevices({(GPU, "VGPU"): {MDEV1}})
+    held = held_by({(GPU, "VGPU"): {MDEV1}})
     got = choose([Wanted(GPU, "VGPU", 1)], p, held)
     assert ids(got) == [MDEV2]
     assert (got[0].detail.mdev_parent, got[0].detail.mdev_type) == ("0000:84:00.0", "nvidia-35")
@@ -118,18 +130,18 @@ def test_existing_unassigned_mdev_before_creating_one():
         "0000:84:00.0", "nvidia-35", 1)
     # Nothing free at all: every one is new, and they differ.
     got = choose([Wanted(GPU, "VGPU", 2)], p,
-                 HeldDevices({(GPU, "VGPU"): {MDEV1, MDEV2}}))
+                 held_by({(GPU, "VGPU"): {MDEV1, MDEV2}}))
     assert len(set(ids(got))) == 2 and not set(ids(got)) & {MDEV1, MDEV2}
 
 
 def test_mdev_creation_is_bounded_by_capacity():
     p = pools(gpu_capacity=3)
     created = "22222222-0000-4000-8000-000000000001"
-    held = HeldDevices({(GPU, "VGPU"): {MDEV1, created}})
+    held = held_by({(GPU, "VGPU"): {MDEV1, created}})
     assert ids(choose([Wanted(GPU, "VGPU", 1)], p, held)) == [MDEV2]
     with pytest.raises(ClaimFailed):
         choose([Wanted(GPU, "VGPU", 2)], p, held)
-    full = HeldDevices({(GPU, "VGPU"): {MDEV1, MDEV2, created}})
+    full = held_by({(GPU, "VGPU"): {MDEV1, MDEV2, created}})
     with pytest.raises(ClaimFailed):
         choose([Wanted(GPU, "VGPU", 1)], p, full)
     # Exactly the capacity from empty: two existing plus one new.
@@ -141,18 +153,18 @@ def test_mdev_creation_is_bounded_by_capacity():
 
 def test_only_mdevs_are_created():
     p = pools(vf_count=2)
-    held = HeldDevices({(PF, "SRIOV_NET_VF"): {"0000:81:10.0"}})
+    held = held_by({(PF, "SRIOV_NET_VF"): {"0000:81:10.0"}})
     assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, held)) == ["0000:81:10.1"]
     with pytest.raises(ClaimFailed):
         choose([Wanted(PF, "SRIOV_NET_VF", 2)], p, held)
     with pytest.raises(ClaimFailed):
         choose([Wanted(NUMA0, "PCPU", 1)], p,
-               HeldDevices({(NUMA0, "PCPU"): {"2", "3"}}))
+               held_by({(NUMA0, "PCPU"): {"2", "3"}}))
 
 
 def test_never_a_held_device_even_within_one_request():
     p = pools(vf_count=4)
-    held = HeldDevices({(PF, "SRIOV_NET_VF"): {"0000:81:10.0", "0000:81:10.2"}})
+    held = held_by({(PF, "SRIOV_NET_VF"): {"0000:81:10.0", "0000:81:10.2"}})
     got = choose([Wanted(PF, "SRIOV_NET_VF", 1), Wanted(PF, "SRIOV_NET_VF", 1)], p, held)
     assert sorted(ids(got)) == ["0000:81:10.1", "0000:81:10.3"]
 
@@ -170,7 +182,7 @@ def test_counted_pools_hand_out_the_cell_not_a_device():
 
 def test_claim_failed_names_provider_and_class_and_leaves_held_alone():
     p = pools(vf_count=2)
-    held = HeldDevices({(PF, "SRIOV_NET_VF"): {"0000:81:10.0"},
+    held = held_by({(PF, "SRIOV_NET_VF"): {"0000:81:10.0"},
                         (GPU, "VGPU"): {MDEV1}})
     before = copy.deepcopy(live(held))
     # The first wanted can be met, the second cannot.
@@ -470,8 +482,8 @@ def test_a_failed_choice_never_changes_held(p, data):
     for prov, rc in keys:
         pool = p[prov][rc]
         if pool.exclusive and pool.slots:
-            held.held(prov, rc).update(data.draw(st.sets(
-                st.sampled_from([s.device_id for s in pool.slots]))))
+            held.take([Choice(prov, rc, pool.kind, device) for device in data.draw(
+                st.sets(st.sampled_from([s.device_id for s in pool.slots])))])
     before = copy.deepcopy(live(held))
     wanted = [Wanted(k[0], k[1], data.draw(st.integers(1, 8)))
               for k in data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=4))]

@@ -407,10 +407,15 @@ def test_a_device_has_one_live_holder_until_released(store):
     with pytest.raises(sqlite3.IntegrityError):
         store.write(lambda c: state.run_statements(
             c, [state.insert_assignments_sql([assignment(device="0000:81:10.3")])]))
-    # The same device id under another provider or class is another device.
-    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([
-        assignment(device="0000:81:10.3", provider=OTHER_PROVIDER),
-        assignment(device="0000:81:10.3", rc="CUSTOM_NIC")])]))
+    # Regression: the same device under another provider or class (a NIC
+    # whose class changed, a provider moved by the tree mode) used to be
+    # taken for another device. It is the same one.
+    for other in (assignment(device="0000:81:10.3", provider=OTHER_PROVIDER),
+                  assignment(device="0000:81:10.3", rc="CUSTOM_NIC"),
+                  assignment(device="0000:81:10.3", kind=DeviceKind.PCI)):
+        with pytest.raises(sqlite3.IntegrityError):
+            store.write(lambda c: state.run_statements(
+                c, [state.insert_assignments_sql([other])]))
     # Released: free for the next holder, and history may keep several.
     store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.RELEASED)])]))
     again = assignment(device="0000:81:10.3")

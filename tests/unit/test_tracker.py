@@ -5,6 +5,7 @@ import pytest
 
 from agent import state
 from agent.claims import Pool, Slot
+from agent.exception import ClaimFailed
 from agent.manager import describe, guest_spec
 from agent.state import Store
 from agent.tracker import Tracker
@@ -86,5 +87,33 @@ def test_the_hosts_own_resources_are_shared_and_stay_out_of_the_guest(tmp_path):
             # The RPC answer names it as before it had a kind of its own.
             assert [(d["kind"], d["device_id"]) for d in describe([row])] == [
                 ("numa", "host")]
+    finally:
+        store.close()
+
+
+def test_a_device_held_under_its_old_class_is_not_handed_out_under_the_new(tmp_path):
+    """Regression: devices were held per (provider, class), so once a NIC's
+    VFs changed class (SRIOV_NET_VF to nova's CUSTOM_PCI_<V>_<P>, or a
+    provider moved with the tree mode) the VF a running instance holds
+    under the old class looked free in the new pool."""
+    path = tmp_path / "state.db"
+    store = Store(path)
+    t = Tracker(store, "boot-1")
+    t.set_pools(pools())
+    first = str(uuid.uuid4())
+    (held,) = t.claim_build(first, SPEC, ONE_VF)
+    renamed = {PF: {"CUSTOM_PCI_8086_154C": Pool(
+        "cmp_0000:81:00.0", "CUSTOM_PCI_8086_154C", DeviceKind.VF, 2,
+        (Slot("0000:81:10.0", numa_node=0), Slot("0000:81:10.1", numa_node=0)), 0)}}
+    try:
+        for tracker in (t, Tracker(store, "boot-1")):  # in memory, and read back
+            tracker.set_pools(renamed)
+            (got,) = tracker.claim_build(str(uuid.uuid4()), SPEC,
+                                         {PF: {"resources": {"CUSTOM_PCI_8086_154C": 1}}})
+            assert got.device_id != held.device_id
+            with pytest.raises(ClaimFailed):
+                tracker.claim_build(str(uuid.uuid4()), SPEC,
+                                    {PF: {"resources": {"CUSTOM_PCI_8086_154C": 1}}})
+            tracker.release_instance(got.instance_uuid)
     finally:
         store.close()
