@@ -136,7 +136,8 @@ def test_several_inventory_changes_go_in_one_reshaper_post(tmp_path, placement):
 
 
 def meddle_with_traits(placement, provider: dict) -> None:
-    """Someone else replaces the provider's traits."""
+    """Someone else replaces the provider's traits: the agent's go, one of
+    their own comes."""
     requests.put(f"{placement.url}/traits/CUSTOM_MEDDLING", headers=HEADERS, timeout=10)
     resp = requests.put(
         f"{placement.url}/resource_providers/{provider['uuid']}/traits", headers=HEADERS,
@@ -184,7 +185,7 @@ def test_a_provider_changed_while_the_agent_was_down_is_read_and_put_back(
     assert len(sent) == 5, sent
     assert all(cell["uuid"] in r for r in sent[2:]), sent
     assert tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]["traits"] == {
-        "HW_NUMA_ROOT"}
+        "HW_NUMA_ROOT", "CUSTOM_MEDDLING"}
     agent.stop()
 
 
@@ -223,7 +224,7 @@ def test_a_provider_with_allocations_is_kept_reserved_with_a_warning(
     assert gpu_name not in tree_of(agent, placement)
 
 
-def test_a_trait_changed_behind_the_agents_back_is_put_back(tmp_path, placement):
+def test_a_trait_of_the_agent_removed_behind_its_back_is_put_back(tmp_path, placement):
     agent = standard_agent(tmp_path, placement)
     agent.update_provider_tree()
     cell = tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]
@@ -231,7 +232,7 @@ def test_a_trait_changed_behind_the_agents_back_is_put_back(tmp_path, placement)
 
     agent.update_provider_tree()
     assert tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]["traits"] == {
-        "HW_NUMA_ROOT"}
+        "HW_NUMA_ROOT", "CUSTOM_MEDDLING"}
 
 
 def test_a_write_that_loses_a_race_is_rewritten_after_a_fresh_read(
