@@ -68,6 +68,14 @@ default_opts = [
         "keeps its devices.",
     ),
     cfg.StrOpt(
+        "owner_trait",
+        default="OWNER_NOVA",
+        help="Trait set on the root provider to say who manages this host: "
+        "an OWNER_* trait of os-traits or a CUSTOM_* name. nova's scheduler "
+        "asks for OWNER_NOVA (root_required), so the default keeps it "
+        "placing instances here.",
+    ),
+    cfg.StrOpt(
         "compute_driver",
         default="libvirt",
         choices=[

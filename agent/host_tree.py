@@ -16,6 +16,7 @@ import os_resource_classes as orc
 import os_traits
 
 from agent.claims import Pool, Slot
+from agent.cpu_traits import cpu_feature_traits
 from agent.device_spec import DeviceSpec, first_match
 from agent.exception import ConfigError
 from agent.provider_tree import Provider, ProviderTree, inventory
@@ -48,6 +49,9 @@ class TreePolicy:
     mdev_types: tuple[MdevTypePolicy, ...] = ()
     # label -> namespace names
     pmem_labels: tuple[tuple[str, frozenset[str]], ...] = ()
+    # On the root, so that a scheduler that asks for it (nova's does, with
+    # root_required) keeps placing on this host.
+    owner_trait: str = os_traits.OWNER_NOVA
 
 
 @dataclass
@@ -92,6 +96,13 @@ def pmem_resource_class(label: str) -> str:
 
 def pci_resource_class(device: PciDevice) -> str:
     return orc.normalize_name(f"PCI_{device.vendor_id}_{device.product_id}")
+
+
+def root_traits(inv: HostInventory, policy: TreePolicy) -> frozenset[str]:
+    """The standard traits a scheduler relies on: a compute node, its
+    owner, and what its CPU can do."""
+    return (frozenset({os_traits.COMPUTE_NODE, policy.owner_trait})
+            | cpu_feature_traits(inv.cpu_features))
 
 
 class _Builder:
@@ -191,7 +202,8 @@ class _Builder:
         if not p.nested or not inv.numa_cells:
             invs.update(self.compute_inventory(p.host, None, inv.cpus,
                                                inv.memory_mb, True))
-        self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs)
+        self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs,
+                             traits=root_traits(inv, p))
         self.tree.add(self.root)
 
     def build_cells(self) -> None:

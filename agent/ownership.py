@@ -35,47 +35,10 @@ from typing import Mapping
 import os_resource_classes as orc
 import os_traits
 
+from agent.cpu_traits import CPU_FEATURE_TRAITS
+
 # Classes whose reserved the config sets: the host's own share.
 AGENT_RESERVED_CLASSES = frozenset({orc.VCPU, orc.PCPU, orc.MEMORY_MB, orc.DISK_GB})
-
-# libvirt's CPU feature names (its cpu_map) whose os-traits name is not
-# simply HW_CPU_X86_ and the name upper-cased without '.' and '-'.
-_CPU_FEATURE_TRAITS = {
-    "pni": "HW_CPU_X86_SSE3",
-    "pclmuldq": "HW_CPU_X86_CLMUL",
-    "fma": "HW_CPU_X86_FMA3",
-    "aes": "HW_CPU_X86_AESNI",
-    "sha-ni": "HW_CPU_X86_SHA",
-    "bmi1": "HW_CPU_X86_BMI",
-    "vaes": "HW_CPU_X86_AVX512VAES",
-    "gfni": "HW_CPU_X86_AVX512GFNI",
-    "vpclmulqdq": "HW_CPU_X86_AVX512VPCLMULQDQ",
-    "pcid": "HW_CPU_X86_INTEL_PCID",
-    "spec-ctrl": "HW_CPU_X86_INTEL_SPEC_CTRL",
-    "ssbd": "HW_CPU_X86_INTEL_SSBD",
-    "md-clear": "HW_CPU_X86_INTEL_MD_CLEAR",
-    "amd-ssbd": "HW_CPU_X86_AMD_SSBD",
-    "virt-ssbd": "HW_CPU_X86_AMD_VIRT_SSBD",
-    "amd-no-ssb": "HW_CPU_X86_AMD_NO_SSB",
-    "ibpb": "HW_CPU_X86_AMD_IBPB",
-}
-_X86 = "HW_CPU_X86_"
-
-
-def cpu_feature_trait(feature: str) -> str | None:
-    """The os-traits name of one libvirt CPU feature ('avx2' ->
-    HW_CPU_X86_AVX2); None when os-traits has none."""
-    feature = feature.lower()
-    trait = _CPU_FEATURE_TRAITS.get(feature) or (
-        _X86 + feature.upper().replace(".", "").replace("-", ""))
-    return trait if trait in _STANDARD_TRAITS else None
-
-
-_STANDARD_TRAITS = frozenset(os_traits.get_traits())
-# Every trait cpu_feature_trait can give: the plain names, and the table's.
-CPU_FEATURE_TRAITS = frozenset(
-    t for t in os_traits.get_traits(_X86) if "_" not in t[len(_X86):]
-) | frozenset(_CPU_FEATURE_TRAITS.values())
 
 AGENT_TRAITS = frozenset({os_traits.HW_NUMA_ROOT, os_traits.COMPUTE_NODE,
                           os_traits.COMPUTE_MANAGED_PCI_DEVICE}

@@ -137,3 +137,30 @@ def test_a_typo_in_enabled_mdev_types_logs_the_deleted_provider(
     assert gpu not in tree_of(agent, placement)
     assert info_lines(caplog) == [f"Placement: deleted provider {gpu} ({gpu_uuid})"]
     agent.stop()
+
+
+def nova_scheduler_finds(placement, root_uuid: str) -> bool:
+    """nova 34's query for a 1-VCPU flavor: only hosts nova owns that are
+    not disabled (root_required, microversion 1.35)."""
+    found = get(placement.url, "/allocation_candidates?resources=VCPU:1"
+                "&root_required=OWNER_NOVA,!COMPUTE_STATUS_DISABLED"
+                f"&in_tree={root_uuid}")
+    return found["allocation_requests"] != []
+
+
+def test_nova_s_scheduler_finds_the_host_until_an_operator_disables_it(
+        tmp_path, placement):
+    agent = make_agent(tmp_path, placement.url,
+                       {**HOST, "cpu_features": ["avx2", "sse4.2", "ds"]}, **POLICY)
+    agent.update_provider_tree()
+    root = agent.policy.root_uuid
+    assert tree_of(agent, placement)[agent.policy.host]["traits"] == {
+        "COMPUTE_NODE", "OWNER_NOVA", "HW_CPU_X86_AVX2", "HW_CPU_X86_SSE42"}
+    assert nova_scheduler_finds(placement, root)
+
+    add_traits(placement.url, root, "COMPUTE_STATUS_DISABLED")
+    for _ in range(3):
+        agent.update_provider_tree()
+    assert "COMPUTE_STATUS_DISABLED" in tree_of(agent, placement)[agent.policy.host]["traits"]
+    assert not nova_scheduler_finds(placement, root)
+    agent.stop()

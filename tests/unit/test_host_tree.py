@@ -101,7 +101,8 @@ def test_full_nested_tree():
     built = build()
     assert built.warnings == []
     assert summary(built.tree) == {
-        HOST: node(None, {"DISK_GB": inventory(100, reserved=2)}),
+        HOST: node(None, {"DISK_GB": inventory(100, reserved=2)},
+                   {"COMPUTE_NODE", "OWNER_NOVA"}),
         n("numa_0"): node(HOST, {
             "VCPU": inventory(8, allocation_ratio=4.0),
             "MEMORY_MB": inventory(16384, reserved=512)}, {"HW_NUMA_ROOT"}),
@@ -130,6 +131,17 @@ def test_root_is_the_host_with_its_own_uuid():
     tree = build().tree
     assert tree.root.uuid == ROOT
     assert tree.root.name == HOST
+
+
+def test_root_reports_compute_node_the_owner_and_the_cpu_features():
+    tree = build(host_dict(cpu_features=["avx2", "sse4.2", "pni", "ds", "vmx"])).tree
+    assert tree.root.traits == {"COMPUTE_NODE", "OWNER_NOVA", "HW_CPU_X86_AVX2",
+                                "HW_CPU_X86_SSE42", "HW_CPU_X86_SSE3", "HW_CPU_X86_VMX"}
+
+
+def test_root_reports_the_configured_owner_trait():
+    assert build(owner_trait="CUSTOM_OWNER_ME").tree.root.traits == {
+        "COMPUTE_NODE", "CUSTOM_OWNER_ME"}
 
 
 def test_provider_names_follow_nova():
