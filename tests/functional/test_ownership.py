@@ -164,3 +164,16 @@ def test_nova_s_scheduler_finds_the_host_until_an_operator_disables_it(
     assert "COMPUTE_STATUS_DISABLED" in tree_of(agent, placement)[agent.policy.host]["traits"]
     assert not nova_scheduler_finds(placement, root)
     agent.stop()
+
+
+def test_a_nova_pci_alias_finds_the_vfs_by_nova_s_class_and_physnet(tmp_path, placement):
+    """A flavor's pci_passthrough:alias for 8086:154c asks Placement for
+    CUSTOM_PCI_8086_154C; a neutron port on physnet1 asks for its trait."""
+    agent = make_agent(tmp_path, placement.url, HOST, pci={"device_spec": [
+        '{"vendor_id": "8086", "product_id": "154c", "physical_network": "physnet1"}']})
+    agent.update_provider_tree()
+    pf = tree_of(agent, placement)[f"{agent.policy.host}_0000:3B:00.0"]["uuid"]
+    found = get(placement.url, "/allocation_candidates?resources=CUSTOM_PCI_8086_154C:2"
+                f"&required=CUSTOM_PHYSNET_PHYSNET1&in_tree={agent.policy.root_uuid}")
+    assert [list(r["allocations"]) for r in found["allocation_requests"]] == [[pf]]
+    agent.stop()
