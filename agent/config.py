@@ -22,6 +22,12 @@ placement_group = cfg.OptGroup(
     "use auth_type = placement_noauth2 and endpoint = <Placement's URL>.",
 )
 
+def _nova(name: str, group: str = "DEFAULT") -> cfg.DeprecatedOpt:
+    """nova's name for the same setting, so a nova.conf's values carry over
+    when a nova-compute host is adopted."""
+    return cfg.DeprecatedOpt(name, group=group)
+
+
 default_opts = [
     cfg.StrOpt(
         "host",
@@ -68,6 +74,14 @@ default_opts = [
         "keeps its devices.",
     ),
     cfg.StrOpt(
+        "owner_trait",
+        default="OWNER_NOVA",
+        help="Trait set on the root provider to say who manages this host: "
+        "an OWNER_* trait of os-traits or a CUSTOM_* name. nova's scheduler "
+        "asks for OWNER_NOVA (root_required), so the default keeps it "
+        "placing instances here.",
+    ),
+    cfg.StrOpt(
         "compute_driver",
         default="libvirt",
         choices=[
@@ -110,6 +124,7 @@ compute_opts = [
         "reserved_host_memory_mb",
         default=512,
         min=0,
+        deprecated_opts=[_nova("reserved_host_memory_mb")],
         help="Memory kept for the host, reserved on the first NUMA cell (or "
         "on the root in flat mode).",
     ),
@@ -117,13 +132,17 @@ compute_opts = [
         "reserved_host_disk_mb",
         default=0,
         min=0,
+        deprecated_opts=[_nova("reserved_host_disk_mb")],
         help="Disk kept for the host.",
     ),
     cfg.FloatOpt("cpu_allocation_ratio", default=4.0, min=0.0,
+                 deprecated_opts=[_nova("cpu_allocation_ratio")],
                  help="Allocation ratio of VCPU."),
     cfg.FloatOpt("ram_allocation_ratio", default=1.0, min=0.0,
+                 deprecated_opts=[_nova("ram_allocation_ratio")],
                  help="Allocation ratio of MEMORY_MB."),
     cfg.FloatOpt("disk_allocation_ratio", default=1.0, min=0.0,
+                 deprecated_opts=[_nova("disk_allocation_ratio")],
                  help="Allocation ratio of DISK_GB."),
 ]
 
@@ -152,6 +171,7 @@ pci_opts = [
     cfg.MultiStrOpt(
         "device_spec",
         default=[],
+        deprecated_opts=[_nova("passthrough_whitelist", "pci")],
         help="The PCI allowlist: one JSON object per entry. Keys: vendor_id, "
         "product_id, address (a string with '*' wildcards, or an object of "
         "domain/bus/slot/function where each part may be a range 'a-b'), "
@@ -187,6 +207,7 @@ pmem_opts = [
     cfg.ListOpt(
         "namespaces",
         default=[],
+        deprecated_opts=[_nova("pmem_namespaces", "libvirt")],
         help="Labels and the namespaces they group, as nova writes them: "
         "'LABEL:ns0|ns1,LABEL2:ns2'. Each label becomes the resource class "
         "CUSTOM_PMEM_NAMESPACE_<LABEL>.",

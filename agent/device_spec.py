@@ -10,7 +10,9 @@ Each entry is a JSON object. Every key it sets must match:
   through its PF's address, so ``{"address": <PF>, "product_id": <VF id>}``
   allowlists exactly that PF's VFs, as in nova.
 - ``resource_class`` and ``traits`` (a list or a comma-separated string)
-  say how matching devices are reported; they never affect matching.
+  say how matching devices are reported; they never affect matching. So
+  does ``physical_network``, the neutron physical network a NIC's VFs
+  reach (null: none), which nova reads from the same spec.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from compute_common.pci_address import PARTS as _ADDRESS_PARTS, split_address
 from drivers.base import PciDevice
 
 OPTION = "[pci] device_spec"
-_KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits"}
+_KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits",
+               "physical_network"}
 _HEX = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 
 
@@ -47,6 +50,7 @@ class DeviceSpec:
     address: tuple[HexRange, ...] | None  # domain, bus, slot, function
     resource_class: str | None
     traits: frozenset[str]
+    physical_network: str | None = None
 
     def matches(self, device: PciDevice) -> bool:
         if self.vendor_id is not None and int(device.vendor_id, 16) != self.vendor_id:
@@ -133,6 +137,14 @@ def _resource_class(text: str, value) -> str:
     return value if known else orc.normalize_name(value)
 
 
+def _physical_network(text: str, value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(text, "physical_network", value, "must be a name or null")
+    return value.strip()
+
+
 def parse_spec(text: str) -> DeviceSpec:
     try:
         data = json.loads(text)
@@ -157,6 +169,7 @@ def parse_spec(text: str) -> DeviceSpec:
         resource_class=(_resource_class(text, data["resource_class"])
                         if "resource_class" in data else None),
         traits=_traits(text, data.get("traits", [])),
+        physical_network=_physical_network(text, data.get("physical_network")),
     )
 
 

@@ -16,6 +16,7 @@ import os_resource_classes as orc
 import os_traits
 
 from agent.claims import Pool, Slot
+from agent.cpu_traits import cpu_feature_traits
 from agent.device_spec import DeviceSpec, first_match
 from agent.exception import ConfigError
 from agent.provider_tree import Provider, ProviderTree, inventory
@@ -48,6 +49,9 @@ class TreePolicy:
     mdev_types: tuple[MdevTypePolicy, ...] = ()
     # label -> namespace names
     pmem_labels: tuple[tuple[str, frozenset[str]], ...] = ()
+    # On the root, so that a scheduler that asks for it (nova's does, with
+    # root_required) keeps placing on this host.
+    owner_trait: str = os_traits.OWNER_NOVA
 
 
 @dataclass
@@ -90,8 +94,30 @@ def pmem_resource_class(label: str) -> str:
     return orc.normalize_name(f"PMEM_NAMESPACE_{label}")
 
 
-def pci_resource_class(device: PciDevice) -> str:
-    return orc.normalize_name(f"PCI_{device.vendor_id}_{device.product_id}")
+def pci_resource_class(device: PciDevice, spec: DeviceSpec) -> str:
+    """The spec's class, or nova's default: CUSTOM_PCI_<VENDOR>_<PRODUCT>
+    of the device itself (of a VF for VFs), so nova's flavors and PCI
+    aliases find it."""
+    return spec.resource_class or orc.normalize_name(
+        f"PCI_{device.vendor_id}_{device.product_id}")
+
+
+def physnet_trait(physical_network: str) -> str:
+    return os_traits.normalize_name(f"PHYSNET_{physical_network}")
+
+
+def pci_traits(spec: DeviceSpec) -> frozenset[str]:
+    """The traits of an allowlisted device's (or its VFs') provider."""
+    physnet = ({physnet_trait(spec.physical_network)}
+               if spec.physical_network else set())
+    return frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits | physnet
+
+
+def root_traits(inv: HostInventory, policy: TreePolicy) -> frozenset[str]:
+    """The standard traits a scheduler relies on: a compute node, its
+    owner, and what its CPU can do."""
+    return (frozenset({os_traits.COMPUTE_NODE, policy.owner_trait})
+            | cpu_feature_traits(inv.cpu_features))
 
 
 class _Builder:
@@ -193,7 +219,8 @@ class _Builder:
         if not p.nested or not inv.numa_cells:
             invs.update(self.compute_inventory(p.host, None, inv.cpus,
                                                inv.memory_mb, True))
-        self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs)
+        self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs,
+                             traits=root_traits(inv, p))
         self.tree.add(self.root)
 
     def build_cells(self) -> None:
@@ -225,20 +252,18 @@ class _Builder:
                         f"[pci] device_spec: PF {device.parent_address} and its "
                         f"VF {address} are both allowlisted, by {pf_spec.text} "
                         f"and {spec.text}; allowlist one or the other")
-                rc = spec.resource_class or orc.SRIOV_NET_VF
-                vf_slots[device.parent_address][rc].append(
+                vf_slots[device.parent_address][pci_resource_class(device, spec)].append(
                     Slot(address, device.numa_node))
-                vf_traits[device.parent_address] |= spec.traits
+                vf_traits[device.parent_address] |= pci_traits(spec)
                 continue
-            rc = spec.resource_class or pci_resource_class(device)
+            rc = pci_resource_class(device, spec)
             name = pci_provider_name(self.policy.host, address)
             self.pools.append(Pool(name, rc, DeviceKind.PCI, 1,
                                    (Slot(address, device.numa_node),),
                                    device.numa_node))
             self.add(name,
                      self.parent_for(device.numa_node, address),
-                     {rc: inventory(1)},
-                     frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits)
+                     {rc: inventory(1)}, pci_traits(spec))
         for pf_address, by_rc in sorted(vf_slots.items()):
             pf = devices.get(pf_address)
             numa = pf.numa_node if pf else next(iter(by_rc.values()))[0].numa_node
@@ -248,8 +273,7 @@ class _Builder:
                                        tuple(slots), numa))
             self.add(name, self.parent_for(numa, pf_address),
                      {rc: inventory(len(slots)) for rc, slots in by_rc.items()},
-                     frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE})
-                     | vf_traits[pf_address])
+                     vf_traits[pf_address])
 
     # --- vGPU -----------------------------------------------------------
 

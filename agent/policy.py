@@ -2,7 +2,10 @@
 every value on the way: errors name the option and the value."""
 from __future__ import annotations
 
+import re
+
 import os_resource_classes as orc
+import os_traits
 from oslo_config import cfg
 
 from agent.config import register_mdev_type_groups
@@ -48,6 +51,16 @@ def _mdev_types(conf: cfg.ConfigOpts) -> tuple[MdevTypePolicy, ...]:
     return tuple(out)
 
 
+def _owner_trait(conf: cfg.ConfigOpts) -> str:
+    name = conf.owner_trait.strip()
+    standard = name.startswith("OWNER_") and name in os_traits.get_traits()
+    if not standard and not re.fullmatch(r"CUSTOM_[A-Z0-9_]+", name):
+        raise ConfigError("[DEFAULT] owner_trait: not an OWNER_* trait of "
+                          "os-traits nor a CUSTOM_* name of A-Z, 0-9 and _ "
+                          f"(value: {conf.owner_trait!r})")
+    return name
+
+
 def tree_policy_from_conf(conf: cfg.ConfigOpts, root_uuid: str) -> TreePolicy:
     c = conf.compute
     return TreePolicy(
@@ -64,4 +77,5 @@ def tree_policy_from_conf(conf: cfg.ConfigOpts, root_uuid: str) -> TreePolicy:
         device_specs=parse_specs(conf.pci.device_spec),
         mdev_types=_mdev_types(conf),
         pmem_labels=_pmem_labels(conf),
+        owner_trait=_owner_trait(conf),
     )

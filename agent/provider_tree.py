@@ -1,14 +1,18 @@
 """A pure model of a resource-provider tree and the diff between two trees.
 
 ``diff(current, desired)`` yields the fewest Placement operations that turn
-``current`` (what Placement holds) into ``desired`` (what the host has). It
-does no I/O, so it is tested without Placement.
+``current`` (what Placement holds) into ``desired`` (what the host has),
+changing only what the agent owns (``agent.ownership``): others' traits and
+an operator's reserved on device inventories stay. It does no I/O, so it is
+tested without Placement.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Union
+
+from agent import ownership
 
 # Inventory fields as Placement names them; a record is a plain dict of them.
 INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
@@ -206,8 +210,16 @@ def adopt_uuids(desired: ProviderTree, current: ProviderTree) -> ProviderTree:
         for p in desired.depth_first())
 
 
-def provider_diff(current: Provider | None, desired: Provider) -> list[Operation]:
-    """Operations that make one provider match; ``current`` None creates it."""
+def reported_traits(tree: ProviderTree) -> frozenset[str]:
+    """Every trait the tree reports, on any of its providers."""
+    return frozenset().union(*(p.traits for p in tree))
+
+
+def provider_diff(current: Provider | None, desired: Provider,
+                  reported: frozenset[str] = frozenset()) -> list[Operation]:
+    """Operations that make one provider match; ``current`` None creates it.
+    ``reported`` is every trait the desired tree reports (see
+    ``ownership.agent_owns_trait``)."""
     if current is None:
         ops: list[Operation] = [CreateProvider(desired)]
         if desired.inventories:
@@ -220,11 +232,14 @@ def provider_diff(current: Provider | None, desired: Provider) -> list[Operation
     ops = []
     if (current.name, current.parent_uuid) != (desired.name, desired.parent_uuid):
         ops.append(UpdateProvider(desired.uuid, desired.name, desired.parent_uuid))
+    inventories = ownership.inventories_to_write(current.inventories,
+                                                 desired.inventories)
     if (normalized_inventories(current.inventories)
-            != normalized_inventories(desired.inventories)):
-        ops.append(SetInventories(desired.uuid, desired.inventories))
-    if current.traits != desired.traits:
-        ops.append(SetTraits(desired.uuid, desired.traits))
+            != normalized_inventories(inventories)):
+        ops.append(SetInventories(desired.uuid, inventories))
+    traits = ownership.traits_to_write(current.traits, desired.traits, reported)
+    if current.traits != traits:
+        ops.append(SetTraits(desired.uuid, traits))
     if desired.aggregates is not None and current.aggregates != desired.aggregates:
         ops.append(SetAggregates(desired.uuid, desired.aggregates))
     return ops
@@ -237,9 +252,65 @@ def diff(current: ProviderTree, desired: ProviderTree,
     Only providers for which ``owned`` is true are deleted: others (a
     neutron agent's bandwidth providers, say) may live in our tree too."""
     ops: list[Operation] = []
+    reported = reported_traits(desired)
     for p in desired.depth_first():
-        ops.extend(provider_diff(current.get(p.uuid), p))
+        ops.extend(provider_diff(current.get(p.uuid), p, reported))
     for p in reversed(current.depth_first()):
         if p.uuid not in desired and owned(p):
             ops.append(DeleteProvider(p.uuid, p.name))
     return ops
+
+
+# --- what an operation changes, for the log ----------------------------------
+
+def _inventory_changes(before: Mapping[str, Mapping], after: Mapping[str, Mapping]
+                       ) -> list[str]:
+    old, new = normalized_inventories(before), normalized_inventories(after)
+    out = []
+    for rc in sorted(set(old) | set(new)):
+        if rc not in old:
+            out.append(f"inventory {rc} added, total {new[rc]['total']}"
+                       f" reserved {new[rc]['reserved']}")
+        elif rc not in new:
+            out.append(f"inventory {rc} removed")
+        else:
+            fields = [f"{f} {old[rc][f]}->{new[rc][f]}" for f in INVENTORY_FIELDS
+                      if old[rc][f] != new[rc][f]]
+            if fields:
+                out.append(f"inventory {rc} " + " ".join(fields))
+    return out
+
+
+def _set_changes(what: str, before: frozenset[str], after: frozenset[str]) -> str:
+    return what + " " + " ".join([f"+{t}" for t in sorted(after - before)]
+                                 + [f"-{t}" for t in sorted(before - after)])
+
+
+def describe(op: Operation, before: Provider | None) -> str:
+    """One line naming the provider (name and uuid) and what ``op``
+    changes in it; ``before`` is the provider as it stood (None for a
+    create)."""
+    if isinstance(op, CreateProvider):
+        p = op.provider
+        return (f"created provider {p.name} ({p.uuid})"
+                + (f" under {p.parent_uuid}" if p.parent_uuid else " as a root"))
+    name = before.name if before else getattr(op, "name", "?")
+    head = f"provider {name} ({op.uuid}): "
+    if isinstance(op, DeleteProvider):
+        return f"deleted provider {op.name} ({op.uuid})"
+    if isinstance(op, UpdateProvider):
+        parts = []
+        if before is None or before.name != op.name:
+            parts.append(f"renamed to {op.name}")
+        if before is None or before.parent_uuid != op.parent_uuid:
+            parts.append(f"parent {before.parent_uuid if before else None}"
+                         f"->{op.parent_uuid}")
+        return head + ", ".join(parts)
+    if isinstance(op, SetInventories):
+        return head + ", ".join(_inventory_changes(
+            before.inventories if before else {}, op.inventories))
+    if isinstance(op, SetTraits):
+        return head + _set_changes("traits", before.traits if before else frozenset(),
+                                   op.traits)
+    return head + _set_changes("aggregates", (before.aggregates or frozenset())
+                               if before else frozenset(), op.aggregates)

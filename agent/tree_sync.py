@@ -5,6 +5,9 @@ its generation, inventories and traits, as last read or written. A cycle
 starts with one ``GET /resource_providers?in_tree=<root>``; a provider whose
 generation has not moved is known to match the cache and is not read again.
 So a cycle in which nothing changed costs exactly one request.
+
+Every write that changes something is one INFO line naming the provider
+and what changed; a cycle that changes nothing logs nothing at INFO.
 """
 from __future__ import annotations
 
@@ -84,12 +87,19 @@ class TreeSync:
     # --- writing --------------------------------------------------------
 
     def _ensure_names(self, ops: list[pt.Operation]) -> int:
+        """Create the custom names the operations add to a provider; those
+        it already holds exist."""
         names = set()
         for op in ops:
+            current = self.cache.get(getattr(op, "uuid", None))
             if isinstance(op, pt.SetInventories):
-                names |= {("rc", rc) for rc in op.inventories if rc.startswith("CUSTOM_")}
+                held = set(current.inventories) if current else set()
+                names |= {("rc", rc) for rc in set(op.inventories) - held
+                          if rc.startswith("CUSTOM_")}
             elif isinstance(op, pt.SetTraits):
-                names |= {("trait", t) for t in op.traits if t.startswith("CUSTOM_")}
+                held = current.traits if current else frozenset()
+                names |= {("trait", t) for t in op.traits - held
+                          if t.startswith("CUSTOM_")}
         calls = 0
         for kind, name in sorted(names - self._known_names):
             if kind == "rc":
@@ -101,13 +111,17 @@ class TreeSync:
         return calls
 
     def _do(self, op: pt.Operation) -> None:
+        before = None if isinstance(op, pt.CreateProvider) else self.cache.get(op.uuid)
+        self._apply(op, before)
+        LOG.info("Placement: %s", pt.describe(op, before))
+
+    def _apply(self, op: pt.Operation, current: pt.Provider | None) -> None:
         c, cache = self.client, self.cache
         if isinstance(op, pt.CreateProvider):
             p = op.provider
             gen = c.create_provider(p.uuid, p.name, p.parent_uuid)
             cache.add(pt.Provider(p.uuid, p.name, p.parent_uuid, generation=gen))
             return
-        current = cache.get(op.uuid)
         if isinstance(op, pt.UpdateProvider):
             gen = c.update_provider(op.uuid, op.name, op.parent_uuid)
             cache.replace(replace(current, name=op.name, parent_uuid=op.parent_uuid,
@@ -140,7 +154,8 @@ class TreeSync:
                 fresh = self._read_provider(old.uuid, old.name, old.parent_uuid)
                 self.cache.replace(fresh)
                 target = desired.get(op.uuid)
-                redo = [o for o in pt.provider_diff(fresh, target)
+                redo = [o for o in pt.provider_diff(fresh, target,
+                                                    pt.reported_traits(desired))
                         if type(o) is type(op)] if target else [op]
                 if not redo:
                     return attempt + 1
@@ -155,9 +170,10 @@ class TreeSync:
         generations = {r["uuid"]: r["generation"]
                        for r in self.client.get_tree(self.root_uuid)}
         for op in ops:
-            self.cache.replace(replace(self.cache.get(op.uuid),
-                                       inventories=op.inventories,
+            before = self.cache.get(op.uuid)
+            self.cache.replace(replace(before, inventories=op.inventories,
                                        generation=generations[op.uuid]))
+            LOG.info("Placement: %s", pt.describe(op, before))
         return 2
 
     def _set_inventories(self, ops: list[pt.SetInventories],

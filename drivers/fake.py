@@ -167,7 +167,15 @@ def host_from_dict(data: dict) -> HostInventory:
         mdev_parents=tuple(p for p, _ in gpus),
         mdevs=tuple(m for _, ms in gpus for m in ms),
         pmem_namespaces=pmem,
+        cpu_features=_cpu_features(_get(data, "cpu_features", "host", list, [])),
     )
+
+
+def _cpu_features(value: list) -> frozenset[str]:
+    if not all(isinstance(f, str) and f.strip() for f in value):
+        raise InvalidFakeHost(f"host.cpu_features: must be feature names "
+                              f"(value: {value!r})")
+    return frozenset(f.strip().lower() for f in value)
 
 
 def load_host_file(path: str | Path) -> HostInventory:

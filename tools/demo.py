@@ -59,8 +59,10 @@ connection_uri = {uri}
 instances_path = {WORK}
 
 [pci]
-# Only the NIC's VFs are assignable; nothing else on the host is.
-device_spec = {{"vendor_id": "8086", "product_id": "154c"}}
+# Only the NIC's VFs are assignable; nothing else on the host is. They
+# count as nova's class for them, CUSTOM_PCI_8086_154C, and the PF's
+# provider carries the trait CUSTOM_PHYSNET_PHYSNET1.
+device_spec = {{"vendor_id": "8086", "product_id": "154c", "physical_network": "physnet1"}}
 
 [devices]
 enabled_mdev_types = nvidia-222

@@ -23,6 +23,18 @@ def _raw_value(conf: cfg.ConfigOpts, group: str, name: str) -> str | None:
         return None
 
 
+def _written_as(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt
+                ) -> tuple[str, str, str | None]:
+    """The section, name and raw value the file gives an option: under
+    its own name, or else under a deprecated one (nova's)."""
+    for group, name in [(section, opt.name)] + [
+            (d.group or section, d.name or opt.name) for d in opt.deprecated_opts]:
+        raw = _raw_value(conf, group, name)
+        if raw is not None:
+            return group, name, raw
+    return section, opt.name, None
+
+
 def check_all_values(conf: cfg.ConfigOpts) -> None:
     """oslo.config checks a value only when it is first read: read them all
     now, so a typo fails at start-up and not an hour later."""
@@ -31,10 +43,9 @@ def check_all_values(conf: cfg.ConfigOpts) -> None:
             try:
                 (conf[group] if group else conf)[opt.dest]
             except (cfg.ConfigFileValueError, ValueError) as e:
-                section = group or "DEFAULT"
                 reason = str(e).split("is not valid: ", 1)[-1]
-                raw = _raw_value(conf, section, opt.name)
-                raise ConfigError(f"[{section}] {opt.name}: {reason} "
+                section, name, raw = _written_as(conf, group or "DEFAULT", opt)
+                raise ConfigError(f"[{section}] {name}: {reason} "
                                   f"(value: {raw!r})") from None
             except cfg.NoSuchOptError:
                 pass

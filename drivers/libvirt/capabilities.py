@@ -31,6 +31,8 @@ class Capabilities:
     # The kernel's base page size (4 KiB on x86, 64 KiB on some arm64 and
     # POWER kernels); None when libvirt lists no page sizes.
     base_page_kib: int | None = None
+    # The host CPU model's features, by libvirt's names.
+    cpu_features: frozenset[str] = frozenset()
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -92,8 +94,21 @@ def parse_capabilities(text: object) -> Capabilities:
         base_page_kib = _base_page_kib(host)
     except InvalidHostData as exc:
         warnings.append(str(exc))
+    cpu = host.find("cpu")
+    features = cpu_features(cpu) if cpu is not None else frozenset()
     return Capabilities(host_uuid, tuple(cells[i] for i in sorted(cells)),
-                        base_page_kib, tuple(warnings))
+                        base_page_kib, features, tuple(warnings))
+
+
+def cpu_features(cpu: etree._Element) -> frozenset[str]:
+    """The features of a ``<cpu>`` element: the host CPU of capabilities
+    XML, whose features are those its named model leaves out, or a CPU
+    that baselineCPU expanded to every feature. A feature whose policy
+    says the CPU lacks it (``disable``, ``forbid``) is not one."""
+    return frozenset(
+        name.strip().lower() for f in cpu.iterfind("feature")
+        if (name := f.get("name")) and name.strip()
+        and f.get("policy", "require") not in ("disable", "forbid"))
 
 
 def _base_page_kib(host: etree._Element) -> int | None:

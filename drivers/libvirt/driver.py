@@ -151,6 +151,7 @@ class LibvirtDriver(ComputeDriver):
             uuid=caps.uuid if caps else None, numa_cells=cells,
             pci_devices=tuple(pci_devices), mdev_parents=mdev_parents,
             mdevs=mdevs, pmem_namespaces=tuple(namespaces),
+            cpu_features=caps.cpu_features if caps else frozenset(),
             warnings=tuple(warnings))
 
     def _capabilities(self, warnings: list[str]

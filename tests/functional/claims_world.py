@@ -163,7 +163,8 @@ def make_world(directory: Path, name: str = "hosta", host: dict | None = None,
         dedicated_cpus=parse_cpu_set(dedicated) if dedicated else None,
         shared_cpus=(frozenset(c for c in range(4 * cells))
                      - parse_cpu_set(dedicated)) if dedicated else None,
-        device_specs=parse_specs([f'{{"address": "{PF}", "product_id": "154c"}}']),
+        device_specs=parse_specs([f'{{"address": "{PF}", "product_id": "154c", '
+                                     '"resource_class": "SRIOV_NET_VF"}']),
         mdev_types=(MdevTypePolicy(MDEV_TYPE),),
         pmem_labels=((PMEM_LABEL, namespaces),),
     )

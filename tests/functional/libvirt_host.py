@@ -21,7 +21,8 @@ CHIPSET = "0000:00:1f.0"       # present, never allowlisted
 MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 
 DEVICE_SPECS = [
-    json.dumps({"vendor_id": "8086", "product_id": "10ed"}),  # the PF's VFs
+    json.dumps({"vendor_id": "8086", "product_id": "10ed",  # the PF's VFs
+                "resource_class": "SRIOV_NET_VF"}),
     json.dumps({"vendor_id": "15b3", "product_id": "101b",
                 "traits": ["CUSTOM_FAST_NIC"]}),
     json.dumps({"vendor_id": "1af4", "product_id": "1041"}),

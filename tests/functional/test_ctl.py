@@ -26,7 +26,7 @@ HOST = {"disk_gb": 50,
         "numa_cells": [{"id": 0, "cpus": "0-7", "memory_mb": 8192}],
         "pci_devices": [{"address": PF, "vendor_id": "8086", "product_id": "1572",
                          "numa_node": 0, "vfs": {"count": 8, "product_id": "154c"}}]}
-VF_SPEC = '{"vendor_id": "8086", "product_id": "154c"}'
+VF_SPEC = '{"vendor_id": "8086", "product_id": "154c", "resource_class": "SRIOV_NET_VF"}'
 
 
 def ctl(conf: Path, *args, timeout: float = 60) -> subprocess.CompletedProcess:

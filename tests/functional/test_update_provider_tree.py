@@ -64,7 +64,7 @@ def test_fake_host_appears_in_placement_as_the_nested_tree(tmp_path, placement):
     assert tree[f"{h}_numa_0"]["inventories"]["MEMORY_MB"]["reserved"] == 512
     assert tree[f"{h}_numa_0"]["inventories"]["VCPU"]["allocation_ratio"] == 4.0
     assert tree[f"{h}_numa_1"]["traits"] == {"HW_NUMA_ROOT"}
-    assert totals(tree[f"{h}_0000:3B:00.0"]) == {"SRIOV_NET_VF": 8}
+    assert totals(tree[f"{h}_0000:3B:00.0"]) == {"CUSTOM_PCI_8086_154C": 8}
     assert tree[f"{h}_0000:3B:00.0"]["traits"] == {"COMPUTE_MANAGED_PCI_DEVICE"}
     # Two existing mdevs of the enabled type plus 14 more creatable.
     assert totals(tree[f"{h}_pci_0000_af_00_0"]) == {"VGPU": 16}
@@ -104,7 +104,7 @@ def test_one_inventory_change_sends_one_write(tmp_path, placement):
     assert len(writes) == 1 and writes[0].startswith("PUT /resource_providers/"), sent
     assert len(sent) == 2
     pf = tree_of(agent, placement)[f"{agent.policy.host}_0000:3B:00.0"]
-    assert totals(pf) == {"SRIOV_NET_VF": 6}
+    assert totals(pf) == {"CUSTOM_PCI_8086_154C": 6}
     # The write's generation was learnt from its answer: back to one request.
     mark = placement.mark()
     agent.update_provider_tree()
@@ -127,7 +127,7 @@ def test_several_inventory_changes_go_in_one_reshaper_post(tmp_path, placement):
     h = agent.policy.host
     tree = tree_of(agent, placement)
     assert totals(tree[h]) == {"DISK_GB": 150}
-    assert totals(tree[f"{h}_0000:3B:00.0"]) == {"SRIOV_NET_VF": 6}
+    assert totals(tree[f"{h}_0000:3B:00.0"]) == {"CUSTOM_PCI_8086_154C": 6}
     assert totals(tree[f"{h}_pci_0000_af_00_0"]) == {"VGPU": 12}
     # The generations were read back after the reshape: nothing to redo.
     mark = placement.mark()
@@ -136,7 +136,8 @@ def test_several_inventory_changes_go_in_one_reshaper_post(tmp_path, placement):
 
 
 def meddle_with_traits(placement, provider: dict) -> None:
-    """Someone else replaces the provider's traits."""
+    """Someone else replaces the provider's traits: the agent's go, one of
+    their own comes."""
     requests.put(f"{placement.url}/traits/CUSTOM_MEDDLING", headers=HEADERS, timeout=10)
     resp = requests.put(
         f"{placement.url}/resource_providers/{provider['uuid']}/traits", headers=HEADERS,
@@ -184,7 +185,7 @@ def test_a_provider_changed_while_the_agent_was_down_is_read_and_put_back(
     assert len(sent) == 5, sent
     assert all(cell["uuid"] in r for r in sent[2:]), sent
     assert tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]["traits"] == {
-        "HW_NUMA_ROOT"}
+        "HW_NUMA_ROOT", "CUSTOM_MEDDLING"}
     agent.stop()
 
 
@@ -223,7 +224,7 @@ def test_a_provider_with_allocations_is_kept_reserved_with_a_warning(
     assert gpu_name not in tree_of(agent, placement)
 
 
-def test_a_trait_changed_behind_the_agents_back_is_put_back(tmp_path, placement):
+def test_a_trait_of_the_agent_removed_behind_its_back_is_put_back(tmp_path, placement):
     agent = standard_agent(tmp_path, placement)
     agent.update_provider_tree()
     cell = tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]
@@ -231,7 +232,7 @@ def test_a_trait_changed_behind_the_agents_back_is_put_back(tmp_path, placement)
 
     agent.update_provider_tree()
     assert tree_of(agent, placement)[f"{agent.policy.host}_numa_0"]["traits"] == {
-        "HW_NUMA_ROOT"}
+        "HW_NUMA_ROOT", "CUSTOM_MEDDLING"}
 
 
 def test_a_write_that_loses_a_race_is_rewritten_after_a_fresh_read(
@@ -286,7 +287,7 @@ def test_the_loop_survives_placement_going_away_and_catches_up(
         assert agent._thread.is_alive()
         placement.start()
         wait_for(lambda: totals(tree_of(agent, placement)[f"{h}_0000:3B:00.0"])
-                 == {"SRIOV_NET_VF": 4})
+                 == {"CUSTOM_PCI_8086_154C": 4})
     finally:
         if placement.proc is None:
             placement.start()

@@ -159,6 +159,8 @@ BAD_ENTRIES = [
     ('{"vendor_id": "8086", "traits": ["A", 1]}', "traits", "1"),
     ('{"vendor_id": "8086", "resource_class": ""}', "resource_class", "''"),
     ('{"vendor_id": "8086", "resource_class": 5}', "resource_class", "5"),
+    ('{"vendor_id": "8086", "physical_network": ""}', "physical_network", "''"),
+    ('{"vendor_id": "8086", "physical_network": 1}', "physical_network", "1"),
 ]
 
 
@@ -203,6 +205,13 @@ def test_custom_traits_are_not_prefixed_twice():
     # nova keeps a name that already is CUSTOM_*; so must we, or a spec
     # written for nova ("traits": "CUSTOM_GOLD") reports CUSTOM_CUSTOM_GOLD.
     assert spec(vendor_id="8086", traits=["CUSTOM_GOLD"]).traits == {"CUSTOM_GOLD"}
+
+
+def test_a_physical_network_is_read_and_null_means_none():
+    assert spec(vendor_id="8086", physical_network="physnet1").physical_network == (
+        "physnet1")
+    assert spec(vendor_id="8086", physical_network=None).physical_network is None
+    assert spec(vendor_id="8086").physical_network is None
 
 
 def test_standard_resource_class_is_kept():

@@ -193,6 +193,8 @@ MALFORMED = [
     (("pmem_namespaces", 0, "size_bytes"), "4G", "pmem_namespaces[0].size_bytes"),
     (("pmem_namespaces", 0, "numa_node"), "0", "pmem_namespaces[0].numa_node"),
     (("pmem_namespaces", 0, "dev"), 0, "pmem_namespaces[0].dev"),
+    (("cpu_features",), "avx2", "host.cpu_features"),
+    (("cpu_features",), ["avx2", 2], "host.cpu_features"),
 ]
 
 

@@ -102,14 +102,15 @@ def test_full_nested_tree():
     built = build()
     assert built.warnings == []
     assert summary(built.tree) == {
-        HOST: node(None, {"DISK_GB": inventory(100, reserved=2)}),
+        HOST: node(None, {"DISK_GB": inventory(100, reserved=2)},
+                   {"COMPUTE_NODE", "OWNER_NOVA"}),
         n("numa_0"): node(HOST, {
             "VCPU": inventory(8, allocation_ratio=4.0),
             "MEMORY_MB": inventory(16384, reserved=512)}, {"HW_NUMA_ROOT"}),
         n("numa_1"): node(HOST, {
             "VCPU": inventory(8, allocation_ratio=4.0),
             "MEMORY_MB": inventory(16384)}, {"HW_NUMA_ROOT"}),
-        n("0000:3B:00.0"): node(n("numa_0"), {"SRIOV_NET_VF": inventory(8)},
+        n("0000:3B:00.0"): node(n("numa_0"), {"CUSTOM_PCI_8086_154C": inventory(8)},
                                 {"COMPUTE_MANAGED_PCI_DEVICE"}),
         n("0000:5E:00.0"): node(n("numa_1"),
                                 {"CUSTOM_PCI_10DE_1DB4": inventory(1)},
@@ -133,6 +134,17 @@ def test_root_is_the_host_with_its_own_uuid():
     assert tree.root.name == HOST
 
 
+def test_root_reports_compute_node_the_owner_and_the_cpu_features():
+    tree = build(host_dict(cpu_features=["avx2", "sse4.2", "pni", "ds", "vmx"])).tree
+    assert tree.root.traits == {"COMPUTE_NODE", "OWNER_NOVA", "HW_CPU_X86_AVX2",
+                                "HW_CPU_X86_SSE42", "HW_CPU_X86_SSE3", "HW_CPU_X86_VMX"}
+
+
+def test_root_reports_the_configured_owner_trait():
+    assert build(owner_trait="CUSTOM_OWNER_ME").tree.root.traits == {
+        "COMPUTE_NODE", "CUSTOM_OWNER_ME"}
+
+
 def test_provider_names_follow_nova():
     assert pci_provider_name(HOST, PF) == "cmp1_0000:3B:00.0"
     assert gpu_provider_name(HOST, GPU) == "cmp1_pci_0000_af_00_0"
@@ -154,7 +166,7 @@ def test_devices_in_a_pci_domain_past_ffff_get_nova_names():
     assert gpu_provider_name(HOST, "10000:af:00.0") == (
         "cmp1_pci_10000_af_00_0")
     assert tree.by_name("cmp1_10000:E1:00.0").inventories[
-        "SRIOV_NET_VF"]["total"] == 2
+        "CUSTOM_PCI_8086_154C"]["total"] == 2
     assert tree.by_name("cmp1_pci_10000_af_00_0").inventories[
         "VGPU"]["total"] == 4
 
@@ -197,11 +209,29 @@ def test_vf_spec_resource_class_and_traits_land_on_the_pf_provider():
     assert pf.traits == {"COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1"}
 
 
+def test_vfs_count_as_nova_s_class_of_the_vf_by_default():
+    """A nova PCI alias asking for CUSTOM_PCI_8086_154C finds the VFs."""
+    tree = build(device_specs=parse_specs([VF_SPEC])).tree
+    assert tree.by_name(n("0000:3B:00.0")).inventories == {
+        "CUSTOM_PCI_8086_154C": inventory(8)}
+
+
+def test_a_spec_s_physical_network_becomes_a_physnet_trait():
+    spec = json.dumps({"vendor_id": "8086", "product_id": "154c",
+                       "physical_network": "phys-net.1"})
+    whole = json.dumps({"address": WHOLE, "physical_network": "data"})
+    tree = build(device_specs=parse_specs([spec, whole])).tree
+    assert tree.by_name(n("0000:3B:00.0")).traits == {
+        "COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET_PHYS_NET_1"}
+    assert tree.by_name(n("0000:5E:00.0")).traits == {
+        "COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET_DATA"}
+
+
 def test_vfs_of_one_pf_allowlisted_by_its_address_and_vf_product():
     spec = json.dumps({"address": PF, "product_id": "154c"})
     tree = build(device_specs=parse_specs([spec])).tree
     assert (tree.by_name(n("0000:3B:00.0")).inventories
-            == {"SRIOV_NET_VF": inventory(8)})
+            == {"CUSTOM_PCI_8086_154C": inventory(8)})
 
 
 def test_whole_pf_allowlisted_uses_the_pci_class():

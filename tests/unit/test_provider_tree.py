@@ -5,11 +5,12 @@ import uuid
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from agent.ownership import AGENT_RESERVED_CLASSES, agent_owns_trait
 from agent.provider_tree import (CreateProvider, DeleteProvider, Provider,
                                  ProviderTree, SetAggregates, SetInventories,
                                  SetTraits, UpdateProvider, adopt_uuids, diff,
                                  inventory, normalized_inventories,
-                                 provider_diff)
+                                 provider_diff, reported_traits)
 
 ROOT = "00000000-0000-4000-8000-000000000000"
 
@@ -273,6 +274,23 @@ def shape(t: ProviderTree) -> dict:
                      p.traits) for p in t}
 
 
+def owned_shape(t: ProviderTree, current: ProviderTree, reported) -> dict:
+    """The shape with what the agent does not own left out: traits it does
+    not own that ``current`` had, and reserved on device classes."""
+    def device_reserved_out(invs):
+        return {rc: {**rec, "reserved": None if rc not in AGENT_RESERVED_CLASSES
+                     else rec["reserved"]}
+                for rc, rec in normalized_inventories(invs).items()}
+
+    def outside(p):
+        before = current.get(p.uuid)
+        return frozenset(t for t in (before.traits if before else ())
+                         if not agent_owns_trait(t, reported))
+
+    return {p.uuid: (p.name, p.parent_uuid, device_reserved_out(p.inventories),
+                     p.traits - outside(p)) for p in t}
+
+
 NAMES = [f"host_c{i}" for i in range(8)]
 RESOURCE_CLASSES = ["VCPU", "PCPU", "MEMORY_MB", "SRIOV_NET_VF", "CUSTOM_X"]
 TRAITS = ["HW_NUMA_ROOT", "COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_A", "CUSTOM_B"]
@@ -334,7 +352,14 @@ def test_applying_the_diff_yields_the_desired_tree(trees):
     adopted = adopt_uuids(desired, current)
     ops = diff(current, adopted)
     result = apply(current, ops)
-    assert shape(result) == shape(adopted)
+    reported = reported_traits(adopted)
+    assert owned_shape(result, current, reported) == owned_shape(adopted, current, reported)
+    for p in result:
+        before = current.get(p.uuid)
+        assert p.traits >= adopted.get(p.uuid).traits
+        # Whatever is not the agent's was there before: kept, never added.
+        assert p.traits - adopted.get(p.uuid).traits <= (
+            before.traits if before else frozenset())
     assert {p.name for p in adopted} == {p.name for p in desired}
     assert diff(result, adopted) == []
 

@@ -59,7 +59,8 @@ class Host:
         self.driver = driver
         self.policy = TreePolicy(
             host="bench", root_uuid=str(uuid.uuid4()),
-            device_specs=parse_specs(['{"vendor_id": "8086", "product_id": "154c"}']),
+            device_specs=parse_specs(['{"vendor_id": "8086", "product_id": "154c", '
+                                      '"resource_class": "SRIOV_NET_VF"}']),
             mdev_types=(MdevTypePolicy("nvidia-35"),))
         self.pools = self.build_pools()
         self.cells = sorted((p for p, rcs in self.pools.items() if "VCPU" in rcs),

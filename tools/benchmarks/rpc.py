@@ -211,7 +211,8 @@ def run(workdir: Path) -> list[dict]:
     host = f"bench-rpc-{uuid.uuid4().hex[:6]}"
     conf_path = write_conf(
         workdir / "agent", placement.url, host, device_host(PFS, VFS_PER_PF),
-        pci={"device_spec": '{"vendor_id": "8086", "product_id": "154c"}'},
+        pci={"device_spec": '{"vendor_id": "8086", "product_id": "154c", '
+                           '"resource_class": "SRIOV_NET_VF"}'},
         # The loop and reconciliation stay out of the way of the figures.
         DEFAULT={"transport_url": RABBIT, "update_interval": 3600,
                  "reconcile_interval": 1000})

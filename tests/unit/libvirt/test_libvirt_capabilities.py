@@ -215,3 +215,48 @@ def test_merge_cells_caps_win_sysfs_fills_missing_ids():
     assert capabilities.merge_cells([caps_cell], sysfs) == (caps_cell,
                                                             sysfs[1])
     assert capabilities.merge_cells([], sysfs) == tuple(sysfs)
+
+
+# The host CPU as libvirt's capabilities XML describes it: a named model,
+# then the features that model does not already imply.
+HOST_CPU = """<capabilities>
+  <host>
+    <uuid>5c8e1f3a-2b7d-4e09-9a61-0d3f2c7b8e14</uuid>
+    <cpu>
+      <arch>x86_64</arch>
+      <model>Skylake-Client-IBRS</model>
+      <vendor>Intel</vendor>
+      <microcode version='240'/>
+      <counter name='tsc' frequency='2112000000' scaling='no'/>
+      <topology sockets='1' dies='1' cores='4' threads='2'/>
+      <feature name='ds'/>
+      <feature name='vmx'/>
+      <feature name='avx2'/>
+      <feature name='sse4.2'/>
+      <feature name='md-clear'/>
+      <feature name='pdpe1gb'/>
+      <pages unit='KiB' size='4'/>
+      <pages unit='KiB' size='2048'/>
+    </cpu>
+  </host>
+</capabilities>"""
+
+
+def test_host_cpu_features_are_read_by_libvirts_names():
+    caps = capabilities.parse_capabilities(HOST_CPU)
+    assert caps.cpu_features == {"ds", "vmx", "avx2", "sse4.2", "md-clear", "pdpe1gb"}
+    assert caps.base_page_kib == 4
+
+
+def test_a_feature_a_cpu_definition_disables_is_not_one():
+    """baselineCPU's expanded CPU lists what the model lacks as disabled."""
+    cpu = capabilities.parse_xml(
+        "<cpu mode='custom' match='exact'><model>Skylake-Client</model>"
+        "<feature policy='require' name='avx2'/>"
+        "<feature policy='disable' name='hle'/><feature policy='forbid' name='rtm'/>"
+        "</cpu>", "cpu")
+    assert capabilities.cpu_features(cpu) == {"avx2"}
+
+
+def test_a_host_without_cpu_features_has_none():
+    assert capabilities.parse_capabilities(CAPS).cpu_features == frozenset()

@@ -1,0 +1,71 @@
+"""The operator's policy read from a config file: nova's option names are
+accepted, bad values are refused naming the option."""
+import pytest
+
+from agent.cmd.common import load_config
+from agent.exception import ConfigError
+from agent.policy import tree_policy_from_conf
+
+ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
+
+
+def policy_from(tmp_path, text: str):
+    path = tmp_path / "agent.conf"
+    path.write_text(text)
+    return tree_policy_from_conf(load_config(["--config-file", str(path)]), ROOT)
+
+
+def test_the_owner_trait_defaults_to_nova_s(tmp_path):
+    assert policy_from(tmp_path, "[DEFAULT]\n").owner_trait == "OWNER_NOVA"
+
+
+@pytest.mark.parametrize("value", ["OWNER_CYBORG", "CUSTOM_OWNER_ME"])
+def test_an_owner_trait_of_os_traits_or_custom_is_taken(tmp_path, value):
+    assert policy_from(tmp_path, f"[DEFAULT]\nowner_trait = {value}\n").owner_trait == value
+
+
+@pytest.mark.parametrize("value", ["owner_nova", "OWNER_ME", "CUSTOM_my-owner",
+                                   "COMPUTE_NODE"])
+def test_a_bad_owner_trait_is_refused_naming_the_option(tmp_path, value):
+    with pytest.raises(ConfigError) as err:
+        policy_from(tmp_path, f"[DEFAULT]\nowner_trait = {value}\n")
+    assert "[DEFAULT] owner_trait" in str(err.value) and value in str(err.value)
+
+
+# nova's names for the same settings, as a nova.conf carries them.
+NOVA_CONF = """[DEFAULT]
+cpu_allocation_ratio = 2.5
+ram_allocation_ratio = 1.5
+disk_allocation_ratio = 3.0
+reserved_host_memory_mb = 4096
+reserved_host_disk_mb = 10240
+
+[pci]
+passthrough_whitelist = {"vendor_id": "8086", "product_id": "154c"}
+
+[libvirt]
+pmem_namespaces = 128G:ns0|ns1,MEDIUM:ns2
+"""
+
+
+def test_nova_s_option_names_are_read_as_ours(tmp_path):
+    p = policy_from(tmp_path, NOVA_CONF)
+    assert (p.cpu_allocation_ratio, p.ram_allocation_ratio, p.disk_allocation_ratio) == (
+        2.5, 1.5, 3.0)
+    assert (p.reserved_memory_mb, p.reserved_disk_mb) == (4096, 10240)
+    assert [s.text for s in p.device_specs] == [
+        '{"vendor_id": "8086", "product_id": "154c"}']
+    assert p.pmem_labels == (("128G", frozenset({"ns0", "ns1"})),
+                             ("MEDIUM", frozenset({"ns2"})))
+
+
+def test_our_option_names_win_over_nova_s(tmp_path):
+    p = policy_from(tmp_path, NOVA_CONF + "[compute]\ncpu_allocation_ratio = 8.0\n")
+    assert p.cpu_allocation_ratio == 8.0
+
+
+def test_a_bad_value_under_nova_s_name_is_refused_naming_it(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        policy_from(tmp_path, "[DEFAULT]\ncpu_allocation_ratio = lots\n")
+    assert str(err.value).startswith("[DEFAULT] cpu_allocation_ratio: ")
+    assert "(value: 'lots')" in str(err.value)
