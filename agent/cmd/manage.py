@@ -5,6 +5,10 @@
     compute-agent-manage --config-file F audit [--json]
         Compare the store, the hypervisor's guests and Placement's
         allocations; change nothing. Exit 1 when anything is inconsistent.
+    compute-agent-manage --config-file F heal [--dry-run] [--json] [--yes]
+        Move the allocations a change of model left on old providers, and
+        end every reserved-until-healed hold, in one POST /reshaper. Asks
+        first on a terminal unless --yes. Exit 1 when it refuses.
 """
 from __future__ import annotations
 
@@ -60,6 +64,12 @@ def add_parsers(subparsers) -> None:
     audit = subparsers.add_parser("audit", help="Report what the store, the "
                                   "guests and Placement disagree on.")
     audit.add_argument("--json", action="store_true")
+    heal = subparsers.add_parser("heal", help="Move stranded allocations to "
+                                 "the providers of the current model, atomically.")
+    heal.add_argument("--dry-run", action="store_true",
+                      help="Print the plan; change nothing.")
+    heal.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    heal.add_argument("--yes", action="store_true", help="Do not ask.")
 
 
 def audit(conf: cfg.ConfigOpts) -> int:
@@ -85,6 +95,53 @@ def audit(conf: cfg.ConfigOpts) -> int:
     return 0 if report.consistent else 1
 
 
+def heal(conf: cfg.ConfigOpts) -> int:
+    from agent.healer import run_heal
+
+    args = conf.command
+    interactive = sys.stdin.isatty() and sys.stderr.isatty()
+
+    def show(plan) -> None:
+        if args.json:
+            json.dump(plan.as_dict(), sys.stdout, indent=2, sort_keys=True)
+            print()
+        else:
+            for line in plan.describe():
+                print(line)
+
+    def confirm(plan) -> bool:
+        show(plan)
+        if args.yes or not interactive:
+            return True
+        return input("Apply this plan? [y/N] ").strip().lower() in ("y", "yes")
+
+    agent = Agent.from_conf(conf)
+    agent.driver.init_host()
+    try:
+        if interactive:
+            print("Reading Placement and planning...", file=sys.stderr)
+        result = run_heal(agent, dry_run=args.dry_run, confirm=confirm)
+    finally:
+        agent.driver.cleanup()
+        agent.manager.tracker.store.close()
+    plan = result.plan
+    if args.dry_run:
+        show(plan)
+    elif plan.empty and not args.json:
+        print("nothing to heal")
+    elif plan.empty:
+        show(plan)
+    summary = (f"{len(plan.moves)} allocations of {len(plan.consumers)} consumers, "
+               f"inventories of {len(plan.inventories)} providers")
+    if result.applied:
+        print(f"healed: {summary}, in one reshape", file=sys.stderr)
+    elif not plan.empty and not args.dry_run:
+        print("not applied", file=sys.stderr)
+    elif args.dry_run and not plan.empty:
+        print(f"would heal: {summary}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     command = cfg.SubCommandOpt("command", handler=add_parsers)
     try:
@@ -95,6 +152,8 @@ def main(argv=None) -> int:
     try:
         if conf.command.name == "audit":
             return audit(conf)
+        if conf.command.name == "heal":
+            return heal(conf)
         tree = _tree_from_placement(conf)
     except AgentError as e:
         print(f"compute-agent-manage: {e}", file=sys.stderr)
