@@ -8,6 +8,9 @@ reshape.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -269,3 +272,34 @@ def test_heal_killed_around_the_reshaper_and_run_again_ends_the_same(
         assert {rp: body["resources"] for rp, body in held.items()} == \
             planned.consumers[consumer].allocations
     again.stop()
+
+
+def manage(conf: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "compute-agent-manage"),
+                           "--config-file", str(conf), "heal", *args],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_heal_command_dry_run_changes_nothing_and_yes_heals_once(tmp_path, placement):
+    agent, consumers = flat_host_with_guests(tmp_path, placement)
+    agent.update_provider_tree()
+    agent.stop()
+    conf = tmp_path / "agent.conf"
+    before = placement_dump(placement.url, agent, consumers)
+
+    dry = manage(conf, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    # VCPU of three guests, memory of four, one PCPU and one namespace.
+    assert len(plan["moves"]) == 9
+    assert sorted(plan["consumers"]) == sorted(consumers)
+    assert placement_dump(placement.url, agent, consumers) == before
+
+    done = manage(conf, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "healed: 9 allocations of 4 consumers" in done.stderr
+    assert offered(placement.url, agent.policy.root_uuid) == PHYSICAL
+
+    again = manage(conf, "--yes")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "nothing to heal"
