@@ -219,6 +219,17 @@ pmem_opts = [
     ),
 ]
 
+heal_opts = [
+    cfg.BoolOpt(
+        "on_startup",
+        default=False,
+        help="Heal the host at start-up, before RPC is served: move the "
+        "allocations that a change of model left on old providers, as "
+        "'compute-agent-manage heal --yes' does. A heal that is refused or "
+        "fails is logged, and the host stays reserved until healed.",
+    ),
+]
+
 fake_opts = [
     cfg.StrOpt(
         "host_file",
@@ -244,6 +255,7 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(devices_opts, group="devices")
     conf.register_opts(pmem_opts, group="pmem")
     conf.register_opts(fake_opts, group="fake")
+    conf.register_opts(heal_opts, group="heal")
     conf.register_group(placement_group)
     ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
@@ -270,6 +282,7 @@ def list_opts():
         ("devices", devices_opts),
         ("pmem", pmem_opts),
         ("fake", fake_opts),
+        ("heal", heal_opts),
         (placement_group, _placement_opts()),
         ("upgrade_levels", messaging.upgrade_opts),
     ]

@@ -159,7 +159,7 @@ class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
                  interval: float = 60, jitter: float = 0,
                  manager: ComputeManager | None = None, reconcile_interval: int = 10,
-                 orphan_grace_period: float = 0):
+                 orphan_grace_period: float = 0, heal_on_startup: bool = False):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -168,6 +168,7 @@ class Agent:
         self.manager = manager
         self.reconcile_interval = reconcile_interval
         self.orphan_grace_period = orphan_grace_period
+        self.heal_on_startup = heal_on_startup
         self._cycles = 0
         # Placement's view after the last cycle that reached it, for RPC
         # readers: replaced whole, never changed in place.
@@ -208,7 +209,8 @@ class Agent:
         manager = ComputeManager(Tracker(store, driver.boot_id()), driver,
                                  conf.devices.remove_released_mdevs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
-                   manager, conf.reconcile_interval, conf.orphan_grace_period)
+                   manager, conf.reconcile_interval, conf.orphan_grace_period,
+                   conf.heal.on_startup)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -297,10 +299,23 @@ class Agent:
         except Exception:  # reconciling must not take the agent down
             LOG.exception("Reconciliation failed")
 
+    def _heal_safely(self) -> None:
+        """[heal] on_startup: one heal before RPC is served; a refusal or a
+        failure leaves the host reserved until healed, and running."""
+        from agent.healer import run_heal  # heal plans with pools_by_uuid
+        try:
+            run_heal(self)
+        except AgentError as e:
+            LOG.warning("Heal at start-up not done: %s", e)
+        except Exception:  # start-up must outlive any bug in heal
+            LOG.exception("Heal at start-up failed")
+
     def start(self) -> None:
         """Connect, run a first cycle and reconcile what a previous run
         left, then keep the loop going in its thread."""
         self.driver.init_host()
+        if self.heal_on_startup:
+            self._heal_safely()
         self.run_cycle()
         self._cycles = 1
         if self.manager is not None:

@@ -20,6 +20,7 @@ from typing import Callable
 from agent import provider_tree as pt
 from agent.exception import GenerationConflict, PlacementError
 from agent.placement import PlacementClient
+from agent.unhealed import UnhealedHold
 
 LOG = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class TreeSync:
         self.owned = owned
         self.attempts = attempts
         self.backoff = backoff
+        self.unhealed = UnhealedHold(client, kept_retry_seconds)
         self.invalidate()
 
     def restore(self, view: pt.ProviderTree) -> None:
@@ -227,7 +229,8 @@ class TreeSync:
         """Make Placement show ``desired``. Raises PlacementUnavailable when
         Placement cannot be reached; whatever was written stays cached."""
         self.refresh()
-        desired = pt.adopt_uuids(desired, self.cache)
+        desired = self.unhealed.hold(self.cache, pt.adopt_uuids(desired, self.cache),
+                                     self.owned)
         for uuid in list(self._kept):
             if uuid in desired:
                 del self._kept[uuid]

@@ -11,6 +11,11 @@
         (agent/store_rebuild.py says what that covers). Refuses, writing
         nothing, when anything cannot be mapped; never touches a store
         that is there. Exit 1 when refused, 2 when the agent runs.
+    compute-agent-manage --config-file F heal [--dry-run] [--json] [--yes]
+        With the agent stopped: move the allocations a change of model left
+        on old providers, and end every reserved-until-healed hold, in one
+        POST /reshaper. Asks first on a terminal unless --yes. Exit 1 when
+        it refuses, 2 when the agent runs.
 """
 from __future__ import annotations
 
@@ -80,6 +85,12 @@ def add_parsers(subparsers) -> None:
     mode.add_argument("--dry-run", action="store_true",
                       help="Show what would be written; write nothing.")
     mode.add_argument("--yes", action="store_true", help="Write it.")
+    heal = subparsers.add_parser("heal", help="Move stranded allocations to "
+                                 "the providers of the current model, atomically.")
+    heal.add_argument("--dry-run", action="store_true",
+                      help="Print the plan; change nothing.")
+    heal.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    heal.add_argument("--yes", action="store_true", help="Do not ask.")
 
 
 def audit(conf: cfg.ConfigOpts) -> int:
@@ -174,6 +185,56 @@ def _describe_rebuild(rebuilt: RebuiltStore) -> list[str]:
     return lines
 
 
+def heal(conf: cfg.ConfigOpts) -> int:
+    from agent.healer import run_heal
+
+    args = conf.command
+    interactive = sys.stdin.isatty() and sys.stderr.isatty()
+
+    def show(plan) -> None:
+        if args.json:
+            json.dump(plan.as_dict(), sys.stdout, indent=2, sort_keys=True)
+            print()
+        else:
+            for line in plan.describe():
+                print(line)
+
+    def confirm(plan) -> bool:
+        show(plan)
+        if args.yes or not interactive:
+            return True
+        return input("Apply this plan? [y/N] ").strip().lower() in ("y", "yes")
+
+    # Heal writes Placement and the store as the agent would: the agent is
+    # stopped (or heals itself at start with [heal] on_startup).
+    state_lock.acquire(conf.state_path)
+    agent = Agent.from_conf(conf)
+    agent.driver.init_host()
+    try:
+        if interactive:
+            print("Reading Placement and planning...", file=sys.stderr)
+        result = run_heal(agent, dry_run=args.dry_run, confirm=confirm)
+    finally:
+        agent.driver.cleanup()
+        agent.manager.tracker.store.close()
+    plan = result.plan
+    if args.dry_run:
+        show(plan)
+    elif plan.empty and not args.json:
+        print("nothing to heal")
+    elif plan.empty:
+        show(plan)
+    summary = (f"{len(plan.moves)} allocations of {len(plan.consumers)} consumers, "
+               f"inventories of {len(plan.inventories)} providers")
+    if result.applied:
+        print(f"healed: {summary}, in one reshape", file=sys.stderr)
+    elif not plan.empty and not args.dry_run:
+        print("not applied", file=sys.stderr)
+    elif args.dry_run and not plan.empty:
+        print(f"would heal: {summary}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     command = cfg.SubCommandOpt("command", handler=add_parsers)
     try:
@@ -186,6 +247,8 @@ def main(argv=None) -> int:
             return audit(conf)
         if conf.command.name == "rebuild-store":
             return rebuild_store(conf)
+        if conf.command.name == "heal":
+            return heal(conf)
         tree = _tree_from_placement(conf)
     except StateDirectoryInUse as e:
         return exit_store_error(e)

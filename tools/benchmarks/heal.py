@@ -1,0 +1,115 @@
+"""Heal of 1,000 instances on a host of 16 GPUs and 2 NUMA cells, moved
+from flat to nested: each instance holds 1 VCPU and 256 MB on the root and
+one vGPU. The GPUs' providers keep their UUIDs (only their parent
+changes), so heal moves the CPU and memory of every instance to the cell of
+its vGPU.
+
+Reported: the requests and seconds of the heal (with the update cycles it
+runs before and after), by kind, and the requests of a second heal.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from keystoneauth1 import adapter, session
+
+from agent.healer import run_heal
+from agent.host_tree import MdevTypePolicy, TreePolicy
+from agent.manager import ComputeManager
+from agent.placement import PlacementClient
+from agent.placement_auth import NoAuth2
+from agent.service import STORE_FILE, Agent
+from agent.state import Store
+from agent.testing.local_placement import LocalPlacement
+from agent.tracker import Tracker
+from agent.tree_sync import TreeSync
+from drivers.fake import FakeDriver
+from tools.benchmarks.common import device_host
+
+INSTANCES = 1000
+GPUS = 16
+
+
+def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path,
+               nested: bool) -> Agent:
+    ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
+                         service_type="placement")
+    policy = TreePolicy(host=name, root_uuid=root_uuid, nested=nested,
+                        cpu_allocation_ratio=16.0,
+                        mdev_types=(MdevTypePolicy("nvidia-35"),))
+    owned = lambda p: p.name == name or p.name.startswith(name + "_")  # noqa: E731
+    driver = FakeDriver(host)
+    manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE), driver.boot_id()),
+                             driver)
+    return Agent(driver, policy, TreeSync(PlacementClient(ks), root_uuid, owned),
+                 manager=manager)
+
+
+def flat_host_with_instances(url: str, workdir: Path) -> tuple[Agent, dict, str, str]:
+    host = device_host(0, 0, gpus=GPUS, vgpus_per_gpu=INSTANCES // GPUS + 1)
+    root_uuid = str(uuid.uuid4())
+    name = f"benchheal-{root_uuid[:6]}"
+    agent = make_agent(url, host, root_uuid, name, workdir, nested=False)
+    agent.update_provider_tree()
+    gpus = sorted(p.uuid for p in agent.sync.cache if "VGPU" in p.inventories)
+    body = {}
+    for i in range(INSTANCES):
+        allocations = {root_uuid: {"resources": {"VCPU": 1, "MEMORY_MB": 256}},
+                       gpus[i % GPUS]: {"resources": {"VGPU": 1}}}
+        consumer = str(uuid.uuid4())
+        body[consumer] = {"allocations": allocations, "project_id": str(uuid.uuid4()),
+                          "user_id": str(uuid.uuid4()), "consumer_generation": None,
+                          "consumer_type": "INSTANCE"}
+        agent.manager.tracker.claim_build(
+            consumer, {"name": f"vm{i}", "vcpus": 1, "memory_mb": 256}, allocations)
+    agent.sync.client.post_allocations(body)
+    agent.manager.tracker.store.close()
+    return agent, host, root_uuid, name
+
+
+def requests_by_kind(sent: list[str]) -> dict[str, int]:
+    kinds = Counter()
+    for line in sent:
+        method, path, _ = line.split(" ")
+        path = path.split("?")[0]
+        parts = path.strip("/").split("/")
+        if parts[0] in ("resource_providers", "allocations") and len(parts) > 1:
+            parts[1] = "{uuid}"
+        kinds[f"{method} /{'/'.join(parts)}"] += 1
+    return dict(sorted(kinds.items()))
+
+
+def run(workdir: Path) -> dict:
+    placement = LocalPlacement(workdir / "placement").start()
+    try:
+        _, host, root_uuid, name = flat_host_with_instances(placement.url, workdir)
+        agent = make_agent(placement.url, host, root_uuid, name, workdir, nested=True)
+        agent.update_provider_tree()  # the cells come up reserved until healed
+
+        mark = placement.mark()
+        started = time.perf_counter()
+        result = run_heal(agent)
+        seconds = time.perf_counter() - started
+        sent = placement.requests_since(mark)
+
+        mark = placement.mark()
+        run_heal(agent)
+        again = placement.requests_since(mark)
+        agent.manager.tracker.store.close()
+        return {
+            "case": "heal",
+            "instances": INSTANCES,
+            "gpus": GPUS,
+            "moves": len(result.plan.moves),
+            "heal_requests": len(sent),
+            "heal_writes": sum(not r.startswith("GET") for r in sent),
+            "heal_requests_by_kind": requests_by_kind(sent),
+            "heal_seconds": round(seconds, 2),
+            "second_heal_requests": len(again),
+            "second_heal_writes": sum(not r.startswith("GET") for r in again),
+        }
+    finally:
+        placement.stop()
