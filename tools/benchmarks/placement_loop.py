@@ -43,7 +43,8 @@ def fake_host(providers: int) -> dict:
     }
 
 
-def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path) -> Agent:
+def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path,
+               allocation_refresh_interval: float = 300) -> Agent:
     ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
                          service_type="placement")
     policy = TreePolicy(host=name, root_uuid=root_uuid,
@@ -53,7 +54,7 @@ def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path)
     manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE), driver.boot_id()),
                              driver)
     return Agent(driver, policy, TreeSync(PlacementClient(ks), root_uuid, owned),
-                 manager=manager)
+                 manager=manager, allocation_refresh_interval=allocation_refresh_interval)
 
 
 def first_cycle_requests(placement: LocalPlacement, agent: Agent) -> int:
