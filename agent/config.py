@@ -64,6 +64,18 @@ default_opts = [
         "this many update cycles (and always at start-up).",
     ),
     cfg.IntOpt(
+        "allocation_refresh_interval",
+        default=300,
+        min=0,
+        help="Reconciliation reads a provider's allocations from Placement "
+        "only when they may have changed: its generation moved (allocations "
+        "written on it), a claim or release here touched it, or its last "
+        "read is older than this many seconds. Placement does not move a "
+        "provider's generation when allocations are deleted from it or moved "
+        "off it, so such a change is seen within this bound. 0 reads every "
+        "provider at every reconciliation.",
+    ),
+    cfg.IntOpt(
         "orphan_grace_period",
         default=300,
         min=0,

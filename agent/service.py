@@ -13,6 +13,7 @@ from pathlib import Path
 from oslo_config import cfg
 
 from agent import node_identity, state, store_check
+from agent.allocation_view import AllocationView
 from agent.claims import Pool
 from agent.exception import (AgentError, ConfigError, PlacementError,
                              PlacementUnavailable)
@@ -140,26 +141,13 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
     return state.Store(path, root_uuid)
 
 
-def provider_allocations(client: PlacementClient, tree: ProviderTree,
-                         root_uuid: str) -> dict[str, set[str]] | None:
-    """consumer uuid -> which of our providers it holds allocations on; None
-    (unknown) while the view of Placement does not hold our root, as after
-    SIGHUP or a first cycle that failed: no providers read is not "no
-    allocations"."""
-    if root_uuid not in tree:
-        return None
-    out: dict[str, set[str]] = {}
-    for provider in tree:
-        for consumer in client.get_provider_allocations(provider.uuid):
-            out.setdefault(consumer, set()).add(provider.uuid)
-    return out
-
-
 class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
                  interval: float = 60, jitter: float = 0,
                  manager: ComputeManager | None = None, reconcile_interval: int = 10,
-                 orphan_grace_period: float = 0, heal_on_startup: bool = False):
+                 orphan_grace_period: float = 0,
+                 allocation_refresh_interval: float = 300,
+                 heal_on_startup: bool = False):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -169,6 +157,11 @@ class Agent:
         self.reconcile_interval = reconcile_interval
         self.orphan_grace_period = orphan_grace_period
         self.heal_on_startup = heal_on_startup
+        self.allocations = AllocationView(sync.client, allocation_refresh_interval)
+        # The view of Placement the last reconciliation used: while it is
+        # still the cache, no cycle has read the tree since.
+        self._reconciled_view: ProviderTree | None = None
+        self._drop_allocations = threading.Event()
         self._cycles = 0
         # Placement's view after the last cycle that reached it, for RPC
         # readers: replaced whole, never changed in place.
@@ -210,7 +203,7 @@ class Agent:
                                  conf.devices.remove_released_mdevs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
                    manager, conf.reconcile_interval, conf.orphan_grace_period,
-                   conf.heal.on_startup)
+                   conf.allocation_refresh_interval, conf.heal.on_startup)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -241,12 +234,30 @@ class Agent:
             self.manager.tracker.store.write(state.put_placement_view_sql(view))
         self._saved_view = view
 
+    def _generations(self) -> dict[str, int]:
+        """Our providers' generations: from the latest cycle's read of the
+        tree, or, when no cycle has read it since the last reconciliation
+        (they failed), from a read of our own (one request): generations
+        no newer than those a reconciliation already used would hide a
+        change."""
+        view = self.sync.cache
+        if view is self._reconciled_view:
+            return {row["uuid"]: row["generation"]
+                    for row in self.sync.client.get_tree(self.sync.root_uuid)}
+        self._reconciled_view = view
+        return {p.uuid: p.generation for p in view}
+
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
         """Compare store, guests and Placement; Placement's part is left out
-        when it does not answer."""
+        when it does not answer. Placement's allocations are read only on
+        the providers where they may have changed (AllocationView)."""
+        if self._drop_allocations.is_set():
+            self._drop_allocations.clear()
+            self.allocations.clear()
+        self.allocations.touch(self.manager.tracker.take_touched_providers())
         try:
-            allocations = provider_allocations(self.sync.client, self.sync.cache,
-                                               self.sync.root_uuid)
+            allocations = self.allocations.consumers(self._generations(),
+                                                     self.sync.root_uuid)
         except (PlacementUnavailable, PlacementError) as e:
             LOG.warning("Reconciling without Placement's allocations: %s", e)
             allocations = None
@@ -278,6 +289,7 @@ class Agent:
 
     def drop_cache(self) -> None:
         self._drop_cache.set()
+        self._drop_allocations.set()
         self._wake.set()
 
     def _loop(self) -> None:

@@ -51,6 +51,10 @@ class Tracker:
         self._by_instance: dict[str, set[str]] = defaultdict(set)
         self._instances: dict[str, dict] = {}
         self._migrations: dict[str, Migration] = {}
+        # Providers whose assignments changed since the last
+        # take_touched_providers(): where Placement's allocations may have
+        # changed too (agent/allocation_view.py).
+        self._touched_providers: set[str] = set()
         self._load()
 
     def _load(self) -> None:
@@ -104,6 +108,7 @@ class Tracker:
         moves_touched = set(forgotten) | ({migration.uuid} if migration else set())
         before_moves = {k: self._migrations.get(k) for k in moves_touched}
         self._index(list(new_rows) + list(rows))
+        self._touched_providers.update(a.provider_uuid for a in (*new_rows, *rows))
         if instances:
             self._instances.update(instances)
         if forget_instance:
@@ -373,6 +378,12 @@ class Tracker:
         return self._move_step(migration_uuid, step)
 
     # --- views ----------------------------------------------------------
+
+    def take_touched_providers(self) -> set[str]:
+        """The providers whose assignments changed since the last call."""
+        with self._lock:
+            touched, self._touched_providers = self._touched_providers, set()
+            return touched
 
     def migration(self, migration_uuid) -> Migration:
         with self._lock:

@@ -14,20 +14,12 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from keystoneauth1 import adapter, session
-
 from agent.healer import run_heal
 from agent.host_tree import MdevTypePolicy, TreePolicy
-from agent.manager import ComputeManager
-from agent.placement import PlacementClient
-from agent.placement_auth import NoAuth2
-from agent.service import STORE_FILE, Agent
-from agent.state import Store
+from agent.service import Agent
 from agent.testing.local_placement import LocalPlacement
-from agent.tracker import Tracker
-from agent.tree_sync import TreeSync
-from drivers.fake import FakeDriver
 from tools.benchmarks.common import device_host
+from tools.benchmarks.placement_loop import agent_on
 
 INSTANCES = 1000
 GPUS = 16
@@ -35,17 +27,10 @@ GPUS = 16
 
 def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path,
                nested: bool) -> Agent:
-    ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
-                         service_type="placement")
-    policy = TreePolicy(host=name, root_uuid=root_uuid, nested=nested,
-                        cpu_allocation_ratio=16.0,
-                        mdev_types=(MdevTypePolicy("nvidia-35"),))
-    owned = lambda p: p.name == name or p.name.startswith(name + "_")  # noqa: E731
-    driver = FakeDriver(host)
-    manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE), driver.boot_id()),
-                             driver)
-    return Agent(driver, policy, TreeSync(PlacementClient(ks), root_uuid, owned),
-                 manager=manager)
+    return agent_on(url, host, TreePolicy(host=name, root_uuid=root_uuid, nested=nested,
+                                          cpu_allocation_ratio=16.0,
+                                          mdev_types=(MdevTypePolicy("nvidia-35"),)),
+                    state_dir)
 
 
 def flat_host_with_instances(url: str, workdir: Path) -> tuple[Agent, dict, str, str]:

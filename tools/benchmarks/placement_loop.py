@@ -43,17 +43,26 @@ def fake_host(providers: int) -> dict:
     }
 
 
-def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path) -> Agent:
-    ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
-                         service_type="placement")
+def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path,
+               allocation_refresh_interval: float = 300) -> Agent:
     policy = TreePolicy(host=name, root_uuid=root_uuid,
                         device_specs=parse_specs(['{"vendor_id": "8086"}']))
+    return agent_on(url, host, policy, state_dir,
+                    allocation_refresh_interval=allocation_refresh_interval)
+
+
+def agent_on(url: str, host: dict, policy: TreePolicy, state_dir: Path, **options) -> Agent:
+    """An agent on a fake host, with a store in ``state_dir``, synced into
+    the Placement at ``url``."""
+    ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
+                         service_type="placement")
+    name = policy.host
     owned = lambda p: p.name == name or p.name.startswith(name + "_")  # noqa: E731
     driver = FakeDriver(host)
     manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE), driver.boot_id()),
                              driver)
-    return Agent(driver, policy, TreeSync(PlacementClient(ks), root_uuid, owned),
-                 manager=manager)
+    return Agent(driver, policy, TreeSync(PlacementClient(ks), policy.root_uuid, owned),
+                 manager=manager, **options)
 
 
 def first_cycle_requests(placement: LocalPlacement, agent: Agent) -> int:

@@ -1,0 +1,100 @@
+"""AllocationView's rule for when a provider's allocations are read again,
+with a fake Placement client that counts the reads."""
+from __future__ import annotations
+
+import pytest
+
+from agent.allocation_view import AllocationView, ProviderRead, needs_reading
+from agent.exception import PlacementUnavailable
+
+ROOT, CELL = "root", "cell"
+
+
+class FakeClient:
+    def __init__(self):
+        self.allocations: dict[str, dict[str, dict]] = {ROOT: {}, CELL: {}}
+        self.reads: list[str] = []
+        self.down = False
+
+    def get_provider_allocations(self, uuid: str) -> dict[str, dict]:
+        if self.down:
+            raise PlacementUnavailable("down")
+        self.reads.append(uuid)
+        return self.allocations[uuid]
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def setup():
+    client, clock = FakeClient(), Clock()
+    view = AllocationView(client, refresh_interval=60, clock=clock)
+    view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    client.reads.clear()
+    return view, client, clock
+
+
+@pytest.mark.parametrize("last, generation, touched, now, expected", [
+    (None, 1, False, 0.0, True),
+    (ProviderRead(1, frozenset(), 0.0), 1, False, 59.9, False),
+    (ProviderRead(1, frozenset(), 0.0), 2, False, 1.0, True),
+    (ProviderRead(1, frozenset(), 0.0), 1, True, 1.0, True),
+    (ProviderRead(1, frozenset(), 0.0), 1, False, 60.0, True),
+])
+def test_needs_reading(last, generation, touched, now, expected):
+    assert needs_reading(last, generation, touched, now, 60) is expected
+
+
+def test_a_view_without_our_root_is_unknown_not_empty(setup):
+    view, client, _ = setup
+    assert view.consumers({CELL: 1}, ROOT) is None
+    assert client.reads == []
+
+
+def test_unchanged_providers_are_not_read_again(setup):
+    view, client, _ = setup
+    client.allocations[CELL] = {"c1": {}}
+    assert view.consumers({ROOT: 1, CELL: 1}, ROOT) == {}
+    assert client.reads == []
+
+
+def test_a_touch_survives_a_failed_read(setup):
+    view, client, _ = setup
+    client.allocations[CELL] = {"c1": {}}
+    view.touch({CELL})
+    client.down = True
+    with pytest.raises(PlacementUnavailable):
+        view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    client.down = False
+    assert view.consumers({ROOT: 1, CELL: 1}, ROOT) == {"c1": {CELL}}
+    assert client.reads == [CELL]
+
+
+def test_a_provider_gone_from_the_tree_takes_its_consumers_with_it(setup):
+    view, client, _ = setup
+    client.allocations[CELL] = {"c1": {}}
+    view.touch({CELL})
+    assert view.consumers({ROOT: 1, CELL: 1}, ROOT) == {"c1": {CELL}}
+    assert view.consumers({ROOT: 1}, ROOT) == {}
+
+
+def test_reads_older_than_the_refresh_interval_are_read_again(setup):
+    view, client, clock = setup
+    clock.now += 59
+    view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    assert client.reads == []
+    clock.now += 1
+    view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    assert sorted(client.reads) == [CELL, ROOT]
+
+
+def test_clear_reads_every_provider_again(setup):
+    view, client, _ = setup
+    view.clear()
+    view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    assert sorted(client.reads) == [CELL, ROOT]
