@@ -101,8 +101,8 @@ def test_a_local_build_makes_the_next_reconcile_read_its_provider_only(agent, pl
     not moved, the claim is what says the provider changed."""
     pf = provider(agent, placement, "0000:3B:00.0")
     agent.run_cycle()
-    instance = allocate(placement.url, pf, {"SRIOV_NET_VF": 1})
-    agent.manager.build_instance(instance, SPEC, {pf: {"resources": {"SRIOV_NET_VF": 1}}})
+    instance = allocate(placement.url, pf, {"CUSTOM_PCI_8086_154C": 1})
+    agent.manager.build_instance(instance, SPEC, {pf: {"resources": {"CUSTOM_PCI_8086_154C": 1}}})
 
     sent, report = reconcile_requests(agent, placement, cycle=False)
     assert allocation_reads(sent) == [pf]
@@ -111,8 +111,8 @@ def test_a_local_build_makes_the_next_reconcile_read_its_provider_only(agent, pl
 
 def test_a_local_release_makes_the_next_reconcile_read_its_provider_only(agent, placement):
     pf = provider(agent, placement, "0000:3B:00.0")
-    instance = allocate(placement.url, pf, {"SRIOV_NET_VF": 1})
-    agent.manager.build_instance(instance, SPEC, {pf: {"resources": {"SRIOV_NET_VF": 1}}})
+    instance = allocate(placement.url, pf, {"CUSTOM_PCI_8086_154C": 1})
+    agent.manager.build_instance(instance, SPEC, {pf: {"resources": {"CUSTOM_PCI_8086_154C": 1}}})
     reconcile_requests(agent, placement)
 
     # Deleting allocations leaves the provider's generation where it was.
