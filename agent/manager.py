@@ -71,6 +71,25 @@ def live_conflicts(state: GuestState | None, rows: list[Assignment]) -> list[str
             or device_resources(guest_device(a)) & state.live_resources]
 
 
+def move_agrees(m: Migration, instance_uuid, roles: tuple[MigrationRole, ...],
+                kinds: tuple[MoveKind, ...]) -> Migration:
+    """``m``, once it is checked to move this instance, with this host
+    playing one of ``roles`` in a move of one of ``kinds``."""
+    instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+    if m.instance_uuid != instance_uuid:
+        raise InvalidRequest("instance_uuid", instance_uuid,
+                             f"migration {m.uuid} moves instance {m.instance_uuid}")
+    if m.role not in roles:
+        raise InvalidRequest("migration_uuid", m.uuid,
+                             f"this host is the move's {m.role.value}, not its "
+                             f"{' or '.join(r.value for r in roles)}")
+    if m.kind not in kinds:
+        raise InvalidRequest("migration_uuid", m.uuid,
+                             f"is a {m.kind.value}, not a "
+                             f"{' or '.join(k.value for k in kinds)}")
+    return m
+
+
 class ComputeManager:
     """Each move step first checks that the migration, the instance and
     this host's part in the move agree, and only then changes anything.
@@ -134,20 +153,8 @@ class ComputeManager:
               kinds: tuple[MoveKind, ...] = tuple(MoveKind)) -> Migration:
         """The migration, once it is known here, is of this instance, and
         this host plays one of ``roles`` in it; InvalidRequest otherwise."""
-        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
-        m = self.tracker.migration(migration_uuid)
-        if m.instance_uuid != instance_uuid:
-            raise InvalidRequest("instance_uuid", instance_uuid,
-                                 f"migration {m.uuid} moves instance {m.instance_uuid}")
-        if m.role not in roles:
-            raise InvalidRequest("migration_uuid", m.uuid,
-                                 f"this host is the move's {m.role.value}, not its "
-                                 f"{' or '.join(r.value for r in roles)}")
-        if m.kind not in kinds:
-            raise InvalidRequest("migration_uuid", m.uuid,
-                                 f"is a {m.kind.value}, not a "
-                                 f"{' or '.join(k.value for k in kinds)}")
-        return m
+        return move_agrees(self.tracker.migration(migration_uuid), instance_uuid,
+                           roles, kinds)
 
     def _known_move(self, migration_uuid, instance_uuid,
                     roles: tuple[MigrationRole, ...],
@@ -156,10 +163,10 @@ class ComputeManager:
         the move: None when the migration is not known here yet."""
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
         try:
-            self.tracker.migration(migration_uuid)
+            m = self.tracker.migration(migration_uuid)
         except InvalidRequest:
             return None
-        return self._move(migration_uuid, instance_uuid, roles, kinds)
+        return move_agrees(m, instance_uuid, roles, kinds)
 
     def _migration_rows(self, m: Migration, owner: Owner) -> list[Assignment]:
         _, rows, _ = self.tracker.instance(m.instance_uuid)
@@ -243,7 +250,8 @@ class ComputeManager:
             new = self._migration_rows(m, Owner.INSTANCE)
             if live_conflicts(self.driver.guest_state(m.instance_uuid), new):
                 self.driver.power_off(m.instance_uuid)
-            self._check_not_in_use(m.instance_uuid, new)
+                # Read again: a guest still on them keeps them.
+                self._check_not_in_use(m.instance_uuid, new)
         self.tracker.revert_move(m.uuid)
         self._run_with_store_devices(m.instance_uuid)
         return {"migration_uuid": m.uuid, "instance": self.get_instance(m.instance_uuid)}

@@ -126,7 +126,18 @@ def parse_metadata(domain_xml: str) -> tuple[str | None, frozenset[str]]:
     """(instance uuid, assignment ids) from a domain's XML; (None, empty)
     when the domain carries no usable metadata of ours. Raises
     InvalidHostData only when the text is not XML."""
+    return _metadata_of(parse_xml(domain_xml, "domain"))
+
+
+def parse_live(domain_xml: str) -> tuple[str | None, frozenset[str],
+                                          frozenset[HostResource]]:
+    """A running domain's XML read once: parse_metadata's answer and
+    held_resources'."""
     root = parse_xml(domain_xml, "domain")
+    return (*_metadata_of(root), _held_by(root))
+
+
+def _metadata_of(root: etree._Element) -> tuple[str | None, frozenset[str]]:
     instance = root.find(f"metadata/{_NS}instance")
     if root.tag != "domain" or instance is None:
         return None, frozenset()
@@ -146,7 +157,10 @@ def held_resources(domain_xml: str) -> frozenset[HostResource]:
     devices and CPU pinning (not from our metadata), so a guest we did not
     define is read the same way. Raises InvalidHostData naming the element
     that cannot be read."""
-    root = parse_xml(domain_xml, "domain")
+    return _held_by(parse_xml(domain_xml, "domain"))
+
+
+def _held_by(root: etree._Element) -> frozenset[HostResource]:
     name = root.findtext("uuid") or "domain"
     held: set[HostResource] = set()
     for address in root.iterfind("devices/hostdev[@type='pci']/source/address"):
@@ -183,7 +197,7 @@ def parse_guest(domain_xml: str) -> GuestSpec | None:
     device's assignment id, kind and device id. None when the domain has
     no usable metadata of ours, or an entry lacks its kind or device."""
     root = parse_xml(domain_xml, "domain")
-    instance_uuid, _ = parse_metadata(domain_xml)
+    instance_uuid, _ = _metadata_of(root)
     if instance_uuid is None:
         return None
     devices = []

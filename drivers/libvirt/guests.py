@@ -14,7 +14,7 @@ import libvirt
 from drivers.base import DeviceKind, GuestSpec, GuestState
 from drivers.libvirt.connection import Connection
 from drivers.host_data import InvalidHostData
-from drivers.libvirt.guest_xml import build_domain_xml, held_resources, parse_metadata
+from drivers.libvirt.guest_xml import build_domain_xml, parse_live, parse_metadata
 from drivers.libvirt.mdev import MdevError, MdevSysfs
 
 LOG = logging.getLogger(__name__)
@@ -183,8 +183,7 @@ def _read_state(dom: libvirt.virDomain) -> tuple[str | None, GuestState] | None:
     instance_uuid, live, saved = None, frozenset(), frozenset()
     resources = frozenset()
     if live_xml is not None:
-        instance_uuid, live = parse_metadata(live_xml)
-        resources = held_resources(live_xml)
+        instance_uuid, live, resources = parse_live(live_xml)
     if saved_xml is not None:
         saved_uuid, saved = parse_metadata(saved_xml)
         instance_uuid = instance_uuid or saved_uuid
