@@ -231,11 +231,6 @@ class GuestState:
     # The host resources the live guest holds (empty when stopped).
     live_resources: frozenset[HostResource] = frozenset()
 
-    @property
-    def in_use(self) -> frozenset[str]:
-        """Assignment ids no one else may be given: the live ones while it
-        runs, and the saved ones it will start with."""
-        return self.live | self.saved
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,7 @@ def test_spawn_of_a_running_guest_only_redefines_it(subject):
     assert state.running
     assert state.live == ids(a) and state.saved == ids(b)
     assert state.live_resources == resources(a)
-    assert state.in_use == ids(a) | ids(b)
+    assert state.live | state.saved == ids(a) | ids(b)
 
 
 def test_spawn_of_a_stopped_guest_starts_it_with_its_new_devices(subject):
