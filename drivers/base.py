@@ -232,7 +232,6 @@ class GuestState:
     live_resources: frozenset[HostResource] = frozenset()
 
 
-
 @dataclass(frozen=True)
 class GuestSpec:
     instance_uuid: str
