@@ -1,5 +1,6 @@
 """The live-migration rewrite of a guest's domain XML, on XML our own writer
 made: each host name changes to the destination's, nothing else does."""
+import libvirt
 import pytest
 from hypothesis import given, settings, strategies as st
 from lxml import etree
@@ -107,6 +108,22 @@ def test_every_host_name_changes_and_nothing_else():
         INSTANCE, frozenset(d.assignment_id for d in DESTINATION))
     assert held_resources(after) == frozenset().union(
         *(device_resources(d) for d in DESTINATION)) == TARGET.destination_resources()
+
+
+def test_libvirt_s_own_xml_is_rewritten_and_accepted():
+    """The XML as libvirt formats it back (its quoting, its element order,
+    its added defaults), rewritten, and defined again by libvirt's test
+    driver: what it then reports holds the destination's devices."""
+    conn = libvirt.open("test:///default")
+    try:
+        domain = conn.defineXML(source_xml())
+        after = rewrite_for_destination(domain.XMLDesc(0), TARGET)
+        redefined = conn.defineXML(after).XMLDesc(0)
+        assert held_resources(redefined) == TARGET.destination_resources()
+        assert parse_metadata(redefined)[1] == {d.assignment_id for d in DESTINATION}
+        conn.lookupByUUIDString(INSTANCE).undefine()
+    finally:
+        conn.close()
 
 
 def test_the_guests_own_addresses_stay():
