@@ -13,6 +13,10 @@ Each entry is a JSON object. Every key it sets must match:
   say how matching devices are reported; they never affect matching. So
   does ``physical_network``, the neutron physical network a NIC's VFs
   reach (null: none), which nova reads from the same spec.
+- ``live_migratable``: "yes" or "no" (nova's spelling; JSON true and false
+  too), default no. Whether a guest given a matching device may be live
+  migrated: only devices whose driver migrates their state (a VFIO variant
+  driver) can be, and only the operator knows that.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from drivers.base import PciDevice
 
 OPTION = "[pci] device_spec"
 _KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits",
-               "physical_network"}
+               "physical_network", "live_migratable"}
+_YES_NO = {"yes": True, "no": False, True: True, False: False}
 _HEX = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 
 
@@ -51,6 +56,7 @@ class DeviceSpec:
     resource_class: str | None
     traits: frozenset[str]
     physical_network: str | None = None
+    live_migratable: bool = False
 
     def matches(self, device: PciDevice) -> bool:
         if self.vendor_id is not None and int(device.vendor_id, 16) != self.vendor_id:
@@ -145,6 +151,13 @@ def _physical_network(text: str, value) -> str | None:
     return value.strip()
 
 
+def _live_migratable(text: str, value) -> bool:
+    key = value.strip().lower() if isinstance(value, str) else value
+    if type(key) not in (str, bool) or key not in _YES_NO:
+        raise _fail(text, "live_migratable", value, 'must be "yes" or "no"')
+    return _YES_NO[key]
+
+
 def parse_spec(text: str) -> DeviceSpec:
     try:
         data = json.loads(text)
@@ -170,6 +183,7 @@ def parse_spec(text: str) -> DeviceSpec:
                         if "resource_class" in data else None),
         traits=_traits(text, data.get("traits", [])),
         physical_network=_physical_network(text, data.get("physical_network")),
+        live_migratable=_live_migratable(text, data.get("live_migratable", "no")),
     )
 
 

@@ -110,7 +110,8 @@ def pci_traits(spec: DeviceSpec) -> frozenset[str]:
     """The traits of an allowlisted device's (or its VFs') provider."""
     physnet = ({physnet_trait(spec.physical_network)}
                if spec.physical_network else set())
-    return frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits | physnet
+    migratable = {os_traits.HW_PCI_LIVE_MIGRATABLE} if spec.live_migratable else set()
+    return frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits | physnet | migratable
 
 
 def root_traits(inv: HostInventory, policy: TreePolicy) -> frozenset[str]:

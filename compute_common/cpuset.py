@@ -28,3 +28,16 @@ def parse_cpu_set(text: str, allow_exclusions: bool = True) -> frozenset[int]:
         target.update(range(lo, hi + 1))
     return frozenset(include - exclude)
 
+
+
+def format_cpu_set(cpus: frozenset[int] | set[int]) -> str:
+    """The shortest CPU list without exclusions: {0, 1, 2, 3, 8} -> '0-3,8'."""
+    parts: list[str] = []
+    ordered = sorted(cpus)
+    start = 0
+    for i, cpu in enumerate(ordered):
+        if i + 1 == len(ordered) or ordered[i + 1] != cpu + 1:
+            low = ordered[start]
+            parts.append(str(low) if low == cpu else f"{low}-{cpu}")
+            start = i + 1
+    return ",".join(parts)

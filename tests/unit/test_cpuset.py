@@ -1,8 +1,8 @@
-"""CPU list syntax: parse_cpu_set."""
+"""CPU list syntax: parse_cpu_set and format_cpu_set."""
 import pytest
 from hypothesis import given, strategies as st
 
-from compute_common.cpuset import parse_cpu_set
+from compute_common.cpuset import format_cpu_set, parse_cpu_set
 
 
 @pytest.mark.parametrize("text,cpus", [
@@ -52,3 +52,18 @@ def test_a_range_beyond_any_host_is_refused_before_it_is_built():
     with pytest.raises(ValueError, match="0-999999999"):
         parse_cpu_set("0-999999999")
     assert max(parse_cpu_set("65530-65535")) == 65535
+
+
+@pytest.mark.parametrize("cpus,text", [
+    ({0, 1, 2, 3, 8}, "0-3,8"), ({5}, "5"), ({4, 5}, "4-5"), (set(), ""),
+    ({1, 3, 5}, "1,3,5"), ({9, 0, 1, 10}, "0-1,9-10"),
+])
+def test_format(cpus, text):
+    assert format_cpu_set(cpus) == text
+
+
+@given(st.frozensets(st.integers(0, 300)))
+def test_format_reads_back(cpus):
+    text = format_cpu_set(cpus)
+    assert parse_cpu_set(text, allow_exclusions=False) == cpus
+    assert "^" not in text

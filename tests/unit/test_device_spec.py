@@ -161,6 +161,9 @@ BAD_ENTRIES = [
     ('{"vendor_id": "8086", "resource_class": 5}', "resource_class", "5"),
     ('{"vendor_id": "8086", "physical_network": ""}', "physical_network", "''"),
     ('{"vendor_id": "8086", "physical_network": 1}', "physical_network", "1"),
+    ('{"vendor_id": "8086", "live_migratable": "maybe"}', "live_migratable", "'maybe'"),
+    ('{"vendor_id": "8086", "live_migratable": 1}', "live_migratable", "1"),
+    ('{"vendor_id": "8086", "live_migratable": null}', "live_migratable", "None"),
 ]
 
 
@@ -212,6 +215,16 @@ def test_a_physical_network_is_read_and_null_means_none():
         "physnet1")
     assert spec(vendor_id="8086", physical_network=None).physical_network is None
     assert spec(vendor_id="8086").physical_network is None
+
+
+@pytest.mark.parametrize("value,migratable", [
+    ("yes", True), ("no", False), ("Yes ", True), (True, True), (False, False)])
+def test_live_migratable_is_read(value, migratable):
+    assert spec(vendor_id="8086", live_migratable=value).live_migratable is migratable
+
+
+def test_a_device_is_not_live_migratable_unless_marked():
+    assert spec(vendor_id="8086").live_migratable is False
 
 
 def test_standard_resource_class_is_kept():

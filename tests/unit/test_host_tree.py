@@ -227,6 +227,16 @@ def test_a_spec_s_physical_network_becomes_a_physnet_trait():
         "COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET_DATA"}
 
 
+def test_a_live_migratable_spec_marks_its_provider_as_nova_does():
+    marked = json.dumps({"vendor_id": "8086", "product_id": "154c",
+                         "live_migratable": "yes"})
+    whole = json.dumps({"address": WHOLE})
+    tree = build(device_specs=parse_specs([marked, whole])).tree
+    assert tree.by_name(n("0000:3B:00.0")).traits == {
+        "COMPUTE_MANAGED_PCI_DEVICE", "HW_PCI_LIVE_MIGRATABLE"}
+    assert tree.by_name(n("0000:5E:00.0")).traits == {"COMPUTE_MANAGED_PCI_DEVICE"}
+
+
 def test_vfs_of_one_pf_allowlisted_by_its_address_and_vf_product():
     spec = json.dumps({"address": PF, "product_id": "154c"})
     tree = build(device_specs=parse_specs([spec])).tree
