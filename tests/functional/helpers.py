@@ -74,21 +74,26 @@ def placement_tree(url: str, root_uuid: str) -> dict[str, dict]:
     return out
 
 
+def provider_uuids(url: str, root_uuid: str) -> list[str]:
+    return [r["uuid"] for r in
+            get(url, f"/resource_providers?in_tree={root_uuid}")["resource_providers"]]
+
+
 def offered(url: str, root_uuid: str) -> dict[str, int]:
     """What Placement lets be allocated on the tree, per class: the sum of
     (total - reserved) * allocation_ratio."""
     out: dict[str, int] = {}
-    for node in placement_tree(url, root_uuid).values():
-        for rc, record in node["inventories"].items():
+    for rp in provider_uuids(url, root_uuid):
+        for rc, record in get(url, f"/resource_providers/{rp}/inventories")[
+                "inventories"].items():
             out[rc] = out.get(rc, 0) + capacity(record)
     return out
 
 
 def used(url: str, root_uuid: str) -> dict[str, int]:
     out: dict[str, int] = {}
-    for node in placement_tree(url, root_uuid).values():
-        for rc, n in get(url, f"/resource_providers/{node['uuid']}/usages")[
-                "usages"].items():
+    for rp in provider_uuids(url, root_uuid):
+        for rc, n in get(url, f"/resource_providers/{rp}/usages")["usages"].items():
             out[rc] = out.get(rc, 0) + n
     return {rc: n for rc, n in out.items() if n}
 
