@@ -127,15 +127,20 @@ class Switch:
                 for c in self.consumers.values()}
 
     def check_at_every_write(self) -> None:
-        """Run the capacity check after each write the agent sends."""
+        """Run the capacity check after each write the agent sends that can
+        change capacity: inventories, reshapes, deletions."""
         client = self.agent.sync.client
         real = client._call
 
         def checked(method, url, body=None, expected=(200,)):
             answer = real(method, url, body, expected)
-            if method != "GET":
+            if (url.endswith("/inventories") and method == "PUT"
+                    or url == "/reshaper" or method == "DELETE"):
+                self.checked_writes += 1
                 assert_never_more_than_physical(self.url, self.root, PHYSICAL)
             return answer
+
+        self.checked_writes = 0
 
         client._call = checked
 
@@ -189,7 +194,8 @@ def class_totals(allocations: dict) -> dict[str, dict[str, int]]:
 
 
 SWITCHES = [(TreeMode.FLAT, TreeMode.NESTED), (TreeMode.NESTED, TreeMode.FLAT),
-            (TreeMode.NESTED, TreeMode.NUMA_DEVICES), (TreeMode.NUMA_DEVICES, TreeMode.NESTED)]
+            (TreeMode.NESTED, TreeMode.NUMA_DEVICES), (TreeMode.NUMA_DEVICES, TreeMode.NESTED),
+            (TreeMode.FLAT, TreeMode.NUMA_DEVICES)]
 
 
 @pytest.mark.parametrize("old,new", SWITCHES,
@@ -222,6 +228,7 @@ def test_mode_switch_under_running_guests_holds_then_heals(tmp_path, placement, 
 
     result = run_heal(s.agent)
     assert result.applied
+    assert s.checked_writes >= 2  # the switch's inventories, heal's reshape
     healed = s.tree()
     assert set(healed) == {p.name for p in model}
     for name in set(healed) & set(before_tree):
