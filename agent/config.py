@@ -116,11 +116,20 @@ compute_opts = [
         default="nested",
         choices=[
             ("nested", "NUMA cells are child providers that carry VCPU, PCPU "
-             "and MEMORY_MB; devices sit under their cell."),
+             "and MEMORY_MB; devices sit under their cell. An instance's CPUs "
+             "and memory come from one cell, so no flavor larger than a cell "
+             "fits."),
             ("flat", "nova-compatible: VCPU, PCPU and MEMORY_MB stay on the "
              "root, and devices sit directly under it."),
+            ("numa_devices", "VCPU, PCPU and MEMORY_MB stay on the root, so "
+             "a flavor larger than one cell fits; the NUMA cells stay as "
+             "providers (HW_NUMA_ROOT) that hold the devices, so a request "
+             "can still keep its devices on one cell with same_subtree."),
         ],
-        help="Shape of the provider tree.",
+        help="Shape of the provider tree. Changing it on a host with "
+        "running guests leaves the new providers of a moving class fully "
+        "reserved until 'compute-agent-manage heal' moves the guests' "
+        "allocations.",
     ),
     cfg.StrOpt(
         "cpu_dedicated_set",

@@ -1,7 +1,7 @@
 """Reserved until healed, and the heal plan: pure rules, no I/O.
 
-When the model moves a resource class off a provider (flat <-> nested, a
-pmem label regrouped, a device whose class changes) while consumers still
+When the model moves a resource class off a provider (a switch between
+any two tree modes, a pmem label regrouped, a device whose class changes) while consumers still
 hold that class there, the host is *unhealed* for that class, and until
 heal moves those allocations:
 
@@ -302,8 +302,9 @@ def plan_heal(current: ProviderTree, model: ProviderTree,
 
     A device's allocation goes to the provider of the device the store
     assigns the consumer; a class with a single provider in the model goes
-    there. CPU and memory go to the instance's NUMA cell, taken from its
-    pinned CPUs, else from its devices; an instance with neither goes by
+    there (the root's VCPU and MEMORY_MB in flat and numa_devices modes).
+    CPU and memory split among cells go to the instance's NUMA cell, taken
+    from its pinned CPUs, else from its devices; an instance with neither goes by
     the even rule: instances in UUID order, each to the cell with the
     largest free share of what it needs."""
     moves = moving(current, model, owned)

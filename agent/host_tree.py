@@ -7,6 +7,7 @@ nova-compute registered can be adopted in place.
 """
 from __future__ import annotations
 
+import enum
 import math
 import uuid
 from collections import defaultdict
@@ -33,11 +34,41 @@ class MdevTypePolicy:
     addresses: frozenset[str] | None = None
 
 
+class TreeMode(enum.Enum):
+    """The shape of the tree: where compute inventory goes and where a
+    device provider hangs (the two rules below), as
+    ``[compute] provider_tree_mode`` names them."""
+
+    # nova's: everything on the root, devices directly under it.
+    FLAT = "flat"
+    # NUMA cells carry VCPU, PCPU and MEMORY_MB; devices under their cell.
+    NESTED = "nested"
+    # Compute on the root, so one class is never split across cells (a
+    # flavor bigger than a cell fits); the cells still stand, with
+    # HW_NUMA_ROOT, to hold the devices, so same_subtree still ties
+    # devices to one cell.
+    NUMA_DEVICES = "numa_devices"
+
+
+def compute_on_cells(mode: TreeMode) -> bool:
+    """Where compute inventory goes: VCPU, PCPU and MEMORY_MB on the NUMA
+    cells' providers (True) or on the root (False). DISK_GB is always the
+    root's."""
+    return mode is TreeMode.NESTED
+
+
+def devices_under_cells(mode: TreeMode) -> bool:
+    """Where a device provider hangs: under its NUMA cell's provider (True)
+    or directly under the root (False). The cells stand as providers
+    exactly when something goes under them."""
+    return mode in (TreeMode.NESTED, TreeMode.NUMA_DEVICES)
+
+
 @dataclass(frozen=True)
 class TreePolicy:
     host: str
     root_uuid: str
-    nested: bool = True
+    mode: TreeMode = TreeMode.NESTED
     dedicated_cpus: frozenset[int] | None = None
     shared_cpus: frozenset[int] | None = None
     reserved_memory_mb: int = 0
@@ -148,7 +179,8 @@ class _Builder:
         return p
 
     def parent_for(self, numa_node: int | None, what: str) -> Provider:
-        if not self.policy.nested or numa_node is None:
+        """The provider a device of ``numa_node`` hangs under."""
+        if not devices_under_cells(self.policy.mode) or numa_node is None:
             return self.root
         if numa_node not in self.cells:
             self.warnings.append(f"{what}: numa_node: cell {numa_node} is not "
@@ -177,6 +209,9 @@ class _Builder:
             return shared, frozenset()
         return p.shared_cpus or frozenset(), p.dedicated_cpus
 
+    def cell_of_cpu(self, cpu: int) -> int | None:
+        return next((c.id for c in self.inv.numa_cells if cpu in c.cpus), None)
+
     def compute_inventory(self, provider_name: str, numa_node: int | None,
                           cpus: frozenset[int], memory_mb: int,
                           reserve_memory: bool) -> dict:
@@ -184,8 +219,10 @@ class _Builder:
         out = {}
         pinned = sorted(cpus & self.dedicated_cpus)
         if pinned:
+            # Each pinned CPU keeps its cell, on the root too, so that a
+            # claim still prefers the cell of the instance's devices.
             self.pools.append(Pool(provider_name, orc.PCPU, DeviceKind.PCPU,
-                                   len(pinned), tuple(Slot(str(c), numa_node)
+                                   len(pinned), tuple(Slot(str(c), self.cell_of_cpu(c))
                                                       for c in pinned), numa_node))
             out[orc.PCPU] = inventory(len(pinned))
         if cpus & self.shared_cpus:
@@ -217,7 +254,7 @@ class _Builder:
                 allocation_ratio=p.disk_allocation_ratio)
         if inv.disk_gb > 0:
             self.counted(p.host, None, invs)
-        if not p.nested or not inv.numa_cells:
+        if not compute_on_cells(p.mode) or not inv.numa_cells:
             invs.update(self.compute_inventory(p.host, None, inv.cpus,
                                                inv.memory_mb, True))
         self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs,
@@ -225,17 +262,18 @@ class _Builder:
         self.tree.add(self.root)
 
     def build_cells(self) -> None:
-        if not self.policy.nested:
+        mode = self.policy.mode
+        if not devices_under_cells(mode):
             return
         cells = sorted(self.inv.numa_cells, key=lambda c: c.id)
         # A memory-less cell has no MEMORY_MB to hold the reservation.
         reserving = next((c.id for c in cells if c.memory_mb > 0), None)
         for cell in cells:
             name = numa_provider_name(self.policy.host, cell.id)
-            self.add(name, self.root,
-                     self.compute_inventory(name, cell.id, cell.cpus, cell.memory_mb,
-                                            cell.id == reserving),
-                     frozenset({os_traits.HW_NUMA_ROOT}))
+            invs = (self.compute_inventory(name, cell.id, cell.cpus, cell.memory_mb,
+                                           cell.id == reserving)
+                    if compute_on_cells(mode) else {})
+            self.add(name, self.root, invs, frozenset({os_traits.HW_NUMA_ROOT}))
 
     # --- PCI ------------------------------------------------------------
 
@@ -355,7 +393,7 @@ class _Builder:
                     self.warnings.append(f"pmem namespace {name}: name: not "
                                          "found on this host; not reported")
                     continue
-                cell = ns.numa_node if (self.policy.nested
+                cell = ns.numa_node if (devices_under_cells(self.policy.mode)
                                         and ns.numa_node in self.cells) else None
                 groups[(label, cell)].append(Slot(
                     name, ns.numa_node, ns.size_bytes,

@@ -12,7 +12,7 @@ from agent.config import register_mdev_type_groups
 from compute_common.cpuset import parse_cpu_set
 from agent.device_spec import parse_specs
 from agent.exception import ConfigError
-from agent.host_tree import MdevTypePolicy, TreePolicy
+from agent.host_tree import MdevTypePolicy, TreeMode, TreePolicy
 
 
 def _cpu_option(conf: cfg.ConfigOpts, name: str) -> frozenset[int] | None:
@@ -66,7 +66,7 @@ def tree_policy_from_conf(conf: cfg.ConfigOpts, root_uuid: str) -> TreePolicy:
     return TreePolicy(
         host=conf.host,
         root_uuid=root_uuid,
-        nested=c.provider_tree_mode == "nested",
+        mode=TreeMode(c.provider_tree_mode),
         dedicated_cpus=_cpu_option(conf, "cpu_dedicated_set"),
         shared_cpus=_cpu_option(conf, "cpu_shared_set"),
         reserved_memory_mb=c.reserved_host_memory_mb,

@@ -10,6 +10,7 @@ import requests
 import yaml
 
 from agent.cmd.common import load_config
+from agent.heal import capacity
 from agent.service import Agent
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
@@ -71,6 +72,45 @@ def placement_tree(url: str, root_uuid: str) -> dict[str, dict]:
             "traits": set(get(url, f"/resource_providers/{r['uuid']}/traits")["traits"]),
         }
     return out
+
+
+def provider_uuids(url: str, root_uuid: str) -> list[str]:
+    return [r["uuid"] for r in
+            get(url, f"/resource_providers?in_tree={root_uuid}")["resource_providers"]]
+
+
+def offered(url: str, root_uuid: str) -> dict[str, int]:
+    """What Placement lets be allocated on the tree, per class: the sum of
+    (total - reserved) * allocation_ratio."""
+    out: dict[str, int] = {}
+    for rp in provider_uuids(url, root_uuid):
+        for rc, record in get(url, f"/resource_providers/{rp}/inventories")[
+                "inventories"].items():
+            out[rc] = out.get(rc, 0) + capacity(record)
+    return out
+
+
+def used(url: str, root_uuid: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for rp in provider_uuids(url, root_uuid):
+        for rc, n in get(url, f"/resource_providers/{rp}/usages")["usages"].items():
+            out[rc] = out.get(rc, 0) + n
+    return {rc: n for rc, n in out.items() if n}
+
+
+def assert_never_more_than_physical(url: str, root_uuid: str,
+                                    physical: dict[str, int]) -> None:
+    """Placement offers no class beyond what the host has: summed over the
+    tree, and as a scheduler sees it (one more than is free finds no
+    candidate)."""
+    have = offered(url, root_uuid)
+    assert all(have.get(rc, 0) <= n for rc, n in physical.items()), have
+    taken = used(url, root_uuid)
+    for rc, n in sorted(physical.items()):
+        ask = n - taken.get(rc, 0) + 1
+        found = get(url, f"/allocation_candidates?resources={rc}:{ask}"
+                         f"&in_tree={root_uuid}")["allocation_requests"]
+        assert found == [], (rc, ask, found)
 
 
 def totals(node: dict) -> dict[str, int]:

@@ -18,10 +18,11 @@ import pytest
 import requests
 
 from agent.cmd.common import load_config
-from agent.heal import HealRefused, capacity
+from agent.heal import HealRefused
 from agent.healer import run_heal
 from agent.service import Agent
-from tests.functional.helpers import (HEADERS, get, placement_tree, put_allocations,
+from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,
+                                      offered, placement_tree, put_allocations, used,
                                       write_conf)
 
 HOST = {
@@ -76,37 +77,6 @@ def flat_host_with_guests(directory: Path, placement) -> tuple[Agent, list[str]]
     return agent_in_mode(directory, placement, host, "nested"), consumers
 
 
-def offered(url: str, root_uuid: str) -> dict[str, int]:
-    """What Placement lets be allocated on the tree, per class: the sum of
-    (total - reserved) * allocation_ratio."""
-    out: dict[str, int] = {}
-    for node in placement_tree(url, root_uuid).values():
-        for rc, record in node["inventories"].items():
-            out[rc] = out.get(rc, 0) + capacity(record)
-    return out
-
-
-def used(url: str, root_uuid: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for node in placement_tree(url, root_uuid).values():
-        for rc, n in get(url, f"/resource_providers/{node['uuid']}/usages")[
-                "usages"].items():
-            out[rc] = out.get(rc, 0) + n
-    return {rc: n for rc, n in out.items() if n}
-
-
-def assert_never_more_than_physical(url: str, root_uuid: str) -> None:
-    have = offered(url, root_uuid)
-    assert all(have.get(rc, 0) <= n for rc, n in PHYSICAL.items()), have
-    # A request for one more than is free finds no candidate on the host.
-    taken = used(url, root_uuid)
-    for rc in ("VCPU", "MEMORY_MB"):
-        ask = PHYSICAL[rc] - taken.get(rc, 0) + 1
-        found = get(url, f"/allocation_candidates?resources={rc}:{ask}"
-                         f"&in_tree={root_uuid}")["allocation_requests"]
-        assert found == [], (rc, ask, found)
-
-
 def allocations_by_name(url: str, consumer: str, names: dict[str, str]) -> dict:
     doc = get(url, f"/allocations/{consumer}")["allocations"]
     return {names[rp]: body["resources"] for rp, body in doc.items()}
@@ -124,7 +94,7 @@ def test_switching_to_nested_under_guests_reserves_the_cells_until_healed(
         tmp_path, placement):
     agent, consumers = flat_host_with_guests(tmp_path, placement)
     root = agent.policy.root_uuid
-    assert_never_more_than_physical(placement.url, root)
+    assert_never_more_than_physical(placement.url, root, PHYSICAL)
 
     agent.update_provider_tree()
     h = agent.policy.host
@@ -133,7 +103,7 @@ def test_switching_to_nested_under_guests_reserves_the_cells_until_healed(
         for rc, record in tree[cell]["inventories"].items():
             assert record["reserved"] == record["total"], (cell, rc, record)
     assert set(tree[h]["inventories"]) == {"VCPU", "PCPU", "MEMORY_MB", "DISK_GB"}
-    assert_never_more_than_physical(placement.url, root)
+    assert_never_more_than_physical(placement.url, root, PHYSICAL)
     # Steady while unhealed: one request a cycle, nothing written.
     mark = placement.mark()
     agent.update_provider_tree()
@@ -171,7 +141,7 @@ def test_heal_moves_every_allocation_to_its_cell_in_one_reshape(tmp_path, placem
     # The pinned guest's CPUs are on cell 1, and its memory with them.
     pinned = allocations_by_name(placement.url, consumers[3], names)
     assert pinned[f"{h}_numa_1"] == {"PCPU": 2, "MEMORY_MB": 2048}
-    assert_never_more_than_physical(placement.url, root)
+    assert_never_more_than_physical(placement.url, root, PHYSICAL)
 
     mark = placement.mark()
     again = run_heal(agent)
@@ -260,7 +230,7 @@ def test_heal_killed_around_the_reshaper_and_run_again_ends_the_same(
     agent.sync.client.reshape = dies
     with pytest.raises(Killed):
         run_heal(agent)
-    assert_never_more_than_physical(placement.url, agent.policy.root_uuid)
+    assert_never_more_than_physical(placement.url, agent.policy.root_uuid, PHYSICAL)
     agent.stop()
 
     again = Agent.from_conf(load_config(

@@ -1,10 +1,16 @@
 """The reserved-until-healed rule and the heal plan, without Placement."""
 from __future__ import annotations
 
+import dataclasses
+import uuid as uuid_lib
+from collections import defaultdict
+
 import pytest
 
 from agent.claims import Pool, Slot
-from agent.heal import Consumer, HealRefused, hold_unhealed, plan_heal
+from agent.device_spec import parse_specs
+from agent.heal import Consumer, HealRefused, capacity, hold_unhealed, plan_heal
+from agent.host_tree import TreeMode
 from agent.provider_tree import Provider, ProviderTree, inventory
 from agent.state import Assignment, Migration
 from drivers.base import DeviceKind
@@ -103,3 +109,159 @@ def test_a_consumer_in_the_middle_of_a_move_is_refused_by_name():
     move = Migration("m1", "c1", "resize", "source", "active")
     with pytest.raises(HealRefused, match="c1: is in the middle of a resize"):
         plan_heal(flat(), nested(), POOLS, {"c1": c}, [], [move])
+
+
+# --- switching between any two tree modes ---------------------------------------
+
+MODE_HOST = {
+    "disk_gb": 100,
+    "numa_cells": [{"id": 0, "cpus": "0-7", "memory_mb": 16384},
+                   {"id": 1, "cpus": "8-15", "memory_mb": 16384}],
+    "pci_devices": [{"address": "0000:3b:00.0", "vendor_id": "8086",
+                     "product_id": "1572", "numa_node": 0,
+                     "vfs": {"count": 4, "product_id": "154c"}}],
+    "gpus": [{"address": "0000:af:00.0", "numa_node": 1,
+              "mdev_types": {"nvidia-35": {"available_instances": 3}},
+              "mdevs": [{"uuid": "00000000-0000-0000-0000-00000000000a",
+                         "type": "nvidia-35"}]}],
+    "pmem_namespaces": [{"name": "ns0", "size_bytes": 1 << 30, "numa_node": 0},
+                        {"name": "ns1", "size_bytes": 1 << 30, "numa_node": 1}],
+}
+MODE_ROOT = "4d8e7c51-2b0a-4f0e-9d61-1c3a5b7e9f02"
+VF_RC, PMEM_RC = "CUSTOM_PCI_8086_154C", "CUSTOM_PMEM_NAMESPACE_SMALL"
+# consumer -> (its NUMA cell, its counted resources, its devices by kind
+# and id). Under nested, the counted resources sit on the cell, as a
+# scheduler would have put them; the plain guest's cell 0 is also where
+# the even rule sends it.
+MODE_GUESTS = {
+    "c1-vgpu": (1, {"VCPU": 2, "MEMORY_MB": 2048},
+                [(DeviceKind.MDEV, "00000000-0000-0000-0000-00000000000a")]),
+    "c2-vf": (0, {"VCPU": 1, "MEMORY_MB": 1024}, [(DeviceKind.VF, "0000:3b:10.0")]),
+    "c3-pinned": (1, {"MEMORY_MB": 2048}, [(DeviceKind.PCPU, "12"),
+                                          (DeviceKind.PCPU, "13"),
+                                          (DeviceKind.PMEM, "ns1")]),
+    "c4-plain": (0, {"VCPU": 1, "MEMORY_MB": 512}, []),
+}
+
+
+def mode_tree(mode):
+    from agent.host_tree import MdevTypePolicy, TreePolicy, build_tree
+    from drivers.fake import host_from_dict
+
+    return build_tree(host_from_dict(MODE_HOST), TreePolicy(
+        host="h", root_uuid=MODE_ROOT, mode=mode,
+        dedicated_cpus=frozenset(range(12, 16)), shared_cpus=frozenset(range(12)),
+        mdev_types=(MdevTypePolicy("nvidia-35"),),
+        pmem_labels=(("SMALL", frozenset({"ns0", "ns1"})),),
+        device_specs=parse_specs(['{"vendor_id": "8086", "product_id": "154c"}'])))
+
+
+def placed(mode, tree: ProviderTree, built) -> dict:
+    """consumer -> (allocations by provider uuid, assignments) as the
+    agent's claims in ``mode`` leave them."""
+    from agent.host_tree import compute_on_cells, numa_provider_name
+
+    uuid_of = {p.name: p.uuid for p in tree}
+    device_pool = {(pool.kind, s.device_id): pool for pool in built.pools
+                   for s in pool.slots}
+    out = {}
+    for consumer, (cell, counted, devices) in MODE_GUESTS.items():
+        allocations: dict[str, dict[str, int]] = {}
+        rows = []
+        on_cell = compute_on_cells(mode)
+        home = uuid_of[numa_provider_name("h", cell) if on_cell else "h"]
+        for rc, n in counted.items():
+            allocations.setdefault(home, {})[rc] = n
+            rows.append(Assignment(f"a-{consumer}-{rc}", consumer, consumer, "instance",
+                                   None, rc, home,
+                                   DeviceKind.NUMA if on_cell else DeviceKind.HOST_RESOURCES,
+                                   str(cell) if on_cell else "host", n, "claimed", "boot"))
+        for kind, device in devices:
+            pool = device_pool[(kind, device)]
+            rp = uuid_of[pool.provider_name]
+            res = allocations.setdefault(rp, {})
+            res[pool.resource_class] = res.get(pool.resource_class, 0) + 1
+            rows.append(Assignment(f"a-{consumer}-{device}", consumer, consumer,
+                                   "instance", None, pool.resource_class, rp, kind,
+                                   device, 1, "claimed", "boot"))
+        out[consumer] = (allocations, rows)
+    return out
+
+
+def as_placement_has_it(tree: ProviderTree) -> ProviderTree:
+    """The tree as Placement holds it: generations, and for the children
+    UUIDs of their own (as an adopted host's are), which must be kept."""
+    renamed = {p.uuid: (p.uuid if p.parent_uuid is None
+                        else str(uuid_lib.uuid5(uuid_lib.NAMESPACE_URL, p.name)))
+               for p in tree}
+    return ProviderTree(dataclasses.replace(p, uuid=renamed[p.uuid],
+                                            parent_uuid=renamed.get(p.parent_uuid),
+                                            generation=7)
+                        for p in tree.depth_first())
+
+
+def offered_by_class(tree: ProviderTree) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for p in tree:
+        for rc, record in p.inventories.items():
+            out[rc] += capacity(record)
+    return dict(out)
+
+
+def switch(old_mode, new_mode):
+    """(Placement's tree in ``old_mode``, the consumers and the store's
+    rows there, the ``new_mode`` model with Placement's UUIDs, its pools)."""
+    from agent.provider_tree import adopt_uuids
+    from agent.service import pools_by_uuid
+
+    current = as_placement_has_it(mode_tree(old_mode).tree)
+    old = placed(old_mode, current, mode_tree(old_mode))
+    built = mode_tree(new_mode)
+    model = adopt_uuids(built.tree, current)
+    pools = pools_by_uuid(built, {p.name: p.uuid for p in model})
+    consumers = {c: consumer(c, allocations) for c, (allocations, _) in old.items()}
+    rows = [r for _, rs in old.values() for r in rs]
+    return current, consumers, rows, model, pools
+
+
+MODE_PAIRS = [(a, b) for a in TreeMode for b in TreeMode if a is not b]
+
+
+@pytest.mark.parametrize("old_mode,new_mode", MODE_PAIRS,
+                         ids=[f"{a.value}-to-{b.value}" for a, b in MODE_PAIRS])
+def test_each_mode_switch_holds_then_heals_to_where_the_new_mode_puts_each_allocation(
+        old_mode, new_mode):
+    current, consumers, rows, model, pools = switch(old_mode, new_mode)
+
+    # Providers whose name stays keep Placement's UUID; only their parent moves.
+    for p in model:
+        old = current.by_name(p.name)
+        if old is not None:
+            assert p.uuid == old.uuid, p.name
+
+    usages: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for c in consumers.values():
+        for rp, res in c.allocations.items():
+            for rc, n in res.items():
+                usages[rp][rc] += n
+    held = hold_unhealed(current, model, usages)
+    physical = offered_by_class(model)
+    assert offered_by_class(current) == physical
+    assert all(n <= physical[rc] for rc, n in offered_by_class(held.tree).items()), \
+        (offered_by_class(held.tree), physical)
+    assert held.stranded, "every switch moves something someone holds"
+
+    plan = plan_heal(current, model, pools, consumers, rows, [])
+    expected = placed(new_mode, model, mode_tree(new_mode))
+    for c, (allocations, _) in expected.items():
+        assert plan.consumers.get(c, consumers[c]).allocations == allocations, c
+    # Whatever the model drops, heal empties; whatever it keeps, heal sets to
+    # the model's inventories.
+    for uuid, (generation, inventories) in plan.inventories.items():
+        assert generation == (7 if uuid in current else None)
+        target = model.get(uuid)
+        assert inventories == (target.inventories if target else {})
+    # Applied, the plan leaves nothing stranded: a second plan is empty.
+    healed = {c: dataclasses.replace(consumers[c], allocations=a)
+              for c, (a, _) in expected.items()}
+    assert plan_heal(model, model, pools, healed, rows, []).empty

@@ -6,7 +6,7 @@ import pytest
 
 from agent.device_spec import parse_specs
 from agent.exception import ConfigError
-from agent.host_tree import (MdevTypePolicy, TreePolicy, build_tree, child_uuid,
+from agent.host_tree import (MdevTypePolicy, TreeMode, TreePolicy, build_tree, child_uuid,
                              gpu_provider_name, numa_provider_name,
                              pci_provider_name, pmem_provider_name)
 from agent.provider_tree import inventory, normalized_inventories
@@ -299,7 +299,7 @@ def test_gpu_both_passed_through_and_split_into_mdevs_is_refused():
 # --- flat mode ---------------------------------------------------------------
 
 def test_flat_mode_keeps_compute_on_the_root_and_devices_under_it():
-    tree = build(nested=False).tree
+    tree = build(mode=TreeMode.FLAT).tree
     root = tree.root
     assert root.inventories["VCPU"] == inventory(16, allocation_ratio=4.0)
     assert root.inventories["MEMORY_MB"] == inventory(32768, reserved=512)
@@ -311,6 +311,34 @@ def test_flat_mode_keeps_compute_on_the_root_and_devices_under_it():
     assert tree.by_name(n("pci_0000_af_00_0")) is not None
 
 
+# --- numa_devices mode -------------------------------------------------------
+
+def test_numa_devices_mode_keeps_compute_on_the_root_and_devices_under_their_cell():
+    built = build(mode=TreeMode.NUMA_DEVICES)
+    assert built.warnings == []
+    nested = summary(build().tree)
+    cells = {n("numa_0"), n("numa_1")}
+    assert summary(built.tree) == {
+        **{name: row for name, row in nested.items() if name not in cells | {HOST}},
+        HOST: node(None, {"DISK_GB": inventory(100, reserved=2),
+                          "VCPU": inventory(16, allocation_ratio=4.0),
+                          "MEMORY_MB": inventory(32768, reserved=512)},
+                   {"COMPUTE_NODE", "OWNER_NOVA"}),
+        **{cell: node(HOST, {}, {"HW_NUMA_ROOT"}) for cell in cells}}
+    # The devices' providers are the nested tree's, UUIDs and all: only
+    # compute moves between the two modes.
+    assert ({p.name: p.uuid for p in built.tree}
+            == {p.name: p.uuid for p in build().tree})
+
+
+@pytest.mark.parametrize("mode", list(TreeMode))
+def test_pinned_cpus_keep_their_cell_in_every_mode(mode):
+    built = build(mode=mode, dedicated_cpus=frozenset({1, 9}))
+    slots = {s.device_id: s.numa_node for p in built.pools
+             if p.resource_class == "PCPU" for s in p.slots}
+    assert slots == {"1": 0, "9": 1}
+
+
 def test_nested_host_without_cells_keeps_compute_on_the_root():
     host = {"cpus": "0-3", "memory_mb": 4096, "disk_gb": 10}
     tree = build(host).tree
@@ -318,11 +346,11 @@ def test_nested_host_without_cells_keeps_compute_on_the_root():
     assert set(tree.root.inventories) == {"VCPU", "MEMORY_MB", "DISK_GB"}
 
 
-@pytest.mark.parametrize("nested", [True, False])
-def test_counted_pools_of_the_root_are_host_resources_and_of_a_cell_numa(nested):
+@pytest.mark.parametrize("mode", list(TreeMode))
+def test_counted_pools_of_the_root_are_host_resources_and_of_a_cell_numa(mode):
     kinds = {(p.provider_name, p.resource_class): p.kind
-             for p in build(nested=nested).pools if p.kind.counted}
-    if nested:
+             for p in build(mode=mode).pools if p.kind.counted}
+    if mode is TreeMode.NESTED:
         assert kinds == {(HOST, "DISK_GB"): DeviceKind.HOST_RESOURCES,
                          **{(n(f"numa_{c}"), rc): DeviceKind.NUMA
                             for c in (0, 1) for rc in ("VCPU", "MEMORY_MB")}}

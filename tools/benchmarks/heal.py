@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from agent.healer import run_heal
-from agent.host_tree import MdevTypePolicy, TreePolicy
+from agent.host_tree import MdevTypePolicy, TreeMode, TreePolicy
 from agent.service import Agent
 from agent.testing.local_placement import LocalPlacement
 from tools.benchmarks.common import device_host
@@ -26,8 +26,8 @@ GPUS = 16
 
 
 def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path,
-               nested: bool) -> Agent:
-    return agent_on(url, host, TreePolicy(host=name, root_uuid=root_uuid, nested=nested,
+               mode: TreeMode) -> Agent:
+    return agent_on(url, host, TreePolicy(host=name, root_uuid=root_uuid, mode=mode,
                                           cpu_allocation_ratio=16.0,
                                           mdev_types=(MdevTypePolicy("nvidia-35"),)),
                     state_dir)
@@ -37,7 +37,7 @@ def flat_host_with_instances(url: str, workdir: Path) -> tuple[Agent, dict, str,
     host = device_host(0, 0, gpus=GPUS, vgpus_per_gpu=INSTANCES // GPUS + 1)
     root_uuid = str(uuid.uuid4())
     name = f"benchheal-{root_uuid[:6]}"
-    agent = make_agent(url, host, root_uuid, name, workdir, nested=False)
+    agent = make_agent(url, host, root_uuid, name, workdir, TreeMode.FLAT)
     agent.update_provider_tree()
     gpus = sorted(p.uuid for p in agent.sync.cache if "VGPU" in p.inventories)
     body = {}
@@ -71,7 +71,7 @@ def run(workdir: Path) -> dict:
     placement = LocalPlacement(workdir / "placement").start()
     try:
         _, host, root_uuid, name = flat_host_with_instances(placement.url, workdir)
-        agent = make_agent(placement.url, host, root_uuid, name, workdir, nested=True)
+        agent = make_agent(placement.url, host, root_uuid, name, workdir, TreeMode.NESTED)
         agent.update_provider_tree()  # the cells come up reserved until healed
 
         mark = placement.mark()
