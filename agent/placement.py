@@ -19,7 +19,9 @@ from agent.exception import GenerationConflict, PlacementError, PlacementUnavail
 LOG = logging.getLogger(__name__)
 
 # 1.20: POST /resource_providers answers with the provider. 1.30: reshaper.
-MIN_VERSION = (1, 30)
+# 1.37: a provider's parent may change, which every switch of tree mode
+# needs (a device's provider moves between the root and its NUMA cell).
+MIN_VERSION = (1, 37)
 MAX_VERSION = (1, 39)
 
 
