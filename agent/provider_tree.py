@@ -156,7 +156,7 @@ def tree_as_dicts(tree: ProviderTree) -> list[dict]:
 def describe_inventory(rc: str, record: Mapping) -> str:
     """``VCPU=16 (reserved 2, allocation_ratio 4.0)``: what is not a default."""
     extras = [f"{k} {record[k]}" for k in ("reserved", "allocation_ratio")
-              if record.get(k) not in (None, 0, 1, 1.0)]
+              if record.get(k, INVENTORY_DEFAULTS[k]) != INVENTORY_DEFAULTS[k]]
     return f"{rc}={record['total']}" + (f" ({', '.join(extras)})" if extras else "")
 
 
