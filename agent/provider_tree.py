@@ -145,10 +145,35 @@ class ProviderTree:
 
 
 def tree_as_dicts(tree: ProviderTree) -> list[dict]:
-    """Parents first; plain JSON-compatible values."""
-    return [{"uuid": p.uuid, "name": p.name, "parent_uuid": p.parent_uuid,
-             "generation": p.generation, "inventories": p.inventories,
+    """Parents first; plain JSON-compatible values, by Placement's field
+    names, every inventory field shown."""
+    return [{"uuid": p.uuid, "name": p.name, "parent_provider_uuid": p.parent_uuid,
+             "generation": p.generation,
+             "inventories": normalized_inventories(p.inventories),
              "traits": sorted(p.traits)} for p in tree.depth_first()]
+
+
+def describe_inventory(rc: str, record: Mapping) -> str:
+    """``VCPU=16 (reserved 2, allocation_ratio 4.0)``: what is not a default."""
+    extras = [f"{k} {record[k]}" for k in ("reserved", "allocation_ratio")
+              if record.get(k, INVENTORY_DEFAULTS[k]) != INVENTORY_DEFAULTS[k]]
+    return f"{rc}={record['total']}" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def tree_lines(providers: list[dict]) -> list[str]:
+    """A tree as ``tree_as_dicts`` gives it, indented under its parents."""
+    depth: dict[str | None, int] = {}
+    lines = []
+    for p in providers:
+        depth[p["uuid"]] = depth.get(p["parent_provider_uuid"], -1) + 1
+        indent = "    " * depth[p["uuid"]]
+        lines.append(f"{indent}{p['name']}  [{p['uuid']}] generation {p['generation']}")
+        if p["inventories"]:
+            lines.append(f"{indent}    inventory: " + ", ".join(
+                describe_inventory(rc, rec) for rc, rec in sorted(p["inventories"].items())))
+        if p["traits"]:
+            lines.append(f"{indent}    traits: {', '.join(sorted(p['traits']))}")
+    return lines
 
 
 # --- operations ------------------------------------------------------------

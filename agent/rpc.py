@@ -116,8 +116,10 @@ class ComputeAgentEndpoint:
     @rpc_method("1.0", schemas.NOTHING)
     def get_provider_tree(self, ctxt) -> list[dict]:
         """Since 1.0. The provider tree as the agent last saw it in
-        Placement."""
-        return tree_as_dicts(self._agent.last_tree)
+        Placement, by Placement's field names; ``parent_uuid``, 1.0's name
+        for ``parent_provider_uuid``, stays for the clients that read it."""
+        return [{**p, "parent_uuid": p["parent_provider_uuid"]}
+                for p in tree_as_dicts(self._agent.last_tree)]
 
     @rpc_method("1.0", schemas.INSTANCE)
     def get_instance(self, ctxt, instance_uuid) -> dict:

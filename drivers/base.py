@@ -100,7 +100,8 @@ class HostInventory:
     mdev_parents: tuple[MdevParent, ...] = ()
     mdevs: tuple[Mdev, ...] = ()
     pmem_namespaces: tuple[PmemNamespace, ...] = ()
-    # The host CPU's features by libvirt's names ("avx2", "sse4.2").
+    # Every feature the host CPU has, its named model's own included, by
+    # libvirt's names ("avx2", "sse4.2").
     cpu_features: frozenset[str] = frozenset()
     # Devices the driver could not read, as "device: field: reason" lines.
     warnings: tuple[str, ...] = field(default=(), compare=False)

@@ -3,6 +3,7 @@ value, set up logging. A bad value is one line naming the option, exit 2."""
 from __future__ import annotations
 
 import configparser
+import os
 import sys
 
 from oslo_config import cfg
@@ -69,6 +70,15 @@ def setup_logging(conf: cfg.ConfigOpts, project="compute-agent") -> None:
     """Console scripts only: oslo.log replaces the root logger's handlers.
     Logs go to stderr unless a log file is set, so stdout stays for data."""
     logging.setup(conf, project)
+
+
+def print_output(text: str) -> None:
+    """``text`` on stdout; a reader that stopped early (``| head``) is no
+    error: the rest goes nowhere, with no traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _print_error(error: Exception) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -31,9 +30,10 @@ from typing import Callable
 
 from oslo_config import cfg
 
-from agent.cmd.common import exit_config_error, load_config, setup_logging
+from agent.cmd.common import exit_config_error, load_config, print_output, setup_logging
 from agent.exception import AgentError, ConfigError
 from agent.messaging import messaging
+from agent.provider_tree import tree_lines
 from agent.rpcapi import ComputeAgentAPI
 
 PROG = "compute-agent-ctl"
@@ -77,19 +77,16 @@ def _host_info(info: dict) -> list[str]:
     return [f"{k.replace('_', ' ')}: {info[k]}" for k in keys]
 
 
-def _tree(providers: list[dict]) -> list[str]:
-    depth: dict[str | None, int] = {None: -1}
-    lines = []
-    for p in providers:  # parents first
-        depth[p["uuid"]] = depth.get(p["parent_uuid"], -1) + 1
-        indent = "    " * depth[p["uuid"]]
-        lines.append(f"{indent}{p['name']}  [{p['uuid']}] generation {p['generation']}")
-        if p["inventories"]:
-            lines.append(f"{indent}    inventory: " + ", ".join(
-                f"{rc}={inv['total']}" for rc, inv in sorted(p["inventories"].items())))
-        if p["traits"]:
-            lines.append(f"{indent}    traits: {', '.join(p['traits'])}")
-    return lines
+def in_placement_terms(providers: list[dict]) -> list[dict]:
+    """The agent's tree by Placement's field names; an agent older than
+    ``parent_provider_uuid`` names it ``parent_uuid``."""
+    out = []
+    for p in providers:
+        p = dict(p)
+        parent = p.pop("parent_uuid", None)
+        p.setdefault("parent_provider_uuid", parent)
+        out.append(p)
+    return out
 
 
 def _result(r: dict) -> list[str]:
@@ -166,7 +163,8 @@ COMMANDS: dict[str, Command] = {
     "host-info": Command("What the agent on HOST reports about itself.",
                          lambda api, a: api.get_host_info(a.agent_host), _host_info),
     "tree": Command("HOST's provider tree, as the agent last saw it in Placement.",
-                    lambda api, a: api.get_provider_tree(a.agent_host), _tree),
+                    lambda api, a: in_placement_terms(api.get_provider_tree(a.agent_host)),
+                    tree_lines),
     "show": Command("An instance on HOST: spec, assignments, moves.",
                     lambda api, a: api.get_instance(a.agent_host, a.instance), _instance),
     "build": Command("Claim, define and start an instance from --spec FILE.", _build),
@@ -266,10 +264,7 @@ def main(argv=None) -> int:
     result = outcome["result"]
     text = (json.dumps(result, indent=2, sort_keys=True) if args.json
             else "\n".join(command.render(result)))
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:  # a reader that stopped early (| head) is no error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print_output(text)
     return 0
 
 

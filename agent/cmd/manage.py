@@ -1,7 +1,11 @@
 """compute-agent-manage: operator commands.
 
     compute-agent-manage --config-file F tree [--json]
-        The host's provider tree as Placement shows it now.
+        The tree the agent would report now beside Placement's, what
+        differs, and each class the host is unhealed for with the consumers
+        that hold it (agent/tree_report.py). Read-only, beside a running
+        agent. Exit 0 in step, 1 differences or unhealed, 2 when the store,
+        the hypervisor or Placement could not be read.
     compute-agent-manage --config-file F audit [--json]
         Compare the store, the hypervisor's guests and Placement's
         allocations; change nothing. Exit 1 when anything is inconsistent.
@@ -25,55 +29,76 @@ from pathlib import Path
 
 from oslo_config import cfg
 
+from agent import heal as heal_rules
 from agent import node_identity, state, state_lock
 from agent.cmd.common import (exit_config_error, exit_store_error, load_config,
-                              setup_logging)
+                              print_output, setup_logging)
 from agent.exception import AgentError, ConfigError
 from agent.host_tree import build_tree
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.policy import tree_policy_from_conf
-from agent.provider_tree import ProviderTree, tree_as_dicts
+from agent.provider_tree import adopt_uuids, tree_as_dicts, tree_lines
 from agent.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
 from agent.state_lock import StateDirectoryInUse
 from agent.store_check import StoreFile
 from agent.store_rebuild import RebuildRefused, RebuiltStore, plan_rebuild
-from agent.tree_sync import TreeSync
+from agent.tree_report import TreeReport, Verdict
+from agent.tree_report import compare as compare_trees
 from drivers.base import DriverUnavailable
 
 
-def _tree_from_placement(conf: cfg.ConfigOpts) -> ProviderTree:
-    if not (Path(conf.state_path) / node_identity.FILENAME).exists():
-        raise AgentError(f"{conf.state_path}/{node_identity.FILENAME} does not "
-                         "exist: the agent has not registered this host yet")
-    root_uuid = node_identity.load_or_create(conf.state_path)
-    view = TreeSync(PlacementClient(adapter_from_conf(conf)), root_uuid)
-    view.refresh()
-    return view.cache
+def tree_report(agent: Agent) -> TreeReport:
+    """Placement's tree (one GET, and the providers whose generation moved
+    since the agent saved its view), the model built from what the driver
+    finds now, and the allocations of each provider the model takes a
+    class off."""
+    sync = agent.sync
+    sync.refresh()
+    placement = sync.cache
+    try:
+        inventory = agent.driver.get_host_inventory()
+    except DriverUnavailable as e:
+        raise AgentError(f"the hypervisor did not answer: {e}") from None
+    model = adopt_uuids(build_tree(inventory, agent.policy).tree, placement)
+    allocations = {uuid: sync.client.get_provider_allocations(uuid)
+                   for uuid in heal_rules.moving(placement, model, sync.owned)}
+    instances, _, _ = agent.manager.tracker.snapshot()
+    return compare_trees(placement, model, allocations, sync.owned,
+                         {u: spec.get("name") for u, spec in instances.items()})
 
 
-def _describe_inventory(rc: str, rec: dict) -> str:
-    extras = [f"{k} {rec[k]}" for k in ("reserved", "allocation_ratio")
-              if rec.get(k) not in (None, 0, 1, 1.0)]
-    return f"{rc}={rec['total']}" + (f" ({', '.join(extras)})" if extras else "")
-
-
-def print_tree(tree: ProviderTree, out=sys.stdout) -> None:
-    depth = {}
-    for p in tree.depth_first():
-        depth[p.uuid] = depth.get(p.parent_uuid, -1) + 1
-        indent = "    " * depth[p.uuid]
-        print(f"{indent}{p.name}  [{p.uuid}] generation {p.generation}", file=out)
-        if p.inventories:
-            print(f"{indent}    inventory: " + ", ".join(
-                _describe_inventory(rc, rec) for rc, rec in sorted(p.inventories.items())),
-                file=out)
-        if p.traits:
-            print(f"{indent}    traits: {', '.join(sorted(p.traits))}", file=out)
+def tree(conf: cfg.ConfigOpts) -> int:
+    """Read-only, beside a running agent (as audit): no lock, nothing
+    created, nothing written to Placement."""
+    try:
+        agent = Agent.from_conf(conf, holder=False)
+        try:
+            agent.driver.init_host()
+            report = tree_report(agent)
+        finally:
+            agent.driver.cleanup()
+            agent.manager.tracker.store.close()
+    except (AgentError, state.StoreError, DriverUnavailable) as e:
+        for line in str(e).splitlines():
+            print(f"compute-agent-manage: tree unknown: {line}", file=sys.stderr)
+        return Verdict.UNKNOWN
+    if conf.command.json:
+        print_output(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        print_output("\n".join(
+            ["Placement:"] + ["    " + line for line in tree_lines(
+                tree_as_dicts(report.placement))]
+            + ["Discovered (what the agent would report now):"]
+            + ["    " + line for line in tree_lines(tree_as_dicts(report.discovered))]
+            + report.describe()))
+    return report.verdict
 
 
 def add_parsers(subparsers) -> None:
-    tree = subparsers.add_parser("tree", help="Show the host's provider tree "
-                                 "as Placement has it.")
+    tree = subparsers.add_parser(
+        "tree", help="Show the tree the agent would report beside Placement's, "
+        "what differs and what is unhealed. Exit 0 in step, 1 differences or "
+        "unhealed, 2 unknown.")
     tree.add_argument("--json", action="store_true")
     audit = subparsers.add_parser("audit", help="Report what the store, the "
                                   "guests and Placement disagree on.")
@@ -249,19 +274,13 @@ def main(argv=None) -> int:
             return rebuild_store(conf)
         if conf.command.name == "heal":
             return heal(conf)
-        tree = _tree_from_placement(conf)
+        return tree(conf)
     except StateDirectoryInUse as e:
         return exit_store_error(e)
     except (AgentError, state.StoreError) as e:
         for line in str(e).splitlines():
             print(f"compute-agent-manage: {line}", file=sys.stderr)
         return 1
-    if conf.command.json:
-        json.dump(tree_as_dicts(tree), sys.stdout, indent=2, sort_keys=True)
-        print()
-    else:
-        print_tree(tree)
-    return 0
 
 
 if __name__ == "__main__":

@@ -31,8 +31,12 @@ class Capabilities:
     # The kernel's base page size (4 KiB on x86, 64 KiB on some arm64 and
     # POWER kernels); None when libvirt lists no page sizes.
     base_page_kib: int | None = None
-    # The host CPU model's features, by libvirt's names.
+    # The host CPU's features listed in the XML, by libvirt's names: those
+    # beyond its named model (host_cpu.py adds the model's own).
     cpu_features: frozenset[str] = frozenset()
+    # The host's <cpu> element as text when it names a model: what
+    # baselineCPU expands. None when it names none: its list is whole.
+    cpu_definition: str | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -96,8 +100,11 @@ def parse_capabilities(text: object) -> Capabilities:
         warnings.append(str(exc))
     cpu = host.find("cpu")
     features = cpu_features(cpu) if cpu is not None else frozenset()
+    definition = (etree.tostring(cpu, encoding="unicode", with_tail=False)
+                  if cpu is not None and (cpu.findtext("model") or "").strip()
+                  else None)
     return Capabilities(host_uuid, tuple(cells[i] for i in sorted(cells)),
-                        base_page_kib, features, tuple(warnings))
+                        base_page_kib, features, definition, tuple(warnings))
 
 
 def cpu_features(cpu: etree._Element) -> frozenset[str]:

@@ -21,6 +21,7 @@ from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.host_data import InvalidHostData
 from drivers.libvirt.guest_xml import parse_guest
 from drivers.libvirt.guests import GuestManager
+from drivers.libvirt.host_cpu import HostCpuFeatures
 from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.sysfs import SysfsReader
 from drivers.warnings_once import WarningsOnce
@@ -63,6 +64,7 @@ class LibvirtDriver(ComputeDriver):
         # None until tried.
         self._lists_active_only: bool | None = None
         self._warnings_log = WarningsOnce(LOG)
+        self._cpu_features = HostCpuFeatures(self._conn)
         self._guests = GuestManager(self._conn, MdevSysfs(conf.sysfs_root),
                                     conf.libvirt.virt_type)
 
@@ -151,7 +153,7 @@ class LibvirtDriver(ComputeDriver):
             uuid=caps.uuid if caps else None, numa_cells=cells,
             pci_devices=tuple(pci_devices), mdev_parents=mdev_parents,
             mdevs=mdevs, pmem_namespaces=tuple(namespaces),
-            cpu_features=caps.cpu_features if caps else frozenset(),
+            cpu_features=self._cpu_features.features(caps) if caps else frozenset(),
             warnings=tuple(warnings))
 
     def _capabilities(self, warnings: list[str]

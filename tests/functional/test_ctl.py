@@ -139,7 +139,10 @@ def test_tree_human_and_json(agent):
     root, numa, pf = agent.name, f"{agent.name}_numa_0", f"{agent.name}_{PF}"
     assert set(tree) == {root, numa, pf}
     assert tree[root]["uuid"] == agent.info()["root_uuid"]
-    assert tree[pf]["parent_uuid"] == tree[numa]["uuid"]
+    assert tree[pf]["parent_provider_uuid"] == tree[numa]["uuid"]
+    assert "parent_uuid" not in tree[pf]
+    assert tree[pf]["inventories"]["SRIOV_NET_VF"]["reserved"] == 0
+    assert tree[numa]["inventories"]["VCPU"]["allocation_ratio"] == 4.0
     assert tree[pf]["inventories"]["SRIOV_NET_VF"]["total"] == 8
     assert tree[numa]["inventories"]["VCPU"]["total"] == 8
 

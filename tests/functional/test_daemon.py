@@ -32,9 +32,10 @@ def test_once_registers_the_host_and_manage_shows_it(tmp_path, placement):
 
     shown = run("compute-agent-manage", conf, "tree", "--json")
     assert shown.returncode == 0, shown.stderr
-    tree = {p["name"]: p for p in json.loads(shown.stdout)}
+    tree = {p["name"]: p for p in json.loads(shown.stdout)["placement"]}
     assert tree["daemon-once_numa_0"]["inventories"]["VCPU"]["total"] == 4
-    assert tree["daemon-once_numa_0"]["parent_uuid"] == tree["daemon-once"]["uuid"]
+    assert (tree["daemon-once_numa_0"]["parent_provider_uuid"]
+            == tree["daemon-once"]["uuid"])
 
 
 def test_an_invalid_option_is_one_line_naming_it_and_exit_2(tmp_path, placement):

@@ -15,11 +15,16 @@ import os
 import uuid
 from pathlib import Path
 
+import libvirt
 import pytest
 from lxml import etree
 
 from agent.cmd.common import load_config
+from agent.cpu_traits import cpu_feature_traits
 from agent.service import Agent
+from drivers.libvirt import capabilities
+from drivers.libvirt.connection import Connection
+from drivers.libvirt.host_cpu import HostCpuFeatures
 from tests.functional.helpers import placement_tree, totals, write_conf
 
 
@@ -131,3 +136,37 @@ def test_a_libvirtd_restart_skips_one_cycle_and_reconnects(
         assert outcome.ok, outcome.reason
     finally:
         agent.driver.cleanup()
+
+
+CPU_MAP = Path("/usr/share/libvirt/cpu_map")
+
+
+def cpu_map_model_features(model: str) -> frozenset[str]:
+    """The features libvirt's CPU map gives ``model``, with those of a model
+    it is based on."""
+    for include in etree.parse(str(CPU_MAP / "index.xml")).iterfind(".//include"):
+        doc = etree.parse(str(CPU_MAP / include.get("filename")))
+        for m in doc.iterfind(f"model[@name='{model}']"):
+            base = m.find("model")
+            inherited = (cpu_map_model_features(base.get("name"))
+                         if base is not None else frozenset())
+            return inherited | {f.get("name") for f in m.iterfind("feature")}
+    raise AssertionError(f"model {model} is not in libvirt's CPU map")
+
+
+def test_the_host_cpu_models_own_features_are_reported(libvirtd):
+    """Against this machine's libvirtd, read-only: the expanded features
+    hold both the listed ones and every feature of the named model."""
+    caps = capabilities.parse_capabilities(libvirtd[0])
+    assert caps.cpu_definition is not None, "the host CPU names no model"
+    model = etree.fromstring(caps.cpu_definition).findtext("model")
+    connection = Connection("qemu:///system", open_fn=libvirt.openReadOnly)
+    try:
+        found = HostCpuFeatures(connection).features(caps)
+    finally:
+        connection.close()
+    assert found >= caps.cpu_features
+    own = cpu_map_model_features(model)
+    assert own - caps.cpu_features, f"{model}'s features are all listed already"
+    assert found >= own, own - found
+    assert cpu_feature_traits(found) > cpu_feature_traits(caps.cpu_features)
