@@ -22,6 +22,12 @@ placement_group = cfg.OptGroup(
     "use auth_type = placement_noauth2 and endpoint = <Placement's URL>.",
 )
 
+# Placement keeps inventory amounts in a signed 32-bit column.
+PLACEMENT_MAX_INT = 2**31 - 1
+# Beyond any sane overcommit; Placement itself stops only at a float's limit.
+MAX_ALLOCATION_RATIO = 10000.0
+
+
 def _nova(name: str, group: str = "DEFAULT") -> cfg.DeprecatedOpt:
     """nova's name for the same setting, so a nova.conf's values carry over
     when a nova-compute host is adopted."""
@@ -47,12 +53,14 @@ default_opts = [
         "update_interval",
         default=60,
         min=1,
+        max=86400,
         help="Seconds between two runs of update_provider_tree.",
     ),
     cfg.IntOpt(
         "update_jitter",
         default=5,
         min=0,
+        max=3600,
         help="Up to this many seconds, chosen at random, are added to each "
         "interval so that a fleet of hosts does not call Placement in step.",
     ),
@@ -60,6 +68,7 @@ default_opts = [
         "reconcile_interval",
         default=10,
         min=1,
+        max=10000,
         help="Reconcile the store with the hypervisor and Placement every "
         "this many update cycles (and always at start-up).",
     ),
@@ -67,6 +76,7 @@ default_opts = [
         "allocation_refresh_interval",
         default=300,
         min=0,
+        max=86400,
         help="Reconciliation reads a provider's allocations from Placement "
         "only when they may have changed: its generation moved (allocations "
         "written on it), a claim or release here touched it, or its last "
@@ -79,6 +89,7 @@ default_opts = [
         "orphan_grace_period",
         default=300,
         min=0,
+        max=30 * 86400,
         help="Seconds for which the devices of an instance whose guest has "
         "gone from this host stay held (and reported) before reconciliation "
         "gives them back, counted from the last change to its assignments. "
@@ -136,6 +147,7 @@ compute_opts = [
         "reserved_host_memory_mb",
         default=512,
         min=0,
+        max=PLACEMENT_MAX_INT,
         deprecated_opts=[_nova("reserved_host_memory_mb")],
         help="Memory kept for the host, reserved on the first NUMA cell (or "
         "on the root in flat mode).",
@@ -144,16 +156,17 @@ compute_opts = [
         "reserved_host_disk_mb",
         default=0,
         min=0,
+        max=PLACEMENT_MAX_INT,
         deprecated_opts=[_nova("reserved_host_disk_mb")],
         help="Disk kept for the host.",
     ),
-    cfg.FloatOpt("cpu_allocation_ratio", default=4.0, min=0.0,
+    cfg.FloatOpt("cpu_allocation_ratio", default=4.0, min=0.0, max=MAX_ALLOCATION_RATIO,
                  deprecated_opts=[_nova("cpu_allocation_ratio")],
                  help="Allocation ratio of VCPU."),
-    cfg.FloatOpt("ram_allocation_ratio", default=1.0, min=0.0,
+    cfg.FloatOpt("ram_allocation_ratio", default=1.0, min=0.0, max=MAX_ALLOCATION_RATIO,
                  deprecated_opts=[_nova("ram_allocation_ratio")],
                  help="Allocation ratio of MEMORY_MB."),
-    cfg.FloatOpt("disk_allocation_ratio", default=1.0, min=0.0,
+    cfg.FloatOpt("disk_allocation_ratio", default=1.0, min=0.0, max=MAX_ALLOCATION_RATIO,
                  deprecated_opts=[_nova("disk_allocation_ratio")],
                  help="Allocation ratio of DISK_GB."),
 ]

@@ -34,7 +34,8 @@ cli_opts = [
 
 def main(argv=None) -> int:
     try:
-        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts)
+        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts,
+                           placement_required=True)
         setup_logging(conf)
     except ConfigError as e:
         return exit_config_error(e)

@@ -238,7 +238,8 @@ def heal(conf: cfg.ConfigOpts) -> int:
 def main(argv=None) -> int:
     command = cfg.SubCommandOpt("command", handler=add_parsers)
     try:
-        conf = load_config(sys.argv[1:] if argv is None else argv, [command])
+        conf = load_config(sys.argv[1:] if argv is None else argv, [command],
+                           placement_required=True)
         setup_logging(conf)
     except ConfigError as e:
         return exit_config_error(e)
