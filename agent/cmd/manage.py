@@ -34,7 +34,7 @@ from agent.placement import PlacementClient, adapter_from_conf
 from agent.policy import tree_policy_from_conf
 from agent.provider_tree import ProviderTree, tree_as_dicts
 from agent.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
-from agent.state_lock import StateDirectoryInUse
+from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
 from agent.store_check import StoreFile
 from agent.store_rebuild import RebuildRefused, RebuiltStore, plan_rebuild
 from agent.tree_sync import TreeSync
@@ -251,9 +251,9 @@ def main(argv=None) -> int:
         if conf.command.name == "heal":
             return heal(conf)
         tree = _tree_from_placement(conf)
-    except StateDirectoryInUse as e:
+    except (StateDirectoryInUse, StateDirectoryUnusable, state.StoreError) as e:
         return exit_store_error(e)
-    except (AgentError, state.StoreError) as e:
+    except AgentError as e:
         for line in str(e).splitlines():
             print(f"compute-agent-manage: {line}", file=sys.stderr)
         return 1
