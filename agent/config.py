@@ -10,17 +10,25 @@ from keystoneauth1 import loading as ks_loading
 from agent import messaging
 from oslo_config import cfg
 from oslo_log import log as logging
+from oslo_log import versionutils
 
 PLACEMENT_GROUP = "placement"
-placement_group = cfg.OptGroup(
-    PLACEMENT_GROUP,
-    title="Placement",
-    help="How to reach Placement: keystoneauth1's session, auth and adapter "
-    "options. With Keystone, use auth_type = password and give the agent's "
-    "service user, which needs the 'service' role for reshaping. For a "
-    "Placement that runs with auth_strategy = noauth2 (development, demos), "
-    "use auth_type = placement_noauth2 and endpoint = <Placement's URL>.",
-)
+
+
+def placement_group() -> cfg.OptGroup:
+    """A new one for each config: oslo.config copies a registered group
+    shallowly, so one group object would share its options (the auth
+    plugin's, registered once its auth_type is read) among configs."""
+    return cfg.OptGroup(
+        PLACEMENT_GROUP,
+        title="Placement",
+        help="How to reach Placement: keystoneauth1's session, auth and adapter "
+        "options. With Keystone, use auth_type = password and give the agent's "
+        "service user, which needs the 'service' role for reshaping. For a "
+        "Placement that runs with auth_strategy = noauth2 (development, demos), "
+        "use auth_type = placement_noauth2 and endpoint = <Placement's URL>.",
+    )
+
 
 # Placement keeps inventory amounts in a signed 32-bit column.
 PLACEMENT_MAX_INT = 2**31 - 1
@@ -281,13 +289,16 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(pmem_opts, group="pmem")
     conf.register_opts(fake_opts, group="fake")
     conf.register_opts(heal_opts, group="heal")
-    conf.register_group(placement_group)
+    conf.register_group(placement_group())
     ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(
         conf, PLACEMENT_GROUP, include_deprecated=False)
     conf.set_default("service_type", "placement", group=PLACEMENT_GROUP)
     logging.register_options(conf)
+    # The sample lists it with oslo.log's options; oslo.log registers it
+    # only when something is deprecated, so a bad value would go unseen.
+    conf.register_opts(versionutils.deprecated_opts)
     messaging.register_opts(conf)
 
 
@@ -308,6 +319,6 @@ def list_opts():
         ("pmem", pmem_opts),
         ("fake", fake_opts),
         ("heal", heal_opts),
-        (placement_group, _placement_opts()),
+        (placement_group(), _placement_opts()),
         ("upgrade_levels", messaging.upgrade_opts),
     ]

@@ -19,6 +19,7 @@ FREE_FORM with the reason any value is valid.
 from __future__ import annotations
 
 import configparser
+import functools
 import logging
 import logging.handlers
 import math
@@ -84,22 +85,23 @@ def _config_files(conf: cfg.ConfigOpts) -> list[str]:
     return files
 
 
-def _raw_value(conf: cfg.ConfigOpts, section: str, name: str) -> str | None:
+def _read_files(conf: cfg.ConfigOpts) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     try:
         parser.read(_config_files(conf))
-        return parser.get(section, name, fallback=None)
     except configparser.Error:
-        return None
+        pass  # oslo.config read them: what configparser cannot is not shown
+    return parser
 
 
 def written_as(conf: cfg.ConfigOpts, option: Option) -> tuple[str, str, str | None]:
     """The section, name and raw text the files give an option: under its
     own name, or else under a deprecated one (nova's)."""
+    files = _read_files(conf)
     for section, name in [(option.section, option.name)] + [
             (d.group or option.section, (d.name or option.name).replace("-", "_"))
             for d in option.opt.deprecated_opts]:
-        raw = _raw_value(conf, section, name)
+        raw = files.get(section, name, fallback=None)
         if raw is not None:
             return section, name, raw
     return option.section, option.name, None
@@ -196,8 +198,14 @@ def http_url(value: str) -> None:
         raise BadValue("port 0")
 
 
-def _known_transports() -> list[str]:
-    return sorted(e.name for e in entry_points(group="oslo.messaging.drivers"))
+@functools.cache
+def _drivers(group: str) -> tuple[str, ...]:
+    """The names of an oslo.messaging driver entry point group."""
+    return tuple(sorted(e.name for e in entry_points(group=group)))
+
+
+def _known_transports() -> tuple[str, ...]:
+    return _drivers("oslo.messaging.drivers")
 
 
 def transport_url(value: str) -> None:
@@ -282,7 +290,7 @@ def queue_names(value: list[str]) -> None:
 
 
 def notification_drivers(value: list[str]) -> None:
-    known = sorted(e.name for e in entry_points(group="oslo.messaging.notify.drivers"))
+    known = _drivers("oslo.messaging.notify.drivers")
     for item in value:
         if item not in known:
             raise BadValue(f"unknown driver {item!r}; known: {', '.join(known)}")
@@ -339,10 +347,10 @@ def api_version(value: str) -> None:
         raise BadValue("not an API version such as 1.0 or latest") from None
 
 
-def http_status_codes(value: list[str]) -> None:
+def http_status_codes(value: list[int]) -> None:
     for item in value:
-        if not (item.isdigit() and 100 <= int(item) <= 599):
-            raise BadValue(f"{item!r} is not an HTTP status code 100-599")
+        if not 100 <= item <= 599:
+            raise BadValue(f"{item} is not an HTTP status code 100-599")
 
 
 def rpc_version(value: str) -> None:
@@ -532,6 +540,9 @@ def check_option(conf: cfg.ConfigOpts, option: Option) -> None:
     except cfg.Error as e:  # $-substitution of an unknown option, and such
         raise refusal(conf, option, str(e).splitlines()[0]) from None
     if value is None:
+        if option.opt.default is not None:  # 'name =' reads as None
+            raise refusal(conf, option, "empty: give a value, or remove the "
+                          "line for the default")
         return
     try:
         if isinstance(option.opt.type, (cfg.types.Integer, cfg.types.Float)):
@@ -561,9 +572,7 @@ def auth_section(conf: cfg.ConfigOpts) -> None:
     section = conf[PLACEMENT_GROUP].auth_section
     if section is None:
         return
-    parser = configparser.ConfigParser(strict=False, interpolation=None)
-    parser.read(_config_files(conf))
-    if not parser.has_section(section):
+    if not _read_files(conf).has_section(section):
         raise refusal(conf, _option(conf, PLACEMENT_GROUP, "auth_section"),
                       "no such section in the config files")
     if section not in conf:
@@ -690,10 +699,9 @@ def log_destination(conf: cfg.ConfigOpts) -> None:
 
 def config_sources(conf: cfg.ConfigOpts) -> None:
     """Each [DEFAULT] config_source names a section of the files."""
-    parser = configparser.ConfigParser(strict=False, interpolation=None)
-    parser.read(_config_files(conf))
+    files = _read_files(conf)
     for section in conf.config_source or []:
-        if not parser.has_section(section):
+        if not files.has_section(section):
             raise refusal(conf, _option(conf, DEFAULT, "config_source"),
                           f"no section [{section}] in the config files")
 
@@ -720,7 +728,7 @@ def cli_file_value_refusal(conf: cfg.ConfigOpts, message: str) -> ConfigError | 
     for opt, group in conf._all_cli_opts():
         if opt.dest == match["dest"].replace("-", "_"):
             section = group.name if group is not None else DEFAULT
-            return ConfigError(f"[{section}] {opt.name}: {match['reason']} "
+            return ConfigError(f"[{section}] {opt.dest}: {match['reason']} "
                                f"(value: {shown(match['value'])})")
     return None
 
