@@ -580,11 +580,6 @@ def auth_section(conf: cfg.ConfigOpts) -> None:
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
 
 
-# Plugins that get no service catalog, so cannot find Placement without
-# its URL: their own 'endpoint' option, or [placement] endpoint_override.
-_CATALOGLESS = ("none",)
-
-
 def auth_plugin(conf: cfg.ConfigOpts, required: bool) -> None:
     """[placement] auth_type: present when Placement is used, a plugin
     keystoneauth has, and registered with its options so that the walk
@@ -607,7 +602,8 @@ def auth_plugin(conf: cfg.ConfigOpts, required: bool) -> None:
 
 def auth_plugin_options(conf: cfg.ConfigOpts) -> None:
     """The options the plugin cannot work without: those keystoneauth marks
-    required, the URL of a plugin without a catalog, and for a password
+    required, the URL of a plugin that has an 'endpoint' (it gets no
+    service catalog to find Placement in), and for a password
     the user, and the domain a name is looked up in."""
     group = auth_group(conf)
     name = conf[group].auth_type
@@ -624,8 +620,6 @@ def auth_plugin_options(conf: cfg.ConfigOpts) -> None:
     for o in plugin_opts:
         if (o.required or o.dest == "endpoint") and values.get(o.dest) in (None, ""):
             raise missing(o.dest, "")
-    if name in _CATALOGLESS and not conf[PLACEMENT_GROUP].endpoint_override:
-        raise missing("endpoint_override", " (no catalog to find Placement in)")
     if "password" in names and "username" in names:
         _password_options(values, missing)
 
