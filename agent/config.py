@@ -10,17 +10,31 @@ from keystoneauth1 import loading as ks_loading
 from agent import messaging
 from oslo_config import cfg
 from oslo_log import log as logging
+from oslo_log import versionutils
 
 PLACEMENT_GROUP = "placement"
-placement_group = cfg.OptGroup(
-    PLACEMENT_GROUP,
-    title="Placement",
-    help="How to reach Placement: keystoneauth1's session, auth and adapter "
-    "options. With Keystone, use auth_type = password and give the agent's "
-    "service user, which needs the 'service' role for reshaping. For a "
-    "Placement that runs with auth_strategy = noauth2 (development, demos), "
-    "use auth_type = placement_noauth2 and endpoint = <Placement's URL>.",
-)
+
+
+def placement_group() -> cfg.OptGroup:
+    """A new one for each config: oslo.config copies a registered group
+    shallowly, so one group object would share its options (the auth
+    plugin's, registered once its auth_type is read) among configs."""
+    return cfg.OptGroup(
+        PLACEMENT_GROUP,
+        title="Placement",
+        help="How to reach Placement: keystoneauth1's session, auth and adapter "
+        "options. With Keystone, use auth_type = password and give the agent's "
+        "service user, which needs the 'service' role for reshaping. For a "
+        "Placement that runs with auth_strategy = noauth2 (development, demos), "
+        "use auth_type = placement_noauth2 and endpoint = <Placement's URL>.",
+    )
+
+
+# Placement keeps inventory amounts in a signed 32-bit column.
+PLACEMENT_MAX_INT = 2**31 - 1
+# Beyond any sane overcommit; Placement itself stops only at a float's limit.
+MAX_ALLOCATION_RATIO = 10000.0
+
 
 def _nova(name: str, group: str = "DEFAULT") -> cfg.DeprecatedOpt:
     """nova's name for the same setting, so a nova.conf's values carry over
@@ -47,12 +61,14 @@ default_opts = [
         "update_interval",
         default=60,
         min=1,
+        max=86400,
         help="Seconds between two runs of update_provider_tree.",
     ),
     cfg.IntOpt(
         "update_jitter",
         default=5,
         min=0,
+        max=3600,
         help="Up to this many seconds, chosen at random, are added to each "
         "interval so that a fleet of hosts does not call Placement in step.",
     ),
@@ -60,6 +76,7 @@ default_opts = [
         "reconcile_interval",
         default=10,
         min=1,
+        max=10000,
         help="Reconcile the store with the hypervisor and Placement every "
         "this many update cycles (and always at start-up).",
     ),
@@ -67,6 +84,7 @@ default_opts = [
         "allocation_refresh_interval",
         default=300,
         min=0,
+        max=86400,
         help="Reconciliation reads a provider's allocations from Placement "
         "only when they may have changed: its generation moved (allocations "
         "written on it), a claim or release here touched it, or its last "
@@ -79,6 +97,7 @@ default_opts = [
         "orphan_grace_period",
         default=300,
         min=0,
+        max=30 * 86400,
         help="Seconds for which the devices of an instance whose guest has "
         "gone from this host stay held (and reported) before reconciliation "
         "gives them back, counted from the last change to its assignments. "
@@ -145,6 +164,7 @@ compute_opts = [
         "reserved_host_memory_mb",
         default=512,
         min=0,
+        max=PLACEMENT_MAX_INT,
         deprecated_opts=[_nova("reserved_host_memory_mb")],
         help="Memory kept for the host, reserved on the first NUMA cell (or "
         "on the root in flat mode).",
@@ -153,16 +173,17 @@ compute_opts = [
         "reserved_host_disk_mb",
         default=0,
         min=0,
+        max=PLACEMENT_MAX_INT,
         deprecated_opts=[_nova("reserved_host_disk_mb")],
         help="Disk kept for the host.",
     ),
-    cfg.FloatOpt("cpu_allocation_ratio", default=4.0, min=0.0,
+    cfg.FloatOpt("cpu_allocation_ratio", default=4.0, min=0.0, max=MAX_ALLOCATION_RATIO,
                  deprecated_opts=[_nova("cpu_allocation_ratio")],
                  help="Allocation ratio of VCPU."),
-    cfg.FloatOpt("ram_allocation_ratio", default=1.0, min=0.0,
+    cfg.FloatOpt("ram_allocation_ratio", default=1.0, min=0.0, max=MAX_ALLOCATION_RATIO,
                  deprecated_opts=[_nova("ram_allocation_ratio")],
                  help="Allocation ratio of MEMORY_MB."),
-    cfg.FloatOpt("disk_allocation_ratio", default=1.0, min=0.0,
+    cfg.FloatOpt("disk_allocation_ratio", default=1.0, min=0.0, max=MAX_ALLOCATION_RATIO,
                  deprecated_opts=[_nova("disk_allocation_ratio")],
                  help="Allocation ratio of DISK_GB."),
 ]
@@ -277,13 +298,16 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(pmem_opts, group="pmem")
     conf.register_opts(fake_opts, group="fake")
     conf.register_opts(heal_opts, group="heal")
-    conf.register_group(placement_group)
+    conf.register_group(placement_group())
     ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(
         conf, PLACEMENT_GROUP, include_deprecated=False)
     conf.set_default("service_type", "placement", group=PLACEMENT_GROUP)
     logging.register_options(conf)
+    # The sample lists it with oslo.log's options; oslo.log registers it
+    # only when something is deprecated, so a bad value would go unseen.
+    conf.register_opts(versionutils.deprecated_opts)
     messaging.register_opts(conf)
 
 
@@ -304,6 +328,6 @@ def list_opts():
         ("pmem", pmem_opts),
         ("fake", fake_opts),
         ("heal", heal_opts),
-        (placement_group, _placement_opts()),
+        (placement_group(), _placement_opts()),
         ("upgrade_levels", messaging.upgrade_opts),
     ]

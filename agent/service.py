@@ -190,13 +190,15 @@ class Agent:
             raise store_check.StoreRefused(
                 f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
                 "the agent has not run on this host yet")
+        client = PlacementClient(adapter_from_conf(conf))
+        driver = load_driver(conf)
+        # The first write to the state directory: after every read of the
+        # config (agent.config_check has checked it all by now).
         root_uuid = compute_id or node_identity.load_or_create(conf.state_path)
         policy = tree_policy_from_conf(conf, root_uuid)
         host = conf.host
-        client = PlacementClient(adapter_from_conf(conf))
         sync = TreeSync(client, root_uuid,
                         owned=lambda p: p.name == host or p.name.startswith(host + "_"))
-        driver = load_driver(conf)
         store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
                            compute_id is not None, driver, client, holder)
         manager = ComputeManager(Tracker(store, driver.boot_id()), driver,

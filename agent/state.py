@@ -14,6 +14,7 @@ import json
 import os
 import random
 import sqlite3
+import stat
 import threading
 import time
 from pathlib import Path
@@ -212,11 +213,15 @@ def wal_path(path: Path) -> Path:
 def inspect_store(path: Path) -> StoreFacts:
     """What is at ``path``, told apart without writing anything of ours.
     Call it holding the state directory's lock, before opening the store."""
-    wal_there = wal_path(path).exists()
     try:
-        size = path.stat().st_size
+        wal_there = wal_path(path).exists()
+        info = path.stat()
     except FileNotFoundError:
         return StoreFacts(str(path), StoreFile.ABSENT)
+    except OSError as e:
+        raise StoreError(f"store {path}: cannot be opened: {e.strerror}") from None
+    openable(path, info)
+    size = info.st_size
     if size == 0 and not wal_there:
         return StoreFacts(str(path), StoreFile.EMPTY)
     try:
@@ -227,6 +232,17 @@ def inspect_store(path: Path) -> StoreFacts:
             conn.close()
     except sqlite3.Error as e:
         return StoreFacts(str(path), StoreFile.CORRUPT, f"{type(e).__name__}: {e}")
+
+
+def openable(path: Path, info: os.stat_result) -> None:
+    """A store the agent can open: a regular file it may read and write.
+    Raises StoreError naming the file, so that SQLite's 'disk I/O error'
+    never stands for a directory or a permission."""
+    if not stat.S_ISREG(info.st_mode):
+        raise StoreError(f"store {path}: cannot be opened: not a regular file")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise StoreError(f"store {path}: cannot be opened: permission denied "
+                         f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})")
 
 
 def _inspect(conn: sqlite3.Connection, path: Path, wal_there: bool) -> StoreFacts:

@@ -24,6 +24,10 @@ class StateDirectoryInUse(AgentError):
     """Another process holds the state directory's lock."""
 
 
+class StateDirectoryUnusable(AgentError):
+    """The state directory or its lock file cannot be made or opened."""
+
+
 class StateLock:
     """Held from ``acquire`` until ``release`` or the process's end."""
 
@@ -47,16 +51,16 @@ def acquire(state_path: str) -> StateLock:
         # we start cannot keep the lock after we are gone.
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as e:
-        raise AgentError(f"cannot lock state directory {directory}: "
-                         f"{e.filename}: {e.strerror}") from None
+        raise StateDirectoryUnusable(f"cannot lock state directory {directory}: "
+                                     f"{e.filename}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         holder = _recorded_pid(fd)
         os.close(fd)
         if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-            raise AgentError(f"cannot lock state directory {directory}: "
-                             f"{path}: {e.strerror}") from None
+            raise StateDirectoryUnusable(f"cannot lock state directory {directory}: "
+                                         f"{path}: {e.strerror}") from None
         raise StateDirectoryInUse(
             f"state directory {directory} is in use by another agent"
             f"{f' (pid {holder})' if holder else ''}: it holds {path}") from None

@@ -20,7 +20,7 @@ from agent.exception import ConfigError
 from agent.rpc import make_server
 from agent.service import Agent, sd_notify
 from agent.state import StoreError
-from agent.state_lock import StateDirectoryInUse
+from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
 from agent.store_check import StoreRefused
 
 LOG = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ cli_opts = [
 
 def main(argv=None) -> int:
     try:
-        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts)
+        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts,
+                           placement_required=True)
         setup_logging(conf)
     except ConfigError as e:
         return exit_config_error(e)
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
         agent = Agent.from_conf(conf)
     except ConfigError as e:
         return exit_config_error(e)
-    except (StateDirectoryInUse, StoreRefused, StoreError) as e:
+    except (StateDirectoryInUse, StateDirectoryUnusable, StoreRefused, StoreError) as e:
         return exit_store_error(e)
     if conf.once:
         agent.driver.init_host()

@@ -2,7 +2,8 @@
 value, set up logging. A bad value is one line naming the option, exit 2."""
 from __future__ import annotations
 
-import configparser
+import contextlib
+import io
 import os
 import sys
 
@@ -10,59 +11,43 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from agent import config
+from agent.config_check import check_config, cli_file_value_refusal
 from agent.exception import ConfigError
 
 CONFIG_ERROR_EXIT = 2
 
 
-def _raw_value(conf: cfg.ConfigOpts, group: str, name: str) -> str | None:
-    parser = configparser.ConfigParser(strict=False, interpolation=None)
+def _parse(conf: cfg.ConfigOpts, argv: list[str], project: str) -> None:
+    """oslo.config's parse; a command-line option's bad value in a file,
+    which oslo.config writes to stderr before exiting 1, becomes the one
+    line naming it."""
+    errors = io.StringIO()
     try:
-        parser.read(conf.config_file or [])
-        return parser.get(group, name, fallback=None)
-    except configparser.Error:
-        return None
+        with contextlib.redirect_stderr(errors):
+            conf(argv, project=project)
+    except SystemExit:
+        refused = cli_file_value_refusal(conf, errors.getvalue())
+        if refused is not None:
+            raise refused from None
+        sys.stderr.write(errors.getvalue())
+        raise
+    except cfg.Error as e:
+        raise ConfigError(str(e)) from None
+    sys.stderr.write(errors.getvalue())
 
 
-def _written_as(conf: cfg.ConfigOpts, section: str, opt: cfg.Opt
-                ) -> tuple[str, str, str | None]:
-    """The section, name and raw value the file gives an option: under
-    its own name, or else under a deprecated one (nova's)."""
-    for group, name in [(section, opt.name)] + [
-            (d.group or section, d.name or opt.name) for d in opt.deprecated_opts]:
-        raw = _raw_value(conf, group, name)
-        if raw is not None:
-            return group, name, raw
-    return section, opt.name, None
-
-
-def check_all_values(conf: cfg.ConfigOpts) -> None:
-    """oslo.config checks a value only when it is first read: read them all
-    now, so a typo fails at start-up and not an hour later."""
-    for group, opts in config.list_opts():
-        for opt in opts:
-            try:
-                (conf[group] if group else conf)[opt.dest]
-            except (cfg.ConfigFileValueError, ValueError) as e:
-                reason = str(e).split("is not valid: ", 1)[-1]
-                section, name, raw = _written_as(conf, group or "DEFAULT", opt)
-                raise ConfigError(f"[{section}] {name}: {reason} "
-                                  f"(value: {raw!r})") from None
-            except cfg.NoSuchOptError:
-                pass
-
-
-def load_config(argv: list[str], cli_opts=(), project="compute-agent") -> cfg.ConfigOpts:
-    """Raises ConfigError naming the option and the value."""
+def load_config(argv: list[str], cli_opts=(), project="compute-agent",
+                placement_required: bool = False) -> cfg.ConfigOpts:
+    """Read the config and check every value in it (agent.config_check),
+    before the caller writes anything or starts a thread. Raises
+    ConfigError naming the option and the value. ``placement_required``:
+    the command talks to Placement, so its auth plugin must be set."""
     conf = cfg.ConfigOpts()
     config.register_opts(conf)
     conf.set_default("use_stderr", True)
     conf.register_cli_opts(list(cli_opts))
-    try:
-        conf(argv, project=project)
-    except cfg.Error as e:
-        raise ConfigError(str(e)) from None
-    check_all_values(conf)
+    _parse(conf, argv, project)
+    check_config(conf, placement_required)
     return conf
 
 

@@ -205,7 +205,7 @@ def add_parsers(subparsers) -> None:
 
 
 cli_opts = [
-    cfg.FloatOpt("timeout", default=DEFAULT_TIMEOUT, min=0.1,
+    cfg.FloatOpt("timeout", default=DEFAULT_TIMEOUT, min=0.1, max=86400,
                  help="Seconds to wait for the agent's answer."),
     cfg.SubCommandOpt("command", handler=add_parsers),
 ]

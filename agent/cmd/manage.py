@@ -39,7 +39,7 @@ from agent.placement import PlacementClient, adapter_from_conf
 from agent.policy import tree_policy_from_conf
 from agent.provider_tree import adopt_uuids, tree_as_dicts, tree_lines
 from agent.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
-from agent.state_lock import StateDirectoryInUse
+from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
 from agent.store_check import StoreFile
 from agent.store_rebuild import RebuildRefused, RebuiltStore, plan_rebuild
 from agent.tree_report import TreeReport, Verdict
@@ -263,7 +263,8 @@ def heal(conf: cfg.ConfigOpts) -> int:
 def main(argv=None) -> int:
     command = cfg.SubCommandOpt("command", handler=add_parsers)
     try:
-        conf = load_config(sys.argv[1:] if argv is None else argv, [command])
+        conf = load_config(sys.argv[1:] if argv is None else argv, [command],
+                           placement_required=True)
         setup_logging(conf)
     except ConfigError as e:
         return exit_config_error(e)
@@ -275,9 +276,9 @@ def main(argv=None) -> int:
         if conf.command.name == "heal":
             return heal(conf)
         return tree(conf)
-    except StateDirectoryInUse as e:
+    except (StateDirectoryInUse, StateDirectoryUnusable, state.StoreError) as e:
         return exit_store_error(e)
-    except (AgentError, state.StoreError) as e:
+    except AgentError as e:
         for line in str(e).splitlines():
             print(f"compute-agent-manage: {line}", file=sys.stderr)
         return 1

@@ -69,3 +69,28 @@ def test_a_bad_value_under_nova_s_name_is_refused_naming_it(tmp_path):
         policy_from(tmp_path, "[DEFAULT]\ncpu_allocation_ratio = lots\n")
     assert str(err.value).startswith("[DEFAULT] cpu_allocation_ratio: ")
     assert "(value: 'lots')" in str(err.value)
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("[compute]\ncpu_dedicated_set = 0-7,^0-7\n", "[compute] cpu_dedicated_set: names no CPU"),
+    ("[compute]\ncpu_shared_set = 1,,2\n", "[compute] cpu_shared_set: an empty item"),
+    ("[compute]\ncpu_shared_set = 4-x\n", "[compute] cpu_shared_set: not a CPU number"),
+    ("[pmem]\nnamespaces = bad label!:ns0\n", "[pmem] namespaces: label 'bad label!'"),
+    ("[pmem]\nnamespaces = L:ns 0\n", "[pmem] namespaces: namespace 'ns 0'"),
+    ("[pmem]\nnamespaces = L:ns0,L:ns1\n", "[pmem] namespaces: label 'L' given twice"),
+    ("[devices]\nenabled_mdev_types = nvidia-35\n[mdev_nvidia-35]\nmdev_class = CUSTOM_\n",
+     "[mdev_nvidia-35] mdev_class: not a standard class"),
+    ("[devices]\nenabled_mdev_types = nvidia-35\n[mdev_nvidia-35]\n"
+     "device_addresses = 81:00.0\n", "[mdev_nvidia-35] device_addresses: not a PCI"),
+    ("[devices]\nenabled_mdev_types = bad type!\n", "[devices] enabled_mdev_types: not an"),
+])
+def test_a_policy_that_can_never_work_is_refused_naming_the_option(tmp_path, text, reason):
+    with pytest.raises(ConfigError) as err:
+        policy_from(tmp_path, text)
+    assert str(err.value).startswith(reason) and "(value: " in str(err.value)
+
+
+def test_mdev_addresses_are_read_in_canonical_form(tmp_path):
+    p = policy_from(tmp_path, "[devices]\nenabled_mdev_types = nvidia-35\n"
+                    "[mdev_nvidia-35]\ndevice_addresses = 0000:81:00.0, 0000:82:00.0\n")
+    assert p.mdev_types[0].addresses == frozenset({"0000:81:00.0", "0000:82:00.0"})

@@ -1,0 +1,193 @@
+"""The start-up check's rules, one by one (the sweep in
+test_config_sweep.py runs them over every option of the sample)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent import config_check as cc
+from agent import state
+from agent.cmd.common import load_config
+from agent.exception import ConfigError
+from agent.group_commit import StoreError
+
+GOOD = {
+    cc.absolute_path: ["/var/lib/compute-agent"],
+    cc.existing_directory: ["/tmp"],
+    cc.readable_file: ["/etc/hostname", ""],
+    cc.state_directory: ["/tmp", "/tmp/not/yet/there"],
+    cc.host_name: ["compute-1.example.org", "host_1"],
+    cc.http_url: ["http://127.0.0.1:8778", "https://keystone.example.org/v3"],
+    cc.transport_url: ["rabbit://", "rabbit://u:p@h1:5672,u:p@h2:5672/vhost", "fake://"],
+    cc.libvirt_uri: ["qemu:///system", "qemu+ssh://root@h/system", "test:///default"],
+    cc.percent_format: ["%(asctime)s %(levelname)s %(message)s", "[instance: %(uuid)s] "],
+    cc.log_levels: [["amqp=WARN", "oslo.messaging=INFO"]],
+    cc.syslog_facility: ["LOG_USER", "local0"],
+    cc.queue_name: ["openstack", "compute-agent.v1"],
+    cc.queue_names: [["notifications"]],
+    cc.notification_drivers: [["messagingv2", "noop"]],
+    cc.rabbit_ssl_version: ["", "tlsv1_2"],
+    cc.kombu_compression: ["gzip"],
+    cc.kafka_sasl_mechanism: ["PLAIN"],
+    cc.tls_ciphers: ["HIGH:!aNULL"],
+    cc.service_type: ["placement"],
+    cc.endpoint_interfaces: [["internal", "public"]],
+    cc.api_version: ["1.0", "latest"],
+    cc.http_status_codes: [[503, 502]],
+    cc.rpc_version: ["1.0", "1.1"],
+    cc.keystone_system_scope: ["all"],
+}
+BAD = {
+    cc.absolute_path: ["relative", " "],
+    cc.existing_directory: ["/nonexistent", "/etc/hostname"],
+    cc.readable_file: ["/nonexistent", "/tmp"],
+    cc.state_directory: ["relative", "/etc/hostname", "/etc/hostname/x"],
+    cc.host_name: ["", "a b", "x" * 101, "-x/y"],
+    cc.http_url: ["", "127.0.0.1:8778", "ftp://h/", "http://h:0/", "http://h:70000/"],
+    cc.transport_url: ["h:5672", "amqp1://h/", "rabbit://h:0/", "rabbit://h:x/",
+                       "rabbit://bad host/"],
+    cc.libvirt_uri: ["", "qemu", "xen:///system", "qemu+bogus://h/system"],
+    cc.percent_format: ["%(", "%(x)q"],
+    cc.log_levels: [["amqp"], ["amqp=LOUD"], ["=INFO"]],
+    cc.syslog_facility: ["LOG_NOPE"],
+    cc.queue_name: ["", "a b"],
+    cc.queue_names: [[], ["a b"]],
+    cc.notification_drivers: [["nope"]],
+    cc.rabbit_ssl_version: ["tlsv9"],
+    cc.kombu_compression: ["zip"],
+    cc.kafka_sasl_mechanism: ["plain"],
+    cc.tls_ciphers: ["NOPE"],
+    cc.service_type: ["", "Placement"],
+    cc.endpoint_interfaces: [[], ["private"]],
+    cc.api_version: ["", "one"],
+    cc.http_status_codes: [[99], [600]],
+    cc.rpc_version: ["", "2.0", "abc"],
+    cc.keystone_system_scope: ["some"],
+}
+
+
+@pytest.mark.parametrize("rule,value", [(r, v) for r, vs in GOOD.items() for v in vs])
+def test_a_rule_takes_a_good_value(rule, value):
+    rule(value)
+
+
+@pytest.mark.parametrize("rule,value", [(r, v) for r, vs in BAD.items() for v in vs])
+def test_a_rule_refuses_a_bad_value(rule, value):
+    with pytest.raises(cc.BadValue):
+        rule(value)
+
+
+def test_every_rule_is_tested():
+    assert set(cc.VALUE_RULES.values()) <= set(GOOD) & set(BAD)
+
+
+def test_a_url_is_shown_with_its_passwords_masked():
+    assert cc.masked_url("rabbit://a:pw1@h1:5672,b:pw2@h2/v") == (
+        "rabbit://a:***@h1:5672,b:***@h2/v")
+
+
+def conf_file(tmp_path, text: str) -> list[str]:
+    host = tmp_path / "host.yaml"
+    host.write_text("numa_cells: [{id: 0, cpus: '0-3', memory_mb: 4096}]\n")
+    path = tmp_path / "agent.conf"
+    path.write_text(f"[DEFAULT]\nstate_path = {tmp_path}/state\ncompute_driver = fake\n"
+                    f"[fake]\nhost_file = {host}\n[DEFAULT]\n" + text)
+    return ["--config-file", str(path)]
+
+
+def refused(tmp_path, text: str, placement_required: bool = True) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(conf_file(tmp_path, text), placement_required=placement_required)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_auth_type_is_required_only_where_placement_is_used(tmp_path):
+    assert refused(tmp_path, "").startswith("[placement] auth_type: missing")
+    load_config(conf_file(tmp_path, ""), placement_required=False)
+
+
+def test_an_unknown_auth_plugin_is_one_line_listing_the_known_ones(tmp_path):
+    line = refused(tmp_path, "[placement]\nauth_type = nope\n", placement_required=False)
+    assert "unknown auth plugin; known: admin_token," in line and "(value: 'nope')" in line
+
+
+@pytest.mark.parametrize("placement,missing", [
+    ("auth_type = placement_noauth2\n", "endpoint"),
+    ("auth_type = admin_token\ntoken = t\n", "endpoint"),
+    ("auth_type = none\n", "endpoint"),
+    ("auth_type = password\nusername = u\npassword = p\n", "auth_url"),
+    ("auth_type = password\nauth_url = http://k/v3\npassword = p\n", "username"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\n", "password"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\npassword = p\n"
+     "project_name = service\nproject_domain_name = Default\n", "user_domain_name"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\npassword = p\n"
+     "user_domain_name = Default\nproject_name = service\n", "project_domain_name"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\npassword = p\n"
+     "user_domain_name = Default\n", "project_name"),
+])
+def test_an_auth_plugin_s_missing_option_is_named(tmp_path, placement, missing):
+    line = refused(tmp_path, "[placement]\n" + placement)
+    assert line.startswith(f"[placement] {missing}: missing, and auth_type = ")
+
+
+def test_a_complete_keystone_password_config_passes(tmp_path):
+    load_config(conf_file(tmp_path, "[placement]\nauth_type = password\n"
+                          "auth_url = http://k/v3\nusername = u\npassword = p\n"
+                          "default_domain_name = Default\nproject_name = service\n"),
+                placement_required=True)
+
+
+def test_auth_options_may_live_in_an_auth_section(tmp_path):
+    load_config(conf_file(tmp_path, "[placement]\nauth_section = keystone\n"
+                          "[keystone]\nauth_type = placement_noauth2\n"
+                          "endpoint = http://127.0.0.1:1\n"), placement_required=True)
+    assert refused(tmp_path, "[placement]\nauth_section = nowhere\n").startswith(
+        "[placement] auth_section: no such section")
+
+
+def test_a_secret_is_never_shown(tmp_path):
+    line = refused(tmp_path, "[oslo_messaging_kafka]\nssl_client_key_password = x\n"
+                   "[placement]\nauth_type = password\nauth_url = nope\n"
+                   "password = s3cret\nusername = u\n")
+    assert line.startswith("[placement] auth_url:") and "s3cret" not in line
+    option = cc.Option("placement", cc.cfg.StrOpt("password", secret=True))
+    conf = load_config(conf_file(tmp_path, "[placement]\npassword = s3cret\n"))
+    assert str(cc.refusal(conf, option, "bad")).endswith("(value: ***)")
+
+
+def test_an_empty_number_is_refused_where_unset_is_not_the_default(tmp_path):
+    line = refused(tmp_path, "update_interval =\n", placement_required=False)
+    assert line.startswith("[DEFAULT] update_interval: empty")
+
+
+def test_a_bad_value_of_a_command_line_option_in_a_file_names_it(tmp_path):
+    line = refused(tmp_path, "debug = maybe\n", placement_required=False)
+    assert line == "[DEFAULT] debug: Invalid Boolean (value: 'maybe')"
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("log_file = /nonexistent/dir/agent.log\n", "[DEFAULT] log_file: no such directory"),
+    ("config_source = remote\n", "[DEFAULT] config_source: no section [remote]"),
+    ("compute_driver = fake\n[fake]\nhost_file =\n", "[fake] host_file: missing"),
+    ("[placement]\nversion = 1.0\nmax_version = 1.0\n", "[placement] version: give"),
+])
+def test_rules_over_several_options(tmp_path, text, reason):
+    assert refused(tmp_path, text, placement_required=False).startswith(reason)
+
+
+def test_a_store_in_the_place_of_a_directory_is_named(tmp_path):
+    (tmp_path / "state.db").mkdir()
+    with pytest.raises(StoreError, match=r"store .*state.db: cannot be opened: not a "
+                                         r"regular file"):
+        state.inspect_store(tmp_path / "state.db")
+
+
+def test_a_store_the_agent_may_not_read_is_named(tmp_path, monkeypatch):
+    """Root reads any file, so the refusal is simulated."""
+    path = tmp_path / "state.db"
+    path.write_bytes(b"x")
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    with pytest.raises(StoreError, match=r"state.db: cannot be opened: permission denied"):
+        state.inspect_store(path)
