@@ -10,6 +10,7 @@ import requests
 import yaml
 
 from agent.cmd.common import load_config
+from agent.heal import capacity
 from agent.service import Agent
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
@@ -75,6 +76,40 @@ def placement_tree(url: str, root_uuid: str) -> dict[str, dict]:
 
 def totals(node: dict) -> dict[str, int]:
     return {rc: inv["total"] for rc, inv in node["inventories"].items()}
+
+
+def offered(url: str, root_uuid: str) -> dict[str, int]:
+    """What Placement lets be allocated on the tree, per class: the sum of
+    (total - reserved) * allocation_ratio."""
+    out: dict[str, int] = {}
+    for node in placement_tree(url, root_uuid).values():
+        for rc, record in node["inventories"].items():
+            out[rc] = out.get(rc, 0) + capacity(record)
+    return out
+
+
+def used(url: str, root_uuid: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for node in placement_tree(url, root_uuid).values():
+        for rc, n in get(url, f"/resource_providers/{node['uuid']}/usages")[
+                "usages"].items():
+            out[rc] = out.get(rc, 0) + n
+    return {rc: n for rc, n in out.items() if n}
+
+
+def never_more_than_physical(url: str, root_uuid: str, physical: dict[str, int],
+                             probe: tuple[str, ...] = ("VCPU", "MEMORY_MB")) -> None:
+    """Placement offers no more of any class than ``physical``, and a
+    request for one more than is free of each ``probe`` class finds no
+    candidate on the host."""
+    have = offered(url, root_uuid)
+    assert all(have.get(rc, 0) <= n for rc, n in physical.items()), have
+    taken = used(url, root_uuid)
+    for rc in probe:
+        ask = physical[rc] - taken.get(rc, 0) + 1
+        found = get(url, f"/allocation_candidates?resources={rc}:{ask}"
+                         f"&in_tree={root_uuid}")["allocation_requests"]
+        assert found == [], (rc, ask, found)
 
 
 def put_allocations(url: str, consumer: str, allocations: dict) -> None:

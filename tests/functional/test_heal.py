@@ -18,11 +18,11 @@ import pytest
 import requests
 
 from agent.cmd.common import load_config
-from agent.heal import HealRefused, capacity
+from agent.heal import HealRefused
 from agent.healer import run_heal
 from agent.service import Agent
-from tests.functional.helpers import (HEADERS, get, placement_tree, put_allocations,
-                                      write_conf)
+from tests.functional.helpers import (HEADERS, get, never_more_than_physical, offered,
+                                      placement_tree, put_allocations, used, write_conf)
 
 HOST = {
     "disk_gb": 100,
@@ -76,35 +76,8 @@ def flat_host_with_guests(directory: Path, placement) -> tuple[Agent, list[str]]
     return agent_in_mode(directory, placement, host, "nested"), consumers
 
 
-def offered(url: str, root_uuid: str) -> dict[str, int]:
-    """What Placement lets be allocated on the tree, per class: the sum of
-    (total - reserved) * allocation_ratio."""
-    out: dict[str, int] = {}
-    for node in placement_tree(url, root_uuid).values():
-        for rc, record in node["inventories"].items():
-            out[rc] = out.get(rc, 0) + capacity(record)
-    return out
-
-
-def used(url: str, root_uuid: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for node in placement_tree(url, root_uuid).values():
-        for rc, n in get(url, f"/resource_providers/{node['uuid']}/usages")[
-                "usages"].items():
-            out[rc] = out.get(rc, 0) + n
-    return {rc: n for rc, n in out.items() if n}
-
-
 def assert_never_more_than_physical(url: str, root_uuid: str) -> None:
-    have = offered(url, root_uuid)
-    assert all(have.get(rc, 0) <= n for rc, n in PHYSICAL.items()), have
-    # A request for one more than is free finds no candidate on the host.
-    taken = used(url, root_uuid)
-    for rc in ("VCPU", "MEMORY_MB"):
-        ask = PHYSICAL[rc] - taken.get(rc, 0) + 1
-        found = get(url, f"/allocation_candidates?resources={rc}:{ask}"
-                         f"&in_tree={root_uuid}")["allocation_requests"]
-        assert found == [], (rc, ask, found)
+    never_more_than_physical(url, root_uuid, PHYSICAL)
 
 
 def allocations_by_name(url: str, consumer: str, names: dict[str, str]) -> dict:
