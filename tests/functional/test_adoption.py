@@ -11,6 +11,8 @@ when the agent connects, as nova's guests are). Then the agent starts.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -152,17 +154,10 @@ def physical(model) -> dict[str, int]:
     return out
 
 
-@pytest.fixture
-def nova(tmp_path, placement):
-    host = NovaHost(tmp_path, placement.url)
-    yield host
-    if host.h.agent is not None:
-        host.h.agent.stop()
-
-
-def test_a_nova_host_is_adopted_without_double_booking_then_healed(nova, placement):
-    # What the host has, as the agent models it: nova registers the same
-    # hardware (its disk as the agent reads it) with its own tree.
+def nova_registered_and_running(nova: NovaHost) -> dict[str, int]:
+    """Register nova's tree and run its guests; returns what the host has,
+    as the agent models it (nova registers the same hardware, its disk as
+    the agent reads it, with its own tree)."""
     conf = load_config(["--config-file", str(nova.conf)])
     driver = LibvirtDriver(conf)
     driver.init_host()
@@ -172,6 +167,19 @@ def test_a_nova_host_is_adopted_without_double_booking_then_healed(nova, placeme
     nova.register(model.tree.get(nova.root).inventories["DISK_GB"]["total"],
                   have["VGPU"])
     nova.run_guests()
+    return have
+
+
+@pytest.fixture
+def nova(tmp_path, placement):
+    host = NovaHost(tmp_path, placement.url)
+    yield host
+    if host.h.agent is not None:
+        host.h.agent.stop()
+
+
+def test_a_nova_host_is_adopted_without_double_booking_then_healed(nova, placement):
+    have = nova_registered_and_running(nova)
     url, root = placement.url, nova.root
     before = placement_tree(url, root)
     allocations_before = nova.allocations()
@@ -237,3 +245,34 @@ def test_a_nova_host_is_adopted_without_double_booking_then_healed(nova, placeme
     again = run_heal(agent)
     assert not again.applied and again.plan.empty
     assert [r for r in placement.requests_since(mark) if not r.startswith("GET")] == []
+
+
+def test_an_unmappable_host_is_refused_line_by_line_and_nothing_is_written(nova, placement):
+    nova_registered_and_running(nova)
+    # A resize nova left half done: its migration record holds the VF's
+    # class, and the VF guest runs on a VF its allocation does not name.
+    migration = str(uuid.uuid4())
+    put_allocations(placement.url, migration,
+                    {nova.pf: {"resources": {VF_CLASS: 1}}})
+    requests.delete(f"{placement.url}/allocations/{nova.guests['vf']}", headers=HEADERS,
+                    timeout=10).raise_for_status()
+    put_allocations(placement.url, nova.guests["vf"],
+                    {nova.root: {"resources": {"VCPU": 1, "MEMORY_MB": 1024}}})
+    before = {i: get(placement.url, f"/allocations/{i}")
+              for i in [migration, *nova.guests.values()]}
+
+    done = subprocess.run([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+                           str(nova.conf), "--once"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    problems = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert problems[0].endswith("cannot be adopted; nothing was written:"), problems
+    assert problems[1:] == [
+        f"agent.py: error: consumer {migration}: holds allocations on this "
+        "host's providers but no guest is defined for it (a move in flight?)",
+        f"agent.py: error: guest {nova.guests['vf']}: pci/vf {nova.vf} matches 0 "
+        "of its allocations' devices, not one"], problems
+    state = nova.h.dir / "state"
+    # No store, not even a half-written one beside it.
+    assert [p.name for p in state.iterdir() if p.name.startswith("state.db")] == []
+    assert {i: get(placement.url, f"/allocations/{i}") for i in before} == before
