@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from agent import state
-from agent.manager import ComputeManager, in_guest
+from agent.manager import ComputeManager, guest_device, in_guest
 from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MoveKind, Owner)
-from drivers.base import DeviceKind, GuestState
+from drivers.base import DeviceKind, ForeignGuest, GuestState, device_resources
 
 LOG = logging.getLogger(__name__)
 
@@ -74,6 +74,9 @@ class Pass:
     grace: float
     changed_at: dict[str, float]
     now: float
+    # The guests another manager defined (an adopted host's nova guests):
+    # never redefined from the store, which would replace nova's definition.
+    foreign: frozenset[str] = frozenset()
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
@@ -162,6 +165,12 @@ def guest_devices_differ(p: Pass, uuid: str) -> bool:
     if guest is None or uuid in p.open_moves or not p.claimed(uuid):
         return False
     stored = frozenset(a.id for a in p.rows.get(uuid, ()) if in_guest(a))
+    if uuid in p.foreign:
+        if carried(guest) != stored:
+            p.report.add("adopted_guest_devices_differ", uuid,
+                         "the adopted guest does not hold every device the store "
+                         "assigns it; left as it is")
+        return False
     if guest.saved != stored:
         p.act("guest_devices_differ", uuid,
               "the guest's saved definition is not the store's: guest redefined",
@@ -246,6 +255,22 @@ HOST_RULES: tuple[Callable[[Pass], None], ...] = (
 )
 
 
+def adopted_guests(foreign: dict[str, ForeignGuest], rows: dict[str, list[Assignment]]
+                   ) -> dict[str, GuestState]:
+    """The guests of another manager that the store holds as instances
+    (agent/adoption.py), as guests of ours: without our metadata, each
+    carries the assignments whose devices it holds (counted ones hold
+    nothing and are carried)."""
+    out = {}
+    for uuid in sorted(set(foreign) & set(rows)):
+        guest = foreign[uuid]
+        ids = frozenset(a.id for a in rows[uuid] if in_guest(a)
+                        and device_resources(guest_device(a)) <= guest.resources)
+        out[uuid] = GuestState(guest.running, ids if guest.running else frozenset(), ids,
+                               guest.resources if guest.running else frozenset())
+    return out
+
+
 def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
               at_start: bool, fix: bool = True, grace: float = 0) -> Report:
     """``allocations``: consumer uuid -> our providers it holds allocations
@@ -256,10 +281,12 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
     rows: dict[str, list[Assignment]] = {}
     for a in live:
         rows.setdefault(a.instance_uuid, []).append(a)
+    adopted = adopted_guests(driver.list_foreign_guests(), rows)
     p = Pass(manager, Report(), fix, at_start, instances, rows,
              {m.instance_uuid: m for m in moves.values() if m.open}, set(moves),
-             driver.list_guests(), allocations, driver.boot_id(), grace,
-             tracker.store.read(state.live_changed_at) if grace else {}, time.time())
+             {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
+             tracker.store.read(state.live_changed_at) if grace else {}, time.time(),
+             frozenset(adopted))
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):

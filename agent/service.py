@@ -13,6 +13,7 @@ from pathlib import Path
 from oslo_config import cfg
 
 from agent import node_identity, state, store_check
+from agent.adoption import AdoptionRefused, plan_adoption
 from agent.allocation_view import AllocationView
 from agent.claims import Pool
 from agent.exception import (AgentError, ConfigError, PlacementError,
@@ -25,7 +26,8 @@ from agent.policy import tree_policy_from_conf
 from agent.reconcile import Report, reconcile
 from agent.tracker import Tracker
 from agent.tree_sync import SyncResult, TreeSync
-from drivers.base import ComputeDriver, DriverUnavailable
+from drivers.base import ComputeDriver, DriverUnavailable, ForeignGuest
+from drivers.host_data import InvalidHostData
 
 LOG = logging.getLogger(__name__)
 
@@ -94,48 +96,108 @@ def tree_allocations(client: PlacementClient, root_uuid: str
     return out
 
 
+@dataclass
+class HostReading:
+    """What the hypervisor and Placement answered at start-up; None where
+    they did not."""
+
+    facts: store_check.HostFacts
+    foreign: dict[str, ForeignGuest] | None = None
+    allocations: dict[str, dict[str, dict[str, int]]] | None = None
+
+
 def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
-               compute_id_existed: bool) -> store_check.HostFacts:
-    """Ask the hypervisor for our guests and, for a root that existed
-    before, Placement for the allocations on its tree. What does not
-    answer stays unknown (None)."""
+               compute_id_existed: bool) -> HostReading:
+    """Ask the hypervisor for our guests and others', and, for a root that
+    existed before, Placement for the allocations on its tree. What does
+    not answer stays unknown (None)."""
     why: list[str] = []
+    guests: frozenset[str] | None = None
+    foreign: dict[str, ForeignGuest] | None = None
     try:
-        guests: frozenset[str] | None = frozenset(driver.list_guests())
+        guests = frozenset(driver.list_guests())
+        foreign = driver.list_foreign_guests()
     except DriverUnavailable as e:
-        guests = None
         why.append(f"the hypervisor did not answer ({e})")
+    except InvalidHostData as e:
+        why.append(f"a guest's definition cannot be read ({e})")
     allocations = None
     if compute_id_existed:
         try:
-            allocations = {consumer: set(on) for consumer, on
-                           in tree_allocations(client, root_uuid).items()}
+            allocations = tree_allocations(client, root_uuid)
         except (PlacementUnavailable, PlacementError) as e:
             why.append(f"Placement's allocations are unknown ({e})")
-    return store_check.HostFacts(root_uuid, compute_id_existed, guests, allocations,
-                                 "; ".join(why))
+    facts = store_check.HostFacts(
+        root_uuid, compute_id_existed, guests,
+        None if allocations is None else {c: set(on) for c, on in allocations.items()},
+        "; ".join(why), None if foreign is None else frozenset(foreign))
+    return HostReading(facts, foreign, allocations)
+
+
+def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDriver,
+          client: PlacementClient, policy: TreePolicy) -> None:
+    """Import the foreign guests' devices as their instances' assignments
+    (agent/adoption.py) and create the store holding them, or raise
+    StoreRefused listing every problem, writing nothing."""
+    try:
+        built = build_tree(driver.get_host_inventory(), policy)
+        names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
+        plan = plan_adoption(reading.foreign, reading.allocations,
+                             pools_by_uuid(built, names), driver.boot_id(),
+                             state.new_assignment_id)
+    except DriverUnavailable as e:
+        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+                                       f"be adopted: the hypervisor did not answer "
+                                       f"({e})") from None
+    except (PlacementUnavailable, PlacementError) as e:
+        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+                                       f"be adopted: Placement did not answer ({e})"
+                                       ) from None
+    except AdoptionRefused as e:
+        raise store_check.StoreRefused("\n".join(
+            [f"store {path} is missing and the host's guests cannot be adopted; "
+             "nothing was written:"] + e.problems)) from None
+    for line in plan.skipped:
+        LOG.warning("Adoption: %s", line)
+    store = plan.store
+    state.create_filled(path, root_uuid, store.instances, store.assignments)
+    for uuid, spec in sorted(store.instances.items()):
+        held = [a for a in store.assignments if a.instance_uuid == uuid]
+        LOG.info("Adopted instance %s (%s): %s", uuid, spec["name"], ", ".join(
+            f"{a.resource_class} {a.amount}"
+            + ("" if a.kind.counted else f" {a.kind.value} {a.device_id}")
+            for a in held) or "nothing on this host")
+    LOG.info("Adopted this host: %d instances, %d assignments, in store %s",
+             len(store.instances), len(store.assignments), path)
 
 
 def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
                driver: ComputeDriver, client: PlacementClient,
-               holder: bool = True) -> state.Store:
-    """The store, once judged this host's (store_check): opened, or
-    created for a new host. Raises StoreRefused with the one line that
-    says why not. ``holder``: the caller holds the state directory's lock
+               holder: bool = True, policy: TreePolicy | None = None) -> state.Store:
+    """The store, once judged this host's (store_check): opened, created
+    for a new host, or created holding the guests of the host it adopts
+    (``policy`` needed then). Raises StoreRefused with the line(s) that say
+    why not. ``holder``: the caller holds the state directory's lock
     (state_lock); any other caller gets the store read-only, and never a
     new one."""
     facts = state.inspect_store(path)
-    host = (host_facts(driver, client, root_uuid, compute_id_existed)
-            if store_check.needs_host_facts(facts)
-            else store_check.HostFacts(root_uuid, compute_id_existed, None, None))
-    judgement = store_check.judge(facts, host)
+    reading = (host_facts(driver, client, root_uuid, compute_id_existed)
+               if store_check.needs_host_facts(facts)
+               else HostReading(store_check.HostFacts(root_uuid, compute_id_existed,
+                                                      None, None)))
+    judgement = store_check.judge(facts, reading.facts)
     if judgement.verdict is store_check.Verdict.REFUSE:
         raise store_check.StoreRefused(judgement.reason)
-    if judgement.verdict is store_check.Verdict.CREATE:
+    if judgement.verdict in (store_check.Verdict.CREATE, store_check.Verdict.ADOPT):
         if not holder:
             raise store_check.StoreRefused(f"store {path} is {facts.file.value}: "
                                            "the agent has not run on this host yet")
+    if judgement.verdict is store_check.Verdict.CREATE:
         LOG.info("New host: creating store %s", path)
+    if judgement.verdict is store_check.Verdict.ADOPT:
+        LOG.info("Adopting this host: %d guests defined by another manager, no "
+                 "store yet", len(reading.foreign))
+        adopt(path, root_uuid, reading, driver, client, policy)
     if not holder:
         return state.Store(path, read_only=True)
     return state.Store(path, root_uuid)
@@ -200,7 +262,7 @@ class Agent:
         sync = TreeSync(client, root_uuid,
                         owned=lambda p: p.name == host or p.name.startswith(host + "_"))
         store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
-                           compute_id is not None, driver, client, holder)
+                           compute_id is not None, driver, client, holder, policy)
         manager = ComputeManager(Tracker(store, driver.boot_id()), driver,
                                  conf.devices.remove_released_mdevs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,

@@ -382,6 +382,29 @@ class Store:
                 conn.close()
 
 
+def create_filled(path: Path, root_uuid: str, instances: dict[str, dict],
+                  rows: list[Assignment]) -> None:
+    """Create the store at ``path`` holding these instances and their
+    assignments (a rebuild's, an adoption's), whole or not at all: written
+    in one transaction to a file beside it, closed, then renamed into
+    place. A crash never leaves a store that looks new but lacks them."""
+    temporary = path.with_name(path.name + ".new")
+    for leftover in (temporary, wal_path(temporary), Path(f"{temporary}-shm")):
+        leftover.unlink(missing_ok=True)  # an earlier attempt's, never served
+    store = Store(temporary, root_uuid)
+    try:
+        store.write([put_instance_sql(u, spec) for u, spec in sorted(instances.items())]
+                    + [insert_assignments_sql(rows)])
+    finally:
+        store.close()
+    os.rename(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself on disk
+    finally:
+        os.close(directory)
+
+
 # --- statements, run inside write() or read() -------------------------------
 
 # Made once: json.dumps with any option builds a new encoder every call.

@@ -9,6 +9,11 @@ hand those devices out again. That is a lost store: the agent refuses to
 serve, says so in one line, and ``compute-agent-manage rebuild-store``
 rebuilds it.
 
+One missing store is not lost: a host that nova-compute ran until today,
+whose compute_id the agent found, runs nova's guests (no metadata of
+ours, no guest of ours) and has no store of ours yet. That host is
+adopted (agent/adoption.py) before anything is served.
+
 Pure: the facts are gathered by the caller (agent/service.py); the rules
 are here, one named function each, applied in order by ``judge``.
 """
@@ -57,12 +62,16 @@ class HostFacts:
     # Placement could not be asked (never read as "none").
     allocations: dict[str, set[str]] | None
     why_unknown: str = ""  # what failed, when guests or allocations is None
+    # Instance uuids of the guests someone else defined (nova's); None when
+    # the hypervisor could not be asked.
+    foreign_guests: frozenset[str] | None = frozenset()
 
 
 class Verdict(enum.Enum):
     OPEN = "open"  # the store is this host's: serve from it
     CREATE = "create"  # a new host: create an empty store
     REFUSE = "refuse"  # lost, corrupt or not ours: serve nothing
+    ADOPT = "adopt"  # a host nova-compute ran: import its guests, then serve
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,10 @@ def lost_store(store: StoreFacts, host: HostFacts) -> Judgement | None:
         return Judgement(Verdict.REFUSE,
                          f"{what} but {len(host.guests)} guest(s) of ours are defined "
                          f"here (e.g. {example}): the store is lost; {REBUILD_HINT}")
-    if host.compute_id_existed and host.allocations:
+    # While the guests are unknown the allocations may be nova's, on a
+    # host to adopt: cannot_tell says so.
+    if (host.compute_id_existed and host.allocations and host.guests is not None
+            and host.foreign_guests is not None):
         example = sorted(host.allocations)[0]
         return Judgement(Verdict.REFUSE,
                          f"{what} but {len(host.allocations)} consumer(s) hold "
@@ -123,11 +135,24 @@ def lost_store(store: StoreFacts, host: HostFacts) -> Judgement | None:
     return None
 
 
+def host_to_adopt(store: StoreFacts, host: HostFacts) -> Judgement | None:
+    """No store at all (an empty one was ours), a root that existed before
+    (nova's compute_id), no guest of ours and guests of someone else's:
+    a host nova-compute ran. Needs every fact known: the plan reads
+    Placement's allocations."""
+    if (store.file is StoreFile.ABSENT and host.compute_id_existed
+            and host.guests is not None and not host.guests
+            and host.allocations is not None and host.foreign_guests):
+        return Judgement(Verdict.ADOPT)
+    return None
+
+
 def cannot_tell(store: StoreFacts, host: HostFacts) -> Judgement | None:
     """Unknown is never empty: without the guests, or without Placement
     for a root that existed before, a new host cannot be told from a
     lost store."""
-    if host.guests is None or (host.compute_id_existed and host.allocations is None):
+    if (host.guests is None or host.foreign_guests is None
+            or (host.compute_id_existed and host.allocations is None)):
         return Judgement(Verdict.REFUSE,
                          f"store {store.path} is {store.file.value} and a new host "
                          f"cannot be told from a lost store: {host.why_unknown}; "
@@ -149,7 +174,7 @@ def judge(store: StoreFacts, host: HostFacts | None) -> Judgement:
         return Judgement(Verdict.OPEN)
     if host is None:
         raise ValueError(f"{store.path} is {store.file.value}: host facts are needed")
-    for rule in (lost_store, cannot_tell):
+    for rule in (host_to_adopt, lost_store, cannot_tell):
         found = rule(store, host)
         if found:
             return found

@@ -234,6 +234,22 @@ class GuestState:
 
 
 @dataclass(frozen=True)
+class ForeignGuest:
+    """A guest defined on this host by someone else (nova-compute, before
+    the agent took the host over): no metadata of ours. Its instance uuid
+    is the domain's, as nova names its domains."""
+
+    instance_uuid: str
+    name: str
+    running: bool
+    vcpus: int
+    memory_mb: int
+    # What it holds exclusively: while it runs, what it was started with;
+    # when stopped, what its saved definition takes back at its next start.
+    resources: frozenset[HostResource] = frozenset()
+
+
+@dataclass(frozen=True)
 class GuestSpec:
     instance_uuid: str
     name: str
@@ -312,6 +328,16 @@ class ComputeDriver(abc.ABC):
         """Whether the guest exists and is running."""
         state = self.guest_state(instance_uuid)
         return state is not None and state.running
+
+    # --- guests of others: adoption -----------------------------------------
+
+    @abc.abstractmethod
+    def list_foreign_guests(self) -> dict[str, ForeignGuest]:
+        """Every guest defined here that is not ours (``list_guests`` does
+        not list it), by instance uuid. Raises DriverUnavailable when the
+        hypervisor cannot be asked, and InvalidHostData (drivers.host_data)
+        naming the guest whose definition cannot be read: a guest whose
+        devices are unknown is not one without devices."""
 
     @abc.abstractmethod
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:

@@ -36,8 +36,8 @@ import yaml
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from drivers.base import (ComputeDriver, GuestDevice, GuestSpec, GuestState, HostInventory,
-                          device_resources, Mdev, MdevError, MdevParent,
+from drivers.base import (ComputeDriver, ForeignGuest, GuestDevice, GuestSpec, GuestState,
+                          HostInventory, device_resources, Mdev, MdevError, MdevParent,
                           MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
 
@@ -202,6 +202,15 @@ class FakeGuest:
                           frozenset(r for d in live for r in device_resources(d)))
 
 
+@dataclass
+class FakeForeignGuest:
+    """A guest of someone else's: its saved definition, and while it runs
+    the one it was started with."""
+
+    saved: ForeignGuest
+    live: ForeignGuest | None = None
+
+
 def _ids(devices) -> frozenset[str]:
     return frozenset(d.assignment_id for d in devices)
 
@@ -221,6 +230,8 @@ class FakeDriver(ComputeDriver):
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self.guests: dict[str, FakeGuest] = {}
+        # Guests someone else defined (add_foreign_guest).
+        self.foreign: dict[str, FakeForeignGuest] = {}
         self.created_mdevs: dict[str, tuple[str, str]] = {}
         self.current_boot_id = boot_id
 
@@ -294,6 +305,23 @@ class FakeDriver(ComputeDriver):
             g = self.guests.get(instance_uuid)
             return None if g is None else g.state()
 
+    # --- guests of others: adoption -------------------------------------
+
+    def add_foreign_guest(self, guest: ForeignGuest) -> None:
+        """Another manager (nova-compute) defines ``guest`` on this host and
+        starts it when ``guest.running``. A guest already running is only
+        redefined: it keeps holding what it was started with."""
+        with self._lock:
+            found = self.foreign.get(guest.instance_uuid)
+            live = found.live if found is not None else None
+            self.foreign[guest.instance_uuid] = FakeForeignGuest(
+                replace(guest, running=False),
+                live or (guest if guest.running else None))
+
+    def list_foreign_guests(self) -> dict[str, ForeignGuest]:
+        with self._lock:
+            return {u: g.live or g.saved for u, g in self.foreign.items()}
+
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         with self._lock:
             if any(m.uuid == mdev_uuid for m in self.host.mdevs):
@@ -316,6 +344,8 @@ class FakeDriver(ComputeDriver):
         with self._lock:
             self.created_mdevs.clear()
             for g in self.guests.values():
+                g.live = None
+            for g in self.foreign.values():
                 g.live = None
             self.current_boot_id = boot_id
 

@@ -67,7 +67,9 @@ def print_output(text: str) -> None:
 
 
 def _print_error(error: Exception) -> None:
-    print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {error}", file=sys.stderr)
+    """One line per line of the error (a refusal lists each problem)."""
+    for line in str(error).splitlines() or [""]:
+        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {line}", file=sys.stderr)
 
 
 def exit_config_error(error: ConfigError) -> int:

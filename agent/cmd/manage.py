@@ -168,13 +168,7 @@ def rebuild_store(conf: cfg.ConfigOpts) -> int:
     if conf.command.dry_run:
         print(f"dry run: {path} not written")
         return 0
-    store = state.Store(path, root_uuid)
-    try:
-        store.write([state.put_instance_sql(u, spec)
-                     for u, spec in sorted(rebuilt.instances.items())]
-                    + [state.insert_assignments_sql(rebuilt.assignments)])
-    finally:
-        store.close()
+    state.create_filled(path, root_uuid, rebuilt.instances, rebuilt.assignments)
     print(f"{path} rebuilt: {len(rebuilt.instances)} instances, "
           f"{len(rebuilt.assignments)} assignments")
     return 0

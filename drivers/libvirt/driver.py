@@ -15,7 +15,8 @@ from typing import Callable
 import libvirt
 
 from drivers.base import (
-    ComputeDriver, GuestSpec, GuestState, HostInventory, Mdev, MdevParent, PciDevice, PciKind)
+    ComputeDriver, ForeignGuest, GuestSpec, GuestState, HostInventory, Mdev, MdevParent,
+    PciDevice, PciKind)
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.host_data import InvalidHostData
@@ -97,6 +98,9 @@ class LibvirtDriver(ComputeDriver):
 
     def list_guests(self) -> dict[str, GuestState]:
         return self._guests.list_guests()
+
+    def list_foreign_guests(self) -> dict[str, ForeignGuest]:
+        return self._guests.list_foreign_guests()
 
     def guest_state(self, instance_uuid: str) -> GuestState | None:
         return self._guests.guest_state(instance_uuid)

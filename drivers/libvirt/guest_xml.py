@@ -15,8 +15,8 @@ from typing import Iterable, Mapping
 
 from lxml import etree
 
-from drivers.base import (DeviceKind, GuestDevice, GuestSpec, HostResource,
-                          HostResourceKind)
+from drivers.base import (DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
+                          HostResource, HostResourceKind)
 from drivers.libvirt.capabilities import _kib, parse_xml
 from drivers.host_data import (InvalidHostData, format_pci_address, parse_cpulist,
                                parse_int, parse_pci_address)
@@ -24,6 +24,9 @@ from drivers.host_data import (InvalidHostData, format_pci_address, parse_cpulis
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
 PREFIX = "ca"
 _NS = f"{{{NAMESPACE}}}"
+# nova's own metadata, versions 1.0 to 1.2 alike: the instance's display
+# name is its <name>.
+NOVA_NAMESPACE_PREFIX = "http://openstack.org/xmlns/libvirt/nova/"
 # The models libvirt accepts on <hostdev type='mdev'>, which are also the
 # kernel's device_api strings.
 MDEV_MODELS = frozenset({"vfio-pci", "vfio-ccw", "vfio-ap"})
@@ -219,6 +222,43 @@ def parse_guest(domain_xml: str) -> GuestSpec | None:
                          int(root.findtext("vcpu")), kib // 1024, tuple(devices))
     except (AttributeError, TypeError, ValueError, InvalidHostData):
         return None
+
+
+def parse_foreign(domain_xml: str, running: bool) -> ForeignGuest | None:
+    """A guest someone else defined (nova's), read from its devices and
+    pinning: uuid, name (nova's display name when its metadata has one,
+    else the title, else the domain's name), vCPUs, memory and what it
+    holds. None when the domain carries metadata of ours. Raises
+    InvalidHostData naming the domain and the element that cannot be read."""
+    root = parse_xml(domain_xml, "domain")
+    if _metadata_of(root)[0] is not None:
+        return None
+    where = root.findtext("name") or "domain"
+    try:
+        instance_uuid = str(uuid_lib.UUID((root.findtext("uuid") or "").strip()))
+    except ValueError:
+        raise InvalidHostData(where, "uuid", "not a UUID", root.findtext("uuid")) from None
+    memory = root.find("currentMemory")
+    if memory is None:
+        memory = root.find("memory")
+    if memory is None:
+        raise InvalidHostData(instance_uuid, "memory", "missing")
+    kib = _kib(memory, instance_uuid, memory.tag,
+               parse_int(memory.text, instance_uuid, memory.tag))
+    vcpus = parse_int(root.findtext("vcpu"), instance_uuid, "vcpu", minimum=1)
+    return ForeignGuest(instance_uuid, _foreign_name(root, where), running, vcpus,
+                        kib // 1024, _held_by(root))
+
+
+def _foreign_name(root: etree._Element, domain_name_: str) -> str:
+    for element in root.iterfind("metadata/*"):
+        namespace = etree.QName(element).namespace or ""
+        if namespace.startswith(NOVA_NAMESPACE_PREFIX) and \
+                etree.QName(element).localname == "instance":
+            name = (element.findtext(f"{{{namespace}}}name") or "").strip()
+            if name:
+                return name
+    return (root.findtext("title") or "").strip() or domain_name_
 
 
 def _by_kind(devices: Iterable[GuestDevice]

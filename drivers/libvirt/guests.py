@@ -11,10 +11,11 @@ import uuid as uuid_lib
 
 import libvirt
 
-from drivers.base import DeviceKind, GuestSpec, GuestState
+from drivers.base import DeviceKind, ForeignGuest, GuestSpec, GuestState
 from drivers.libvirt.connection import Connection
 from drivers.host_data import InvalidHostData
-from drivers.libvirt.guest_xml import build_domain_xml, parse_live, parse_metadata
+from drivers.libvirt.guest_xml import (build_domain_xml, parse_foreign, parse_live,
+                                       parse_metadata)
 from drivers.libvirt.mdev import MdevError, MdevSysfs
 
 LOG = logging.getLogger(__name__)
@@ -104,6 +105,16 @@ class GuestManager:
             return guests
         return self._conn.call(list_guests)
 
+    def list_foreign_guests(self) -> dict[str, ForeignGuest]:
+        def list_foreign(conn: libvirt.virConnect) -> dict[str, ForeignGuest]:
+            guests: dict[str, ForeignGuest] = {}
+            for dom in conn.listAllDomains(0):
+                found = _read_foreign(dom)
+                if found is not None:
+                    guests[found.instance_uuid] = found
+            return guests
+        return self._conn.call(list_foreign)
+
     def guest_state(self, instance_uuid: str) -> GuestState | None:
         def guest_state(conn: libvirt.virConnect) -> GuestState | None:
             dom = _lookup(conn, instance_uuid)
@@ -188,3 +199,23 @@ def _read_state(dom: libvirt.virDomain) -> tuple[str | None, GuestState] | None:
         saved_uuid, saved = parse_metadata(saved_xml)
         instance_uuid = instance_uuid or saved_uuid
     return instance_uuid, GuestState(running, live, saved, resources)
+
+
+def _read_foreign(dom: libvirt.virDomain) -> ForeignGuest | None:
+    """The domain as a guest of someone else's, from what it holds now: its
+    live definition while it runs, else its saved one (what it takes back
+    at its next start). None when it is ours, or went away meanwhile."""
+    try:
+        running = bool(dom.isActive())
+        xml = dom.XMLDesc(0 if running else libvirt.VIR_DOMAIN_XML_INACTIVE)
+        saved = (dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+                 if running and dom.isPersistent() else xml)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise
+    # Ours when either definition carries our metadata (a running guest
+    # of ours redefined, say).
+    if parse_metadata(saved)[0] is not None:
+        return None
+    return parse_foreign(xml, running)

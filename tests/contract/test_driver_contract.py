@@ -23,12 +23,14 @@ from typing import Callable
 import pytest
 
 from agent.cmd.common import load_config
-from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
-                          HostResource, HostResourceKind, MdevError, device_resources)
+from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
+                          GuestDevice, GuestSpec, HostResource, HostResourceKind,
+                          MdevError, device_resources)
 from drivers.fake import FakeDriver
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.driver import LibvirtDriver
 from tests.functional.helpers import write_conf
+from tests.functional.nova_host import nova_domain_xml
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"
@@ -43,6 +45,10 @@ class Subject:
     driver: ComputeDriver
     devices: Callable[[str], tuple[GuestDevice, ...]]  # "a" or "b" -> devices
     mdev_parent: tuple[str, str]  # a parent and a type it offers
+    # What a guest of nova's on this host can hold: PCI addresses, mdev
+    # UUIDs, pinned CPUs ("a" or "b" -> them).
+    foreign_devices: Callable[[str], tuple[tuple[str, ...], tuple[str, ...],
+                                           tuple[int, ...]]] = lambda w: ((), (), ())
 
     def guest(self, which: str, instance: str | None = None) -> GuestSpec:
         instance = instance or str(uuid.uuid4())
@@ -101,7 +107,10 @@ def make_fake(tmp_path: Path) -> Subject:
     vfs = [d.address for d in driver.host.pci_devices if d.parent_address == PF]
     return Subject(driver, lambda w: device_set(
         w, vfs[0 if w == "a" else 1], str(uuid.uuid5(uuid.NAMESPACE_OID, w)),
-        f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE))
+        f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE),
+        lambda w: ((vfs[2 if w == "a" else 3],),
+                   (str(uuid.uuid5(uuid.NAMESPACE_OID, "nova-" + w)),),
+                   (6,) if w == "a" else (7,)))
 
 
 def make_libvirt_test(tmp_path: Path) -> Subject:
@@ -110,7 +119,10 @@ def make_libvirt_test(tmp_path: Path) -> Subject:
     driver = libvirt_driver(tmp_path, uri, b.root)
     return Subject(driver, lambda w: device_set(
         w, b.vf_address(PF, 0 if w == "a" else 1), str(uuid.uuid5(uuid.NAMESPACE_OID, w)),
-        f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE))
+        f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE),
+        lambda w: ((b.vf_address(PF, 2 if w == "a" else 3),),
+                   (str(uuid.uuid5(uuid.NAMESPACE_OID, "nova-" + w)),),
+                   (6,) if w == "a" else (7,)))
 
 
 def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
@@ -123,7 +135,8 @@ def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
             f.truncate(64 << 20)
     # This machine has two CPUs and one NUMA cell.
     return Subject(driver, lambda w: device_set(
-        w, "", None, str(files[w]), 0 if w == "a" else 1, 0), (GPU, MDEV_TYPE))
+        w, "", None, str(files[w]), 0 if w == "a" else 1, 0), (GPU, MDEV_TYPE),
+        lambda w: ((), (), (0,) if w == "a" else (1,)))
 
 
 @pytest.fixture(params=["fake", "libvirt-qemu", "libvirt-test"])
@@ -144,6 +157,7 @@ def subject(request, tmp_path):
         real_spawn(guest)
 
     s.driver.spawn = spawn
+    s.made = made
     yield s
     for instance in made:
         s.driver.destroy(instance)
@@ -276,3 +290,54 @@ def test_mdev_of_a_type_the_parent_lacks_is_refused_naming_both(subject):
     parent, _ = subject.mdev_parent
     with pytest.raises(MdevError, match=f"{parent}.*nvidia-99|nvidia-99.*{parent}"):
         subject.driver.ensure_mdev(str(uuid.uuid4()), parent, "nvidia-99")
+
+
+# --- guests of others: adoption --------------------------------------------------
+# A host nova-compute ran: its guests carry nova's metadata, not ours. The
+# agent must see what each holds before it hands out any device.
+
+def nova_guest(subject: Subject, which: str, running: bool,
+               instance: str | None = None) -> ForeignGuest:
+    """Define (and start) a guest of nova's holding device set ``which``;
+    returns what the driver must report of it."""
+    instance = instance or str(uuid.uuid4())
+    pci, mdevs, pinned = subject.foreign_devices(which)
+    held = frozenset(
+        {HostResource(HostResourceKind.PCI_ADDRESS, a) for a in pci}
+        | {HostResource(HostResourceKind.MDEV_UUID, m) for m in mdevs}
+        | {HostResource(HostResourceKind.HOST_CPU, str(c)) for c in pinned})
+    expected = ForeignGuest(instance, f"nova-{which}", running, 2, 64, held)
+    if isinstance(subject.driver, FakeDriver):
+        subject.driver.add_foreign_guest(expected)
+        return expected
+    # nova numbers its domains; one instance keeps its number.
+    xml = nova_domain_xml(instance, int(instance[:7], 16), f"nova-{which}", 2, 64,
+                          pci=pci, mdevs=mdevs, pinned=pinned)
+
+    def define(conn) -> None:
+        dom = conn.defineXML(xml)
+        if running and not dom.isActive():
+            dom.create()
+    subject.made.append(instance)
+    subject.driver._conn.call(define)
+    return expected
+
+
+def test_a_guest_of_novas_is_listed_as_foreign_with_what_it_holds(subject):
+    ours = subject.guest("b")
+    subject.driver.spawn(ours)
+    running = nova_guest(subject, "a", running=True)
+    stopped = nova_guest(subject, "b", running=False)
+    found = subject.driver.list_foreign_guests()
+    assert found == {running.instance_uuid: running, stopped.instance_uuid: stopped}
+    # Each guest is one side's: ours are never foreign, nova's never ours.
+    assert set(subject.driver.list_guests()) == {ours.instance_uuid}
+
+
+def test_a_running_foreign_guest_holds_what_it_was_started_with(subject):
+    """A redefinition of a running guest of nova's changes only its saved
+    definition: what it holds is still what it runs with."""
+    started = nova_guest(subject, "a", running=True)
+    nova_guest(subject, "b", running=True, instance=started.instance_uuid)
+    found = subject.driver.list_foreign_guests()[started.instance_uuid]
+    assert found.running and found.resources == started.resources

@@ -75,3 +75,46 @@ def test_a_store_made_for_another_root_is_refused():
     other = "c3f0b0a4-7d49-4a8e-8f6e-1b1c2d3e4f50"
     j = judge(StoreFacts(PATH, StoreFile.VALID, root_uuid=other), host())
     assert j.verdict is Verdict.REFUSE and other in j.reason and ROOT in j.reason
+
+
+# --- a host nova-compute ran: adopted, not lost -------------------------------------
+
+NOVA_GUEST = "7c4e1f5a-2b3d-4c6e-8f90-a1b2c3d4e5f6"
+
+
+def nova_host(**changes) -> HostFacts:
+    facts = dict(root_uuid=ROOT, compute_id_existed=True, guests=frozenset(),
+                 allocations={NOVA_GUEST: {ROOT}}, foreign_guests=frozenset({NOVA_GUEST}))
+    facts.update(changes)
+    return HostFacts(**facts)
+
+
+def test_no_store_and_nova_guests_on_novas_root_is_adopted():
+    assert judge(StoreFacts(PATH, StoreFile.ABSENT), nova_host()).verdict is Verdict.ADOPT
+    # Guests of nova's without allocations: adopted too (the plan says which).
+    assert judge(StoreFacts(PATH, StoreFile.ABSENT),
+                 nova_host(allocations={})).verdict is Verdict.ADOPT
+
+
+def test_an_empty_store_was_ours_and_is_lost_even_beside_nova_guests():
+    j = judge(StoreFacts(PATH, StoreFile.EMPTY), nova_host())
+    assert j.verdict is Verdict.REFUSE and "store is lost" in j.reason
+
+
+def test_a_guest_of_ours_beside_novas_means_a_lost_store():
+    j = judge(StoreFacts(PATH, StoreFile.ABSENT), nova_host(guests=frozenset({GUEST})))
+    assert j.verdict is Verdict.REFUSE and GUEST in j.reason
+
+
+def test_a_root_made_at_this_start_is_not_novas():
+    # No compute_id before: nothing registered the root; a new host.
+    j = judge(StoreFacts(PATH, StoreFile.ABSENT),
+              nova_host(compute_id_existed=False, allocations=None))
+    assert j.verdict is Verdict.CREATE
+
+
+@pytest.mark.parametrize("unknown", ["allocations", "foreign_guests", "guests"])
+def test_adoption_is_never_judged_on_unknown_facts(unknown):
+    j = judge(StoreFacts(PATH, StoreFile.ABSENT),
+              nova_host(**{unknown: None}, why_unknown="it did not answer"))
+    assert j.verdict is Verdict.REFUSE and "it did not answer" in j.reason
