@@ -50,10 +50,12 @@ class PrivateLibvirtd:
     config file. Connect with ``uri``; ``stop()`` and ``start()`` restart
     only this daemon.
 
-    As a live migration's source or destination it needs a ``host_uuid``
-    (libvirt refuses to migrate between daemons of one host UUID, and
-    without one every daemon here reads the machine's) and
-    ``migration_ports`` (the range its incoming QEMU listens in)."""
+    As a live migration's source or destination it takes a ``host_uuid``:
+    libvirt refuses to migrate between daemons of one host UUID, which
+    without it is the machine's DMI product UUID, the same for every
+    daemon of a host (this VM has none, so libvirt draws a new one at
+    each start: a host that changes identity on restart). And
+    ``migration_ports``: the range its incoming QEMU listens in."""
 
     def __init__(self, root: Path, host_uuid: str | None = None,
                  migration_ports: tuple[int, int] | None = None):

@@ -142,7 +142,8 @@ def test_a_running_guest_moves_live_to_b_and_runs_there_on_bs_devices(hosts):
     assert hosts.domain("a", a.instance_uuid) is None
     assert hosts.drivers["a"].guest_state(a.instance_uuid) is None
     assert a.instance_uuid not in hosts.drivers["a"].list_guests()
-    print(f"live migration of a 64 MiB guest with a 64 MiB nvdimm: {took:.2f} s")
+    # About 3 s here, most of it the source's QEMU and cgroup teardown.
+    assert took < 20
 
 
 def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):
@@ -153,13 +154,13 @@ def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):
     conn = libvirt.open(hosts.daemons["a"].uri)
     dom = conn.lookupByUUIDString(a.instance_uuid)
     dom.migrateSetMaxSpeed(1, 0)
-    raised: list[BaseException] = []
+    raised: list[Exception] = []
 
     def migrate() -> None:
         try:
             hosts.drivers["a"].live_migrate(a.instance_uuid, hosts.daemons["b"].uri,
                                             dest_xml)
-        except BaseException as exc:  # noqa: B036 - handed to the test thread
+        except Exception as exc:  # handed to the test's thread
             raised.append(exc)
 
     mover = threading.Thread(target=migrate)
