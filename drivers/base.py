@@ -318,10 +318,14 @@ class ComputeDriver(abc.ABC):
     def guest_state(self, instance_uuid: str) -> GuestState | None:
         """One guest's state, or None when there is no guest of ours."""
 
-    def guest_definition(self, instance_uuid: str, live: bool = False) -> str | None:
+    def guest_definition(self, instance_uuid: str, live: bool = False,
+                         migratable: bool = False) -> str | None:
         """The hypervisor's own definition of the guest (libvirt: its domain
         XML; with ``live``, what a running guest runs with), for operators
-        and tests; None when there is none."""
+        and tests; None when there is none. With ``migratable`` (and
+        ``live``), in the form a destination accepts for a live migration
+        (libvirt: without what only this host's daemon added), which the
+        migration's rewrite starts from."""
         return None
 
     def guest_is_running(self, instance_uuid: str) -> bool:
@@ -353,10 +357,54 @@ class ComputeDriver(abc.ABC):
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
 
+    # --- live migration --------------------------------------------------
+
+    @abc.abstractmethod
+    def live_migrate(self, instance_uuid: str, dest_uri: str,
+                     dest_definition: str) -> None:
+        """Move the running guest, while it runs, to the hypervisor at
+        ``dest_uri``, where it runs with ``dest_definition`` (the live,
+        migratable ``guest_definition`` rewritten for the destination's
+        devices) and is defined persistently. Returns once the source holds
+        nothing of the guest, neither running nor defined. Raises
+        LiveMigrationError naming the cause; for every cause but
+        OUTCOME_UNKNOWN the guest still runs here as before and the
+        destination holds nothing."""
+
 
 class MdevError(RuntimeError):
     """An mdev could not be created or removed; the message names the
     parent and type, or the mdev (and, on a real host, the file written)."""
+
+
+class MigrationFailure(str, enum.Enum):
+    """Why a live migration did not happen."""
+
+    # No running guest of that uuid here: there is nothing to move live.
+    NO_RUNNING_GUEST = "no_running_guest"
+    # The hypervisor cannot live-migrate (libvirt's test driver).
+    UNSUPPORTED = "unsupported"
+    # The destination definition is not one this guest can run with
+    # (malformed, another guest, a different virtual hardware).
+    DEFINITION_REFUSED = "definition_refused"
+    # The source's hypervisor could not reach the destination's.
+    DESTINATION_UNREACHABLE = "destination_unreachable"
+    # The move started and was abandoned: the destination could not start
+    # the guest, or the transfer broke (the destination's QEMU died).
+    ABORTED = "aborted"
+    # The connection to the source's own hypervisor broke during the call,
+    # or it reported success with the guest still here: where the guest
+    # runs must be looked up on both hosts before anything is released.
+    OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+class LiveMigrationError(RuntimeError):
+    """A live migration failed; ``cause`` says why, the message names the
+    guest, the destination and the hypervisor's own words."""
+
+    def __init__(self, cause: MigrationFailure, message: str):
+        super().__init__(f"{cause.value}: {message}")
+        self.cause = cause
 
 
 class DriverUnavailable(Exception):

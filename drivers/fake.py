@@ -36,9 +36,11 @@ import yaml
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from drivers.base import (ComputeDriver, ForeignGuest, GuestDevice, GuestSpec, GuestState,
-                          HostInventory, device_resources, Mdev, MdevError, MdevParent,
-                          MdevType, NumaCell, PciDevice, PciKind, PmemNamespace)
+from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
+                          GuestDevice, GuestSpec, GuestState, HostInventory,
+                          LiveMigrationError, device_resources, Mdev, MdevError,
+                          MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
+                          PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
 
 
@@ -215,14 +217,61 @@ def _ids(devices) -> frozenset[str]:
     return frozenset(d.assignment_id for d in devices)
 
 
+def fake_definition(guest: GuestSpec) -> str:
+    """The fake's own form of a guest definition (what libvirt's domain XML
+    is to the libvirt driver): the GuestSpec as JSON."""
+    return json.dumps({
+        "instance_uuid": guest.instance_uuid, "name": guest.name,
+        "vcpus": guest.vcpus, "memory_mb": guest.memory_mb,
+        "devices": [{"assignment_id": d.assignment_id, "kind": DeviceKind(d.kind).value,
+                     "device_id": d.device_id, "amount": d.amount,
+                     "cpus": sorted(d.cpus), "detail": json.loads(d.detail.to_json())}
+                    for d in guest.devices]}, sort_keys=True)
+
+
+def parse_fake_definition(text: str) -> GuestSpec:
+    """Read what fake_definition wrote. Raises ValueError naming the field
+    that is missing or wrong."""
+    try:
+        obj = json.loads(text)
+        devices = tuple(
+            GuestDevice(d["assignment_id"], DeviceKind(d["kind"]), d["device_id"],
+                        d["amount"], frozenset(d["cpus"]),
+                        DeviceDetail.from_json(json.dumps(d["detail"])))
+            for d in obj["devices"])
+        return GuestSpec(obj["instance_uuid"], obj["name"], obj["vcpus"],
+                         obj["memory_mb"], devices)
+    except KeyError as e:
+        raise ValueError(f"definition: {e.args[0]}: missing") from None
+    except (TypeError, AttributeError) as e:
+        raise ValueError(f"definition: not a guest definition: {e}") from None
+
+
+class FakeNetwork:
+    """Fake hypervisors that reach one another by URI, as the libvirtds of
+    hosts on one network do: where a live migration finds its
+    destination."""
+
+    def __init__(self) -> None:
+        self._drivers: dict[str, "FakeDriver"] = {}
+
+    def join(self, uri: str, driver: "FakeDriver") -> None:
+        self._drivers[uri] = driver
+
+    def find(self, uri: str) -> "FakeDriver | None":
+        return self._drivers.get(uri)
+
+
 class FakeDriver(ComputeDriver):
     """Guests live in ``guests`` (instance uuid -> FakeGuest) and behave as
     libvirt's do: redefining a running guest changes only its saved
     definition. mdevs it creates join the host's inventory, as the kernel's
-    would."""
+    would. With a ``network`` it is the hypervisor at ``uri`` there, which
+    live migrations reach."""
 
     def __init__(self, host: HostInventory | dict | None = None,
-                 boot_id: str = "fake-boot-1"):
+                 boot_id: str = "fake-boot-1", *, network: FakeNetwork | None = None,
+                 uri: str | None = None):
         if isinstance(host, dict):
             host = host_from_dict(host)
         self.host = host or HostInventory(cpus=frozenset(range(4)),
@@ -234,6 +283,9 @@ class FakeDriver(ComputeDriver):
         self.foreign: dict[str, FakeForeignGuest] = {}
         self.created_mdevs: dict[str, tuple[str, str]] = {}
         self.current_boot_id = boot_id
+        self._network = network
+        if network is not None and uri is not None:
+            network.join(uri, self)
 
     @classmethod
     def from_conf(cls, conf) -> "FakeDriver":
@@ -321,6 +373,52 @@ class FakeDriver(ComputeDriver):
     def list_foreign_guests(self) -> dict[str, ForeignGuest]:
         with self._lock:
             return {u: g.live or g.saved for u, g in self.foreign.items()}
+
+    def guest_definition(self, instance_uuid: str, live: bool = False,
+                         migratable: bool = False) -> str | None:
+        with self._lock:
+            g = self.guests.get(instance_uuid)
+        if g is None:
+            return None
+        return fake_definition(g.live if live and g.live is not None else g.saved)
+
+    # --- live migration ---------------------------------------------------
+
+    def live_migrate(self, instance_uuid: str, dest_uri: str,
+                     dest_definition: str) -> None:
+        """Refuses as libvirt does, and otherwise moves the guest in one
+        step: running on the destination with ``dest_definition``, gone
+        from here."""
+        what = f"{instance_uuid} to {dest_uri}"
+        with self._lock:
+            guest = self.guests.get(instance_uuid)
+            running = guest is not None and guest.live is not None
+        if not running:
+            raise LiveMigrationError(MigrationFailure.NO_RUNNING_GUEST,
+                                     f"{what}: no such guest running here")
+        dest = self._network.find(dest_uri) if self._network else None
+        if dest is None:
+            raise LiveMigrationError(MigrationFailure.DESTINATION_UNREACHABLE,
+                                     f"{what}: no hypervisor there")
+        if dest is self:
+            raise LiveMigrationError(MigrationFailure.ABORTED,
+                                     f"{what}: the destination is this host")
+        try:
+            moved = parse_fake_definition(dest_definition)
+        except ValueError as e:
+            raise LiveMigrationError(MigrationFailure.DEFINITION_REFUSED,
+                                     f"{what}: {e}") from None
+        if (moved.instance_uuid, moved.vcpus, moved.memory_mb) != (
+                instance_uuid, guest.live.vcpus, guest.live.memory_mb):
+            raise LiveMigrationError(
+                MigrationFailure.DEFINITION_REFUSED,
+                f"{what}: the destination definition is of guest "
+                f"{moved.instance_uuid} with {moved.vcpus} vCPUs and "
+                f"{moved.memory_mb} MiB, not this guest's")
+        with dest._lock:
+            dest.guests[instance_uuid] = FakeGuest(moved, moved)
+        with self._lock:
+            self.guests.pop(instance_uuid, None)
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         with self._lock:

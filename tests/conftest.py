@@ -6,7 +6,8 @@ import libvirt
 import pytest
 
 from agent.testing.local_placement import LocalPlacement
-from tests.functional.private_services import PrivateLibvirtd, PrivateRabbitMQ
+from tests.functional.private_services import (PrivateLibvirtd, PrivateRabbitMQ,
+                                               private_libvirtd_pair)
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +46,22 @@ def private_libvirtd(tmp_path_factory):
         yield daemon.start()
     finally:
         daemon.close()
+
+
+@pytest.fixture(scope="module")
+def two_private_libvirtds(tmp_path_factory):
+    """Two libvirtds (QEMU/KVM) of the module's own, as two hosts a guest
+    live-migrates between: distinct host UUIDs, their own directories and
+    migration ports. Shared by the module's tests (a start is 1-8 s); they
+    are gone, with their guests, after it."""
+    pair = private_libvirtd_pair(tmp_path_factory.mktemp("libvirtd-pair"))
+    try:
+        for daemon in pair:
+            daemon.start()
+        yield pair
+    finally:
+        for daemon in pair:
+            daemon.close()
 
 
 @pytest.fixture

@@ -119,7 +119,7 @@ class Connection:
 
     def _get(self) -> libvirt.virConnect:
         with self._lock:
-            if self._conn is not None and self._alive(self._conn):
+            if self._conn is not None and self.is_alive(self._conn):
                 return self._conn
             if self._conn is not None:
                 self._close_quietly(self._conn)
@@ -149,7 +149,7 @@ class Connection:
                 self._close_quietly(conn)
 
     @staticmethod
-    def _alive(conn: libvirt.virConnect) -> bool:
+    def is_alive(conn: libvirt.virConnect) -> bool:
         try:
             return bool(conn.isAlive())
         except libvirt.libvirtError:
@@ -157,7 +157,7 @@ class Connection:
 
     def _broken(self, conn: libvirt.virConnect,
                 exc: libvirt.libvirtError) -> bool:
-        return is_connection_error(exc) or not self._alive(conn)
+        return is_connection_error(exc) or not self.is_alive(conn)
 
     def _close_quietly(self, conn: libvirt.virConnect) -> None:
         callback_ids, self._callback_ids = self._callback_ids, []

@@ -105,8 +105,9 @@ class LibvirtDriver(ComputeDriver):
     def guest_state(self, instance_uuid: str) -> GuestState | None:
         return self._guests.guest_state(instance_uuid)
 
-    def guest_definition(self, instance_uuid: str, live: bool = False) -> str | None:
-        return self._guests.guest_xml(instance_uuid, live)
+    def guest_definition(self, instance_uuid: str, live: bool = False,
+                         migratable: bool = False) -> str | None:
+        return self._guests.guest_xml(instance_uuid, live, migratable)
 
     def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
         text = self._guests.guest_xml(instance_uuid)
@@ -117,6 +118,10 @@ class LibvirtDriver(ComputeDriver):
 
     def remove_mdev(self, mdev_uuid: str) -> None:
         self._guests.remove_mdev(mdev_uuid)
+
+    def live_migrate(self, instance_uuid: str, dest_uri: str,
+                     dest_definition: str) -> None:
+        self._guests.live_migrate(instance_uuid, dest_uri, dest_definition)
 
     def _inventory(self) -> HostInventory:
         warnings: list[str] = []

@@ -11,7 +11,8 @@ import uuid as uuid_lib
 
 import libvirt
 
-from drivers.base import DeviceKind, ForeignGuest, GuestSpec, GuestState
+from drivers.base import (DeviceKind, ForeignGuest, GuestSpec, GuestState,
+                          LiveMigrationError, MigrationFailure)
 from drivers.libvirt.connection import Connection
 from drivers.host_data import InvalidHostData
 from drivers.libvirt.guest_xml import (build_domain_xml, parse_foreign, parse_live,
@@ -39,6 +40,13 @@ _ALREADY_STOPPED = frozenset({libvirt.VIR_ERR_OPERATION_INVALID,
 _UNSUPPORTED = frozenset({libvirt.VIR_ERR_INVALID_ARG,
                           libvirt.VIR_ERR_NO_SUPPORT,
                           libvirt.VIR_ERR_ARGUMENT_UNSUPPORTED})
+# Live and peer to peer, as nova migrates: the source's libvirtd connects
+# to the destination's itself and drives every phase, so the call needs no
+# connection of ours to the destination. The destination defines the guest
+# persistently and the source undefines it once it runs there.
+_LIVE_MIGRATION_FLAGS = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER
+                         | libvirt.VIR_MIGRATE_PERSIST_DEST
+                         | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE)
 
 
 class GuestManager:
@@ -122,15 +130,60 @@ class GuestManager:
             return None if read is None else read[1]
         return self._conn.call(guest_state)
 
-    def guest_xml(self, instance_uuid: str, live: bool = False) -> str | None:
+    def guest_xml(self, instance_uuid: str, live: bool = False,
+                  migratable: bool = False) -> str | None:
         """The guest's saved definition, or with ``live`` what it runs with
-        (the saved one when it is stopped), as libvirt has it."""
+        (the saved one when it is stopped), as libvirt has it; with
+        ``migratable`` as a destination accepts it (libvirt's check that
+        the guest's virtual hardware stays the same refuses the plain live
+        XML)."""
         flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
+        if migratable:
+            flags |= libvirt.VIR_DOMAIN_XML_MIGRATABLE
 
         def xml(conn: libvirt.virConnect) -> str | None:
             dom = _lookup(conn, instance_uuid)
             return dom.XMLDesc(flags) if dom else None
         return self._conn.call(xml)
+
+    # --- live migration ---------------------------------------------------
+
+    def live_migrate(self, instance_uuid: str, dest_uri: str, dest_xml: str) -> None:
+        """migrateToURI3 with ``dest_xml`` as both the XML the destination
+        starts the guest with and its persistent definition there. Returns
+        once libvirt has confirmed the migration, which ends with the
+        source's QEMU stopped and its definition removed, and this
+        libvirtd no longer knows the guest."""
+        what = f"{instance_uuid} to {dest_uri}"
+
+        def migrate(conn: libvirt.virConnect) -> None:
+            # Looking up is safe to replay on a new connection; from the
+            # migration on, nothing is: a libvirt error is turned into
+            # ours here rather than retried.
+            dom = _lookup(conn, instance_uuid)
+            if dom is None:
+                raise LiveMigrationError(MigrationFailure.NO_RUNNING_GUEST,
+                                         f"{what}: no such guest here")
+            params = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: dest_xml,
+                      libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: dest_xml}
+            try:
+                dom.migrateToURI3(dest_uri, params, _LIVE_MIGRATION_FLAGS)
+            except libvirt.libvirtError as exc:
+                cause = migration_failure(exc, Connection.is_alive(conn))
+                raise LiveMigrationError(cause, f"{what}: {exc}") from exc
+            try:
+                left = _lookup(conn, instance_uuid)
+            except libvirt.libvirtError as exc:
+                raise LiveMigrationError(
+                    MigrationFailure.OUTCOME_UNKNOWN,
+                    f"{what}: migrated, then the source could not be read: "
+                    f"{exc}") from exc
+            if left is not None:
+                raise LiveMigrationError(
+                    MigrationFailure.OUTCOME_UNKNOWN,
+                    f"{what}: libvirt reported the migration done, yet the "
+                    "guest is still defined here")
+        self._conn.call(migrate)
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         self._mdevs.create(mdev_uuid, parent, type_id)
@@ -165,6 +218,28 @@ def _lookup(conn: libvirt.virConnect, instance_uuid: str
         if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
             return None
         raise
+
+
+def migration_failure(exc: libvirt.libvirtError, source_alive: bool
+                      ) -> MigrationFailure:
+    """Why migrateToURI3 failed, from libvirt's error code and the part of
+    libvirt that raised it. Only a broken connection to the source's own
+    libvirtd leaves the outcome unknown: every other failure of a peer to
+    peer migration is reported after the source's libvirtd has resumed
+    the guest here and the destination's has dropped it."""
+    if not source_alive:
+        return MigrationFailure.OUTCOME_UNKNOWN
+    code = exc.get_error_code()
+    if code in (libvirt.VIR_ERR_OPERATION_INVALID, libvirt.VIR_ERR_NO_DOMAIN):
+        return MigrationFailure.NO_RUNNING_GUEST
+    if code in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_ARGUMENT_UNSUPPORTED):
+        return MigrationFailure.UNSUPPORTED
+    if code in (libvirt.VIR_ERR_CONFIG_UNSUPPORTED, libvirt.VIR_ERR_XML_ERROR,
+                libvirt.VIR_ERR_XML_DETAIL, libvirt.VIR_ERR_XML_INVALID_SCHEMA):
+        return MigrationFailure.DEFINITION_REFUSED
+    if exc.get_error_domain() in (libvirt.VIR_FROM_REMOTE, libvirt.VIR_FROM_RPC):
+        return MigrationFailure.DESTINATION_UNREACHABLE
+    return MigrationFailure.ABORTED
 
 
 def _undefine(dom: libvirt.virDomain) -> None:

@@ -12,6 +12,8 @@ What it pins is what the agent relies on: a running guest keeps the
 devices it was started with until it is stopped and started again; its
 live devices and its saved definition are told apart; stop, start and
 destroy are idempotent; the assignment ids written into a guest come back.
+A live migration moves a running guest whole to the destination's devices,
+or refuses and leaves it where it was.
 """
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ import pytest
 from agent.cmd.common import load_config
 from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
                           GuestDevice, GuestSpec, HostResource, HostResourceKind,
-                          MdevError, device_resources)
-from drivers.fake import FakeDriver
+                          LiveMigrationError, MdevError, MigrationFailure,
+                          device_resources)
+from drivers.fake import FakeDriver, FakeNetwork, fake_definition
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.driver import LibvirtDriver
 from tests.functional.helpers import write_conf
+from tests.functional.migration_standin import destination_xml
 from tests.functional.nova_host import nova_domain_xml
 
 PF = "0000:81:00.0"
@@ -341,3 +345,139 @@ def test_a_running_foreign_guest_holds_what_it_was_started_with(subject):
     nova_guest(subject, "b", running=True, instance=started.instance_uuid)
     found = subject.driver.list_foreign_guests()[started.instance_uuid]
     assert found.running and found.resources == started.resources
+
+
+# --- live migration ------------------------------------------------------------
+# Two hypervisors a guest moves between: two fake ones on one FakeNetwork,
+# or two real libvirtds (QEMU/KVM) with distinct host UUIDs. libvirt's test
+# driver cannot migrate at all; its contract is to refuse, pinned by the
+# last test, so it has no pair here.
+
+@dataclass
+class Pair:
+    source: ComputeDriver
+    dest: ComputeDriver
+    dest_uri: str
+    unreachable_uri: str
+    devices: Callable[[str], tuple[GuestDevice, ...]]  # "a" (source) or "b" (dest)
+    # What the source passes for the destination: its live, migratable
+    # definition rewritten for the destination's devices.
+    dest_definition: Callable[[GuestSpec, GuestSpec], str]
+
+    def guests(self) -> tuple[GuestSpec, GuestSpec]:
+        """A guest's spec on the source and on the destination."""
+        instance = str(uuid.uuid4())
+        return tuple(GuestSpec(instance, f"contract-{instance[:8]}", 2, 64, self.devices(w))
+                     for w in "ab")
+
+
+def make_fake_pair() -> Pair:
+    network = FakeNetwork()
+    hosts = [FakeDriver(boot_id=f"fake-{w}", network=network, uri=f"fake://{w}")
+             for w in "ab"]
+    return Pair(hosts[0], hosts[1], "fake://b", "fake://nowhere", lambda w: device_set(
+        w, "", None, f"/dev/dax0.{0 if w == 'a' else 1}", 0 if w == "a" else 1, 0),
+        lambda a, b: fake_definition(b))
+
+
+def make_libvirt_qemu_pair(tmp_path: Path, daemons) -> Pair:
+    drivers = [libvirt_driver(tmp_path / d.root.name, d.uri, tmp_path / "sys")
+               for d in daemons]
+    files = {}
+    for which, daemon in zip("ab", daemons):
+        files[which] = daemon.root / f"pmem-{tmp_path.name}"
+        with open(files[which], "wb") as f:
+            f.truncate(64 << 20)
+
+    def dest_definition(a: GuestSpec, b: GuestSpec) -> str:
+        source = drivers[0].guest_definition(a.instance_uuid, live=True, migratable=True)
+        return destination_xml(source, a, b)
+    return Pair(drivers[0], drivers[1], daemons[1].uri,
+                f"qemu+unix:///system?socket={tmp_path / 'no-libvirtd'}",
+                lambda w: device_set(w, "", None, str(files[w]), 0 if w == "a" else 1, 0),
+                dest_definition)
+
+
+@pytest.fixture(params=["fake", "libvirt-qemu"])
+def pair(request, tmp_path):
+    if request.param == "libvirt-qemu":
+        p = make_libvirt_qemu_pair(tmp_path, request.getfixturevalue("two_private_libvirtds"))
+    else:
+        p = make_fake_pair()
+    yield p
+    for driver in (p.source, p.dest):
+        for instance in driver.list_guests():
+            driver.destroy(instance)
+        driver.cleanup()
+
+
+def assert_unmoved(pair: Pair, a: GuestSpec, running: bool = True) -> None:
+    state = pair.source.guest_state(a.instance_uuid)
+    assert state.running is running and state.saved == ids(a)
+    assert state.live == (ids(a) if running else frozenset())
+    assert pair.dest.guest_state(a.instance_uuid) is None
+
+
+def test_live_migration_moves_the_running_guest_to_the_destinations_devices(pair):
+    a, b = pair.guests()
+    pair.source.spawn(a)
+    pair.source.live_migrate(a.instance_uuid, pair.dest_uri, pair.dest_definition(a, b))
+    state = pair.dest.guest_state(a.instance_uuid)
+    assert state.running
+    assert state.live == state.saved == ids(b)
+    assert state.live_resources == resources(b)
+    assert pair.source.guest_state(a.instance_uuid) is None
+    assert a.instance_uuid not in pair.source.list_guests()
+
+
+def test_live_migration_of_a_guest_not_running_here_is_refused(pair):
+    a, b = pair.guests()
+    pair.source.spawn(a)
+    definition = pair.dest_definition(a, b)
+    pair.source.power_off(a.instance_uuid)
+    with pytest.raises(LiveMigrationError, match=a.instance_uuid) as caught:
+        pair.source.live_migrate(a.instance_uuid, pair.dest_uri, definition)
+    assert caught.value.cause is MigrationFailure.NO_RUNNING_GUEST
+    assert_unmoved(pair, a, running=False)
+
+    absent = str(uuid.uuid4())
+    with pytest.raises(LiveMigrationError, match=absent) as caught:
+        pair.source.live_migrate(absent, pair.dest_uri, definition)
+    assert caught.value.cause is MigrationFailure.NO_RUNNING_GUEST
+
+
+def test_live_migration_to_an_unreachable_destination_is_refused(pair):
+    a, b = pair.guests()
+    pair.source.spawn(a)
+    with pytest.raises(LiveMigrationError) as caught:
+        pair.source.live_migrate(a.instance_uuid, pair.unreachable_uri,
+                                 pair.dest_definition(a, b))
+    assert caught.value.cause is MigrationFailure.DESTINATION_UNREACHABLE
+    assert pair.unreachable_uri in str(caught.value)
+    assert_unmoved(pair, a)
+
+
+def test_live_migration_with_another_guests_definition_is_refused(pair):
+    a, b = pair.guests()
+    pair.source.spawn(a)
+    other = pair.dest_definition(a, b).replace(a.instance_uuid, str(uuid.uuid4()))
+    with pytest.raises(LiveMigrationError) as caught:
+        pair.source.live_migrate(a.instance_uuid, pair.dest_uri, other)
+    assert caught.value.cause is MigrationFailure.DEFINITION_REFUSED
+    assert_unmoved(pair, a)
+
+
+def test_the_libvirt_test_driver_refuses_live_migration_as_unsupported(tmp_path):
+    s = make_libvirt_test(tmp_path)
+    a = s.guest("a")
+    s.driver.spawn(a)
+    try:
+        live = s.driver.guest_definition(a.instance_uuid, live=True, migratable=True)
+        with pytest.raises(LiveMigrationError) as caught:
+            s.driver.live_migrate(a.instance_uuid, "test:///default", live)
+        assert caught.value.cause is MigrationFailure.UNSUPPORTED
+        state = s.driver.guest_state(a.instance_uuid)
+        assert state.running and state.live == ids(a)
+    finally:
+        s.driver.destroy(a.instance_uuid)
+        s.driver.cleanup()

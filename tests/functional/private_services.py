@@ -31,6 +31,10 @@ LIBVIRTD_CONF = 'unix_sock_dir = "/run/libvirt"\nlisten_tls = 0\nlisten_tcp = 0\
 # root, as the setup configures the machine's one (without it every call
 # re-probes QEMU); QEMU's output to a file rather than through a virtlogd.
 QEMU_CONF = 'user = "root"\ngroup = "root"\nstdio_handler = "file"\n'
+# Two daemons a live migration runs between, each with ports of its own
+# for the incoming QEMU to listen on, clear of the machine's libvirtd
+# (libvirt's default range, 49152-49215).
+MIGRATION_PORTS = ((49216, 49231), (49232, 49247))
 # Run by sh in the new mount namespace: $1 is the private root.
 _IN_NAMESPACE = "set -e; root=$1; shift\n" + "".join(
     f'mkdir -p {target}; mount --bind "$root/{name}" {target}\n'
@@ -44,15 +48,29 @@ class PrivateLibvirtd:
     mounts of directories under ``root``. It shares nothing with the
     machine's libvirtd: not a socket, a pid file, a domain, a log or a
     config file. Connect with ``uri``; ``stop()`` and ``start()`` restart
-    only this daemon."""
+    only this daemon.
 
-    def __init__(self, root: Path):
+    As a live migration's source or destination it takes a ``host_uuid``:
+    libvirt refuses to migrate between daemons of one host UUID, which
+    without it is the machine's DMI product UUID, the same for every
+    daemon of a host (this VM has none, so libvirt draws a new one at
+    each start: a host that changes identity on restart). And
+    ``migration_ports``: the range its incoming QEMU listens in."""
+
+    def __init__(self, root: Path, host_uuid: str | None = None,
+                 migration_ports: tuple[int, int] | None = None):
         self.root = root
         self.proc: subprocess.Popen | None = None
         for name in LIBVIRT_DIRS:
             (root / name).mkdir(parents=True, exist_ok=True)
-        (root / "etc" / "libvirtd.conf").write_text(LIBVIRTD_CONF)
-        (root / "etc" / "qemu.conf").write_text(QEMU_CONF)
+        libvirtd_conf, qemu_conf = LIBVIRTD_CONF, QEMU_CONF
+        if host_uuid is not None:
+            libvirtd_conf += f'host_uuid = "{host_uuid}"\n'
+        if migration_ports is not None:
+            qemu_conf += (f"migration_port_min = {migration_ports[0]}\n"
+                          f"migration_port_max = {migration_ports[1]}\n")
+        (root / "etc" / "libvirtd.conf").write_text(libvirtd_conf)
+        (root / "etc" / "qemu.conf").write_text(qemu_conf)
         if SHARED_CAPABILITIES_CACHE.is_dir():
             shutil.copytree(SHARED_CAPABILITIES_CACHE, root / "cache" / "qemu" / "capabilities",
                             dirs_exist_ok=True)
@@ -82,6 +100,10 @@ class PrivateLibvirtd:
                 raise RuntimeError(f"the private libvirtd did not answer in {timeout}s")
             time.sleep(0.05)
         return self
+
+    def qemu_pid(self, domain_name: str) -> int:
+        """The pid of the QEMU this daemon runs the domain in."""
+        return int((self.root / "run" / "qemu" / f"{domain_name}.pid").read_text())
 
     def _answers(self) -> bool:
         if not self.socket.exists():
@@ -114,6 +136,14 @@ class PrivateLibvirtd:
             finally:
                 conn.close()
         self.stop()
+
+
+def private_libvirtd_pair(root: Path) -> tuple[PrivateLibvirtd, PrivateLibvirtd]:
+    """Two private libvirtds, as two hosts a guest can live-migrate
+    between, not started."""
+    return tuple(PrivateLibvirtd(root / name, host_uuid=str(uuid.uuid4()),
+                                 migration_ports=ports)
+                 for name, ports in zip("ab", MIGRATION_PORTS))
 
 
 class PrivateRabbitMQ:
