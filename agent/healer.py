@@ -82,7 +82,8 @@ def read_model(agent: "Agent") -> Model:
     return Model(current, model, pools_by_uuid(built, {p.name: p.uuid for p in model}))
 
 
-def make_plan(agent: "Agent", model: Model) -> heal.Plan:
+def make_plan(agent: "Agent", model: Model,
+              progress: Callable[[str], None] = lambda line: None) -> heal.Plan:
     """Plan from ``model``, reading the consumers it moves; HealRefused
     names a consumer that cannot be moved."""
     sync = agent.sync
@@ -91,6 +92,8 @@ def make_plan(agent: "Agent", model: Model) -> heal.Plan:
         for consumer, body in sync.client.get_provider_allocations(uuid).items():
             if set(body["resources"]) & classes:
                 holders.add(consumer)
+    if holders:
+        progress(f"reading the allocations of {len(holders)} consumers...")
     consumers = read_consumers(sync.client, sorted(holders))
     _, assignments, migrations = agent.manager.tracker.snapshot()
     return heal.plan_heal(model.current, model.tree, model.pools, consumers,
@@ -107,6 +110,8 @@ def align_store(agent: "Agent", index: DeviceIndex,
     from agent.service import tree_allocations  # the service aligns at start
 
     tracker = agent.manager.tracker
+    if not index.pools:  # no cycle has built the model: unknown, not empty
+        return Realignment()
     suspects = misplaced(tracker.snapshot()[1], index)
     if not suspects:
         return Realignment()
@@ -125,22 +130,26 @@ def align_store(agent: "Agent", index: DeviceIndex,
 
 def run_heal(agent: "Agent", dry_run: bool = False,
              confirm: Callable[[heal.Plan], bool] = lambda plan: True,
-             attempts: int = ATTEMPTS) -> HealResult:
+             attempts: int = ATTEMPTS,
+             progress: Callable[[str], None] = lambda line: None) -> HealResult:
     """Heal the host, or with ``dry_run`` only say how; ``confirm`` sees the
     plan before it is sent and may decline it. A plan that loses a race
-    (409) is read and made again, ``attempts`` times at most."""
+    (409) is read and made again, ``attempts`` times at most. ``progress``
+    is told each slow step as it starts."""
     if not dry_run:
         # The held tree stands first, so every provider the plan names exists.
         agent.update_provider_tree()
     for attempt in range(1, attempts + 1):
         model = read_model(agent)
-        plan = make_plan(agent, model)
+        plan = make_plan(agent, model, progress)
         if plan.empty and not dry_run:
             # A heal killed after its reshape left the store behind.
             return HealResult(plan, False, attempt,
                               align_store(agent, DeviceIndex(model.pools)))
         if plan.empty or dry_run or not confirm(plan):
             return HealResult(plan, False, attempt)
+        progress(f"sending one reshape of {len(plan.consumers)} consumers' allocations "
+                 f"and {len(plan.inventories)} inventories...")
         try:
             agent.sync.client.reshape(plan.inventories, plan.reshaper_allocations())
         except GenerationConflict as e:
