@@ -386,15 +386,29 @@ class Agent:
         except Exception:  # start-up must outlive any bug in heal
             LOG.exception("Heal at start-up failed")
 
+    def _align_store_safely(self) -> None:
+        """The store's rows follow the allocations a heal moved, should that
+        heal have been killed before it wrote them (agent/realign.py)."""
+        from agent.healer import align_store
+        from agent.realign import DeviceIndex
+        try:
+            align_store(self, DeviceIndex(self.manager.tracker.pools()))
+        except (PlacementUnavailable, PlacementError) as e:
+            LOG.warning("Store not aligned with Placement at start-up: %s", e)
+        except Exception:  # start-up must outlive any bug here
+            LOG.exception("Aligning the store with Placement failed")
+
     def start(self) -> None:
-        """Connect, run a first cycle and reconcile what a previous run
-        left, then keep the loop going in its thread."""
+        """Connect, run a first cycle, align the store with Placement and
+        reconcile what a previous run left, then keep the loop going in its
+        thread."""
         self.driver.init_host()
         if self.heal_on_startup:
             self._heal_safely()
         self.run_cycle()
         self._cycles = 1
         if self.manager is not None:
+            self._align_store_safely()
             self._reconcile_safely(at_start=True)
         self._thread = threading.Thread(target=self._loop, name="update-provider-tree",
                                         daemon=True)

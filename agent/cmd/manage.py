@@ -232,7 +232,8 @@ def heal(conf: cfg.ConfigOpts) -> int:
     try:
         if interactive:
             print("Reading Placement and planning...", file=sys.stderr)
-        result = run_heal(agent, dry_run=args.dry_run, confirm=confirm)
+        result = run_heal(agent, dry_run=args.dry_run, confirm=confirm,
+                          progress=lambda line: interactive and print(line, file=sys.stderr))
     finally:
         agent.driver.cleanup()
         agent.manager.tracker.store.close()
@@ -245,6 +246,11 @@ def heal(conf: cfg.ConfigOpts) -> int:
         show(plan)
     summary = (f"{len(plan.moves)} allocations of {len(plan.consumers)} consumers, "
                f"inventories of {len(plan.inventories)} providers")
+    if result.store.moved:
+        print(f"store: {len(result.store.moved)} assignments moved to the providers "
+              "that hold their allocations", file=sys.stderr)
+    for unaligned in result.store.unaligned:
+        print(f"store row left as it is: {unaligned}", file=sys.stderr)
     if result.applied:
         print(f"healed: {summary}, in one reshape", file=sys.stderr)
     elif not plan.empty and not args.dry_run:
