@@ -367,7 +367,7 @@ def test_after_heal_the_next_mode_switches_are_planned_from_the_store(
         result = run_heal(agent)
         assert result.applied and result.store.unaligned == []
         assert_store_follows_placement(agent, placement.url)
-        assert_never_more_than_physical(placement.url, agent.policy.root_uuid)
+        assert_never_more_than_physical(placement.url, agent.policy.root_uuid, PHYSICAL)
         if mode == "flat":
             assert {where for _, _, where, *_ in store_rows(agent, placement.url)} \
                 == {"HOST", "HOST_pmem_SMALL"}
