@@ -12,11 +12,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from agent.testing.local_placement import LocalPlacement, free_port
-from tests.functional.helpers import wait_for, write_conf
+from agent.messaging import TOPIC
+from tests.functional.helpers import get, wait_for, write_conf
 
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
 # systemd's watchdog timeout for these tests: pings every 0.5 s.
@@ -33,6 +35,8 @@ class NotifySocket:
         self.sock.bind(str(path))
         self.sock.settimeout(0.2)
         self.received: list[tuple[float, str]] = []
+        # Called in the reader thread as each assignment arrives.
+        self.on_assignment: Callable[[str], None] = lambda assignment: None
         self._closed = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -44,7 +48,9 @@ class NotifySocket:
             except TimeoutError:
                 continue
             now = time.monotonic()
-            self.received.extend((now, line) for line in data.decode().splitlines())
+            for line in data.decode().splitlines():
+                self.on_assignment(line)
+                self.received.append((now, line))
 
     def close(self) -> None:
         self._closed = True
@@ -90,6 +96,14 @@ def rpc_tree(conf: Path, host: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+def rpc_consumers(host: str) -> int:
+    """Consumers on the RPC server queue of ``host``, as RabbitMQ counts them."""
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "name", "consumers"],
+                            capture_output=True, text=True, timeout=60, check=True)
+    counts = dict(line.split("\t") for line in listed.stdout.splitlines() if "\t" in line)
+    return int(counts.get(f"{TOPIC}.{host}", 0))
+
+
 def test_ready_once_rpc_serves_watchdog_pings_while_idle_stopping_on_sigterm(
         tmp_path, placement, notify_socket):
     host = f"notify-{uuid.uuid4().hex[:8]}"
@@ -97,16 +111,27 @@ def test_ready_once_rpc_serves_watchdog_pings_while_idle_stopping_on_sigterm(
     conf = write_conf(tmp_path, placement.url, host, HOST,
                       DEFAULT={"update_interval": 3600})
     proc = start_daemon(conf, tmp_path / "agent.log", notify_socket.environment())
+
+    def freeze_at_ready(assignment: str) -> None:
+        if assignment == "READY=1":
+            proc.send_signal(signal.SIGSTOP)
+
+    notify_socket.on_assignment = freeze_at_ready
     try:
-        notify_socket.wait_for("READY=1")
-        # READY=1: start-up's cycle is done and RPC answers at once.
+        ready = notify_socket.wait_for("READY=1")
+        # Frozen as READY=1 arrived: start-up's cycle had written the host's
+        # tree, and the RPC server was consuming its queue.
+        providers = get(placement.url, f"/resource_providers?name={host}_numa_0")
+        assert len(providers["resource_providers"]) == 1
+        assert rpc_consumers(host) == 1
+        proc.send_signal(signal.SIGCONT)
         served = rpc_tree(conf, host)
         assert served.returncode == 0, served.stderr
         assert f"{host}_numa_0" in served.stdout
 
-        ready = notify_socket.times("READY=1")[0]
+        resumed = time.monotonic()
         time.sleep(2)
-        pings = notify_socket.times("WATCHDOG=1", since=ready)
+        pings = notify_socket.times("WATCHDOG=1", since=resumed)
         assert len(pings) >= 3, pings
         gaps = [b - a for a, b in zip(pings, pings[1:])]
         assert max(gaps) < WATCHDOG_USEC / 1e6, gaps
@@ -115,6 +140,7 @@ def test_ready_once_rpc_serves_watchdog_pings_while_idle_stopping_on_sigterm(
         proc.send_signal(signal.SIGTERM)
         notify_socket.wait_for("STOPPING=1", since=terminated)
     finally:
+        proc.send_signal(signal.SIGCONT)
         assert stop_daemon(proc) == 0
     assert notify_socket.times("READY=1") == [ready]
 
