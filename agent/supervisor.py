@@ -9,6 +9,7 @@ import logging
 import threading
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 LOG = logging.getLogger(__name__)
 
@@ -22,15 +23,35 @@ class ThreadDeath:
     error: str  # the exception and where it was raised, on one line
 
 
+# Frames from here are the project's own: the place a reader looks first.
+PROJECT_TOP = Path(__file__).resolve().parents[1]
+
+
+def _in_project(frame: traceback.FrameSummary) -> bool:
+    return Path(frame.filename).resolve().is_relative_to(PROJECT_TOP)
+
+
+def _frame(frame: traceback.FrameSummary) -> str:
+    path = Path(frame.filename).resolve()
+    if path.is_relative_to(PROJECT_TOP):
+        path = path.relative_to(PROJECT_TOP)
+    return f"{path}:{frame.lineno} in {frame.name}"
+
+
 def describe(args: threading.ExceptHookArgs) -> str:
-    """``OverflowError: timeout value is too large (service.py:310 in
-    _wait_for_next_cycle)``: the exception and its innermost frame."""
+    """The exception and where it was raised, on one line, e.g.
+    ``OverflowError: timestamp out of range (.../threading.py:331 in wait,
+    from agent/service.py:307 in _wait_for_next_cycle)``: the innermost
+    frame, and the project's innermost when that is another."""
     error = traceback.format_exception_only(args.exc_type, args.exc_value)[-1].strip()
     frames = traceback.extract_tb(args.exc_traceback)
     if not frames:
         return error
-    where = frames[-1]
-    return f"{error} ({where.filename}:{where.lineno} in {where.name})"
+    where = [_frame(frames[-1])]
+    ours = [f for f in frames if _in_project(f)]
+    if ours and ours[-1] is not frames[-1]:
+        where.append(f"from {_frame(ours[-1])}")
+    return f"{error} ({', '.join(where)})"
 
 
 class Supervisor:
@@ -40,6 +61,7 @@ class Supervisor:
     def __init__(self) -> None:
         self.wake = threading.Event()
         self.deaths: list[ThreadDeath] = []
+        self._reported = 0
 
     def install(self) -> None:
         """From now on an uncaught exception in any thread is this
@@ -49,12 +71,13 @@ class Supervisor:
 
     def _on_thread_death(self, args: threading.ExceptHookArgs) -> None:
         name = args.thread.name if args.thread is not None else "unknown"
-        death = ThreadDeath(name, describe(args))
-        LOG.error("Thread %s died: %s; the agent exits so that it is restarted",
-                  death.thread, death.error)
         LOG.debug("Thread %s died", name,
                   exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
-        self.deaths.append(death)
+        self.deaths.append(ThreadDeath(name, describe(args)))
+        self.wake.set()
+
+    def request_stop(self) -> None:
+        """A signal's handler: the main thread stops the daemon in order."""
         self.wake.set()
 
     def wait(self) -> None:
@@ -62,3 +85,13 @@ class Supervisor:
         # Slices, so that a signal's handler always gets to run.
         while not self.wake.wait(3600):
             pass
+        self.report()
+
+    def report(self) -> None:
+        """One line for each death not told yet. Told from the main thread:
+        logged by the dying thread, inside its except clause, the line
+        would get the error a second time from oslo.log."""
+        for death in self.deaths[self._reported:]:
+            LOG.error("Thread %s died: %s; the agent exits so that it is restarted",
+                      death.thread, death.error)
+        self._reported = len(self.deaths)

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
 
     def on_term(signum, frame):
         LOG.info("Signal %d: stopping", signum)
-        supervisor.wake.set()
+        supervisor.request_stop()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -78,8 +78,9 @@ def main(argv=None) -> int:
     # full passes, each of which would stall every call in flight (about
     # 40 ms for 70,000 objects on a 2-vCPU host).
     gc.freeze()
-    if not supervisor.deaths:
-        # Start-up reconciliation is done and RPC's queue is consumed.
+    if not supervisor.wake.is_set():
+        # Start-up reconciliation is done and RPC's queue is declared; not
+        # when a signal or a thread's death came during start-up.
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
@@ -90,6 +91,7 @@ def main(argv=None) -> int:
     server.wait()
     agent.stop()
     if supervisor.deaths:
+        supervisor.report()  # any that died on the way out
         return EXIT_THREAD_DIED
     LOG.info("compute-agent stopped")
     return 0
