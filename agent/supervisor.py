@@ -6,6 +6,7 @@ reporting to Placement."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import traceback
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ LOG = logging.getLogger(__name__)
 
 # The exit status of a daemon that lost a thread: a failure, for systemd.
 EXIT_THREAD_DIED = 1
+# After a thread's death, how long the orderly stop may take (calls in
+# flight finishing) before the process exits all the same.
+STOP_AFTER_DEATH_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,24 @@ class Supervisor:
         while not self.wake.wait(3600):
             pass
         self.report()
+
+    def exit_unless_stopped_in_time(self) -> None:
+        """The orderly stop after a thread's death may wait forever on the
+        dead thread (oslo.messaging's server.stop() waits for its listener
+        to say it stopped): give it STOP_AFTER_DEATH_SECONDS, then exit. A
+        crash is what the agent is built to survive: nothing it
+        acknowledged is lost."""
+        timer = threading.Timer(STOP_AFTER_DEATH_SECONDS, self._exit_now)
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def _exit_now() -> None:
+        LOG.warning("Not stopped %d s after a thread's death: exiting now",
+                    STOP_AFTER_DEATH_SECONDS)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXIT_THREAD_DIED)
 
     def report(self) -> None:
         """One line for each death not told yet. Told from the main thread:

@@ -84,7 +84,9 @@ def main(argv=None) -> int:
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
-    if not supervisor.deaths:
+    if supervisor.deaths:
+        supervisor.exit_unless_stopped_in_time()
+    else:
         notify("STOPPING=1")
     # Calls in flight finish before the store closes.
     server.stop()

@@ -85,9 +85,16 @@ def start_daemon(conf: Path, log: Path, environment: dict[str, str],
 
 
 def stop_daemon(proc: subprocess.Popen) -> int:
+    """SIGTERM, as systemd stops it; a daemon that hangs is killed, and the
+    test fails."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-    return proc.wait(30)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def rpc_tree(conf: Path, host: str) -> subprocess.CompletedProcess:
@@ -220,10 +227,42 @@ def test_a_dying_update_thread_takes_the_daemon_down(tmp_path, placement, notify
         assert proc.wait(30) == 1
     finally:
         stop_daemon(proc)
-    died = [line for line in log.read_text().splitlines() if "died" in line]
+    died = [line for line in log.read_text().splitlines() if " died: " in line]
     assert len(died) == 1, log.read_text()
     assert ("Thread update-provider-tree died: OverflowError: timeout value is too large"
             in died[0])
     assert "Traceback" not in log.read_text()
     # Not an orderly stop: systemd is to count it a failure and restart.
+    assert notify_socket.times("STOPPING=1") == []
+
+
+# oslo.messaging's poll loop, the RPC server's listener thread, fails at
+# once. The orderly stop then waits forever for that thread: the daemon
+# must exit all the same.
+DYING_LISTENER = """
+import sys
+from oslo_messaging._drivers import base
+
+def failing_runner(self):
+    raise RuntimeError("listener broke")
+
+base.PollStyleListenerAdapter._runner = failing_runner
+from agent.cmd import agent
+sys.exit(agent.main(sys.argv[1:]))
+"""
+
+
+def test_a_dying_rpc_listener_takes_the_daemon_down(tmp_path, placement, notify_socket):
+    conf = write_conf(tmp_path, placement.url, f"deaf-{uuid.uuid4().hex[:8]}", HOST)
+    log = tmp_path / "agent.log"
+    proc = start_daemon(conf, log, notify_socket.environment(),
+                        launcher=[sys.executable, "-c", DYING_LISTENER])
+    try:
+        assert proc.wait(30) == 1
+    finally:
+        stop_daemon(proc)
+    died = [line for line in log.read_text().splitlines() if " died: " in line]
+    assert len(died) == 1, log.read_text()
+    assert "(failing_runner) died: RuntimeError: listener broke" in died[0]
+    assert "Not stopped 5 s after a thread's death: exiting now" in log.read_text()
     assert notify_socket.times("STOPPING=1") == []
