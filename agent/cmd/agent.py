@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import signal
 import sys
-import threading
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -18,10 +17,12 @@ from agent.cmd.common import (exit_config_error, exit_store_error, load_config,
                               setup_logging)
 from agent.exception import ConfigError
 from agent.rpc import make_server
-from agent.service import Agent, sd_notify
+from agent.service import Agent
 from agent.state import StoreError
 from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
 from agent.store_check import StoreRefused
+from agent.supervisor import EXIT_THREAD_DIED, Supervisor
+from agent.systemd import notify, watchdog_from_environment
 
 LOG = logging.getLogger(__name__)
 
@@ -59,16 +60,17 @@ def main(argv=None) -> int:
             return 1
         return 0
 
-    stopped = threading.Event()
+    supervisor = Supervisor()
+    supervisor.install()
 
     def on_term(signum, frame):
         LOG.info("Signal %d: stopping", signum)
-        stopped.set()
+        supervisor.request_stop()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.drop_cache())
-    agent.start()
+    agent.start(watchdog_from_environment())
     server = make_server(conf, agent)
     server.start()
     # What start-up made (modules, config, the host's pools, the store's
@@ -76,15 +78,23 @@ def main(argv=None) -> int:
     # full passes, each of which would stall every call in flight (about
     # 40 ms for 70,000 objects on a 2-vCPU host).
     gc.freeze()
-    sd_notify("READY=1")
-    LOG.info("compute-agent running as host %s", conf.host)
-    while not stopped.wait(3600):
-        pass
-    sd_notify("STOPPING=1")
+    if not supervisor.wake.is_set():
+        # Start-up reconciliation is done and RPC's queue is declared; not
+        # when a signal or a thread's death came during start-up.
+        notify("READY=1")
+        LOG.info("compute-agent running as host %s", conf.host)
+    supervisor.wait()
+    if supervisor.deaths:
+        supervisor.exit_unless_stopped_in_time()
+    else:
+        notify("STOPPING=1")
     # Calls in flight finish before the store closes.
     server.stop()
     server.wait()
     agent.stop()
+    if supervisor.deaths:
+        supervisor.report()  # any that died on the way out
+        return EXIT_THREAD_DIED
     LOG.info("compute-agent stopped")
     return 0
 
