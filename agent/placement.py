@@ -42,6 +42,8 @@ class PlacementClient:
     def __init__(self, adapter):
         self.adapter = adapter
         self.version: str | None = None
+        # Every request sent, answered or not (compute-agent --once says it).
+        self.requests_sent = 0
 
     # --- plumbing -------------------------------------------------------
 
@@ -53,6 +55,7 @@ class PlacementClient:
             kwargs["json"] = body
         if url != "/":
             kwargs["microversion"] = self.version
+        self.requests_sent += 1
         try:
             resp = self.adapter.request(url, method, **kwargs)
         except ks_exc.ClientException as e:
