@@ -14,7 +14,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.cmd.common import load_config
-from agent.exception import ConfigError
+from agent.exception import ConfigError, InvalidRequest
 from agent.service import Agent
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import placement_tree, put_allocations, write_conf
@@ -81,7 +81,7 @@ def test_cycles_requests_claims_and_findings_move_the_counters(tmp_path, placeme
         allocations = {cell: {"resources": {"VCPU": 2, "MEMORY_MB": 512}}}
         put_allocations(placement.url, instance, allocations)
         agent.manager.build_instance(instance, SPEC, allocations)
-        with pytest.raises(Exception):  # a provider of no host of ours
+        with pytest.raises(InvalidRequest):  # a provider of no host of ours
             agent.manager.build_instance(str(uuid.uuid4()), SPEC, {
                 str(uuid.uuid4()): {"resources": {"VCPU": 1}}})
         after_claims = scrape(port)
@@ -103,7 +103,8 @@ def test_cycles_requests_claims_and_findings_move_the_counters(tmp_path, placeme
         agent.reconcile(at_start=False)
         after_reconcile = scrape(port)
         for rule in ("guest_without_assignments", "allocation_without_record"):
-            assert moved(after_claims, after_reconcile, "compute_agent_reconcile_findings_total",
+            assert moved(after_claims, after_reconcile,
+                         "compute_agent_reconcile_findings_total",
                          rule=rule, outcome="reported") == 1
         assert value(after_reconcile, "compute_agent_assigned",
                      resource_class="VCPU", state="claimed") == 0
