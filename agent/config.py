@@ -272,6 +272,17 @@ heal_opts = [
     ),
 ]
 
+metrics_opts = [
+    cfg.StrOpt(
+        "listen",
+        help="host:port (an IPv6 address as [address]:port) on which the "
+        "daemon serves Prometheus metrics at /metrics, over plain HTTP. "
+        "Unset (the default): no endpoint. The metrics carry host and "
+        "device names, not secrets; bind to an address your Prometheus "
+        "reaches and others do not. A port in use stops the start, exit 2.",
+    ),
+]
+
 fake_opts = [
     cfg.StrOpt(
         "host_file",
@@ -298,6 +309,7 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(pmem_opts, group="pmem")
     conf.register_opts(fake_opts, group="fake")
     conf.register_opts(heal_opts, group="heal")
+    conf.register_opts(metrics_opts, group="metrics")
     conf.register_group(placement_group())
     ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
@@ -328,6 +340,7 @@ def list_opts():
         ("pmem", pmem_opts),
         ("fake", fake_opts),
         ("heal", heal_opts),
+        ("metrics", metrics_opts),
         (placement_group(), _placement_opts()),
         ("upgrade_levels", messaging.upgrade_opts),
     ]

@@ -43,6 +43,7 @@ from agent import rpc_versions
 from agent.config import PLACEMENT_GROUP
 from agent.exception import ConfigError, shown
 from agent.messaging import messaging
+from agent.metrics import parse_listen
 from agent.policy import tree_policy_from_conf
 
 DEFAULT = "DEFAULT"
@@ -367,6 +368,14 @@ def keystone_system_scope(value: str) -> None:
         raise BadValue("Keystone has one system scope: all")
 
 
+def listen_address(value: str) -> None:
+    """host:port for a server of ours (agent/metrics.py parses it)."""
+    try:
+        parse_listen(value)
+    except ValueError as e:
+        raise BadValue(str(e)) from None
+
+
 # A rule per (section, option): value -> None, raising BadValue. Options
 # whose values the operator's policy parses are checked by policy_rules.
 VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
@@ -390,6 +399,7 @@ VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("libvirt", "instances_path"): absolute_path,
     ("pmem", "ndctl_json"): readable_file,
     ("fake", "host_file"): readable_file,
+    ("metrics", "listen"): listen_address,
     (PLACEMENT_GROUP, "cafile"): readable_file,
     (PLACEMENT_GROUP, "certfile"): readable_file,
     (PLACEMENT_GROUP, "keyfile"): readable_file,

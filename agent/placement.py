@@ -8,6 +8,7 @@ concurrent_update: re-read and retry) and PlacementError (anything else).
 from __future__ import annotations
 
 import logging
+import time
 
 from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
@@ -15,6 +16,7 @@ from oslo_config import cfg
 
 from agent.config import PLACEMENT_GROUP
 from agent.exception import GenerationConflict, PlacementError, PlacementUnavailable
+from agent.metrics import Metrics
 
 LOG = logging.getLogger(__name__)
 
@@ -39,11 +41,13 @@ def adapter_from_conf(conf: cfg.ConfigOpts):
 
 
 class PlacementClient:
-    def __init__(self, adapter):
+    def __init__(self, adapter, metrics: Metrics | None = None):
         self.adapter = adapter
         self.version: str | None = None
         # Every request sent, answered or not (compute-agent --once says it).
         self.requests_sent = 0
+        # Every request is counted here, by method and status.
+        self.metrics = metrics or Metrics()
 
     # --- plumbing -------------------------------------------------------
 
@@ -56,11 +60,14 @@ class PlacementClient:
         if url != "/":
             kwargs["microversion"] = self.version
         self.requests_sent += 1
+        started = time.monotonic()
         try:
             resp = self.adapter.request(url, method, **kwargs)
         except ks_exc.ClientException as e:
+            self.metrics.placement_request(method, None, time.monotonic() - started)
             raise PlacementUnavailable(f"Placement did not answer {method} {url}: "
                                        f"{type(e).__name__}: {e}") from None
+        self.metrics.placement_request(method, resp.status_code, time.monotonic() - started)
         if resp.status_code in expected:
             return resp.json() if resp.content else None
         code, detail = _error_of(resp)

@@ -19,6 +19,7 @@ from agent.exception import (AgentError, ConfigError, PlacementError,
                              PlacementUnavailable)
 from agent.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.manager import ComputeManager
+from agent.metrics import CycleResult, Metrics
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import Provider, ProviderTree
 from agent.policy import tree_policy_from_conf
@@ -45,6 +46,7 @@ class CycleOutcome:
     ok: bool
     reason: str = ""
     result: SyncResult | None = None
+    kind: CycleResult = CycleResult.OK
 
 
 STORE_FILE = "state.db"
@@ -196,7 +198,8 @@ class Agent:
                  manager: ComputeManager | None = None, reconcile_interval: int = 10,
                  orphan_grace_period: float = 0,
                  allocation_refresh_interval: float = 300,
-                 heal_on_startup: bool = False):
+                 heal_on_startup: bool = False, metrics: Metrics | None = None,
+                 metrics_listen: str | None = None):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -206,6 +209,11 @@ class Agent:
         self.reconcile_interval = reconcile_interval
         self.orphan_grace_period = orphan_grace_period
         self.heal_on_startup = heal_on_startup
+        # Served on metrics_listen (host:port) from start() to stop().
+        self.metrics = metrics or Metrics()
+        self.metrics_listen = metrics_listen
+        if manager is not None:
+            self.metrics.watch_assignments(manager.tracker.held_by_class)
         self.allocations = AllocationView(sync.client, allocation_refresh_interval)
         # The view of Placement the last reconciliation used: while it is
         # still the cache, no cycle has read the tree since.
@@ -239,7 +247,8 @@ class Agent:
             raise store_check.StoreRefused(
                 f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
                 "the agent has not run on this host yet")
-        client = PlacementClient(adapter_from_conf(conf))
+        metrics = Metrics()
+        client = PlacementClient(adapter_from_conf(conf), metrics)
         driver = load_driver(conf)
         # The first write to the state directory: after every read of the
         # config (agent.config_check has checked it all by now).
@@ -250,11 +259,12 @@ class Agent:
                         owned=lambda p: p.name == host or p.name.startswith(host + "_"))
         store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
                            compute_id is not None, driver, client, holder, policy)
-        manager = ComputeManager(Tracker(store, driver.boot_id()), driver,
+        manager = ComputeManager(Tracker(store, driver.boot_id(), metrics), driver,
                                  conf.devices.remove_released_mdevs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
                    manager, conf.reconcile_interval, conf.orphan_grace_period,
-                   conf.allocation_refresh_interval, conf.heal.on_startup)
+                   conf.allocation_refresh_interval, conf.heal.on_startup,
+                   metrics, conf.metrics.listen)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -316,27 +326,39 @@ class Agent:
             if allocations is None:
                 LOG.warning("Reconciling without Placement's allocations: "
                             "Placement's tree is not read yet")
-        return reconcile(self.manager, allocations, at_start, fix,
-                         grace=self.orphan_grace_period)
+        report = reconcile(self.manager, allocations, at_start, fix,
+                           grace=self.orphan_grace_period)
+        self.metrics.findings(report.findings)
+        return report
 
     def run_cycle(self) -> CycleOutcome:
         """A cycle that never raises: every failure is one log line and the
-        next cycle tries again."""
+        next cycle tries again. Timed and counted by result (metrics)."""
+        started = time.monotonic()
+        outcome = self._cycle()
+        self.metrics.cycle_done(time.monotonic() - started, outcome.kind)
+        return outcome
+
+    def _cycle(self) -> CycleOutcome:
         try:
             return CycleOutcome(True, result=self.update_provider_tree())
         except DriverUnavailable as e:
-            reason = f"hypervisor unavailable, cycle skipped: {e}"
+            kind, reason = (CycleResult.HYPERVISOR_UNAVAILABLE,
+                            f"hypervisor unavailable, cycle skipped: {e}")
         except PlacementUnavailable as e:
-            reason = f"Placement unavailable, cycle abandoned: {e}"
+            kind, reason = (CycleResult.PLACEMENT_UNAVAILABLE,
+                            f"Placement unavailable, cycle abandoned: {e}")
         except ConfigError as e:
-            reason = f"configuration error, cycle skipped: {e}"
+            kind, reason = (CycleResult.CONFIG_ERROR,
+                            f"configuration error, cycle skipped: {e}")
         except (PlacementError, AgentError) as e:
-            reason = f"cycle failed: {e}"
+            kind, reason = CycleResult.FAILED, f"cycle failed: {e}"
         except Exception as e:  # the loop must outlive any bug in a cycle
             LOG.exception("update_provider_tree failed")
-            return CycleOutcome(False, f"unexpected error: {type(e).__name__}: {e}")
+            return CycleOutcome(False, f"unexpected error: {type(e).__name__}: {e}",
+                                kind=CycleResult.UNEXPECTED_ERROR)
         LOG.warning("%s", reason)
-        return CycleOutcome(False, reason)
+        return CycleOutcome(False, reason, kind=kind)
 
     def drop_cache(self) -> None:
         self._drop_cache.set()
@@ -401,9 +423,13 @@ class Agent:
             LOG.exception("Aligning the store with Placement failed")
 
     def start(self, watchdog: Watchdog | None = None) -> None:
-        """Connect, run a first cycle, align the store with Placement and
-        reconcile what a previous run left, then keep the loop going in its
-        thread, pinging ``watchdog`` while it is healthy."""
+        """Serve metrics (when [metrics] listen is set: a ConfigError when
+        it cannot be bound), connect, run a first cycle, align the store
+        with Placement and reconcile what a previous run left, then keep
+        the loop going in its thread, pinging ``watchdog`` while it is
+        healthy."""
+        if self.metrics_listen:
+            self.metrics.serve(self.metrics_listen)
         self.driver.init_host()
         if self.heal_on_startup:
             self._heal_safely()
@@ -423,6 +449,7 @@ class Agent:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.metrics.stop()
         self.driver.cleanup()
         if self.manager is not None:
             self.manager.tracker.store.close()

@@ -234,6 +234,20 @@ def inspect_store(path: Path) -> StoreFacts:
         return StoreFacts(str(path), StoreFile.CORRUPT, f"{type(e).__name__}: {e}")
 
 
+def stored_schema_version(path: Path) -> int:
+    """The schema version of the store at ``path``, whatever it is (newer
+    than this code's included), read without writing: beside a running
+    agent too."""
+    try:
+        conn = _connect(path, read_only=True)
+        try:
+            return schema_version(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise _named(path, e) from None
+
+
 def openable(path: Path, info: os.stat_result) -> None:
     """A store the agent can open: a regular file it may read and write.
     Raises StoreError naming the file, so that SQLite's 'disk I/O error'

@@ -18,6 +18,7 @@ destination's. A same-host resize therefore keeps both sets side by side.
 from __future__ import annotations
 
 import threading
+import time
 import uuid as uuid_lib
 from collections import defaultdict
 from typing import Callable
@@ -28,6 +29,7 @@ from agent.claim_model import (Assignment, AssignmentState, Migration, Migration
 from agent.claims import (HeldDevices, InstanceSpec, Pool, choose,
                           parse_allocations)
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
+from agent.metrics import Metrics
 from agent.state import Decision, Store
 
 
@@ -41,9 +43,11 @@ def check_uuid(value, field_name: str) -> str:
 
 
 class Tracker:
-    def __init__(self, store: Store, boot_id: str):
+    def __init__(self, store: Store, boot_id: str, metrics: Metrics | None = None):
         self.store = store
         self.boot_id = boot_id
+        # Claims by kind and result, and each decision's wait for the lock.
+        self.metrics = metrics or Metrics()
         self._lock = threading.Lock()
         self._pools: dict[str, dict[str, Pool]] = {}
         self._held = HeldDevices()
@@ -152,8 +156,11 @@ class Tracker:
     def _run(self, instance_uuid: str, decide: Callable[[], Decision]):
         """Have the store make the decision, under the lock, and return its
         result once its write is on disk."""
+        asked = time.perf_counter()
+
         def locked() -> Decision:
             with self._lock:
+                self.metrics.waited_for_lock(asked)
                 return decide()
 
         return self.store.submit_decision(instance_uuid, locked).wait()
@@ -183,9 +190,6 @@ class Tracker:
     def claim_build(self, instance_uuid, spec, allocations) -> list[Assignment]:
         """Choose and record devices for a new instance (state claiming).
         A retry returns the same assignments."""
-        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
-        spec = InstanceSpec.from_payload(spec)
-
         def decide() -> Decision:
             existing = self._rows_of(instance_uuid)
             if instance_uuid in self._instances and existing:
@@ -195,7 +199,10 @@ class Tracker:
             d.result = rows
             return d
 
-        return self._run(instance_uuid, decide)
+        with self.metrics.claim("build"):
+            instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+            spec = InstanceSpec.from_payload(spec)
+            return self._run(instance_uuid, decide)
 
     def complete(self, instance_uuid: str, migration_uuid: str | None = None
                  ) -> list[Assignment]:
@@ -275,10 +282,6 @@ class Tracker:
         """The destination's claim for a resize, live migration or
         evacuation. On the same host, the instance's current devices pass
         to the migration in the same commit."""
-        migration_uuid = check_uuid(migration_uuid, "migration_uuid")
-        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
-        spec = InstanceSpec.from_payload(spec)
-
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None and m.role is not MigrationRole.SOURCE:
@@ -316,7 +319,11 @@ class Tracker:
             d.result = rows
             return d
 
-        return self._run(instance_uuid, decide)
+        with self.metrics.claim(kind.value):
+            migration_uuid = check_uuid(migration_uuid, "migration_uuid")
+            instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+            spec = InstanceSpec.from_payload(spec)
+            return self._run(instance_uuid, decide)
 
     def begin_move_source(self, kind: MoveKind, migration_uuid, instance_uuid
                           ) -> list[Assignment]:
@@ -404,6 +411,15 @@ class Tracker:
         return self._move_step(migration_uuid, step)
 
     # --- views ----------------------------------------------------------
+
+    def held_by_class(self) -> dict[tuple[str, str], int]:
+        """(resource class, assignment state) -> units that live
+        assignments hold."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        with self._lock:
+            for a in self._live.values():
+                out[(a.resource_class, a.state.value)] += a.amount
+        return dict(out)
 
     def take_touched_providers(self) -> set[str]:
         """The providers whose assignments changed since the last call."""

@@ -101,7 +101,11 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.drop_cache())
-    agent.start(watchdog_from_environment())
+    try:
+        agent.start(watchdog_from_environment())
+    except ConfigError as e:  # [metrics] listen cannot be served
+        agent.stop()
+        return exit_config_error(e)
     server = make_server(conf, agent)
     server.start()
     # What start-up made (modules, config, the host's pools, the store's

@@ -20,6 +20,13 @@
         on old providers, and end every reserved-until-healed hold, in one
         POST /reshaper. Asks first on a terminal unless --yes. Exit 1 when
         it refuses, 2 when the agent runs.
+    compute-agent-manage --config-file F upgrade-check [--json]
+        With the new version installed and its config, before the service
+        restarts: the store's schema can be migrated, the configured model
+        leaves the host healed, no move is in flight
+        (agent/cmd/upgrade_check.py). Read-only, beside a running agent.
+        oslo.upgradecheck's table and exit codes: 0 success, 1 warning,
+        2 failure.
 
 With --json, an error is one object on stdout, {"error": ..., "exit_code":
 ...}, with the same exit code.
@@ -133,6 +140,11 @@ def add_parsers(subparsers) -> None:
     heal.add_argument("--json", action="store_true",
                       help="Print the plan as JSON; an error as {\"error\": ...}.")
     heal.add_argument("--yes", action="store_true", help="Do not ask.")
+    upgrade = add("upgrade-check", "Before restarting on a new version: can it "
+                  "migrate the store, does its model leave the host healed, is any "
+                  "move in flight. Exit 0 success, 1 warning, 2 failure.")
+    upgrade.add_argument("--json", action="store_true",
+                         help="The results as JSON rather than a table.")
 
 
 def audit(conf: cfg.ConfigOpts) -> int:
@@ -295,6 +307,9 @@ def main(argv=None) -> int:
             return rebuild_store(conf)
         if conf.command.name == "heal":
             return heal(conf)
+        if conf.command.name == "upgrade-check":
+            from agent.cmd import upgrade_check  # it reads the tree as 'tree' does
+            return upgrade_check.run(conf)
         return tree(conf)
     except (StateDirectoryInUse, StateDirectoryUnusable, state.StoreError) as e:
         return exit_store_error(e, as_json)

@@ -37,6 +37,8 @@ GOOD = {
     cc.http_status_codes: [[503, 502]],
     cc.rpc_version: ["1.0", "1.1"],
     cc.keystone_system_scope: ["all"],
+    cc.listen_address: ["127.0.0.1:9180", "0.0.0.0:1", "metrics.example.org:65535",
+                        "[::1]:9180", "[::]:9180"],
 }
 BAD = {
     cc.absolute_path: ["relative", " "],
@@ -64,6 +66,8 @@ BAD = {
     cc.http_status_codes: [[99], [600]],
     cc.rpc_version: ["", "2.0", "abc"],
     cc.keystone_system_scope: ["some"],
+    cc.listen_address: ["", "9180", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536",
+                        "::1:9180", "[::1]", "[::g]:9180", "a b:9180"],
 }
 
 

@@ -48,6 +48,9 @@ RULE_EXAMPLES = {
     cc.http_status_codes: ["abc", "99", "600"],
     cc.rpc_version: ["abc", "9.9", ""],
     cc.keystone_system_scope: ["some"],
+    cc.listen_address: ["", "9180", "127.0.0.1", "127.0.0.1:", ":9180",
+                        "127.0.0.1:0", "127.0.0.1:65536", "[::1:9180",
+                        "[nope]:9180", "has space:9180"],
 }
 POLICY_EXAMPLES = {
     "owner_trait": ["owner_nova", "CUSTOM_", "OWNER_ME", ""],

@@ -1,0 +1,268 @@
+"""The agent's Prometheus metrics, and the HTTP endpoint that serves them
+(``[metrics] listen``, off by default).
+
+Each Agent owns one ``Metrics``: a private CollectorRegistry, never
+prometheus_client's global one, so several agents in one process (tests)
+keep their counts apart. The parts of the agent record into it (the
+Placement client, the tracker, the update loop, reconciliation, device
+health); a part built without one gets a Metrics of its own that nobody
+serves. Recording is in memory and costs microseconds; only the endpoint
+is optional.
+
+What is served, all named ``compute_agent_*``:
+
+- ``cycle_duration_seconds`` (histogram) and ``cycles_total{result}``:
+  each update_provider_tree cycle, ``result`` a CycleResult.
+- ``placement_requests_total{method,status}`` and
+  ``placement_request_duration_seconds{method}``: every request the
+  Placement client makes; ``status`` is the HTTP status, or ``no_answer``
+  when none came (connection refused, timeout, authentication failed).
+- ``claims_total{kind,result}``: every claim the tracker decides, ``kind``
+  build, resize, live_migration or evacuation; ``result`` one of
+  CLAIM_RESULTS.
+- ``assigned{resource_class,state}`` (gauge): units of each class that
+  live assignments hold, read from the tracker's in-memory view at scrape
+  time.
+- ``lock_wait_seconds`` (histogram): how long each tracker operation
+  waited before its decision ran under the tracker's lock: queued in the
+  store's writer (agent/group_commit.py), then for the lock itself.
+- ``reconcile_findings_total{rule,outcome}``: each finding of each
+  reconciliation pass, ``outcome`` fixed or reported.
+- ``device_unhealthy{device,reason}`` (gauge): 1 for each reason a device
+  is out of scheduling; no series for a healthy device.
+"""
+from __future__ import annotations
+
+import enum
+import errno
+import ipaddress
+import logging
+import re
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import start_http_server
+
+from agent.claim_model import MoveKind
+from agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
+                             MoveInProgress)
+from agent.group_commit import StoreError
+
+LOG = logging.getLogger(__name__)
+
+PREFIX = "compute_agent"
+
+
+
+class CycleResult(str, enum.Enum):
+    """How an update_provider_tree cycle ended (agent/service.py run_cycle)."""
+
+    OK = "ok"
+    HYPERVISOR_UNAVAILABLE = "hypervisor_unavailable"
+    PLACEMENT_UNAVAILABLE = "placement_unavailable"
+    CONFIG_ERROR = "config_error"
+    FAILED = "failed"  # Placement refused, or another error of the agent's
+    UNEXPECTED_ERROR = "unexpected_error"  # a bug: logged with its traceback
+
+
+# What a claim is for: a new instance, or the destination's side of a move.
+CLAIM_KINDS = ("build",) + tuple(k.value for k in MoveKind)
+
+# A claim's result, by the error that refused it; "claimed" when none did.
+CLAIM_RESULTS: tuple[tuple[type[BaseException], str], ...] = (
+    (ClaimFailed, "no_capacity"),
+    (InvalidRequest, "invalid"),
+    (MoveInProgress, "move_in_progress"),
+    (StoreError, "store_failed"),
+)
+CLAIM_CLAIMED = "claimed"
+CLAIM_ERROR = "error"  # anything else
+
+NO_ANSWER = "no_answer"  # a Placement request that got no HTTP status
+
+# Cycles take milliseconds against a warm cache, seconds on a first
+# registration, up to Placement's timeout (30 s) when it does not answer.
+CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A claim's wait is tens of microseconds alone, milliseconds behind a
+# group commit (an fsync is about 0.3 ms here).
+LOCK_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                0.025, 0.05, 0.1, 0.25, 1)
+# Placement answers a GET on loopback in about 8 ms.
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))"
+                     r":(?P<port>[0-9]{1,5})")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6 address]:port`` as (host, port); ValueError
+    saying what is wrong otherwise."""
+    match = _LISTEN.fullmatch(text)
+    if not match:
+        raise ValueError("not host:port (an IPv6 address as [address]:port)")
+    port = int(match["port"])
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is not within 1-65535")
+    if match["v6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["v6"])
+        except ValueError:
+            raise ValueError(f"{match['v6']!r} is not an IPv6 address") from None
+        return match["v6"], port
+    return match["host"], port
+
+
+class _AssignedCollector:
+    """The ``assigned`` gauge, read from the tracker when scraped."""
+
+    NAME = f"{PREFIX}_assigned"
+    HELP = ("Units of each resource class held by live assignments, by "
+            "assignment state (the tracker's in-memory view).")
+
+    def __init__(self, read: Callable[[], Mapping[tuple[str, str], int]]):
+        self._read = read
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.NAME, self.HELP,
+                                 labels=["resource_class", "state"])
+
+    def describe(self):
+        # Registration asks for the names: without reading the tracker.
+        return [self._family()]
+
+    def collect(self):
+        family = self._family()
+        for (resource_class, state), units in sorted(self._read().items()):
+            family.add_metric([resource_class, state], units)
+        yield family
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.cycle_duration = Histogram(
+            f"{PREFIX}_cycle_duration_seconds",
+            "Duration of each update_provider_tree cycle.",
+            buckets=CYCLE_BUCKETS, registry=r)
+        self.cycles = Counter(
+            f"{PREFIX}_cycles", "update_provider_tree cycles, by result.",
+            ["result"], registry=r)
+        self.placement_requests = Counter(
+            f"{PREFIX}_placement_requests",
+            "Requests to Placement, by method and HTTP status (no_answer: none "
+            "came).", ["method", "status"], registry=r)
+        self.placement_duration = Histogram(
+            f"{PREFIX}_placement_request_duration_seconds",
+            "Duration of each request to Placement, answered or not.",
+            ["method"], buckets=REQUEST_BUCKETS, registry=r)
+        self.claims = Counter(
+            f"{PREFIX}_claims", "Claims decided by the tracker, by kind and result.",
+            ["kind", "result"], registry=r)
+        self.lock_wait = Histogram(
+            f"{PREFIX}_lock_wait_seconds",
+            "Time each tracker operation waited before its decision ran under "
+            "the tracker's lock (queued in the store's writer, then the lock).",
+            buckets=LOCK_BUCKETS, registry=r)
+        self.reconcile_findings = Counter(
+            f"{PREFIX}_reconcile_findings",
+            "Findings of reconciliation passes, by rule and outcome (fixed or "
+            "reported).", ["rule", "outcome"], registry=r)
+        self.device_unhealthy = Gauge(
+            f"{PREFIX}_device_unhealthy",
+            "1 for each reason a device is out of scheduling; no series while "
+            "it is healthy.", ["device", "reason"], registry=r)
+        # Every label value shows from the start, at 0 until seen: a rate
+        # over a series that appears with its first count misses that one.
+        for result in CycleResult:
+            self.cycles.labels(result.value)
+        for kind in CLAIM_KINDS:
+            for result in (CLAIM_CLAIMED, CLAIM_ERROR, *dict(CLAIM_RESULTS).values()):
+                self.claims.labels(kind, result)
+        self._device_reasons: dict[str, frozenset[str]] = {}
+        self._device_lock = threading.Lock()
+        self._server = None
+        self._server_thread: threading.Thread | None = None
+
+    # --- recording ----------------------------------------------------------
+
+    def cycle_done(self, seconds: float, result: CycleResult) -> None:
+        self.cycle_duration.observe(seconds)
+        self.cycles.labels(result.value).inc()
+
+    def placement_request(self, method: str, status: int | None, seconds: float) -> None:
+        self.placement_requests.labels(method, NO_ANSWER if status is None
+                                       else str(status)).inc()
+        self.placement_duration.labels(method).observe(seconds)
+
+    @contextmanager
+    def claim(self, kind: str) -> Iterator[None]:
+        """Count the claim the block makes, by the error that ends it."""
+        try:
+            yield
+        except BaseException as e:
+            self.claims.labels(kind, claim_result(e)).inc()
+            raise
+        self.claims.labels(kind, CLAIM_CLAIMED).inc()
+
+    def waited_for_lock(self, since: float) -> None:
+        """A decision starts now; it was asked for at ``since``
+        (time.perf_counter())."""
+        self.lock_wait.observe(time.perf_counter() - since)
+
+    def findings(self, findings: Iterable) -> None:
+        """A reconciliation pass's findings (agent/reconcile.py Finding)."""
+        for f in findings:
+            self.reconcile_findings.labels(f.kind, "fixed" if f.fixed else "reported").inc()
+
+    def set_device_health(self, device: str, reasons: Iterable[str]) -> None:
+        """The reasons ``device`` is out of scheduling now; none: healthy."""
+        reasons = frozenset(reasons)
+        with self._device_lock:
+            for gone in self._device_reasons.get(device, frozenset()) - reasons:
+                self.device_unhealthy.remove(device, gone)
+            for reason in reasons:
+                self.device_unhealthy.labels(device, reason).set(1)
+            self._device_reasons[device] = reasons
+
+    def watch_assignments(self, read: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """Serve ``assigned`` from ``read()``: (class, state) -> units."""
+        self.registry.register(_AssignedCollector(read))
+
+    # --- the endpoint -------------------------------------------------------
+
+    def serve(self, listen: str) -> None:
+        """Serve GET /metrics on ``listen`` (host:port) from a thread of its
+        own. Raises ConfigError naming the option when it cannot be bound
+        (a port in use, an address not of this host)."""
+        host, port = parse_listen(listen)
+        try:
+            self._server, self._server_thread = start_http_server(
+                port, host, registry=self.registry)
+        except OSError as e:
+            reason = ("address already in use" if e.errno == errno.EADDRINUSE
+                      else e.strerror or str(e))
+            raise ConfigError(f"[metrics] listen: cannot serve metrics there: "
+                              f"{reason} (value: {listen!r})") from None
+        self._server_thread.name = "metrics-http"
+        LOG.info("Serving metrics on http://%s/metrics", listen)
+
+    def stop(self) -> None:
+        """Stop serving and free the port."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server_thread.join()
+        self._server = self._server_thread = None
+
+
+def claim_result(error: BaseException) -> str:
+    for kind, result in CLAIM_RESULTS:
+        if isinstance(error, kind):
+            return result
+    return CLAIM_ERROR

@@ -1,0 +1,172 @@
+"""The Prometheus endpoint ([metrics] listen) of an agent against the real
+Placement: scraped over HTTP, its counters move by what the agent did."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.cmd.common import load_config
+from agent.exception import ConfigError, InvalidRequest
+from agent.service import Agent
+from agent.testing.local_placement import free_port
+from tests.functional.helpers import placement_tree, put_allocations, write_conf
+
+HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
+SPEC = {"name": "scraped", "vcpus": 2, "memory_mb": 512}
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+def scrape(port: int) -> Samples:
+    resp = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert resp.status_code == 200
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(resp.text)
+            for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def moved(before: Samples, after: Samples, name: str, **labels) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def requests_by_method_and_status(lines: list[str]) -> Counter:
+    """Placement's own log lines ("GET /path 200") counted."""
+    return Counter((line.split()[0], line.split()[-1]) for line in lines)
+
+
+def agent_serving(tmp_path: Path, placement_url: str, port: int) -> Agent:
+    # No cycle of its own in the test's time: each is the test's.
+    conf = write_conf(tmp_path, placement_url, f"metrics-{uuid.uuid4().hex[:8]}", HOST,
+                      DEFAULT={"update_interval": 3600},
+                      metrics={"listen": f"127.0.0.1:{port}"})
+    return Agent.from_conf(load_config(["--config-file", str(conf)]))
+
+
+def test_cycles_requests_claims_and_findings_move_the_counters(tmp_path, placement):
+    port = free_port()
+    agent = agent_serving(tmp_path, placement.url, port)
+    agent.start()
+    try:
+        before = scrape(port)
+        # The first cycle, at start, registered the host.
+        assert value(before, "compute_agent_cycles_total", result="ok") == 1
+        assert value(before, "compute_agent_cycle_duration_seconds_count") == 1
+
+        mark = placement.mark()
+        assert agent.run_cycle().ok and agent.run_cycle().ok
+        after_cycles = scrape(port)
+        assert moved(before, after_cycles, "compute_agent_cycles_total", result="ok") == 2
+        assert moved(before, after_cycles, "compute_agent_cycle_duration_seconds_count") == 2
+        seen = requests_by_method_and_status(placement.requests_since(mark))
+        assert seen == Counter({("GET", "200"): 2})  # steady state: one GET a cycle
+        for (method, status), n in seen.items():
+            assert moved(before, after_cycles, "compute_agent_placement_requests_total",
+                         method=method, status=status) == n
+
+        cell = placement_tree(placement.url, agent.policy.root_uuid)[
+            f"{agent.policy.host}_numa_0"]["uuid"]
+        instance = str(uuid.uuid4())
+        allocations = {cell: {"resources": {"VCPU": 2, "MEMORY_MB": 512}}}
+        put_allocations(placement.url, instance, allocations)
+        agent.manager.build_instance(instance, SPEC, allocations)
+        with pytest.raises(InvalidRequest):  # a provider of no host of ours
+            agent.manager.build_instance(str(uuid.uuid4()), SPEC, {
+                str(uuid.uuid4()): {"resources": {"VCPU": 1}}})
+        after_claims = scrape(port)
+        assert moved(after_cycles, after_claims, "compute_agent_claims_total",
+                     kind="build", result="claimed") == 1
+        assert moved(after_cycles, after_claims, "compute_agent_claims_total",
+                     kind="build", result="invalid") == 1
+        # Claim and completion of the build, and the refused claim: three
+        # decisions, each timed waiting for the lock.
+        assert moved(after_cycles, after_claims, "compute_agent_lock_wait_seconds_count") == 3
+        assert value(after_claims, "compute_agent_assigned",
+                     resource_class="VCPU", state="claimed") == 2
+        assert value(after_claims, "compute_agent_assigned",
+                     resource_class="MEMORY_MB", state="claimed") == 512
+
+        # The store forgets the instance, its guest and allocation stay:
+        # reconciliation reports both.
+        agent.manager.tracker.release_instance(instance)
+        agent.reconcile(at_start=False)
+        after_reconcile = scrape(port)
+        for rule in ("guest_without_assignments", "allocation_without_record"):
+            assert moved(after_claims, after_reconcile,
+                         "compute_agent_reconcile_findings_total",
+                         rule=rule, outcome="reported") == 1
+        assert value(after_reconcile, "compute_agent_assigned",
+                     resource_class="VCPU", state="claimed") == 0
+    finally:
+        agent.stop()
+    # Stopped: nothing listens there any more (a restart binds it, as any
+    # server does, with SO_REUSEADDR past the closed connections).
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+
+
+def test_a_placement_that_does_not_answer_is_counted(tmp_path, placement):
+    port = free_port()
+    agent = agent_serving(tmp_path, f"http://127.0.0.1:{free_port()}", port)
+    agent.start()
+    try:
+        assert not agent.run_cycle().ok
+        samples = scrape(port)
+        assert value(samples, "compute_agent_cycles_total",
+                     result="placement_unavailable") == 2
+        assert value(samples, "compute_agent_cycles_total", result="ok") == 0
+        assert value(samples, "compute_agent_placement_requests_total",
+                     method="GET", status="no_answer") >= 2
+    finally:
+        agent.stop()
+
+
+def test_agents_in_one_process_keep_their_counts_apart(tmp_path, placement):
+    one, two = free_port(), free_port()
+    first = agent_serving(tmp_path / "one", placement.url, one)
+    second = agent_serving(tmp_path / "two", placement.url, two)
+    first.start()
+    second.start()
+    try:
+        first.run_cycle()
+        assert value(scrape(one), "compute_agent_cycles_total", result="ok") == 2
+        assert value(scrape(two), "compute_agent_cycles_total", result="ok") == 1
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, placement):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        agent = agent_serving(tmp_path / "inproc", placement.url, port)
+        with pytest.raises(ConfigError, match=r"\[metrics\] listen: .*address already "
+                           r"in use \(value: '127\.0\.0\.1:\d+'\)"):
+            agent.start()
+        agent.stop()
+
+        conf = write_conf(tmp_path / "daemon", placement.url, "metrics-port-in-use", HOST,
+                          metrics={"listen": f"127.0.0.1:{port}"})
+        done = subprocess.run([sys.executable, "-m", "agent.cmd.agent",
+                               "--config-file", str(conf)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].endswith(f": error: [metrics] listen: cannot serve metrics there: "
+                              f"address already in use (value: '127.0.0.1:{port}')")
