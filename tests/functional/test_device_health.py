@@ -17,9 +17,10 @@ import uuid
 import pytest
 
 from agent.device_health import Fault
+from agent.exception import ClaimFailed
 from agent.ownership import UNHEALTHY_TRAIT
 from drivers.fake_sysfs import vf_address
-from tests.functional.helpers import HEADERS, get, put_allocations, wait_for
+from tests.functional.helpers import get, put_allocations, wait_for
 from tests.functional.libvirt_host import DEVICE_SPECS, GPU, NIC0, PF, Host
 
 BOUND_S = 5.0
@@ -120,10 +121,11 @@ def test_a_nonfatal_aer_error_on_the_pf_takes_its_vfs_out_but_not_the_guests(hos
                              lambda: host.sys.set_aer(PF, nonfatal=1))
     assert latency < BOUND_S
     assert {UNHEALTHY_TRAIT, Fault.AER_NONFATAL.trait} <= traits(host, pf)
-    # Reserved for the scheduler, and the agent chooses no VF there either.
-    pool = next(by_rc["SRIOV_NET_VF"] for by_rc in host.agent.manager.tracker._pools.values()
-                if "SRIOV_NET_VF" in by_rc)
-    assert pool.unhealthy >= {vf_address(PF, 0), vf_address(PF, 1)}
+    # Reserved for the scheduler, and a claim that comes anyway gets no VF.
+    with pytest.raises(ClaimFailed):
+        host.agent.manager.tracker.claim_build(
+            str(uuid.uuid4()), {"name": "guest-2", "vcpus": 1, "memory_mb": 512},
+            {host.tree()[host.p(pf)]["uuid"]: {"resources": {"SRIOV_NET_VF": 1}}})
     time.sleep(2 * POLL_S)  # the counter stays up: nothing more happens
     assert_guest_untouched(host, instance, rows)
 
