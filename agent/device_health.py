@@ -289,6 +289,12 @@ class UnhealthyProvider:
         reasons = ", ".join(f.value for f in Fault if f in self.faults)
         return f"{self.name}: unhealthy ({reasons}); {units}"
 
+    def to_json(self) -> dict:
+        return {"provider": self.name,
+                "faults": [f.value for f in Fault if f in self.faults],
+                "reserved": {rc: {"reserved": reserved, "total": total}
+                             for rc, reserved, total in self.held}}
+
 
 def unhealthy_providers(providers: Iterable[Provider]) -> list[UnhealthyProvider]:
     """The providers marked unhealthy, from a view of Placement (names,

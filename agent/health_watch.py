@@ -51,8 +51,10 @@ class HealthWatch:
             new = watched - self._watched
             self._watched = watched
             self._judge.forget(watched)
-            for address in set(self._verdicts) - watched:
+            for address in sorted(set(self._verdicts) - watched):
                 del self._verdicts[address]
+                LOG.info("Device %s no longer watched: no provider of this host "
+                         "depends on it any more", address)
         if new:
             self.poll(new, wake=False)
         with self._lock:

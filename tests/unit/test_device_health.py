@@ -246,3 +246,6 @@ def test_status_reads_the_unhealthy_providers_and_their_reasons_from_the_tree():
         ("h_0000:81:00.0", {Fault.AER_NONFATAL})]
     assert found[1].describe() == ("h_0000:81:00.0: unhealthy (aer_nonfatal); "
                                    "CUSTOM_PCI_8086_154C 4 of 4 reserved")
+    assert found[1].to_json() == {
+        "provider": "h_0000:81:00.0", "faults": ["aer_nonfatal"],
+        "reserved": {"CUSTOM_PCI_8086_154C": {"reserved": 4, "total": 4}}}

@@ -88,7 +88,8 @@ def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
                         "scheduling")
 
 
-def test_a_device_no_longer_allowlisted_is_no_longer_watched():
+def test_a_device_no_longer_allowlisted_is_no_longer_watched(caplog):
+    caplog.set_level(logging.INFO, logger="agent.health_watch")
     fake = driver()
     watch = HealthWatch(fake, 1.0, 100, Wakes())
     fake.set_device_health(dead(NIC))
@@ -97,6 +98,9 @@ def test_a_device_no_longer_allowlisted_is_no_longer_watched():
     watch.apply(build_tree(inv, TreePolicy("h", ROOT)), inv)
     assert watch.snapshot().watched == frozenset()
     assert watch.snapshot().unhealthy == ()
+    assert caplog.records[-1].getMessage() == (
+        "Device 0000:3b:00.0 no longer watched: no provider of this host depends "
+        "on it any more")
 
 
 def test_the_thread_polls_until_stopped():
