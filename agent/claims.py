@@ -47,6 +47,10 @@ class Pool:
     # MDEV pools: the parent GPU and type, to create mdevs beyond the slots.
     mdev_parent: str | None = None
     mdev_type: str | None = None
+    # Devices out of service for their health (agent/device_health.py):
+    # slots never chosen, and an MDEV pool whose parent is here creates no
+    # mdev. Whoever holds one keeps it.
+    unhealthy: frozenset[str] = frozenset()
 
     @property
     def exclusive(self) -> bool:
@@ -177,7 +181,8 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
     local: list[Slot] = []
     others: list[Slot] = []
     for s in pool.ordered_slots:
-        if s.device_id not in earlier and not held.is_held(pool.kind, s.device_id):
+        if (s.device_id not in earlier and s.device_id not in pool.unhealthy
+                and not held.is_held(pool.kind, s.device_id)):
             (local if s.numa_node == prefer_numa else others).append(s)
             if len(local) == amount:
                 break
@@ -188,7 +193,8 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
     # Placement was told about; existing free ones always go first.
     room = (pool.capacity - len(held.held(provider_uuid, pool.resource_class))
             - len(earlier) - len(chosen))
-    while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0):
+    while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0
+           and pool.mdev_parent not in pool.unhealthy):
         chosen.append(Choice(provider_uuid, pool.resource_class, pool.kind,
                              new_mdev_uuid(), 1,
                              DeviceDetail(pool.numa_node, mdev_parent=pool.mdev_parent,

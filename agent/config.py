@@ -236,6 +236,27 @@ devices_opts = [
         help="Remove an mdev from the host when the instance that held it "
         "gives it back. By default it stays, ready for the next claim.",
     ),
+    cfg.FloatOpt(
+        "health_poll_interval",
+        default=1.0,
+        min=0.1,
+        max=60.0,
+        help="Seconds between two reads of the allowlisted devices' health "
+        "in sysfs (presence, config space, AER counters, VF count, link). A "
+        "device that turns bad is taken out of scheduling at the next "
+        "update cycle, which the change starts at once; so this bounds how "
+        "long a bad device stays on offer.",
+    ),
+    cfg.IntOpt(
+        "health_correctable_errors_per_minute",
+        default=100,
+        min=1,
+        max=1000000,
+        help="A device whose AER correctable error count (TOTAL_ERR_COR) "
+        "rises by this many or more within a minute is unhealthy, until a "
+        "minute holds fewer. Any rise of the fatal or non-fatal counts is "
+        "unhealthy whatever this says.",
+    ),
 ]
 
 mdev_type_opts = [

@@ -27,6 +27,12 @@ operator write to the same providers. The agent changes only what it owns:
   who wants a whole device out of service takes it out of
   ``[pci] device_spec`` instead. When a total shrinks below an operator's
   reserved, the reserved is lowered to one below the new total.
+- **Device health.** A provider whose device the health watch finds bad
+  (agent/device_health.py) carries ``CUSTOM_HW_DEVICE_UNHEALTHY`` and a
+  reason trait of that family, both the agent's; while it carries them in
+  Placement, its device inventories' reserved is the agent's too (the bad
+  units), so it goes back to the agent's value, 0, once the device
+  recovers. An operator's reservation on such a provider is not kept.
 """
 from __future__ import annotations
 
@@ -43,7 +49,10 @@ AGENT_RESERVED_CLASSES = frozenset({orc.VCPU, orc.PCPU, orc.MEMORY_MB, orc.DISK_
 AGENT_TRAITS = frozenset({os_traits.HW_NUMA_ROOT, os_traits.COMPUTE_NODE,
                           os_traits.COMPUTE_MANAGED_PCI_DEVICE}
                          ) | CPU_FEATURE_TRAITS | frozenset(os_traits.get_traits("OWNER_"))
-AGENT_TRAIT_PREFIXES = ("CUSTOM_MDEV_TYPE_", "CUSTOM_PHYSNET_")
+# On a provider whose device is out of service for its health; every
+# trait of the family is the agent's, the reasons included.
+UNHEALTHY_TRAIT = "CUSTOM_HW_DEVICE_UNHEALTHY"
+AGENT_TRAIT_PREFIXES = ("CUSTOM_MDEV_TYPE_", "CUSTOM_PHYSNET_", UNHEALTHY_TRAIT)
 
 
 def agent_owns_trait(trait: str, reported: frozenset[str]) -> bool:
@@ -62,10 +71,14 @@ def traits_to_write(current: frozenset[str], desired: frozenset[str],
 
 
 def reserved_to_write(resource_class: str, desired: Mapping,
-                      current: Mapping | None) -> int:
-    """The ``reserved`` of one inventory record the agent writes."""
+                      current: Mapping | None, held_for_health: bool = False
+                      ) -> int:
+    """The ``reserved`` of one inventory record the agent writes;
+    ``held_for_health``: its provider carries UNHEALTHY_TRAIT in Placement,
+    so the reserved found there is the agent's."""
     ours = desired.get("reserved", 0)
-    if current is None or resource_class in AGENT_RESERVED_CLASSES:
+    if (current is None or resource_class in AGENT_RESERVED_CLASSES
+            or held_for_health):
         return ours
     theirs = current.get("reserved", 0)
     if theirs >= current["total"]:
@@ -76,8 +89,11 @@ def reserved_to_write(resource_class: str, desired: Mapping,
 
 
 def inventories_to_write(current: Mapping[str, Mapping],
-                         desired: Mapping[str, dict]) -> dict[str, dict]:
+                         desired: Mapping[str, dict],
+                         current_traits: frozenset[str] = frozenset()
+                         ) -> dict[str, dict]:
     """``desired`` with each device inventory's reserved as the operator
     left it, unless the agent has its own reason to hold more."""
-    return {rc: {**rec, "reserved": reserved_to_write(rc, rec, current.get(rc))}
+    held = UNHEALTHY_TRAIT in current_traits
+    return {rc: {**rec, "reserved": reserved_to_write(rc, rec, current.get(rc), held)}
             for rc, rec in desired.items()}

@@ -258,7 +258,7 @@ def provider_diff(current: Provider | None, desired: Provider,
     if (current.name, current.parent_uuid) != (desired.name, desired.parent_uuid):
         ops.append(UpdateProvider(desired.uuid, desired.name, desired.parent_uuid))
     inventories = ownership.inventories_to_write(current.inventories,
-                                                 desired.inventories)
+                                                 desired.inventories, current.traits)
     if (normalized_inventories(current.inventories)
             != normalized_inventories(inventories)):
         ops.append(SetInventories(desired.uuid, inventories))

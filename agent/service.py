@@ -17,6 +17,7 @@ from agent.allocation_view import AllocationView
 from agent.claims import Pool
 from agent.exception import (AgentError, ConfigError, PlacementError,
                              PlacementUnavailable)
+from agent.health_watch import HealthWatch
 from agent.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.manager import ComputeManager
 from agent.metrics import CycleResult, Metrics
@@ -199,7 +200,9 @@ class Agent:
                  orphan_grace_period: float = 0,
                  allocation_refresh_interval: float = 300,
                  heal_on_startup: bool = False, metrics: Metrics | None = None,
-                 metrics_listen: str | None = None):
+                 metrics_listen: str | None = None,
+                 health_poll_interval: float = 1.0,
+                 health_correctable_per_minute: int = 100):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -233,6 +236,9 @@ class Agent:
         self._drop_cache = threading.Event()
         self._thread: threading.Thread | None = None
         driver.register_change_listener(self._wake.set)
+        self.health = HealthWatch(driver, health_poll_interval,
+                                  health_correctable_per_minute, self._wake.set,
+                                  report=self.metrics.set_device_health)
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
@@ -264,7 +270,9 @@ class Agent:
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
                    manager, conf.reconcile_interval, conf.orphan_grace_period,
                    conf.allocation_refresh_interval, conf.heal.on_startup,
-                   metrics, conf.metrics.listen)
+                   metrics, conf.metrics.listen,
+                   conf.devices.health_poll_interval,
+                   conf.devices.health_correctable_errors_per_minute)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -273,7 +281,7 @@ class Agent:
             self.sync.invalidate()
             LOG.info("Placement cache dropped")
         inventory = self.driver.get_host_inventory()
-        built = build_tree(inventory, self.policy)
+        built = self.health.apply(build_tree(inventory, self.policy), inventory)
         for warning in built.warnings:
             LOG.warning("%s", warning)
         try:
@@ -441,12 +449,14 @@ class Agent:
         self._thread = threading.Thread(target=self._loop, args=(watchdog,),
                                         name=UPDATE_THREAD, daemon=True)
         self._thread.start()
+        self.health.start()
 
     def stop(self, timeout: float = 60) -> None:
         """Let a cycle in flight finish (its Placement calls time out on
         their own), then release the driver."""
         self.stopping.set()
         self._wake.set()
+        self.health.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self.metrics.stop()

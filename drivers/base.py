@@ -11,7 +11,7 @@ import abc
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Callable, get_args, get_type_hints
+from typing import Callable, Collection, get_args, get_type_hints
 
 
 class PciKind(str, enum.Enum):
@@ -105,6 +105,46 @@ class HostInventory:
     cpu_features: frozenset[str] = frozenset()
     # Devices the driver could not read, as "device: field: reason" lines.
     warnings: tuple[str, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class NetLink:
+    """One network interface of a PCI device, as the kernel's
+    sysfs-class-net ABI shows it under the device's ``net/<name>``."""
+
+    name: str
+    operstate: str  # RFC 2863's word: up, down, lowerlayerdown, unknown...
+    # Physical link (``carrier`` 1/0); None when unreadable, which is what
+    # the kernel answers for an interface that is administratively down.
+    carrier: bool | None = None
+    # IFF_UP of ``flags``; None when unreadable.
+    admin_up: bool | None = None
+
+
+@dataclass(frozen=True)
+class PciHealthSignals:
+    """What a PCI device's own files say of its health, raw: no judgement.
+    None is "the device has no such file" (not AER capable, not a PF, no
+    config file); a file that exists but could not be read is named in
+    ``unreadable`` instead, never left as None."""
+
+    address: str
+    present: bool  # its sysfs directory exists
+    vendor_id: str | None = None  # the ``vendor`` file, "ffff" when dead
+    # The vendor id in the first two bytes of ``config``, read from the
+    # device itself (``vendor`` may be what the kernel cached at probe).
+    config_vendor_id: str | None = None
+    # TOTAL_ERR_* of aer_dev_fatal, aer_dev_nonfatal, aer_dev_correctable.
+    aer_fatal: int | None = None
+    aer_nonfatal: int | None = None
+    aer_correctable: int | None = None
+    # A PF: the number written to sriov_numvfs, and how many of its
+    # virtfnN links lead to a VF that still exists.
+    sriov_numvfs: int | None = None
+    vfs_present: int | None = None
+    links: tuple[NetLink, ...] = ()
+    # "file: reason" for each file that exists but could not be read.
+    unreadable: tuple[str, ...] = ()
 
 
 class DeviceKind(str, enum.Enum):
@@ -272,6 +312,13 @@ class ComputeDriver(abc.ABC):
     def register_change_listener(self, callback: Callable[[], None]) -> None:
         """Ask to be told when the host's devices change between periods.
         Drivers without change events ignore this."""
+
+    def device_health(self, addresses: Collection[str]
+                      ) -> dict[str, PciHealthSignals]:
+        """Each PCI device's health signals, read now (cheap: a few small
+        files each; called every second or two). A driver that cannot tell
+        returns nothing for a device, which then goes unjudged."""
+        return {}
 
     def cleanup(self) -> None:
         """Release connections and threads."""

@@ -30,7 +30,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import yaml
 
@@ -40,7 +40,7 @@ from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
                           GuestDevice, GuestSpec, GuestState, HostInventory,
                           LiveMigrationError, device_resources, Mdev, MdevError,
                           MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
-                          PciKind, PmemNamespace)
+                          PciHealthSignals, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
 
 
@@ -282,6 +282,9 @@ class FakeDriver(ComputeDriver):
         # Guests someone else defined (add_foreign_guest).
         self.foreign: dict[str, FakeForeignGuest] = {}
         self.created_mdevs: dict[str, tuple[str, str]] = {}
+        # Health signals a test set (set_device_health); every other
+        # device of the host reads as present and well.
+        self._health: dict[str, PciHealthSignals] = {}
         self.current_boot_id = boot_id
         self._network = network
         if network is not None and uri is not None:
@@ -454,3 +457,18 @@ class FakeDriver(ComputeDriver):
 
     def register_change_listener(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
+
+    def set_device_health(self, signals: PciHealthSignals) -> None:
+        """What the device's files say from now on, as a watcher will read
+        it at its next poll (health changes raise no event)."""
+        with self._lock:
+            self._health[signals.address] = signals
+
+    def device_health(self, addresses: Collection[str]
+                      ) -> dict[str, PciHealthSignals]:
+        vendors = {d.address: d.vendor_id for d in self.host.pci_devices}
+        vendors.update((p.address, p.vendor_id) for p in self.host.mdev_parents)
+        with self._lock:
+            return {a: self._health.get(a) or PciHealthSignals(
+                        a, a in vendors, vendors.get(a))
+                    for a in addresses}

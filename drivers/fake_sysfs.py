@@ -36,6 +36,29 @@ _KERNEL_MODES = {"sector": "safe", "fsdax": "memory", "devdax": "dax",
                  "raw": "raw"}
 _HOLDER_KINDS = {"sector": "btt", "fsdax": "pfn", "devdax": "dax"}
 _DAX_ALIGN = 2 << 20
+_CONFIG_HEADER = 64
+# The errors each AER statistics file lists, in the kernel's words, before
+# its TOTAL_ERR_* line (Documentation/ABI/testing/
+# sysfs-bus-pci-devices-aer_stats).
+_AER_FILES = {
+    "aer_dev_correctable": ("TOTAL_ERR_COR", (
+        "Receiver Error", "Bad TLP", "Bad DLLP", "RELAY_NUM Rollover",
+        "Replay Timer Timeout", "Advisory Non-Fatal",
+        "Corrected Internal Error", "Header Log Overflow")),
+    "aer_dev_fatal": ("TOTAL_ERR_FATAL", (
+        "Undefined", "Data Link Protocol", "Surprise Down Error",
+        "Poisoned TLP", "Flow Control Protocol", "Completion Timeout",
+        "Completer Abort", "Unexpected Completion", "Receiver Overflow",
+        "Malformed TLP", "ECRC", "Unsupported Request")),
+    "aer_dev_nonfatal": ("TOTAL_ERR_NONFATAL", (
+        "Undefined", "Data Link Protocol", "Surprise Down Error",
+        "Poisoned TLP", "Flow Control Protocol", "Completion Timeout",
+        "Completer Abort", "Unexpected Completion", "Receiver Overflow",
+        "Malformed TLP", "ECRC", "Unsupported Request")),
+}
+# IFF_UP | IFF_BROADCAST | IFF_MULTICAST, and IFF_BROADCAST | IFF_MULTICAST:
+# an interface brought up, and one left down.
+_FLAGS_UP, _FLAGS_DOWN = 0x1003, 0x1002
 
 
 def _metadata_bytes(usable: int) -> int:
@@ -96,6 +119,14 @@ class SysfsBuilder:
             link.unlink()
         link.symlink_to(os.path.relpath(target, link.parent))
 
+    @staticmethod
+    def _write_config(path: Path, vendor: str, product: str) -> None:
+        """The first 64 bytes of config space, what an unprivileged reader
+        gets: vendor and device ids, little-endian, at offset 0."""
+        header = (int(vendor, 16).to_bytes(2, "little")
+                  + int(product, 16).to_bytes(2, "little"))
+        (path / "config").write_bytes(header.ljust(_CONFIG_HEADER, b"\0"))
+
     def device_dir(self, address: str) -> Path:
         domain, bus, _, _ = split_address(address)
         return self.root / "devices" / f"pci{domain:04x}:{bus:02x}" / address
@@ -132,6 +163,7 @@ class SysfsBuilder:
         path = self.device_dir(address)
         self._write(path / "vendor", f"0x{vendor}")
         self._write(path / "device", f"0x{product}")
+        self._write_config(path, vendor, product)
         self._write(path / "class", f"0x{class_id}")
         self._write(path / "numa_node", -1 if numa_node is None else numa_node)
         self._link(self.root / "bus" / "pci" / "devices" / address, path)
@@ -196,6 +228,9 @@ class SysfsBuilder:
             if parent == address:
                 del self._mdevs[mdev_uuid]
                 (self.root / "bus" / "mdev" / "devices" / mdev_uuid).unlink()
+        self._remove_files(address, dev)
+
+    def _remove_files(self, address: str, dev: _Pci) -> None:
         for link in (self.root / "bus" / "pci" / "devices" / address,
                      self.root / "class" / "mdev_bus" / address,
                      self.root / "kernel" / "iommu_groups" /
@@ -205,6 +240,65 @@ class SysfsBuilder:
             if link.is_symlink():
                 link.unlink()
         shutil.rmtree(self.device_dir(address), ignore_errors=True)
+
+    # health: what a failing device's files show
+
+    def set_vendor(self, address: str, vendor: str) -> None:
+        """What the ``vendor`` file says: "ffff" once config space no
+        longer answers."""
+        self._write(self.device_dir(address) / "vendor", f"0x{vendor}")
+
+    def set_config_space_dead(self, address: str, dead: bool = True) -> None:
+        """Config space reads all ones (the device stopped answering), or
+        its header again."""
+        dev, path = self._pci[address], self.device_dir(address)
+        if dead:
+            (path / "config").write_bytes(b"\xff" * _CONFIG_HEADER)
+        else:
+            self._write_config(path, dev.vendor, dev.product)
+
+    def set_aer(self, address: str, fatal: int = 0, nonfatal: int = 0,
+                correctable: int = 0) -> None:
+        """The device's AER statistics files, each error's line then its
+        TOTAL_ERR_* line, the first error carrying the whole count."""
+        for file, count in (("aer_dev_fatal", fatal),
+                            ("aer_dev_nonfatal", nonfatal),
+                            ("aer_dev_correctable", correctable)):
+            total, errors = _AER_FILES[file]
+            lines = [f"{name} {count if i == 0 else 0}"
+                     for i, name in enumerate(errors)]
+            self._write(self.device_dir(address) / file,
+                        "\n".join(lines + [f"{total} {count}"]))
+
+    def set_link(self, address: str, ifname: str, up: bool,
+                 admin_up: bool = True) -> None:
+        """The device's network interface ``net/<ifname>``, as the
+        sysfs-class-net ABI shows it: ``operstate``, ``carrier`` (which an
+        administratively down interface refuses to read: left out) and
+        ``flags``."""
+        iface = self.device_dir(address) / "net" / ifname
+        self._write(iface / "operstate", "up" if up and admin_up else "down")
+        self._write(iface / "flags",
+                    f"0x{_FLAGS_UP if admin_up else _FLAGS_DOWN:x}")
+        carrier = iface / "carrier"
+        if admin_up:
+            self._write(carrier, 1 if up else 0)
+        elif carrier.exists():
+            carrier.unlink()
+
+    def unplug_vf(self, vf: str) -> None:
+        """Remove one VF alone, as writing its ``remove`` file does: its PF
+        still counts it in sriov_numvfs and its virtfnN link dangles."""
+        self._remove_files(vf, self._pci[vf])
+
+    def replug_vf(self, vf: str) -> None:
+        """The VF found again, as a rescan of the bus finds it."""
+        dev = self._pci[vf]
+        pf_dir = self.device_dir(dev.physfn)
+        self.add_pci_device(vf, dev.vendor, dev.product, dev.class_id,
+                            dev.numa_node, dev.driver, dev.iommu_group)
+        self._pci[vf] = dev
+        self._link(self.device_dir(vf) / "physfn", pf_dir)
 
     # mdev
 

@@ -10,13 +10,13 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Collection
 
 import libvirt
 
 from drivers.base import (
     ComputeDriver, ForeignGuest, GuestSpec, GuestState, HostInventory, Mdev, MdevParent,
-    PciDevice, PciKind)
+    PciDevice, PciHealthSignals, PciKind)
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.host_data import InvalidHostData
@@ -81,6 +81,12 @@ class LibvirtDriver(ComputeDriver):
     def get_host_inventory(self) -> HostInventory:
         with self._lock:
             return self._inventory()
+
+    def device_health(self, addresses: Collection[str]
+                      ) -> dict[str, PciHealthSignals]:
+        # Straight from sysfs: no libvirt call, so a poll never waits on
+        # libvirtd nor on a cycle holding the driver's lock.
+        return {a: self._sysfs.pci_health(a) for a in addresses}
 
     # Guests are the GuestManager's business; these only satisfy the
     # driver interface.

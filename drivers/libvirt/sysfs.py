@@ -11,7 +11,8 @@ import re
 from dataclasses import replace
 from typing import Iterable
 
-from drivers.base import Mdev, MdevType, NumaCell, PciDevice, PciKind
+from drivers.base import (
+    Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind)
 from drivers.libvirt.capabilities import parse_sysfs_numa_node
 from drivers.host_data import (
     InvalidHostData, parse_hex_id, parse_int, parse_numa_node,
@@ -28,6 +29,24 @@ _DAX_DEVICE = re.compile(r"^dax\d+\.\d+$")
 # character device (kmem instead onlines it as system RAM).
 KERNEL_DAX_MODE = "dax"
 _DEVICE_DAX_DRIVER = "device_dax"
+# The AER statistics files (Documentation/ABI/testing/
+# sysfs-bus-pci-devices-aer_stats): one "<error name> <count>" line per
+# error, then the total of the error messages on a line of its own.
+AER_TOTALS = {"aer_dev_fatal": "TOTAL_ERR_FATAL",
+              "aer_dev_nonfatal": "TOTAL_ERR_NONFATAL",
+              "aer_dev_correctable": "TOTAL_ERR_COR"}
+# IFF_UP in a net interface's ``flags``: administratively up.
+_IFF_UP = 0x1
+
+
+def parse_aer_total(text: str, device: str, file: str) -> int:
+    """The TOTAL_ERR_* count of one AER statistics file."""
+    key = AER_TOTALS[file]
+    for line in text.splitlines():
+        name, _, count = line.strip().rpartition(" ")
+        if name.strip() == key:
+            return parse_int(count, device, f"{file} {key}")
+    raise InvalidHostData(device, file, f"no {key} line", text)
 
 
 class SysfsReader:
@@ -168,6 +187,92 @@ class SysfsReader:
             for name in ("sriov_totalvfs", "sriov_numvfs")]
         return replace(device, driver=driver, total_vfs=counts[0],
                        num_vfs=counts[1])
+
+    def pci_health(self, address: str) -> PciHealthSignals:
+        """A device's health signals; never raises: a file that exists but
+        cannot be read or parsed is named in ``unreadable``."""
+        device_dir = self._path("bus", "pci", "devices", address)
+        if not os.path.isdir(device_dir):
+            return PciHealthSignals(address, present=False)
+        unreadable: list[str] = []
+
+        def field(name: str, parse):
+            """The parsed file, None when there is no such file."""
+            path = os.path.join(device_dir, name)
+            try:
+                text = self._read_optional(path, address, name)
+                return None if text is None else parse(text)
+            except InvalidHostData as exc:
+                unreadable.append(f"{name}: {exc.reason}")
+                return None
+
+        vendor = field("vendor", lambda t: parse_hex_id(t, address, "vendor"))
+        aer = {name: field(name, lambda t, n=name: parse_aer_total(t, address, n))
+               for name in AER_TOTALS}
+        numvfs = field("sriov_numvfs",
+                       lambda t: parse_int(t, address, "sriov_numvfs"))
+        present_vfs = None if numvfs is None else sum(
+            1 for e in self._listdir(device_dir)
+            if e.startswith("virtfn")
+            and os.path.isdir(os.path.join(device_dir, e)))
+        return PciHealthSignals(
+            address, True, vendor,
+            self._config_vendor(os.path.join(device_dir, "config"), unreadable),
+            aer["aer_dev_fatal"], aer["aer_dev_nonfatal"],
+            aer["aer_dev_correctable"], numvfs, present_vfs,
+            self._net_links(os.path.join(device_dir, "net"), unreadable),
+            tuple(unreadable))
+
+    @staticmethod
+    def _config_vendor(path: str, unreadable: list[str]) -> str | None:
+        """The vendor id in config space (little-endian at offset 0), read
+        from the device: all ones when it no longer answers."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(2)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            unreadable.append(f"config: {exc.strerror or exc}")
+            return None
+        if len(head) < 2:
+            unreadable.append(f"config: {len(head)} bytes, not a config space")
+            return None
+        return f"{int.from_bytes(head, 'little'):04x}"
+
+    def _net_links(self, net_dir: str, unreadable: list[str]
+                   ) -> tuple[NetLink, ...]:
+        links = []
+        for name in self._listdir(net_dir):
+            iface = os.path.join(net_dir, name)
+            try:
+                operstate = self._read(os.path.join(iface, "operstate"),
+                                       name, "operstate")
+            except InvalidHostData as exc:
+                unreadable.append(f"net/{name}/operstate: {exc.reason}")
+                continue
+            links.append(NetLink(name, operstate,
+                                 self._net_flag(os.path.join(iface, "carrier")),
+                                 self._admin_up(os.path.join(iface, "flags"))))
+        return tuple(links)
+
+    @staticmethod
+    def _net_flag(path: str) -> bool | None:
+        """``carrier``: the kernel refuses the read (EINVAL) while the
+        interface is administratively down: unknown, then."""
+        try:
+            with open(path, encoding="ascii") as f:
+                return {"1": True, "0": False}.get(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _admin_up(path: str) -> bool | None:
+        try:
+            with open(path, encoding="ascii") as f:
+                return bool(int(f.read().strip(), 16) & _IFF_UP)
+        except (OSError, ValueError):
+            return None
 
     def pci_devices(self, addresses: Iterable[str] | None = None
                     ) -> tuple[dict[str, PciDevice], list[str]]:

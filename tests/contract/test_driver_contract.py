@@ -482,3 +482,15 @@ def test_the_libvirt_test_driver_refuses_live_migration_as_unsupported(tmp_path)
     finally:
         s.driver.destroy(a.instance_uuid)
         s.driver.cleanup()
+
+
+# --- device health -------------------------------------------------------------
+
+
+def test_device_health_reads_the_hosts_devices_as_present_and_others_as_gone(subject):
+    absent = "0000:ee:00.0"
+    signals = subject.driver.device_health([PF, GPU, absent])
+    assert set(signals) == {PF, GPU, absent}
+    assert (signals[PF].present, signals[PF].vendor_id) == (True, "8086")
+    assert (signals[GPU].present, signals[GPU].vendor_id) == (True, "10de")
+    assert not signals[absent].present

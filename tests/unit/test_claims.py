@@ -1,6 +1,7 @@
 """Pure device choice, the allocation and spec checks, and a property test
 that no held device is ever chosen."""
 import copy
+from dataclasses import replace
 import uuid
 
 import pytest
@@ -132,6 +133,23 @@ def test_existing_unassigned_mdev_before_creating_one():
     got = choose([Wanted(GPU, "VGPU", 2)], p,
                  held_by({(GPU, "VGPU"): {MDEV1, MDEV2}}))
     assert len(set(ids(got))) == 2 and not set(ids(got)) & {MDEV1, MDEV2}
+
+
+def test_unhealthy_devices_are_never_chosen():
+    p = pools()
+    vfs = [s.device_id for s in p[PF]["SRIOV_NET_VF"].slots]
+    p[PF]["SRIOV_NET_VF"] = replace(p[PF]["SRIOV_NET_VF"], unhealthy=frozenset(vfs[:3]))
+    assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, HeldDevices())) == [vfs[3]]
+    with pytest.raises(ClaimFailed):
+        choose([Wanted(PF, "SRIOV_NET_VF", 2)], p, HeldDevices())
+
+
+def test_an_unhealthy_gpu_gives_no_mdev_old_or_new():
+    p = pools(gpu_capacity=4)
+    pool = p[GPU]["VGPU"]
+    p[GPU]["VGPU"] = replace(pool, unhealthy=frozenset({pool.mdev_parent, MDEV1, MDEV2}))
+    with pytest.raises(ClaimFailed):
+        choose([Wanted(GPU, "VGPU", 1)], p, HeldDevices())
 
 
 def test_mdev_creation_is_bounded_by_capacity():

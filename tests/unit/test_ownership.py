@@ -85,6 +85,21 @@ def test_the_agents_reason_to_reserve_wins():
     assert ops == [SetInventories(PF, {"CUSTOM_PCI_8086_154C": inventory(8, reserved=8)})]
 
 
+def test_a_health_reservation_is_the_agents_and_ends_when_the_device_recovers():
+    """A provider marked unhealthy in Placement holds the agent's reserved,
+    even a partial one (bad VFs), which would otherwise read as an
+    operator's."""
+    marked = {ownership.UNHEALTHY_TRAIT, ownership.UNHEALTHY_TRAIT + "_AER_FATAL"}
+    current = host(pf_traits=marked | {"COMPUTE_MANAGED_PCI_DEVICE"}, vf_reserved=2)
+    ops = diff(current, host(pf_traits={"COMPUTE_MANAGED_PCI_DEVICE"}))
+    assert ops == [SetInventories(PF, {"CUSTOM_PCI_8086_154C": inventory(8)}),
+                   SetTraits(PF, frozenset({"COMPUTE_MANAGED_PCI_DEVICE"}))]
+
+
+def test_a_partial_reservation_without_the_mark_stays_the_operators():
+    assert diff(host(vf_reserved=2), host(pf_traits=set())) == []
+
+
 def test_reserved_on_host_classes_is_the_configs():
     ops = diff(host(memory_reserved=100), host(memory_reserved=512))
     assert ops == [SetInventories(ROOT, {"MEMORY_MB": inventory(4096, reserved=512)})]

@@ -3,9 +3,9 @@ import shutil
 
 import pytest
 
-from drivers.base import Mdev, MdevType, PciKind
+from drivers.base import Mdev, MdevType, NetLink, PciHealthSignals, PciKind
 from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt.sysfs import SysfsReader
+from drivers.libvirt.sysfs import SysfsReader, parse_aer_total
 
 GPU = "0000:06:00.0"
 PF = "0000:81:00.0"
@@ -169,3 +169,71 @@ def test_real_sys_pci_reads_without_exceptions():
     assert all(d.address == a for a, d in devices.items())
     assert isinstance(warnings, list)
     SysfsReader("/sys").numa_cells(4)
+
+
+# --- health signals ------------------------------------------------------------
+
+NIC = "0000:3b:00.0"
+
+
+def test_health_of_a_well_device(builder, reader):
+    builder.set_aer(PF, fatal=0, nonfatal=2, correctable=7)
+    builder.set_link(PF, "ens1f0", up=True)
+    signals = reader.pci_health(PF)
+    assert signals == PciHealthSignals(
+        PF, True, "8086", "8086", aer_fatal=0, aer_nonfatal=2, aer_correctable=7,
+        sriov_numvfs=2, vfs_present=2,
+        links=(NetLink("ens1f0", "up", True, True),))
+
+
+def test_health_of_a_device_without_aer_sriov_or_netdev_leaves_them_unknown(reader):
+    signals = reader.pci_health(GPU)
+    assert (signals.aer_fatal, signals.sriov_numvfs, signals.vfs_present,
+            signals.links, signals.unreadable) == (None, None, None, (), ())
+
+
+def test_health_of_a_device_gone_from_sysfs(builder, reader):
+    builder.remove_device(GPU)
+    assert reader.pci_health(GPU) == PciHealthSignals(GPU, False)
+
+
+def test_health_of_a_device_whose_config_space_no_longer_answers(builder, reader):
+    builder.set_config_space_dead(PF)
+    builder.set_vendor(PF, "ffff")
+    signals = reader.pci_health(PF)
+    assert (signals.vendor_id, signals.config_vendor_id) == ("ffff", "ffff")
+
+
+def test_health_counts_only_the_vfs_that_still_exist(builder, reader):
+    vf = builder.vf_address(PF, 1)
+    builder.unplug_vf(vf)
+    signals = reader.pci_health(PF)
+    assert (signals.sriov_numvfs, signals.vfs_present) == (2, 1)
+    assert not reader.pci_health(vf).present
+    builder.replug_vf(vf)
+    assert reader.pci_health(PF).vfs_present == 2
+    assert reader.pci_health(vf).present
+
+
+def test_health_of_a_link_down_and_of_one_taken_down(builder, reader):
+    builder.set_link(PF, "ens1f0", up=False)
+    assert reader.pci_health(PF).links == (NetLink("ens1f0", "down", False, True),)
+    builder.set_link(PF, "ens1f0", up=False, admin_up=False)
+    assert reader.pci_health(PF).links == (NetLink("ens1f0", "down", None, False),)
+
+
+def test_the_kernels_sample_aer_file_is_read_by_its_total():
+    sample = ("Receiver Error 2\nBad TLP 0\nBad DLLP 0\nRELAY_NUM Rollover 0\n"
+              "Replay Timer Timeout 0\nAdvisory Non-Fatal 0\n"
+              "Corrected Internal Error 0\nHeader Log Overflow 0\nTOTAL_ERR_COR 2\n")
+    assert parse_aer_total(sample, PF, "aer_dev_correctable") == 2
+
+
+def test_junk_in_an_aer_file_names_the_file_and_keeps_the_rest(builder, reader):
+    path = builder.device_dir(PF) / "aer_dev_fatal"
+    path.write_text("Undefined 0\n")
+    builder.set_link(PF, "ens1f0", up=True)
+    signals = reader.pci_health(PF)
+    assert signals.aer_fatal is None
+    assert signals.unreadable == ("aer_dev_fatal: no TOTAL_ERR_FATAL line",)
+    assert signals.vendor_id == "8086" and signals.links
