@@ -268,9 +268,9 @@ def test_an_unmappable_host_is_refused_line_by_line_and_nothing_is_written(nova,
     problems = [line for line in done.stderr.splitlines() if "error:" in line]
     assert problems[0].endswith("cannot be adopted; nothing was written:"), problems
     assert problems[1:] == [
-        f"agent.py: error: consumer {migration}: holds allocations on this "
+        f"agent: error: consumer {migration}: holds allocations on this "
         "host's providers but no guest is defined for it (a move in flight?)",
-        f"agent.py: error: guest {nova.guests['vf']}: pci/vf {nova.vf} matches 0 "
+        f"agent: error: guest {nova.guests['vf']}: pci/vf {nova.vf} matches 0 "
         "of its allocations' devices, not one"], problems
     state = nova.h.dir / "state"
     # No store, not even a half-written one beside it.

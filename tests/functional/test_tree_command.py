@@ -116,5 +116,7 @@ def test_a_closed_pipe_ends_quietly_and_an_unreachable_placement_is_unknown(
     conf.write_text(conf.read_text().replace(placement.url, "http://127.0.0.1:9"))
     done = manage_tree(conf, "--json")
     assert done.returncode == 2
-    (line,) = done.stderr.splitlines()
-    assert line.startswith("compute-agent-manage: tree unknown: ") and "Placement" in line
+    (line,) = done.stdout.splitlines()  # with --json, the error is JSON too
+    error = json.loads(line)
+    assert error["exit_code"] == 2 and "Placement" in error["error"], error
+    assert error["error"].startswith("tree unknown: "), error
