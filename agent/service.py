@@ -7,17 +7,19 @@ import os
 import random
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from oslo_config import cfg
 
-from agent import node_identity, state, store_check
+from agent import cycle_record, node_identity, state, store_check
 from agent.adoption import AdoptionRefused, plan_adoption
 from agent.allocation_view import AllocationView
 from agent.claims import Pool
-from agent.exception import (AgentError, ConfigError, PlacementError,
-                             PlacementUnavailable)
+from agent.dependencies import Dependencies, Dependency, Health, describe
+from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
+                             PlacementError, PlacementUnavailable)
 from agent.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.manager import ComputeManager
 from agent.placement import PlacementClient, adapter_from_conf
@@ -151,8 +153,7 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
                                        f"({e})") from None
     except (PlacementUnavailable, PlacementError) as e:
         raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
-                                       f"be adopted: Placement did not answer ({e})"
-                                       ) from None
+                                       f"be adopted: {e}") from None
     except AdoptionRefused as e:
         raise store_check.StoreRefused("\n".join(
             [f"store {path} is missing and the host's guests cannot be adopted; "
@@ -203,13 +204,24 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
     return state.Store(path, root_uuid)
 
 
+def _last_success_recorded(path: Path | None) -> float | None:
+    """When the last successful cycle of an earlier run ended, so that a
+    restart does not forget it; None when unknown."""
+    try:
+        record = cycle_record.read(path) if path is not None else None
+    except cycle_record.RecordUnreadable as e:
+        LOG.warning("%s: starting a new record", e)
+        return None
+    return None if record is None else record.last_success_at
+
+
 class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
                  interval: float = 60, jitter: float = 0,
                  manager: ComputeManager | None = None, reconcile_interval: int = 10,
                  orphan_grace_period: float = 0,
                  allocation_refresh_interval: float = 300,
-                 heal_on_startup: bool = False):
+                 heal_on_startup: bool = False, record_path: Path | None = None):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -238,6 +250,16 @@ class Agent:
         self._drop_cache = threading.Event()
         self._thread: threading.Thread | None = None
         driver.register_change_listener(self._wake.set)
+        # What each cycle asks, in order: the hypervisor, then Keystone
+        # (when the auth plugin uses it) for a token, then Placement.
+        self.dependencies = Dependencies()
+        self.cycle_path = ((Dependency.LIBVIRT,)
+                           + ((Dependency.KEYSTONE,) if sync.client.keystone_url else ())
+                           + (Dependency.PLACEMENT,))
+        # <state_path>/last_cycle.json, for status (agent/cycle_record.py).
+        self.record_path = record_path
+        self._last_success_at = _last_success_recorded(record_path)
+        self._record_failing = False
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
@@ -267,7 +289,8 @@ class Agent:
                                  conf.devices.remove_released_mdevs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
                    manager, conf.reconcile_interval, conf.orphan_grace_period,
-                   conf.allocation_refresh_interval, conf.heal.on_startup)
+                   conf.allocation_refresh_interval, conf.heal.on_startup,
+                   cycle_record.path_in(conf.state_path) if holder else None)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -322,7 +345,13 @@ class Agent:
         try:
             allocations = self.allocations.consumers(self._generations(),
                                                      self.sync.root_uuid)
-        except (PlacementUnavailable, PlacementError) as e:
+        except DependencyUnavailable as e:
+            # The cycle before said it went away, once.
+            LOG.log(logging.DEBUG if self.dependencies.snapshot()[e.dependency].health
+                    is Health.DOWN else logging.WARNING,
+                    "Reconciling without Placement's allocations: %s", e)
+            allocations = None
+        except PlacementError as e:
             LOG.warning("Reconciling without Placement's allocations: %s", e)
             allocations = None
         else:
@@ -333,14 +362,25 @@ class Agent:
                          grace=self.orphan_grace_period)
 
     def run_cycle(self) -> CycleOutcome:
-        """A cycle that never raises: every failure is one log line and the
+        """A cycle that never raises, and is recorded (record_path). A
+        dependency that goes away or comes back is one line each way
+        (agent/dependencies.py); every other failure is one line, and the
         next cycle tries again."""
+        outcome = self._cycle()
+        if outcome.ok:
+            self._last_success_at = time.time()
+        self._record(outcome)
+        return outcome
+
+    def _cycle(self) -> CycleOutcome:
         try:
-            return CycleOutcome(True, result=self.update_provider_tree())
+            outcome = CycleOutcome(True, result=self.update_provider_tree())
+            self.dependencies.observe_path(self.cycle_path)
+            return outcome
         except DriverUnavailable as e:
-            reason = f"hypervisor unavailable, cycle skipped: {e}"
-        except PlacementUnavailable as e:
-            reason = f"Placement unavailable, cycle abandoned: {e}"
+            return self._unavailable(Dependency.LIBVIRT, e.where, e.problem)
+        except DependencyUnavailable as e:
+            return self._unavailable(e.dependency, e.url, e.problem)
         except ConfigError as e:
             reason = f"configuration error, cycle skipped: {e}"
         except (PlacementError, AgentError) as e:
@@ -350,6 +390,27 @@ class Agent:
             return CycleOutcome(False, f"unexpected error: {type(e).__name__}: {e}")
         LOG.warning("%s", reason)
         return CycleOutcome(False, reason)
+
+    def _unavailable(self, dependency: Dependency, url: str, problem: str
+                     ) -> CycleOutcome:
+        self.dependencies.observe_path(self.cycle_path, dependency, url, problem)
+        return CycleOutcome(False, describe(dependency, url, problem))
+
+    def _record(self, outcome: CycleOutcome) -> None:
+        if self.record_path is None:
+            return
+        record = cycle_record.CycleRecord(
+            os.getpid(), time.time(), self._last_success_at,
+            "" if outcome.ok else outcome.reason, self.dependencies.snapshot())
+        try:
+            cycle_record.write(self.record_path, record)
+        except OSError as e:
+            if not self._record_failing:
+                LOG.warning("Cannot record the cycle in %s: %s", self.record_path,
+                            e.strerror)
+            self._record_failing = True
+        else:
+            self._record_failing = False
 
     def drop_cache(self) -> None:
         self._drop_cache.set()
