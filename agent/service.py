@@ -373,28 +373,30 @@ class Agent:
         return outcome
 
     def _cycle(self) -> CycleOutcome:
+        # Lines are logged after the except clauses: oslo.log would append
+        # the exception being handled to them.
+        unavailable: tuple[Dependency, str, str] | None = None
         try:
             outcome = CycleOutcome(True, result=self.update_provider_tree())
-            self.dependencies.observe_path(self.cycle_path)
-            return outcome
         except DriverUnavailable as e:
-            return self._unavailable(Dependency.LIBVIRT, e.where, e.problem)
+            unavailable = (Dependency.LIBVIRT, e.where, e.problem)
         except DependencyUnavailable as e:
-            return self._unavailable(e.dependency, e.url, e.problem)
+            unavailable = (e.dependency, e.url, e.problem)
         except ConfigError as e:
-            reason = f"configuration error, cycle skipped: {e}"
+            outcome = CycleOutcome(False, f"configuration error, cycle skipped: {e}")
         except (PlacementError, AgentError) as e:
-            reason = f"cycle failed: {e}"
+            outcome = CycleOutcome(False, f"cycle failed: {e}")
         except Exception as e:  # the loop must outlive any bug in a cycle
             LOG.exception("update_provider_tree failed")
             return CycleOutcome(False, f"unexpected error: {type(e).__name__}: {e}")
-        LOG.warning("%s", reason)
-        return CycleOutcome(False, reason)
-
-    def _unavailable(self, dependency: Dependency, url: str, problem: str
-                     ) -> CycleOutcome:
-        self.dependencies.observe_path(self.cycle_path, dependency, url, problem)
-        return CycleOutcome(False, describe(dependency, url, problem))
+        if unavailable is not None:
+            self.dependencies.observe_path(self.cycle_path, *unavailable)
+            return CycleOutcome(False, describe(*unavailable))
+        if outcome.ok:
+            self.dependencies.observe_path(self.cycle_path)
+        else:
+            LOG.warning("%s", outcome.reason)
+        return outcome
 
     def _record(self, outcome: CycleOutcome) -> None:
         if self.record_path is None:

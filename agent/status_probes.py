@@ -92,13 +92,16 @@ def broker(conf: cfg.ConfigOpts) -> Probe | Unknown:
         try:
             connection.connect()
         except Exception as e:  # noqa: BLE001 - any failure is this probe's finding
-            problems.append(f"{hostname}:{port} {broker_problem(e)}")
+            problems.append(broker_problem(e))
             continue
         finally:
             connection.release()
         return Probe(Dependency.BROKER, f"rabbit://{hostname}:{port}/")
     shown = ",".join(f"{h}:{p}" for h, p, _, _ in hosts)
-    return Probe(Dependency.BROKER, f"rabbit://{shown}/", "; ".join(problems))
+    if len(hosts) == 1:
+        return Probe(Dependency.BROKER, f"rabbit://{shown}/", problems[0])
+    return Probe(Dependency.BROKER, f"rabbit://{shown}/", "no host answered: " + "; ".join(
+        f"{h}:{p} {problem}" for (h, p, _, _), problem in zip(hosts, problems)))
 
 
 def broker_problem(error: Exception) -> str:
