@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
+from typing import Callable, Mapping
 
 LOG = logging.getLogger(__name__)
 
@@ -144,11 +144,12 @@ class Dependencies:
 
     def observe_path(self, path: tuple[Dependency, ...],
                      failed_at: Dependency | None = None, url: str = "",
-                     problem: str = "") -> None:
+                     problem: str = "", urls: Mapping[Dependency, str] | None = None) -> None:
         """One pass over ``path`` (a cycle asks libvirt, then Keystone,
-        then Placement): those before ``failed_at`` answered."""
+        then Placement): those before ``failed_at`` answered (at ``urls``,
+        where known)."""
         for dependency in reached_before(failed_at, path):
-            self.answered(dependency)
+            self.answered(dependency, (urls or {}).get(dependency, ""))
         if failed_at is not None:
             self.failed(failed_at, url, problem)
 

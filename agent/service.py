@@ -342,22 +342,20 @@ class Agent:
             self._drop_allocations.clear()
             self.allocations.clear()
         self.allocations.touch(self.manager.tracker.take_touched_providers())
+        level, why = logging.WARNING, "Placement's tree is not read yet"
         try:
             allocations = self.allocations.consumers(self._generations(),
                                                      self.sync.root_uuid)
         except DependencyUnavailable as e:
+            allocations, why = None, str(e)
             # The cycle before said it went away, once.
-            LOG.log(logging.DEBUG if self.dependencies.snapshot()[e.dependency].health
-                    is Health.DOWN else logging.WARNING,
-                    "Reconciling without Placement's allocations: %s", e)
-            allocations = None
+            if self.dependencies.snapshot()[e.dependency].health is Health.DOWN:
+                level = logging.DEBUG
         except PlacementError as e:
-            LOG.warning("Reconciling without Placement's allocations: %s", e)
-            allocations = None
-        else:
-            if allocations is None:
-                LOG.warning("Reconciling without Placement's allocations: "
-                            "Placement's tree is not read yet")
+            allocations, why = None, str(e)
+        if allocations is None:
+            # Outside the except clauses: oslo.log would append the exception.
+            LOG.log(level, "Reconciling without Placement's allocations: %s", why)
         return reconcile(self.manager, allocations, at_start, fix,
                          grace=self.orphan_grace_period)
 
@@ -393,7 +391,10 @@ class Agent:
             self.dependencies.observe_path(self.cycle_path, *unavailable)
             return CycleOutcome(False, describe(*unavailable))
         if outcome.ok:
-            self.dependencies.observe_path(self.cycle_path)
+            client = self.sync.client
+            self.dependencies.observe_path(self.cycle_path, urls={
+                Dependency.KEYSTONE: client.keystone_url or "",
+                Dependency.PLACEMENT: client.url})
         else:
             LOG.warning("%s", outcome.reason)
         return outcome
