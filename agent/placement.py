@@ -59,10 +59,15 @@ def connection_problem(error: ks_exc.ClientException) -> str:
         return "did not answer (timed out)"
     if isinstance(error, ks_exc.SSLError):
         return f"did not answer (TLS: {error})"
-    found = _ERRNO.search(str(error))
+    text = str(error)
+    found = _ERRNO.search(text)
     if found:
         return f"did not answer ({found.group(1).strip().lower()})"
-    return f"did not answer ({type(error).__name__}: {error})"
+    if "RemoteDisconnected" in text or "Connection aborted" in text:
+        return "did not answer (connection closed)"
+    # keystoneauth's "Unable to establish connection to URL: ": the URL is
+    # said already.
+    return f"did not answer ({type(error).__name__}: {text.split(': ', 1)[-1]})"
 
 
 def keystone_problem(error: ks_exc.ClientException) -> str:

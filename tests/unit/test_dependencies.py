@@ -100,6 +100,11 @@ def test_a_refused_connection_is_said_in_a_few_words():
     assert connection_problem(ks_exc.ConnectFailure(REFUSED)) == \
         "did not answer (connection refused)"
     assert connection_problem(ks_exc.ConnectTimeout("...")) == "did not answer (timed out)"
+    # A server stopped in the middle of a request.
+    closed = ks_exc.ConnectFailure(
+        "Unable to establish connection to http://127.0.0.1:1/x: ('Connection aborted.', "
+        "RemoteDisconnected('Remote end closed connection without response'))")
+    assert connection_problem(closed) == "did not answer (connection closed)"
 
 
 @pytest.mark.parametrize("error, said", [
