@@ -161,13 +161,18 @@ def new_mdev_uuid() -> str:
     return str(uuid_lib.UUID(int=random.getrandbits(128), version=4))
 
 
+def counted_device_id(pool: Pool) -> str:
+    """The device id every claim from a counted pool records: its NUMA
+    cell, or "host" for amounts of no cell."""
+    return "host" if pool.numa_node is None else str(pool.numa_node)
+
+
 def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
                  earlier: set[str], prefer_numa: int | None) -> list[Choice]:
     """``earlier``: devices of this pool chosen earlier in the same claim."""
     if not pool.exclusive:
         return [Choice(provider_uuid, pool.resource_class, pool.kind,
-                       "host" if pool.numa_node is None else str(pool.numa_node),
-                       amount, DeviceDetail(pool.numa_node))]
+                       counted_device_id(pool), amount, DeviceDetail(pool.numa_node))]
     # NUMA-local first, then the others; each in the order of device ids.
     local: list[Slot] = []
     others: list[Slot] = []

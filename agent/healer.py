@@ -8,20 +8,26 @@ a class off (a few), and each affected consumer's complete allocations (one
 GET each, several at a time: only ``GET /allocations/{consumer}`` tells a
 consumer's project, user, generation and its allocations on other hosts,
 and the reshaper replaces all of them). Writes: one reshaper, then the
-update cycle that deletes the providers the model dropped.
+store's rows moved after their allocations (agent/realign.py) in one
+transaction, then the update cycle that deletes the providers the model
+dropped. Heal killed between the reshaper and the store's write is made
+good by the next heal, whose plan is empty, or the agent's next start
+(align_store).
 """
 from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from agent import heal
+from agent.claims import Pool
 from agent.exception import AgentError, GenerationConflict
 from agent.host_tree import build_tree
 from agent.placement import PlacementClient
-from agent.provider_tree import adopt_uuids
+from agent.provider_tree import ProviderTree, adopt_uuids
+from agent.realign import Allocations, DeviceIndex, Realignment, misplaced, realign
 
 if TYPE_CHECKING:
     from agent.service import Agent
@@ -37,6 +43,18 @@ class HealResult:
     plan: heal.Plan
     applied: bool
     attempts: int
+    # The store's rows moved after their allocations: by this heal's
+    # reshape, or (an empty plan) left by an earlier one that was killed.
+    store: Realignment = field(default_factory=Realignment)
+
+
+@dataclass
+class Model:
+    """Placement's tree as read, the model's, and the model's pools."""
+
+    current: ProviderTree
+    tree: ProviderTree
+    pools: dict[str, dict[str, Pool]]
 
 
 def consumer_from(uuid: str, doc: dict) -> heal.Consumer:
@@ -53,41 +71,85 @@ def read_consumers(client: PlacementClient, uuids: list[str]) -> dict[str, heal.
         return {uuid: consumer_from(uuid, doc) for uuid, doc in zip(uuids, docs)}
 
 
-def make_plan(agent: "Agent") -> heal.Plan:
-    """Read Placement afresh and plan; HealRefused names a consumer that
-    cannot be moved."""
+def read_model(agent: "Agent") -> Model:
+    """Placement's tree read afresh, and the model built beside it."""
     from agent.service import pools_by_uuid  # the service starts heal too
 
-    sync = agent.sync
-    sync.refresh()
-    current = sync.cache
+    agent.sync.refresh()
+    current = agent.sync.cache
     built = build_tree(agent.driver.get_host_inventory(), agent.policy)
     model = adopt_uuids(built.tree, current)
+    return Model(current, model, pools_by_uuid(built, {p.name: p.uuid for p in model}))
+
+
+def make_plan(agent: "Agent", model: Model,
+              progress: Callable[[str], None] = lambda line: None) -> heal.Plan:
+    """Plan from ``model``, reading the consumers it moves; HealRefused
+    names a consumer that cannot be moved."""
+    sync = agent.sync
     holders: set[str] = set()
-    for uuid, classes in heal.moving(current, model, sync.owned).items():
+    for uuid, classes in heal.moving(model.current, model.tree, sync.owned).items():
         for consumer, body in sync.client.get_provider_allocations(uuid).items():
             if set(body["resources"]) & classes:
                 holders.add(consumer)
+    if holders:
+        progress(f"reading the allocations of {len(holders)} consumers...")
     consumers = read_consumers(sync.client, sorted(holders))
     _, assignments, migrations = agent.manager.tracker.snapshot()
-    return heal.plan_heal(current, model,
-                          pools_by_uuid(built, {p.name: p.uuid for p in model}),
-                          consumers, assignments, migrations.values(), sync.owned)
+    return heal.plan_heal(model.current, model.tree, model.pools, consumers,
+                          assignments, migrations.values(), sync.owned)
+
+
+def align_store(agent: "Agent", index: DeviceIndex,
+                allocations: Allocations | None = None) -> Realignment:
+    """Move the store's rows to where Placement holds their allocations
+    (agent/realign.py), in one transaction. ``allocations``: consumer ->
+    provider -> class -> amount, as a reshape just set them; read from
+    Placement's tree when not given, and only when some row is not where
+    the model puts it."""
+    from agent.service import tree_allocations  # the service aligns at start
+
+    tracker = agent.manager.tracker
+    if not index.pools:  # no cycle has built the model: unknown, not empty
+        return Realignment()
+    suspects = misplaced(tracker.snapshot()[1], index)
+    if not suspects:
+        return Realignment()
+    if allocations is None:
+        allocations = tree_allocations(agent.sync.client, agent.sync.root_uuid)
+    result = realign(suspects, allocations, index)
+    moved = tracker.realign(result.moved)
+    if moved:
+        LOG.info("Store follows Placement: %d assignments of %d consumers moved to "
+                 "the providers that hold their allocations", len(moved),
+                 len({a.consumer_uuid for a in moved}))
+    for unaligned in result.unaligned:
+        LOG.warning("Store not aligned with Placement: %s; left as it is", unaligned)
+    return result
 
 
 def run_heal(agent: "Agent", dry_run: bool = False,
              confirm: Callable[[heal.Plan], bool] = lambda plan: True,
-             attempts: int = ATTEMPTS) -> HealResult:
+             attempts: int = ATTEMPTS,
+             progress: Callable[[str], None] = lambda line: None) -> HealResult:
     """Heal the host, or with ``dry_run`` only say how; ``confirm`` sees the
     plan before it is sent and may decline it. A plan that loses a race
-    (409) is read and made again, ``attempts`` times at most."""
+    (409) is read and made again, ``attempts`` times at most. ``progress``
+    is told each slow step as it starts."""
     if not dry_run:
         # The held tree stands first, so every provider the plan names exists.
         agent.update_provider_tree()
     for attempt in range(1, attempts + 1):
-        plan = make_plan(agent)
+        model = read_model(agent)
+        plan = make_plan(agent, model, progress)
+        if plan.empty and not dry_run:
+            # A heal killed after its reshape left the store behind.
+            return HealResult(plan, False, attempt,
+                              align_store(agent, DeviceIndex(model.pools)))
         if plan.empty or dry_run or not confirm(plan):
             return HealResult(plan, False, attempt)
+        progress(f"sending one reshape of {len(plan.consumers)} consumers' allocations "
+                 f"and {len(plan.inventories)} inventories...")
         try:
             agent.sync.client.reshape(plan.inventories, plan.reshaper_allocations())
         except GenerationConflict as e:
@@ -96,7 +158,9 @@ def run_heal(agent: "Agent", dry_run: bool = False,
         LOG.info("Healed: %d allocations of %d consumers moved, inventories of %d "
                  "providers set, in one reshape", len(plan.moves), len(plan.consumers),
                  len(plan.inventories))
+        store = align_store(agent, DeviceIndex(model.pools),
+                            {uuid: c.allocations for uuid, c in plan.consumers.items()})
         agent.update_provider_tree()
-        return HealResult(plan, True, attempt)
+        return HealResult(plan, True, attempt, store)
     raise AgentError(f"heal: Placement changed under each of {attempts} attempts; "
                      "nothing was changed, run it again")

@@ -111,6 +111,8 @@ class PlacementClient:
         self.keystone_url = keystone_url(adapter)
         # Placement's URL once known (from the config or the catalog).
         self.url = adapter.endpoint_override or ""
+        # Every request sent, answered or not (compute-agent --once says it).
+        self.requests_sent = 0
 
     # --- plumbing -------------------------------------------------------
 
@@ -137,6 +139,7 @@ class PlacementClient:
         if url != "/":
             kwargs["microversion"] = self.version
         self.endpoint()
+        self.requests_sent += 1
         try:
             resp = self.adapter.request(url, method, **kwargs)
         except ks_exc.HttpError as e:

@@ -1,11 +1,9 @@
-"""The agent process: the periodic update_provider_tree loop, signals and
-systemd notification. Native threads only (no eventlet)."""
+"""The agent process: the periodic update_provider_tree loop, which pings
+systemd's watchdog while it is healthy. Native threads only (no eventlet)."""
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import Provider, ProviderTree
 from agent.policy import tree_policy_from_conf
 from agent.reconcile import Report, reconcile
+from agent.systemd import Watchdog
 from agent.tracker import Tracker
 from agent.tree_sync import SyncResult, TreeSync
 from drivers.base import ComputeDriver, DriverUnavailable, ForeignGuest
@@ -42,20 +41,6 @@ def load_driver(conf: cfg.ConfigOpts) -> ComputeDriver:
     return LibvirtDriver(conf)
 
 
-def sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) how we are; a no-op outside systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        try:
-            s.sendto(state.encode(), address)
-        except OSError as e:
-            LOG.debug("sd_notify %s failed: %s", state, e)
-
-
 @dataclass
 class CycleOutcome:
     ok: bool
@@ -64,6 +49,7 @@ class CycleOutcome:
 
 
 STORE_FILE = "state.db"
+UPDATE_THREAD = "update-provider-tree"
 
 
 def pools_by_uuid(built: BuiltTree, names: dict[str, str]
@@ -420,9 +406,10 @@ class Agent:
         self._drop_allocations.set()
         self._wake.set()
 
-    def _loop(self) -> None:
+    def _loop(self, watchdog: Watchdog | None) -> None:
         while True:
-            self._wake.wait(self.interval + random.uniform(0, self.jitter))
+            self._wait_for_next_cycle(self.interval + random.uniform(0, self.jitter),
+                                      watchdog)
             if self.stopping.is_set():
                 return
             # Cleared before the cycle: a change seen during it wakes the
@@ -432,6 +419,20 @@ class Agent:
             self._cycles += 1
             if self.manager is not None and self._cycles % self.reconcile_interval == 0:
                 self._reconcile_safely(at_start=False)
+
+    def _wait_for_next_cycle(self, seconds: float, watchdog: Watchdog | None) -> None:
+        """Sleep until the next cycle is due or something wakes the loop.
+        A loop that waits is healthy: it pings the watchdog as it goes, so
+        only a cycle that does not end stops the pings."""
+        if watchdog is None:
+            self._wake.wait(seconds)
+            return
+        due = time.monotonic() + seconds
+        while True:
+            watchdog.ping()
+            left = due - time.monotonic()
+            if left <= 0 or self._wake.wait(min(left, watchdog.interval)):
+                return
 
     def _reconcile_safely(self, at_start: bool) -> None:
         try:
@@ -450,18 +451,32 @@ class Agent:
         except Exception:  # start-up must outlive any bug in heal
             LOG.exception("Heal at start-up failed")
 
-    def start(self) -> None:
-        """Connect, run a first cycle and reconcile what a previous run
-        left, then keep the loop going in its thread."""
+    def _align_store_safely(self) -> None:
+        """The store's rows follow the allocations a heal moved, should that
+        heal have been killed before it wrote them (agent/realign.py)."""
+        from agent.healer import align_store
+        from agent.realign import DeviceIndex
+        try:
+            align_store(self, DeviceIndex(self.manager.tracker.pools()))
+        except (PlacementUnavailable, PlacementError) as e:
+            LOG.warning("Store not aligned with Placement at start-up: %s", e)
+        except Exception:  # start-up must outlive any bug here
+            LOG.exception("Aligning the store with Placement failed")
+
+    def start(self, watchdog: Watchdog | None = None) -> None:
+        """Connect, run a first cycle, align the store with Placement and
+        reconcile what a previous run left, then keep the loop going in its
+        thread, pinging ``watchdog`` while it is healthy."""
         self.driver.init_host()
         if self.heal_on_startup:
             self._heal_safely()
         self.run_cycle()
         self._cycles = 1
         if self.manager is not None:
+            self._align_store_safely()
             self._reconcile_safely(at_start=True)
-        self._thread = threading.Thread(target=self._loop, name="update-provider-tree",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(watchdog,),
+                                        name=UPDATE_THREAD, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 60) -> None:

@@ -446,6 +446,17 @@ def update_assignments_sql(rows: list[Assignment]) -> Statement:
              for a in rows])
 
 
+def realign_assignments_sql(rows: list[Assignment]) -> Statement:
+    """Write back where rows sit: provider, class, kind, device and detail
+    (heal moved their allocations; agent/realign.py)."""
+    now = time.time()
+    return ("UPDATE assignments SET provider_uuid=?, resource_class=?, kind=?, "
+            "device_id=?, detail=?, updated_at=? WHERE id=?",
+            [(a.provider_uuid, a.resource_class, a.kind.value, a.device_id,
+              a.detail.to_json(), now, a.id)
+             for a in rows])
+
+
 def put_migration_sql(m: Migration) -> Statement:
     return ("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
             [(m.uuid, m.instance_uuid, m.kind.value, m.role.value, m.state.value,

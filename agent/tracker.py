@@ -163,6 +163,10 @@ class Tracker:
         with self._lock:
             self._pools = pools
 
+    def pools(self) -> dict[str, dict[str, Pool]]:
+        with self._lock:
+            return self._pools
+
     def _choose_rows(self, instance_uuid: str, allocations, consumer: str,
                      migration_uuid: str | None) -> list[Assignment]:
         wanted = parse_allocations(allocations, self._pools)
@@ -233,6 +237,28 @@ class Tracker:
             return self._change(stale) if stale else Decision(None)
 
         self._run(instance_uuid, decide)
+
+    def realign(self, moves: list[tuple[Assignment, Assignment]]) -> list[Assignment]:
+        """Rows moved to the provider and class their allocations now sit on
+        (heal; agent/realign.py), all in one transaction. A row changed
+        since ``old`` was read (released, say) is left as it is; returns
+        the rows moved."""
+        def decide() -> Decision:
+            done = [(old, new) for old, new in moves if self._live.get(old.id) == old]
+            if not done:
+                return Decision([])
+            self._index([new for _, new in done])
+            self._touched_providers.update(a.provider_uuid for pair in done for a in pair)
+
+            def undo():
+                with self._lock:
+                    self._index([old for old, _ in done])
+
+            return Decision([new for _, new in done],
+                            [state.realign_assignments_sql([new for _, new in done])],
+                            undo)
+
+        return self._run("realign", decide)
 
     # --- moves ----------------------------------------------------------
 

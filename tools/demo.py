@@ -3,23 +3,75 @@
 It builds the demo host (etc/demo/host.yaml) as a fake sysfs tree plus a
 libvirt test-driver host, starts a real Placement on SQLite under .demo/,
 runs one update_provider_tree cycle with the real console script, and
-prints the provider tree as Placement then shows it.
+prints the provider tree as Placement then shows it. Placement's data and
+port are kept under .demo/placement, so the config the demo leaves keeps
+working once Placement is started again (the demo says how), and a second
+run finds the providers the first made.
 """
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from agent.testing.local_placement import LocalPlacement
+from agent.testing.local_placement import LocalPlacement, free_port
 from drivers.fake_sysfs import SysfsBuilder
 
 TOP = Path(__file__).resolve().parents[1]
 WORK = TOP / ".demo"
 BIN = Path(sys.executable).parent
+PLACEMENT_DIR = WORK / "placement"
+# The port Placement listens on, kept with its database: the config the
+# demo leaves names it.
+PORT_FILE = PLACEMENT_DIR / "port"
+INSTANCES = WORK / "instances"
+
+
+def shown(path: Path) -> str:
+    """A path as the operator types it, from the checkout's top."""
+    return os.path.relpath(path, Path.cwd())
+
+
+def placement_port() -> int:
+    if not PORT_FILE.exists():
+        PLACEMENT_DIR.mkdir(parents=True, exist_ok=True)
+        PORT_FILE.write_text(f"{free_port()}\n")
+    return int(PORT_FILE.read_text())
+
+
+def answering(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 1).close()
+        return True
+    except OSError:
+        return False
+
+
+def disk_of_host_file(size_gb: int) -> str:
+    """The libvirt driver reports as DISK_GB the size of the file system
+    [libvirt] instances_path is on (statvfs), as nova does. The demo host's
+    disk is a file system of the host file's size there: a tmpfs, which
+    takes no memory until written (the demo writes nothing). Returns what
+    the demo did, in one line; needs root, as the demo's setup does."""
+    INSTANCES.mkdir(parents=True, exist_ok=True)
+    if os.path.ismount(INSTANCES):
+        stat = os.statvfs(INSTANCES)
+        if stat.f_blocks * stat.f_frsize == size_gb << 30:
+            return f"disk: {size_gb} GB, the tmpfs on {shown(INSTANCES)} (kept)"
+        subprocess.run(["umount", str(INSTANCES)], check=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_gb}G",
+                           "compute-agent-demo", str(INSTANCES)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return (f"disk: NOT the host file's {size_gb} GB but the file system under "
+                f"{shown(INSTANCES)}, the real one: a tmpfs of that size could not be "
+                f"mounted there ({done.stderr.strip() or done.returncode})")
+    return f"disk: {size_gb} GB, a tmpfs mounted on {shown(INSTANCES)}"
 
 
 def build_host(description: dict, root: Path) -> str:
@@ -56,7 +108,7 @@ sysfs_root = {WORK / 'host' / 'sys'}
 
 [libvirt]
 connection_uri = {uri}
-instances_path = {WORK}
+instances_path = {INSTANCES}
 
 [pci]
 # Only the NIC's VFs are assignable; nothing else on the host is. They
@@ -80,22 +132,63 @@ endpoint = {placement_url}
 def main() -> int:
     description = yaml.safe_load((TOP / "etc/demo/host.yaml").read_text())
     uri = build_host(description, WORK / "host")
-    placement = LocalPlacement(WORK / "placement").start()
+    disk = disk_of_host_file(description["disk_gb"])
+    port = placement_port()
+    # A Placement already on the port is the one the demo told how to start.
+    placement = (None if answering(port)
+                 else LocalPlacement(PLACEMENT_DIR, port).start())
+    url = f"http://127.0.0.1:{port}"
     try:
-        conf = write_conf(uri, placement.url)
-        print(f"Placement: {placement.url} (SQLite under {WORK / 'placement'})")
-        print(f"Config:    {conf}\n")
-        mark = placement.mark()
-        subprocess.run([str(BIN / "compute-agent"), "--config-file", str(conf), "--once"],
-                       check=True)
-        print(f"One update_provider_tree cycle: "
-              f"{len(placement.requests_since(mark))} requests to Placement.\n")
+        conf = write_conf(uri, url)
+        print(f"Placement: {url} (SQLite: {shown(PLACEMENT_DIR / 'placement.db')})")
+        print(f"Config:    {shown(conf)}")
+        print(f"Host:      {shown(WORK / 'host')} from etc/demo/host.yaml; {disk}\n")
+        once = subprocess.run([str(BIN / "compute-agent"), "--config-file", str(conf),
+                               "--once"], check=True, stdout=subprocess.PIPE, text=True)
+        print(f"One update_provider_tree cycle: {once.stdout.strip()}\n")
         print("The provider tree as Placement shows it:\n")
         subprocess.run([str(BIN / "compute-agent-manage"), "--config-file", str(conf),
                         "tree"], check=True)
     finally:
-        placement.stop()
+        if placement is not None:
+            placement.stop()
+    print(closing_words(conf, port, placement is not None))
     return 0
+
+
+def closing_words(conf: Path, port: int, stopped: bool) -> str:
+    """What the demo did, and what to try next."""
+    venv = shown(BIN)
+    run = f"{venv}/compute-agent-manage --config-file {shown(conf)}"
+    placement = (
+        f"Placement is stopped; its data stays in {shown(PLACEMENT_DIR)}. Start it\n"
+        f"again, on the same port and data, in another terminal:\n"
+        f"    {venv}/python -m agent.testing.local_placement --dir "
+        f"{shown(PLACEMENT_DIR)} --port {port}"
+        if stopped else
+        f"Placement was already running on port {port}; the demo left it so.")
+    return f"""
+The demo built a host with two NUMA cells, an SR-IOV NIC, a vGPU-capable GPU
+and two persistent-memory namespaces (etc/demo/host.yaml), reported it to a
+real Placement in one cycle of the agent, then showed the provider tree
+Placement now holds beside the one the agent would report.
+
+{placement}
+The demo disk, if mounted, stays until: umount {shown(INSTANCES)}
+
+Then try:
+    {run} tree --json
+        the same, as JSON
+    {run} audit
+        the agent's store, the guests and Placement compared
+    {venv}/compute-agent --config-file {shown(conf)} --once
+        one more cycle: nothing left to write
+    {venv}/compute-agent-ctl --help
+        the operator's RPC client (for an agent running with
+        [DEFAULT] transport_url set)
+    tools/demo
+        again: the same providers, found where they are
+"""
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
 """Start-up shared by the console scripts: read the config, check every
-value, set up logging. A bad value is one line naming the option, exit 2."""
+value, set up logging. A bad value is one line naming the option, exit 2.
+Also what every command does alike: its --version, its errors (one line on
+stderr, or one JSON object on stdout with --json) and a stdout a reader
+may close early."""
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import sys
+from dataclasses import dataclass
+from importlib import metadata
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -15,16 +21,43 @@ from agent.config_check import check_config, cli_file_value_refusal
 from agent.exception import ConfigError
 
 CONFIG_ERROR_EXIT = 2
+DISTRIBUTION = "compute-agent"  # setup.cfg [metadata] name
+# oslo.config lists its own options (config files, logging) beside the
+# command's, sorted by name; the help says which are which.
+GENERIC_OPTIONS_NOTE = ("Options other than those named above are oslo.config's and "
+                        "oslo.log's, common to every OpenStack service: the config "
+                        "files, and where and how logs are written.")
 
 
-def _parse(conf: cfg.ConfigOpts, argv: list[str], project: str) -> None:
+@dataclass(frozen=True)
+class CommandHelp:
+    """What --help says first: the command line in short, and what it does."""
+    prog: str
+    usage: str
+    description: str
+
+
+def version() -> str:
+    """The installed distribution's version, as --version prints it."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return f"unknown ({DISTRIBUTION} is not installed: run tools/setup)"
+
+
+def _parse(conf: cfg.ConfigOpts, argv: list[str], project: str,
+           command_help: CommandHelp | None) -> None:
     """oslo.config's parse; a command-line option's bad value in a file,
     which oslo.config writes to stderr before exiting 1, becomes the one
     line naming it."""
     errors = io.StringIO()
+    shown = ({} if command_help is None else
+             {"prog": command_help.prog, "usage": command_help.usage,
+              "description": command_help.description,
+              "epilog": GENERIC_OPTIONS_NOTE})
     try:
         with contextlib.redirect_stderr(errors):
-            conf(argv, project=project)
+            conf(argv, project=project, version=f"%(prog)s {version()}", **shown)
     except SystemExit:
         refused = cli_file_value_refusal(conf, errors.getvalue())
         if refused is not None:
@@ -37,16 +70,18 @@ def _parse(conf: cfg.ConfigOpts, argv: list[str], project: str) -> None:
 
 
 def load_config(argv: list[str], cli_opts=(), project="compute-agent",
-                placement_required: bool = False) -> cfg.ConfigOpts:
+                placement_required: bool = False,
+                command_help: CommandHelp | None = None) -> cfg.ConfigOpts:
     """Read the config and check every value in it (agent.config_check),
     before the caller writes anything or starts a thread. Raises
     ConfigError naming the option and the value. ``placement_required``:
-    the command talks to Placement, so its auth plugin must be set."""
+    the command talks to Placement, so its auth plugin must be set.
+    ``command_help``: what a console script's --help says first."""
     conf = cfg.ConfigOpts()
     config.register_opts(conf)
     conf.set_default("use_stderr", True)
     conf.register_cli_opts(list(cli_opts))
-    _parse(conf, argv, project)
+    _parse(conf, argv, project, command_help)
     check_config(conf, placement_required)
     return conf
 
@@ -57,24 +92,75 @@ def setup_logging(conf: cfg.ConfigOpts, project="compute-agent") -> None:
     logging.setup(conf, project)
 
 
+class _ClosedPipeTolerant:
+    """stdout for a reader that may stop early (``| head``): once the pipe
+    is closed, the rest goes to /dev/null, with no traceback and the
+    command's own exit code."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _divert(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._divert()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._divert()
+            # What the closed pipe refused is still buffered: to /dev/null.
+            self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def tolerate_closed_stdout() -> None:
+    """Console scripts only, first thing: every later write to stdout
+    (help, data, errors as JSON) survives a reader that closed the pipe."""
+    if not isinstance(sys.stdout, _ClosedPipeTolerant):
+        sys.stdout = _ClosedPipeTolerant(sys.stdout)
+
+
 def print_output(text: str) -> None:
-    """``text`` on stdout; a reader that stopped early (``| head``) is no
-    error: the rest goes nowhere, with no traceback."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    """``text`` on stdout, flushed: a reader sees each answer as it comes."""
+    print(text, flush=True)
 
 
-def _print_error(error: Exception) -> None:
-    """One line per line of the error (a refusal lists each problem)."""
-    for line in str(error).splitlines() or [""]:
-        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {line}", file=sys.stderr)
+def json_requested(argv: list[str]) -> bool:
+    """The command line asks for JSON: then its errors are JSON too, a bad
+    configuration's included (found before the subcommand's flags are
+    read into the config)."""
+    return "--json" in argv
 
 
-def exit_config_error(error: ConfigError) -> int:
-    _print_error(error)
-    return CONFIG_ERROR_EXIT
+def report_error(error: Exception | str, exit_code: int, as_json: bool = False,
+                 prefix: str = "error: ") -> int:
+    """An error the command ends with, returning ``exit_code``: with
+    --json, one object on stdout, {"error": message, "exit_code": N},
+    where a reader of the answer looks; else one line per line of the
+    message (a refusal lists each problem) on stderr."""
+    message = str(error)
+    if as_json:
+        print_output(json.dumps({"error": message, "exit_code": exit_code}))
+        return exit_code
+    prog = os.path.basename(sys.argv[0]).removesuffix(".py")
+    for line in message.splitlines() or [""]:
+        print(f"{prog}: {prefix}{line}", file=sys.stderr)
+    return exit_code
+
+
+def exit_config_error(error: ConfigError, as_json: bool = False) -> int:
+    return report_error(error, CONFIG_ERROR_EXIT, as_json)
 
 
 # The state directory is another agent's, or its store is lost, corrupt
@@ -82,7 +168,6 @@ def exit_config_error(error: ConfigError) -> int:
 STORE_ERROR_EXIT = 2
 
 
-def exit_store_error(error: Exception) -> int:
+def exit_store_error(error: Exception, as_json: bool = False) -> int:
     """One line (the error names the directory or the file), exit 2."""
-    _print_error(error)
-    return STORE_ERROR_EXIT
+    return report_error(error, STORE_ERROR_EXIT, as_json)

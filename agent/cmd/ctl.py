@@ -7,6 +7,7 @@ over the same RPC API conductors use (agent.rpcapi).
     tree HOST                          its provider tree, as it last saw Placement
     show HOST INSTANCE                 an instance: spec, devices, moves
     build HOST --spec FILE             FILE: {"instance_uuid", "spec", "allocations"}
+                                       (etc/compute-agent/instance-spec.example.json)
     delete HOST INSTANCE
     prep-resize, live-migration-check, evacuate
                  HOST --instance U --migration M --spec FILE
@@ -17,12 +18,14 @@ over the same RPC API conductors use (agent.rpcapi).
 
 Output is short and human by default, the agent's answer as JSON with
 --json. A refused or failed call is one line on stderr and exit 1; a bad
-configuration is exit 2.
+configuration is exit 2. With --json an error is one object on stdout,
+{"error": ..., "exit_code": ...}, with the same exit code.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import threading
 from dataclasses import dataclass
@@ -30,7 +33,10 @@ from typing import Callable
 
 from oslo_config import cfg
 
-from agent.cmd.common import exit_config_error, load_config, print_output, setup_logging
+from agent import rpc_schemas
+from agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
+                              load_config, print_output, report_error, setup_logging,
+                              tolerate_closed_stdout)
 from agent.exception import AgentError, ConfigError
 from agent.messaging import messaging
 from agent.provider_tree import tree_lines
@@ -41,6 +47,19 @@ DEFAULT_TIMEOUT = 60.0
 # oslo.messaging retries an unreachable broker forever, before the call's
 # own timeout starts: past --timeout plus this, we stop waiting.
 BROKER_GRACE = 5.0
+# oslo.messaging's reply listener sees that it is stopped only between two
+# waits on the broker's socket, each up to heartbeat_timeout_threshold /
+# heartbeat_rate / 2 seconds (10 s by default; 5 s once idle, as after a
+# call that timed out): closing the transport then took that long again,
+# and --timeout 5 took 10 s. A one-shot client asks for waits this short.
+REPLY_POLL = 0.25
+EXAMPLE_SPEC = "etc/compute-agent/instance-spec.example.json"
+HELP = CommandHelp(
+    prog=PROG, usage=f"{PROG} --config-file F [--timeout S] COMMAND HOST ... [--json]",
+    description="An operator's view of, and hand on, the compute-agent of a host, "
+    "over the RPC API conductors use: what it reports, its tree and instances, "
+    "builds, deletes and move steps. The commands are listed after the options; "
+    "'COMMAND --help' says what each takes.")
 
 
 class SpecFileError(AgentError):
@@ -120,6 +139,24 @@ class Command:
     render: Callable[[object], list[str]] = _result
 
 
+def spec_file_help(fields: tuple[str, ...]) -> str:
+    """What a --spec FILE holds, in the schema's own limits."""
+    spec = rpc_schemas.SPEC["properties"]
+    described = {
+        "instance_uuid": '"instance_uuid": the new instance\'s UUID',
+        "spec": ('"spec": {"name": 1 to %d printable characters, "vcpus": 1 to %d, '
+                 '"memory_mb": 1 to %d}' % (spec["name"]["maxLength"],
+                                            spec["vcpus"]["maximum"],
+                                            spec["memory_mb"]["maximum"])),
+        "allocations": ('"allocations": what the scheduler allocated in Placement, by '
+                        'provider: {PROVIDER_UUID: {"resources": {RESOURCE_CLASS: '
+                        'amount}}}, at most %d providers of %d classes each'
+                        % (rpc_schemas.MAX_PROVIDERS, rpc_schemas.MAX_RESOURCE_CLASSES)),
+    }
+    return ("FILE: a JSON object with exactly " + "; ".join(described[f] for f in fields)
+            + f". Example: {EXAMPLE_SPEC}.")
+
+
 def read_spec(path: str, fields: tuple[str, ...]) -> dict:
     """The --spec file: a JSON object with exactly ``fields``."""
     try:
@@ -142,14 +179,18 @@ def read_spec(path: str, fields: tuple[str, ...]) -> dict:
     return data
 
 
+BUILD_FIELDS = ("instance_uuid", "spec", "allocations")
+MOVE_CLAIM_FIELDS = ("spec", "allocations")
+
+
 def _build(api, a):
-    d = read_spec(a.spec, ("instance_uuid", "spec", "allocations"))
+    d = read_spec(a.spec, BUILD_FIELDS)
     return api.build_instance(a.agent_host, d["instance_uuid"], d["spec"], d["allocations"])
 
 
 def _move_claim(method: str):
     def call(api, a):
-        d = read_spec(a.spec, ("spec", "allocations"))
+        d = read_spec(a.spec, MOVE_CLAIM_FIELDS)
         return getattr(api, method)(a.agent_host, a.migration, a.instance, d["spec"],
                                     d["allocations"])
     return call
@@ -160,15 +201,18 @@ def _move(method: str):
 
 
 COMMANDS: dict[str, Command] = {
-    "host-info": Command("What the agent on HOST reports about itself.",
+    "host-info": Command("What the agent on HOST reports about itself: its root "
+                         "provider, RPC version, instances, assignments, providers.",
                          lambda api, a: api.get_host_info(a.agent_host), _host_info),
-    "tree": Command("HOST's provider tree, as the agent last saw it in Placement.",
+    "tree": Command("HOST's provider tree, as the agent last saw it in Placement: "
+                    "providers, inventories, traits.",
                     lambda api, a: in_placement_terms(api.get_provider_tree(a.agent_host)),
                     tree_lines),
     "show": Command("An instance on HOST: spec, assignments, moves.",
                     lambda api, a: api.get_instance(a.agent_host, a.instance), _instance),
-    "build": Command("Claim, define and start an instance from --spec FILE.", _build),
-    "delete": Command("Delete an instance and give its devices back.",
+    "build": Command("Claim the devices of the allocations in --spec FILE, then "
+                     "define and start the instance on HOST.", _build),
+    "delete": Command("Delete an instance on HOST and give its devices back.",
                       lambda api, a: api.delete_instance(a.agent_host, a.instance)),
 }
 # Move steps: command -> (rpcapi method, whether it claims from --spec FILE).
@@ -184,14 +228,38 @@ MOVES = {
     "live-migration-rollback": ("rollback_live_migration_at_destination", False),
     "evacuate": ("rebuild_instance", True),
 }
+# What each move step does, as nova's compute manager names the step.
+MOVE_STEP_HELP = {
+    "prep-resize": "Resize, on the destination HOST: claim the new flavor's devices "
+                   "from --spec FILE.",
+    "resize": "Resize, on the source HOST: the migration takes over the "
+              "instance's devices and the guest stops.",
+    "finish-resize": "Resize, on the destination HOST: the guest runs on its new "
+                     "devices.",
+    "confirm-resize": "Confirm a resize or live migration on the source HOST: give "
+                      "the old devices back.",
+    "revert-resize": "Revert a resize, on either HOST: the instance gets its old "
+                     "devices back, the new ones are released.",
+    "live-migration-check": "Live migration, on the destination HOST: claim devices "
+                            "from --spec FILE for the guest's new definition.",
+    "live-migrate": "Live migration, on the source HOST: hand the instance's "
+                    "devices to the migration.",
+    "live-migration-post": "Live migration done, on the destination HOST: the guest "
+                           "runs here on the claimed devices; the move is settled.",
+    "live-migration-rollback": "Live migration failed, on the destination HOST: "
+                               "release what it claimed.",
+    "evacuate": "Evacuation, on the destination HOST: claim devices from --spec "
+                "FILE, build the guest and complete the move.",
+}
 for _name, (_method, _claims) in MOVES.items():
-    COMMANDS[_name] = Command(f"Move step: {_method} on HOST.",
+    COMMANDS[_name] = Command(MOVE_STEP_HELP[_name],
                               _move_claim(_method) if _claims else _move(_method))
 
 
 def add_parsers(subparsers) -> None:
     for name, command in COMMANDS.items():
-        p = subparsers.add_parser(name, help=command.help, description=command.help)
+        p = subparsers.add_parser(name, help=command.help, description=command.help,
+                                  prog=f"{PROG} [--timeout S] {name}")
         # "host" would shadow [DEFAULT] host, which oslo.config refuses.
         p.add_argument("agent_host", metavar="HOST")
         if name in ("show", "delete"):
@@ -199,21 +267,37 @@ def add_parsers(subparsers) -> None:
         if name in MOVES:
             p.add_argument("--instance", required=True, metavar="UUID")
             p.add_argument("--migration", required=True, metavar="UUID")
-        if name == "build" or MOVES.get(name, (None, False))[1]:
-            p.add_argument("--spec", required=True, metavar="FILE")
-        p.add_argument("--json", action="store_true", help="The answer as JSON.")
+        if name == "build":
+            p.add_argument("--spec", required=True, metavar="FILE",
+                           help=spec_file_help(BUILD_FIELDS))
+        if MOVES.get(name, (None, False))[1]:
+            p.add_argument("--spec", required=True, metavar="FILE",
+                           help=spec_file_help(MOVE_CLAIM_FIELDS)
+                           + " The destination's claim: the instance is --instance.")
+        p.add_argument("--json", action="store_true",
+                       help="The answer as JSON; an error as {\"error\": ...}.")
 
 
 cli_opts = [
     cfg.FloatOpt("timeout", default=DEFAULT_TIMEOUT, min=0.1, max=86400,
                  help="Seconds to wait for the agent's answer."),
-    cfg.SubCommandOpt("command", handler=add_parsers),
+    cfg.SubCommandOpt("command", handler=add_parsers, title="commands"),
 ]
 
 
-def fail(message: str) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
-    return 1
+def fail(message: str, as_json: bool) -> int:
+    return report_error(message, 1, as_json, prefix="")
+
+
+def shorten_reply_polls(conf: cfg.ConfigOpts) -> None:
+    """Closing the transport returns within REPLY_POLL of being asked. The
+    heartbeat then goes every REPLY_POLL * 2 s, nothing for a process this
+    short; with heartbeats off, oslo.messaging waits 1 s and that stays."""
+    rabbit = conf.oslo_messaging_rabbit
+    if rabbit.heartbeat_timeout_threshold > 0:
+        conf.set_override("heartbeat_rate", math.ceil(
+            rabbit.heartbeat_timeout_threshold / (2 * REPLY_POLL)),
+            group="oslo_messaging_rabbit")
 
 
 def first_line(error: Exception) -> str:
@@ -223,15 +307,19 @@ def first_line(error: Exception) -> str:
 
 
 def main(argv=None) -> int:
+    tolerate_closed_stdout()
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = json_requested(argv)
     try:
-        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts)
+        conf = load_config(argv, cli_opts, command_help=HELP)
         setup_logging(conf)
     except ConfigError as e:
-        return exit_config_error(e)
+        return exit_config_error(e, as_json)
     if not conf.debug:  # the error is our one line; its retries are noise
         logging.getLogger("oslo.messaging").setLevel(logging.CRITICAL)
     args = conf.command
     command = COMMANDS[args.name]
+    shorten_reply_polls(conf)
     api = ComputeAgentAPI(conf, timeout=conf.timeout)
     outcome: dict = {}
 
@@ -248,17 +336,17 @@ def main(argv=None) -> int:
     if worker.is_alive():
         return fail(f"the message broker did not answer within "
                     f"{conf.timeout + BROKER_GRACE:g}s: is it running, and is "
-                    "[DEFAULT] transport_url right? (see --debug)")
+                    "[DEFAULT] transport_url right? (see --debug)", as_json)
     api.close()
     if isinstance(error, messaging.MessagingTimeout):
         return fail(f"no answer from {args.agent_host} within {conf.timeout:g}s: the "
                     "host may be down, or its compute-agent not running or not "
-                    "connected to this broker")
+                    "connected to this broker", as_json)
     if isinstance(error, (AgentError, messaging.MessagingException)):
         # Every error an RPC method raises arrives as its own type
         # (agent.exception), VersionCapped is the client's own; the
         # dispatcher's (no such method, unsupported version) as RemoteError.
-        return fail(first_line(error))
+        return fail(first_line(error), as_json)
     if error is not None:
         raise error
     result = outcome["result"]

@@ -28,6 +28,9 @@
         on old providers, and end every reserved-until-healed hold, in one
         POST /reshaper. Asks first on a terminal unless --yes. Exit 1 when
         it refuses, 2 when the agent runs.
+
+With --json, an error is one object on stdout, {"error": ..., "exit_code":
+...}, with the same exit code.
 """
 from __future__ import annotations
 
@@ -41,8 +44,9 @@ from oslo_config import cfg
 from agent import heal as heal_rules
 from agent import node_identity, state, state_lock, status_probes
 from agent import status as status_rules
-from agent.cmd.common import (exit_config_error, exit_store_error, load_config,
-                              print_output, setup_logging)
+from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
+                              json_requested, load_config, print_output, report_error,
+                              setup_logging, tolerate_closed_stdout)
 from agent.exception import AgentError, ConfigError
 from agent.host_tree import build_tree
 from agent.placement import PlacementClient, adapter_from_conf
@@ -56,6 +60,15 @@ from agent.store_rebuild import RebuildRefused, RebuiltStore, plan_rebuild
 from agent.tree_report import TreeReport, Verdict
 from agent.tree_report import compare as compare_trees
 from drivers.base import DriverUnavailable
+
+PROG = "compute-agent-manage"
+HELP = CommandHelp(
+    prog=PROG, usage=f"{PROG} --config-file F COMMAND [--json] ...",
+    description="Operator commands on this host's agent, its store and its "
+    "providers in Placement: compare and audit (read-only, beside a running "
+    "agent), rebuild a lost store, heal stranded allocations (the agent "
+    "stopped). The commands are listed after the options; 'COMMAND --help' "
+    "says what each takes.")
 
 
 def tree_report(agent: Agent) -> TreeReport:
@@ -90,9 +103,7 @@ def tree(conf: cfg.ConfigOpts) -> int:
             agent.driver.cleanup()
             agent.manager.tracker.store.close()
     except (AgentError, state.StoreError, DriverUnavailable) as e:
-        for line in str(e).splitlines():
-            print(f"compute-agent-manage: tree unknown: {line}", file=sys.stderr)
-        return Verdict.UNKNOWN
+        return report_error(e, Verdict.UNKNOWN, conf.command.json, prefix="tree unknown: ")
     if conf.command.json:
         print_output(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
@@ -105,33 +116,38 @@ def tree(conf: cfg.ConfigOpts) -> int:
     return report.verdict
 
 
+JSON_HELP = 'The report as JSON; an error as {"error": ...}.'
+
+
 def add_parsers(subparsers) -> None:
-    tree = subparsers.add_parser(
-        "tree", help="Show the tree the agent would report beside Placement's, "
-        "what differs and what is unhealed. Exit 0 in step, 1 differences or "
-        "unhealed, 2 unknown.")
-    tree.add_argument("--json", action="store_true")
-    audit = subparsers.add_parser("audit", help="Report what the store, the "
-                                  "guests and Placement disagree on. Exit 0 "
-                                  "consistent, 1 inconsistent, 2 unknown.")
-    audit.add_argument("--json", action="store_true")
-    status = subparsers.add_parser(
-        "status", help="Check libvirt, Keystone, Placement, the broker, the store, "
-        "the update loop, unhealed classes and the audit. Exit 0 healthy, 1 "
-        "warnings, 2 broken.")
-    status.add_argument("--json", action="store_true")
-    rebuild = subparsers.add_parser(
-        "rebuild-store", help="Make a lost store again from the guests' "
-        "metadata and Placement's allocations (the agent stopped).")
+    def add(name: str, text: str):
+        return subparsers.add_parser(name, help=text, description=text,
+                                     prog=f"{PROG} {name}")
+
+    tree = add("tree", "Show the tree the agent would report beside Placement's, "
+               "what differs and what is unhealed. Exit 0 in step, 1 differences or "
+               "unhealed, 2 unknown.")
+    tree.add_argument("--json", action="store_true", help=JSON_HELP)
+    audit = add("audit", "Report what the store, the guests and Placement "
+                "disagree on; change nothing. Exit 0 consistent, 1 inconsistent, "
+                "2 unknown (a source could not be read).")
+    audit.add_argument("--json", action="store_true", help=JSON_HELP)
+    status = add("status", "Check libvirt, Keystone, Placement, the message broker, "
+                 "the store, the update loop, unhealed classes and the audit; "
+                 "change nothing. Exit 0 healthy, 1 warnings, 2 broken.")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
+    rebuild = add("rebuild-store", "Make a lost store again from the guests' "
+                  "metadata and Placement's allocations (the agent stopped).")
     mode = rebuild.add_mutually_exclusive_group(required=True)
     mode.add_argument("--dry-run", action="store_true",
                       help="Show what would be written; write nothing.")
     mode.add_argument("--yes", action="store_true", help="Write it.")
-    heal = subparsers.add_parser("heal", help="Move stranded allocations to "
-                                 "the providers of the current model, atomically.")
+    heal = add("heal", "Move the allocations a change of model left on old "
+               "providers to the current ones, in one reshape (the agent stopped).")
     heal.add_argument("--dry-run", action="store_true",
                       help="Print the plan; change nothing.")
-    heal.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    heal.add_argument("--json", action="store_true",
+                      help="Print the plan as JSON; an error as {\"error\": ...}.")
     heal.add_argument("--yes", action="store_true", help="Do not ask.")
 
 
@@ -311,7 +327,8 @@ def heal(conf: cfg.ConfigOpts) -> int:
     try:
         if interactive:
             print("Reading Placement and planning...", file=sys.stderr)
-        result = run_heal(agent, dry_run=args.dry_run, confirm=confirm)
+        result = run_heal(agent, dry_run=args.dry_run, confirm=confirm,
+                          progress=lambda line: interactive and print(line, file=sys.stderr))
     finally:
         agent.driver.cleanup()
         agent.manager.tracker.store.close()
@@ -324,6 +341,11 @@ def heal(conf: cfg.ConfigOpts) -> int:
         show(plan)
     summary = (f"{len(plan.moves)} allocations of {len(plan.consumers)} consumers, "
                f"inventories of {len(plan.inventories)} providers")
+    if result.store.moved:
+        print(f"store: {len(result.store.moved)} assignments moved to the providers "
+              "that hold their allocations", file=sys.stderr)
+    for unaligned in result.store.unaligned:
+        print(f"store row left as it is: {unaligned}", file=sys.stderr)
     if result.applied:
         print(f"healed: {summary}, in one reshape", file=sys.stderr)
     elif not plan.empty and not args.dry_run:
@@ -334,13 +356,16 @@ def heal(conf: cfg.ConfigOpts) -> int:
 
 
 def main(argv=None) -> int:
-    command = cfg.SubCommandOpt("command", handler=add_parsers)
+    tolerate_closed_stdout()
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = json_requested(argv)
+    command = cfg.SubCommandOpt("command", handler=add_parsers, title="commands")
     try:
-        conf = load_config(sys.argv[1:] if argv is None else argv, [command],
-                           placement_required=True)
+        conf = load_config(argv, [command], placement_required=True,
+                           command_help=HELP)
         setup_logging(conf)
     except ConfigError as e:
-        return exit_config_error(e)
+        return exit_config_error(e, as_json)
     try:
         if conf.command.name == "audit":
             return audit(conf)
@@ -352,11 +377,9 @@ def main(argv=None) -> int:
             return heal(conf)
         return tree(conf)
     except (StateDirectoryInUse, StateDirectoryUnusable, state.StoreError) as e:
-        return exit_store_error(e)
+        return exit_store_error(e, as_json)
     except AgentError as e:
-        for line in str(e).splitlines():
-            print(f"compute-agent-manage: {line}", file=sys.stderr)
-        return 1
+        return report_error(e, 1, as_json, prefix="")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,15 @@ Placement on a loopback port with noauth2, and appends one line per request
 ("METHOD PATH STATUS") to a log file, so tests count requests at the HTTP
 level, as Placement saw them.
 
-    python -m agent.testing.local_placement --dir D [--port P]
+By default one process serves, a thread per request: Placement's work is
+Python under one GIL, so concurrent requests take turns. ``workers`` > 1
+forks that many serving processes on one listening socket, as a
+production Placement runs under uwsgi or mod_wsgi with several processes;
+the benchmarks use it. Each process appends whole lines to the same log
+(O_APPEND: one write per line), and writes a request's line before its
+response is sent, so the log stays exact.
+
+    python -m agent.testing.local_placement --dir D [--port P] [--workers N]
 """
 from __future__ import annotations
 
@@ -67,7 +75,7 @@ def write_config(directory: Path) -> Path:
     return conf
 
 
-def serve(directory: Path, port: int) -> None:
+def serve(directory: Path, port: int, workers: int = 1) -> None:
     faulthandler.register(signal.SIGUSR1)  # stacks to stderr, for a hang
     conf = write_config(directory)
     if not (directory / "placement.db").exists():
@@ -77,14 +85,46 @@ def serve(directory: Path, port: int) -> None:
     os.environ["OS_PLACEMENT_CONFIG_DIR"] = str(directory)
     from placement.wsgi import api  # reads the config at import
 
-    app = _counting(api.application, directory / "requests.log")
-    server = make_server("127.0.0.1", port, app, server_class=_ThreadingServer,
-                         handler_class=_QuietHandler)
+    server = make_server("127.0.0.1", port, api.application,
+                         server_class=_ThreadingServer, handler_class=_QuietHandler)
+    children = [_fork_worker(server, directory) for _ in range(workers - 1)]
+    server.set_app(_counting(api.application, directory / "requests.log"))
     print(f"{READY} http://127.0.0.1:{server.server_port}", flush=True)
     # Nobody reads the pipe after that line; Placement's own request log
     # would fill it and block the server. Send it where stderr goes.
     os.dup2(2, 1)
+
+    if children:
+        def stop(signum, frame):
+            for pid in children:
+                os.kill(pid, signal.SIGTERM)
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, stop)
     server.serve_forever()
+
+
+def _fork_worker(server: WSGIServer, directory: Path) -> int:
+    """A process that serves the same listening socket, and ends when the
+    process that forked it does (stop() signals it; a kill cannot)."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.dup2(2, 1)
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    server.set_app(_counting(server.get_app(), directory / "requests.log"))
+    try:
+        server.serve_forever()
+    finally:
+        os._exit(0)
 
 
 def free_port() -> int:
@@ -97,9 +137,10 @@ class LocalPlacement:
     """A Placement child process that can be stopped and started again on
     the same port and database."""
 
-    def __init__(self, directory: Path, port: int | None = None):
+    def __init__(self, directory: Path, port: int | None = None, workers: int = 1):
         self.directory = Path(directory)
         self.port = port or free_port()
+        self.workers = workers
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
@@ -111,7 +152,8 @@ class LocalPlacement:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent.testing.local_placement",
-             "--dir", str(self.directory), "--port", str(self.port)],
+             "--dir", str(self.directory), "--port", str(self.port),
+             "--workers", str(self.workers)],
             stdout=subprocess.PIPE, stderr=open(self.directory / "server.err", "a"),
             text=True)
         deadline = time.monotonic() + timeout
@@ -155,8 +197,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="serving processes (default 1)")
     args = parser.parse_args(argv)
-    serve(args.dir.resolve(), args.port)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, not {args.workers}")
+    serve(args.dir.resolve(), args.port, args.workers)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,7 @@ def device_host(root: Path) -> SysfsBuilder:
 
 
 def libvirt_driver(tmp_path: Path, uri: str, sysfs: Path) -> LibvirtDriver:
+    sysfs.mkdir(parents=True, exist_ok=True)  # a host with no devices at all
     path = write_conf(tmp_path, "http://127.0.0.1:9", "contract", None,
                       DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(sysfs)},
                       libvirt={"connection_uri": uri,

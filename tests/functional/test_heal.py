@@ -62,7 +62,9 @@ def flat_host_with_guests(directory: Path, placement) -> tuple[Agent, list[str]]
     pmem = tree[f"{host}_pmem_SMALL"]["uuid"]
     consumers = []
     for i, guest in enumerate(GUESTS):
-        consumer = str(uuid.uuid4())
+        # In guest order: the even rule takes instances in UUID order, so
+        # two such hosts heal alike.
+        consumer = str(uuid.UUID(f"{i:08x}" + uuid.uuid4().hex[8:]))
         allocations = {root: {"resources": {rc: n for rc, n in guest.items()
                                             if rc != PMEM}}}
         if PMEM in guest:
@@ -208,13 +210,64 @@ class Killed(BaseException):
     """The process dies here."""
 
 
+def store_rows(agent: Agent, url: str) -> list[tuple]:
+    """The store's live assignments by guest name and provider name (the
+    host's name left out), so that two hosts compare."""
+    host = agent.policy.host
+    names = {node["uuid"]: name.replace(host, "HOST")
+             for name, node in placement_tree(url, agent.policy.root_uuid).items()}
+    instances, rows, _ = agent.manager.tracker.snapshot()
+    return sorted((instances[a.instance_uuid]["name"], a.resource_class,
+                   names.get(a.provider_uuid, f"not in the tree: {a.provider_uuid}"),
+                   a.kind.value, a.device_id, a.amount) for a in rows)
+
+
+def assert_store_follows_placement(agent: Agent, url: str) -> None:
+    """Every live row names a provider and class that hold its consumer's
+    allocation, and no more than that allocation's amount."""
+    _, rows, _ = agent.manager.tracker.snapshot()
+    held: dict[tuple[str, str, str], int] = {}
+    for a in rows:
+        key = (a.consumer_uuid, a.provider_uuid, a.resource_class)
+        held[key] = held.get(key, 0) + a.amount
+    for (consumer, rp, rc), amount in held.items():
+        doc = get(url, f"/allocations/{consumer}")["allocations"]
+        assert 0 < amount <= doc.get(rp, {}).get("resources", {}).get(rc, 0), (
+            consumer, rp, rc, amount, doc)
+
+
+def healed_reference(directory: Path, placement) -> tuple[dict, list[tuple]]:
+    """The tree and store rows an uninterrupted heal ends with."""
+    reference, _ = flat_host_with_guests(directory, placement)
+    run_heal(reference)
+    expected = end_state(reference, placement.url), store_rows(reference, placement.url)
+    reference.stop()
+    return expected
+
+
+def test_heal_moves_the_store_rows_with_the_allocations(tmp_path, placement):
+    agent, _ = flat_host_with_guests(tmp_path, placement)
+    result = run_heal(agent)
+    # VCPU of three guests, memory of four, two pinned CPUs (a row each)
+    # and a namespace: 10 rows, in one transaction.
+    assert len(result.store.moved) == 10 and result.store.unaligned == []
+    assert_store_follows_placement(agent, placement.url)
+    rows = store_rows(agent, placement.url)
+    assert {where for _, _, where, *_ in rows} == {
+        "HOST_numa_0", "HOST_numa_1", "HOST_pmem_SMALL_numa_0"}, rows
+    # The pinned guest: CPUs and memory on cell 1, the namespace its claim
+    # chose (ns0) on cell 0's pmem provider.
+    assert [r[1:] for r in rows if r[0] == "guest3"] == [
+        (PMEM, "HOST_pmem_SMALL_numa_0", "pmem", "ns0", 1),
+        ("MEMORY_MB", "HOST_numa_1", "numa", "1", 2048),
+        ("PCPU", "HOST_numa_1", "pcpu", "12", 1), ("PCPU", "HOST_numa_1", "pcpu", "13", 1)]
+    agent.stop()
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_heal_killed_around_the_reshaper_and_run_again_ends_the_same(
         tmp_path, placement, when):
-    reference, _ = flat_host_with_guests(tmp_path / "ref", placement)
-    run_heal(reference)
-    expected_tree = end_state(reference, placement.url)
-    reference.stop()
+    expected_tree, expected_rows = healed_reference(tmp_path / "ref", placement)
 
     agent, consumers = flat_host_with_guests(tmp_path / "killed", placement)
     planned = run_heal(agent, dry_run=True).plan
@@ -237,10 +290,91 @@ def test_heal_killed_around_the_reshaper_and_run_again_ends_the_same(
         ["--config-file", str(tmp_path / "killed" / "agent.conf")]))
     run_heal(again)
     assert end_state(again, placement.url) == expected_tree
+    assert store_rows(again, placement.url) == expected_rows
     for consumer in consumers:
         held = get(placement.url, f"/allocations/{consumer}")["allocations"]
         assert {rp: body["resources"] for rp, body in held.items()} == \
             planned.consumers[consumer].allocations
+    again.stop()
+
+
+def killed_after_the_reshaper(directory: Path, placement) -> Agent:
+    """A host whose heal died right after Placement took its reshape,
+    before the store was written; its agent restarted (not started)."""
+    agent, _ = flat_host_with_guests(directory, placement)
+    real = agent.sync.client.reshape
+
+    def dies(inventories, allocations=None):
+        real(inventories, allocations)
+        if allocations:
+            raise Killed()
+
+    agent.sync.client.reshape = dies
+    with pytest.raises(Killed):
+        run_heal(agent)
+    agent.stop()
+    return Agent.from_conf(load_config(["--config-file", str(directory / "agent.conf")]))
+
+
+def test_a_heal_killed_after_the_reshaper_leaves_the_store_to_the_next_heal(
+        tmp_path, placement):
+    _, expected_rows = healed_reference(tmp_path / "ref", placement)
+    again = killed_after_the_reshaper(tmp_path / "killed", placement)
+    # The rows still name the root: Placement moved, the store did not.
+    assert any(where == "HOST" and rc == "VCPU"
+               for _, rc, where, *_ in store_rows(again, placement.url))
+    mark = placement.mark()
+    result = run_heal(again)
+    assert result.plan.empty and not result.applied
+    assert len(result.store.moved) == 10 and result.store.unaligned == []
+    # Placement is not written again: only the cycle heal starts with
+    # deletes the flat pmem provider the killed heal's last cycle would have.
+    assert [r.split("/")[0] for r in placement.requests_since(mark)
+            if not r.startswith("GET")] == ["DELETE "]
+    assert store_rows(again, placement.url) == expected_rows
+    # Aligned, a third heal reads no allocations for the store.
+    mark = placement.mark()
+    assert run_heal(again).store.moved == []
+    assert not any("/allocations" in r for r in placement.requests_since(mark))
+    again.stop()
+
+
+def test_a_heal_killed_after_the_reshaper_leaves_the_store_to_the_next_start(
+        tmp_path, placement):
+    _, expected_rows = healed_reference(tmp_path / "ref", placement)
+    again = killed_after_the_reshaper(tmp_path / "killed", placement)
+    again.start()
+    try:
+        assert store_rows(again, placement.url) == expected_rows
+    finally:
+        again.stop()
+
+
+def test_after_heal_the_next_mode_switches_are_planned_from_the_store(
+        tmp_path, placement):
+    """flat -> nested -> heal -> flat -> heal -> nested -> heal: the last
+    heal finds each namespace and pinned CPU through rows the earlier heals
+    moved (the flat pmem provider's namespace could be either cell's)."""
+    agent, consumers = flat_host_with_guests(tmp_path, placement)
+    host = agent.policy.host
+    assert run_heal(agent).applied
+    assert_store_follows_placement(agent, placement.url)
+    first = store_rows(agent, placement.url)
+    agent.stop()
+    for mode in ("flat", "nested"):
+        agent = agent_in_mode(tmp_path, placement, host, mode)
+        agent.update_provider_tree()
+        result = run_heal(agent)
+        assert result.applied and result.store.unaligned == []
+        assert_store_follows_placement(agent, placement.url)
+        assert_never_more_than_physical(placement.url, agent.policy.root_uuid, PHYSICAL)
+        if mode == "flat":
+            assert {where for _, _, where, *_ in store_rows(agent, placement.url)} \
+                == {"HOST", "HOST_pmem_SMALL"}
+        agent.stop()
+    again = agent_in_mode(tmp_path, placement, host, "nested")
+    assert store_rows(again, placement.url) == first
+    assert offered(placement.url, again.policy.root_uuid) == PHYSICAL
     again.stop()
 
 

@@ -117,3 +117,24 @@ def test_a_device_held_under_its_old_class_is_not_handed_out_under_the_new(tmp_p
             tracker.release_instance(got.instance_uuid)
     finally:
         store.close()
+
+
+NEW_PF = "7d4f7a56-0d8e-4c1b-a7a4-3f3e0d9f2b10"
+
+
+def test_realign_moves_rows_in_memory_and_store_and_skips_a_row_changed_since(tracker):
+    """Heal's rewrite: one transaction; a row released meanwhile stays
+    released, and the device is held under its new provider only."""
+    moved_inst, released_inst = str(uuid.uuid4()), str(uuid.uuid4())
+    [row] = tracker.claim_build(moved_inst, SPEC, ONE_VF)
+    [gone] = tracker.claim_build(released_inst, SPEC, ONE_VF)
+    tracker.release_instance(released_inst)
+    new = row.with_(provider_uuid=NEW_PF, resource_class="CUSTOM_PCI_8086_154C")
+    done = tracker.realign([(row, new), (gone, gone.with_(provider_uuid=NEW_PF))])
+    assert done == [new]
+    stored = tracker.store.read(state.live_assignments)
+    assert [(a.id, a.provider_uuid, a.resource_class) for a in stored] == [
+        (row.id, NEW_PF, "CUSTOM_PCI_8086_154C")]
+    assert Tracker(tracker.store, "boot-1").snapshot()[1] == [new]
+    assert tracker.snapshot()[1] == [new]
+    assert {PF, NEW_PF} <= tracker.take_touched_providers()

@@ -5,15 +5,22 @@ changes), so heal moves the CPU and memory of every instance to the cell of
 its vGPU.
 
 Reported: the requests and seconds of the heal (with the update cycles it
-runs before and after), by kind, and the requests of a second heal.
+runs before and after), by kind, the part of those seconds spent reading
+the consumers, in the reshaper and moving the store's rows, and the
+requests of a second heal; medians of RUNS runs. Placement serves with
+PLACEMENT_WORKERS processes, as production runs it under uwsgi or
+mod_wsgi: one process serves its requests one GIL at a time.
 """
 from __future__ import annotations
 
+import statistics
 import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
+from agent import healer
 from agent.healer import run_heal
 from agent.host_tree import MdevTypePolicy, TreeMode, TreePolicy
 from agent.service import Agent
@@ -23,6 +30,8 @@ from tools.benchmarks.placement_loop import agent_on
 
 INSTANCES = 1000
 GPUS = 16
+RUNS = 3
+PLACEMENT_WORKERS = 2
 
 
 def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path,
@@ -67,34 +76,71 @@ def requests_by_kind(sent: list[str]) -> dict[str, int]:
     return dict(sorted(kinds.items()))
 
 
-def run(workdir: Path) -> dict:
-    placement = LocalPlacement(workdir / "placement").start()
-    try:
-        _, host, root_uuid, name = flat_host_with_instances(placement.url, workdir)
-        agent = make_agent(placement.url, host, root_uuid, name, workdir, TreeMode.NESTED)
-        agent.update_provider_tree()  # the cells come up reserved until healed
+@contextmanager
+def timing(owner, name: str, spent: dict[str, float]):
+    """Add the seconds each call of ``owner.name`` takes to ``spent[name]``."""
+    real = getattr(owner, name)
 
-        mark = placement.mark()
+    def timed(*args, **kwargs):
         started = time.perf_counter()
-        result = run_heal(agent)
-        seconds = time.perf_counter() - started
-        sent = placement.requests_since(mark)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
 
-        mark = placement.mark()
-        run_heal(agent)
-        again = placement.requests_since(mark)
-        agent.manager.tracker.store.close()
-        return {
-            "case": "heal",
-            "instances": INSTANCES,
-            "gpus": GPUS,
-            "moves": len(result.plan.moves),
-            "heal_requests": len(sent),
-            "heal_writes": sum(not r.startswith("GET") for r in sent),
-            "heal_requests_by_kind": requests_by_kind(sent),
-            "heal_seconds": round(seconds, 2),
-            "second_heal_requests": len(again),
-            "second_heal_writes": sum(not r.startswith("GET") for r in again),
-        }
+    setattr(owner, name, timed)
+    try:
+        yield
     finally:
-        placement.stop()
+        setattr(owner, name, real)
+
+
+def measure(placement: LocalPlacement, workdir: Path) -> dict:
+    _, host, root_uuid, name = flat_host_with_instances(placement.url, workdir)
+    agent = make_agent(placement.url, host, root_uuid, name, workdir, TreeMode.NESTED)
+    agent.update_provider_tree()  # the cells come up reserved until healed
+
+    spent: dict[str, float] = {}
+    mark = placement.mark()
+    started = time.perf_counter()
+    with timing(healer, "read_consumers", spent), \
+            timing(agent.sync.client, "reshape", spent), \
+            timing(agent.manager.tracker, "realign", spent):
+        result = run_heal(agent)
+    seconds = time.perf_counter() - started
+    sent = placement.requests_since(mark)
+
+    mark = placement.mark()
+    run_heal(agent)
+    again = placement.requests_since(mark)
+    agent.manager.tracker.store.close()
+    return {
+        "moves": len(result.plan.moves),
+        "store_rows_moved": len(result.store.moved),
+        "heal_requests": len(sent),
+        "heal_writes": sum(not r.startswith("GET") for r in sent),
+        "heal_requests_by_kind": requests_by_kind(sent),
+        "heal_seconds": seconds,
+        "consumer_reads_seconds": spent["read_consumers"],
+        "reshaper_seconds": spent["reshape"],
+        "store_seconds": spent["realign"],
+        "second_heal_requests": len(again),
+        "second_heal_writes": sum(not r.startswith("GET") for r in again),
+    }
+
+
+def run(workdir: Path) -> dict:
+    runs = []
+    for i in range(RUNS):  # each on a Placement of its own, grown alike
+        placement = LocalPlacement(workdir / f"placement{i}",
+                                   workers=PLACEMENT_WORKERS).start()
+        try:
+            runs.append(measure(placement, workdir / f"run{i}"))
+        finally:
+            placement.stop()
+    out = {"case": "heal", "instances": INSTANCES, "gpus": GPUS, "runs": RUNS,
+           "placement_workers": PLACEMENT_WORKERS, **runs[-1]}
+    for key in ("heal_seconds", "consumer_reads_seconds", "reshaper_seconds",
+                "store_seconds"):
+        out[key] = round(statistics.median(r[key] for r in runs), 2)
+    return out

@@ -1,0 +1,100 @@
+"""What every console script does alike (agent/cmd/common.py) and the
+pure parts of the commands: the --spec file's documented format and its
+example, --json errors, the --version, the --once summary line. (The
+commands as subprocesses: tests/functional/test_cli.py.)"""
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from agent import rpc_schemas
+from agent.cmd import common, ctl
+from agent.cmd.agent import once_summary
+from agent.exception import InvalidRequest
+from agent.provider_tree import Provider, ProviderTree
+from agent.service import CycleOutcome
+from agent.tree_sync import SyncResult
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / ctl.EXAMPLE_SPEC
+
+
+def test_the_example_spec_file_is_a_build_the_agent_accepts():
+    read = ctl.read_spec(str(EXAMPLE), ctl.BUILD_FIELDS)
+    # The agent's own check of a build_instance payload, as the RPC
+    # endpoint runs it.
+    checked = rpc_schemas.checked(rpc_schemas.validator(rpc_schemas.CLAIM), read)
+    assert checked["spec"]["vcpus"] == 2 and len(checked["allocations"]) == 2
+
+
+def test_the_example_without_its_uuid_is_a_move_claim_the_agent_accepts():
+    read = json.loads(EXAMPLE.read_text())
+    claim = {k: read[k] for k in ctl.MOVE_CLAIM_FIELDS}
+    payload = {**claim, "instance_uuid": read["instance_uuid"],
+               "migration_uuid": "1d2c3b4a-5f6e-4d7c-8b9a-0f1e2d3c4b5a"}
+    rpc_schemas.checked(rpc_schemas.validator(rpc_schemas.MOVE_CLAIM), payload)
+
+
+def test_a_broken_example_would_be_refused():
+    """The check above can fail: the schema refuses what the help forbids."""
+    read = json.loads(EXAMPLE.read_text())
+    read["spec"]["vcpus"] = rpc_schemas.SPEC["properties"]["vcpus"]["maximum"] + 1
+    with pytest.raises(InvalidRequest, match="spec.vcpus"):
+        rpc_schemas.checked(rpc_schemas.validator(rpc_schemas.CLAIM), read)
+
+
+def test_the_spec_file_help_names_every_field_and_the_schemas_limits():
+    text = ctl.spec_file_help(ctl.BUILD_FIELDS)
+    for field in ("instance_uuid", "spec", "name", "vcpus", "memory_mb", "allocations",
+                  "resources"):
+        assert f'"{field}"' in text, field
+    assert f"1 to {rpc_schemas.SPEC['properties']['memory_mb']['maximum']}" in text
+    assert f"at most {rpc_schemas.MAX_PROVIDERS} providers" in text
+    assert ctl.EXAMPLE_SPEC in text
+    assert '"instance_uuid"' not in ctl.spec_file_help(ctl.MOVE_CLAIM_FIELDS)
+
+
+def test_version_is_the_installed_distributions():
+    assert common.version() == metadata.version("compute-agent")
+
+
+def test_an_error_with_json_is_one_object_on_stdout(capsys):
+    assert common.report_error("no answer from h1\nsecond line", 1, as_json=True) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert json.loads(out) == {"error": "no answer from h1\nsecond line", "exit_code": 1}
+
+
+def test_an_error_without_json_is_a_line_per_line_on_stderr(capsys):
+    assert common.report_error(ValueError("a\nb"), 2, prefix="unknown: ") == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert [line.split(": ", 1)[1] for line in err.splitlines()] == [
+        "unknown: a", "unknown: b"]
+
+
+def test_json_is_asked_for_by_the_flag_anywhere_on_the_line():
+    assert common.json_requested(["--config-file", "f", "tree", "--json"])
+    assert not common.json_requested(["--config-file", "f", "tree"])
+
+
+def _provider(name: str) -> Provider:
+    return Provider(uuid=f"00000000-0000-0000-0000-{len(name):012d}", name=name)
+
+
+def test_once_summary_of_a_cycle_that_wrote():
+    tree = ProviderTree([_provider("h"), _provider("h_numa_0")])
+    outcome = CycleOutcome(True, result=SyncResult(writes=5, warnings=["w"], tree=tree))
+    assert once_summary(outcome, 9, 0.4321) == (
+        "cycle ok: 2 providers in Placement, 5 writes, 1 warnings, "
+        "9 Placement requests, 0.43 s")
+
+
+def test_once_summary_of_a_failed_cycle_gives_the_reason():
+    outcome = CycleOutcome(False, "Placement unavailable, cycle abandoned: refused")
+    assert once_summary(outcome, 1, 2.0) == (
+        "cycle failed (1 Placement requests, 2.00 s): "
+        "Placement unavailable, cycle abandoned: refused")
