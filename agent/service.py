@@ -3,6 +3,7 @@ systemd's watchdog while it is healthy. Native threads only (no eventlet)."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
