@@ -8,6 +8,8 @@ caller gets the same type back.
 """
 from __future__ import annotations
 
+from agent.dependencies import Dependency, describe
+
 
 class AgentError(Exception):
     """Base of every error the agent raises on purpose."""
@@ -17,9 +19,36 @@ class ConfigError(AgentError):
     """A configuration value is invalid; the message names the option."""
 
 
-class PlacementUnavailable(AgentError):
+class DependencyUnavailable(AgentError):
+    """A service the agent depends on did not answer, or refused it. The
+    message is one short line: the service, its URL and ``problem`` (a verb
+    phrase: "did not answer (connection refused)")."""
+
+    dependency: Dependency  # set by each subclass
+
+    def __init__(self, url: str, problem: str):
+        super().__init__(url, problem)
+        self.url = url
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return describe(self.dependency, self.url, self.problem)
+
+
+class PlacementUnavailable(DependencyUnavailable):
     """Placement did not answer, or answered 5xx; the cycle is abandoned and
     the next one tries again."""
+
+    dependency = Dependency.PLACEMENT
+
+
+class KeystoneUnavailable(PlacementUnavailable):
+    """Placement cannot be asked: Keystone did not answer, refused the
+    agent's credentials or has no Placement endpoint in its catalog. To a
+    caller it is as if Placement did not answer (its answer is unknown);
+    the message names Keystone and its URL."""
+
+    dependency = Dependency.KEYSTONE
 
 
 class PlacementError(AgentError):

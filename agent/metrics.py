@@ -63,6 +63,7 @@ class CycleResult(str, enum.Enum):
 
     OK = "ok"
     HYPERVISOR_UNAVAILABLE = "hypervisor_unavailable"
+    KEYSTONE_UNAVAILABLE = "keystone_unavailable"
     PLACEMENT_UNAVAILABLE = "placement_unavailable"
     CONFIG_ERROR = "config_error"
     FAILED = "failed"  # Placement refused, or another error of the agent's

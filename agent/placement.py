@@ -1,13 +1,21 @@
 """The Placement client: one method per Placement call the agent makes.
 
 It speaks through a keystoneauth1 adapter, negotiates the microversion once,
-and turns every failure into one of three typed errors: PlacementUnavailable
-(no answer or 5xx: give up this cycle), GenerationConflict (409
-concurrent_update: re-read and retry) and PlacementError (anything else).
+and turns every failure into one of four typed errors: KeystoneUnavailable
+(with a Keystone auth plugin: Keystone did not answer, refused the
+credentials or has no Placement endpoint), PlacementUnavailable (no answer
+or 5xx: give up this cycle), GenerationConflict (409 concurrent_update:
+re-read and retry) and PlacementError (anything else). Each unavailable
+error is one short line naming the service, its URL and the cause.
+
+Keystone is told apart from Placement by asking in two steps: first the
+endpoint (with a Keystone plugin this authenticates and reads the
+catalog; the plugin caches the token), then the request itself.
 """
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from keystoneauth1 import exceptions as ks_exc
@@ -15,7 +23,8 @@ from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
 from agent.config import PLACEMENT_GROUP
-from agent.exception import GenerationConflict, PlacementError, PlacementUnavailable
+from agent.exception import (GenerationConflict, KeystoneUnavailable, PlacementError,
+                             PlacementUnavailable)
 from agent.metrics import Metrics
 
 LOG = logging.getLogger(__name__)
@@ -40,16 +49,90 @@ def adapter_from_conf(conf: cfg.ConfigOpts):
         conf, PLACEMENT_GROUP, session=session, auth=auth)
 
 
+# "[Errno 111] Connection refused" inside urllib3's long message.
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+
+
+def connection_problem(error: ks_exc.ClientException) -> str:
+    """What went wrong reaching a server, in a few words: the system's
+    reason (connection refused, name not known) rather than urllib3's
+    nest of wrappers."""
+    if isinstance(error, (ks_exc.ConnectTimeout, ks_exc.RequestTimeout)):
+        return "did not answer (timed out)"
+    if isinstance(error, ks_exc.SSLError):
+        return f"did not answer (TLS: {error})"
+    text = str(error)
+    found = _ERRNO.search(text)
+    if found:
+        return f"did not answer ({found.group(1).strip().lower()})"
+    if "RemoteDisconnected" in text or "Connection aborted" in text:
+        return "did not answer (connection closed)"
+    # keystoneauth's "Unable to establish connection to URL: ": the URL is
+    # said already.
+    return f"did not answer ({type(error).__name__}: {text.split(': ', 1)[-1]})"
+
+
+def keystone_problem(error: ks_exc.ClientException) -> str:
+    """Why Keystone gave no token or no Placement endpoint."""
+    if isinstance(error, ks_exc.Unauthorized):
+        return "refused the credentials (401): check [placement] username, password and domains"
+    if isinstance(error, ks_exc.EndpointNotFound):
+        return "has no Placement endpoint in its catalog for [placement] service_type, " \
+               "valid_interfaces and region_name"
+    if isinstance(error, ks_exc.HttpError):
+        return f"answered {error.http_status}: {error.message}"
+    if isinstance(error, (ks_exc.ConnectionError, ks_exc.RequestTimeout)):
+        return connection_problem(error)
+    if isinstance(error, ks_exc.DiscoveryFailure):
+        return f"found no identity API version: {error}"
+    return f"failed: {type(error).__name__}: {error}"
+
+
+class _DiscoveryWarning(logging.Filter):
+    """keystoneauth warns that it could not discover Keystone's versions at
+    every attempt while Keystone is away; the KeystoneUnavailable that
+    follows says so once (agent/dependencies.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to discover available identity")
+
+
+logging.getLogger("keystoneauth.identity.generic.base").addFilter(_DiscoveryWarning())
+
+
+def keystone_url(adapter) -> str | None:
+    """The auth plugin's Keystone URL; None when it does not use Keystone
+    (a token-and-endpoint plugin such as placement_noauth2)."""
+    return getattr(adapter.auth or adapter.session.auth, "auth_url", None)
+
+
 class PlacementClient:
     def __init__(self, adapter, metrics: Metrics | None = None):
         self.adapter = adapter
         self.version: str | None = None
+        self.keystone_url = keystone_url(adapter)
+        # Placement's URL once known (from the config or the catalog).
+        self.url = adapter.endpoint_override or ""
         # Every request sent, answered or not (compute-agent --once says it).
         self.requests_sent = 0
         # Every request is counted here, by method and status.
         self.metrics = metrics or Metrics()
 
     # --- plumbing -------------------------------------------------------
+
+    def endpoint(self) -> str:
+        """Placement's URL. With a Keystone plugin this is where Keystone is
+        asked (a token, the catalog), so its failures are told apart here.
+        Raises KeystoneUnavailable."""
+        try:
+            found = self.adapter.get_endpoint()
+        except ks_exc.ClientException as e:
+            raise KeystoneUnavailable(self.keystone_url or "", keystone_problem(e)) from None
+        if not found:
+            raise KeystoneUnavailable(self.keystone_url or "",
+                                      keystone_problem(ks_exc.EndpointNotFound()))
+        self.url = found.rstrip("/")
+        return self.url
 
     def _call(self, method: str, url: str, body=None, expected=(200,)):
         if self.version is None and url != "/":
@@ -59,21 +142,26 @@ class PlacementClient:
             kwargs["json"] = body
         if url != "/":
             kwargs["microversion"] = self.version
+        self.endpoint()
         self.requests_sent += 1
         started = time.monotonic()
         try:
             resp = self.adapter.request(url, method, **kwargs)
+        except ks_exc.HttpError as e:
+            # Not Placement's answer (raise_exc is off): Keystone's, when the
+            # session authenticated again (an expired or revoked token).
+            raise KeystoneUnavailable(self.keystone_url or "", keystone_problem(e)) from None
         except ks_exc.ClientException as e:
             self.metrics.placement_request(method, None, time.monotonic() - started)
-            raise PlacementUnavailable(f"Placement did not answer {method} {url}: "
-                                       f"{type(e).__name__}: {e}") from None
+            LOG.debug("%s %s: %s: %s", method, url, type(e).__name__, e)
+            raise PlacementUnavailable(self.url, connection_problem(e)) from None
         self.metrics.placement_request(method, resp.status_code, time.monotonic() - started)
         if resp.status_code in expected:
             return resp.json() if resp.content else None
         code, detail = _error_of(resp)
         if resp.status_code >= 500:
             raise PlacementUnavailable(
-                f"Placement answered {resp.status_code} to {method} {url}: {detail}")
+                self.url, f"answered {resp.status_code} to {method} {url}: {detail}")
         if resp.status_code == 409 and code == "placement.concurrent_update":
             raise GenerationConflict(f"{method} {url}: {detail}", 409, code)
         raise PlacementError(f"Placement answered {resp.status_code} to "

@@ -38,6 +38,9 @@ class Finding:
 @dataclass
 class Report:
     findings: list[Finding] = field(default_factory=list)
+    # What could not be read, so what no rule could compare: the report
+    # is then no proof of consistency.
+    unknown: list[str] = field(default_factory=list)
 
     @property
     def consistent(self) -> bool:
@@ -50,8 +53,9 @@ class Report:
                 kind, subject, detail, " (fixed)" if fixed else "")
 
     def as_dict(self) -> dict:
-        return {"consistent": self.consistent,
-                "findings": [asdict(f) for f in self.findings]}
+        return {"consistent": None if self.unknown else self.consistent,
+                "findings": [asdict(f) for f in self.findings],
+                "unknown": list(self.unknown)}
 
 
 @dataclass
@@ -293,4 +297,6 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
                 break
     for host_rule in HOST_RULES:
         host_rule(p)
+    if allocations is None:
+        p.report.unknown.append("Placement's allocations")
     return p.report

@@ -3,6 +3,7 @@ systemd's watchdog while it is healthy. Native threads only (no eventlet)."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -11,12 +12,13 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent import node_identity, state, store_check
+from agent import cycle_record, node_identity, state, store_check
 from agent.adoption import AdoptionRefused, plan_adoption
 from agent.allocation_view import AllocationView
 from agent.claims import Pool
-from agent.exception import (AgentError, ConfigError, PlacementError,
-                             PlacementUnavailable)
+from agent.dependencies import Dependencies, Dependency, Health, describe
+from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
+                             PlacementError, PlacementUnavailable)
 from agent.health_watch import HealthWatch
 from agent.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.manager import ComputeManager
@@ -48,6 +50,13 @@ class CycleOutcome:
     reason: str = ""
     result: SyncResult | None = None
     kind: CycleResult = CycleResult.OK
+
+
+def unavailable_result(dependency: Dependency) -> CycleResult:
+    """How the metrics count a cycle a dependency stopped."""
+    return {Dependency.LIBVIRT: CycleResult.HYPERVISOR_UNAVAILABLE,
+            Dependency.KEYSTONE: CycleResult.KEYSTONE_UNAVAILABLE}.get(
+                dependency, CycleResult.PLACEMENT_UNAVAILABLE)
 
 
 STORE_FILE = "state.db"
@@ -141,8 +150,7 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
                                        f"({e})") from None
     except (PlacementUnavailable, PlacementError) as e:
         raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
-                                       f"be adopted: Placement did not answer ({e})"
-                                       ) from None
+                                       f"be adopted: {e}") from None
     except AdoptionRefused as e:
         raise store_check.StoreRefused("\n".join(
             [f"store {path} is missing and the host's guests cannot be adopted; "
@@ -193,6 +201,17 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
     return state.Store(path, root_uuid)
 
 
+def _last_success_recorded(path: Path | None) -> float | None:
+    """When the last successful cycle of an earlier run ended, so that a
+    restart does not forget it; None when unknown."""
+    try:
+        record = cycle_record.read(path) if path is not None else None
+    except cycle_record.RecordUnreadable as e:
+        LOG.warning("%s: starting a new record", e)
+        return None
+    return None if record is None else record.last_success_at
+
+
 class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
                  interval: float = 60, jitter: float = 0,
@@ -202,7 +221,8 @@ class Agent:
                  heal_on_startup: bool = False, metrics: Metrics | None = None,
                  metrics_listen: str | None = None,
                  health_poll_interval: float = 1.0,
-                 health_correctable_per_minute: int = 100):
+                 health_correctable_per_minute: int = 100,
+                 record_path: Path | None = None):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -239,6 +259,16 @@ class Agent:
         self.health = HealthWatch(driver, health_poll_interval,
                                   health_correctable_per_minute, self._wake.set,
                                   report=self.metrics.set_device_health)
+        # What each cycle asks, in order: the hypervisor, then Keystone
+        # (when the auth plugin uses it) for a token, then Placement.
+        self.dependencies = Dependencies()
+        self.cycle_path = ((Dependency.LIBVIRT,)
+                           + ((Dependency.KEYSTONE,) if sync.client.keystone_url else ())
+                           + (Dependency.PLACEMENT,))
+        # <state_path>/last_cycle.json, for status (agent/cycle_record.py).
+        self.record_path = record_path
+        self._last_success_at = _last_success_recorded(record_path)
+        self._record_failing = False
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
@@ -272,7 +302,8 @@ class Agent:
                    conf.allocation_refresh_interval, conf.heal.on_startup,
                    metrics, conf.metrics.listen,
                    conf.devices.health_poll_interval,
-                   conf.devices.health_correctable_errors_per_minute)
+                   conf.devices.health_correctable_errors_per_minute,
+                   cycle_record.path_in(conf.state_path) if holder else None)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -324,49 +355,85 @@ class Agent:
             self._drop_allocations.clear()
             self.allocations.clear()
         self.allocations.touch(self.manager.tracker.take_touched_providers())
+        level, why = logging.WARNING, "Placement's tree is not read yet"
         try:
             allocations = self.allocations.consumers(self._generations(),
                                                      self.sync.root_uuid)
-        except (PlacementUnavailable, PlacementError) as e:
-            LOG.warning("Reconciling without Placement's allocations: %s", e)
-            allocations = None
-        else:
-            if allocations is None:
-                LOG.warning("Reconciling without Placement's allocations: "
-                            "Placement's tree is not read yet")
+        except DependencyUnavailable as e:
+            allocations, why = None, str(e)
+            # The cycle before said it went away, once.
+            if self.dependencies.snapshot()[e.dependency].health is Health.DOWN:
+                level = logging.DEBUG
+        except PlacementError as e:
+            allocations, why = None, str(e)
+        if allocations is None:
+            # Outside the except clauses: oslo.log would append the exception.
+            LOG.log(level, "Reconciling without Placement's allocations: %s", why)
         report = reconcile(self.manager, allocations, at_start, fix,
                            grace=self.orphan_grace_period)
         self.metrics.findings(report.findings)
         return report
 
     def run_cycle(self) -> CycleOutcome:
-        """A cycle that never raises: every failure is one log line and the
-        next cycle tries again. Timed and counted by result (metrics)."""
+        """A cycle that never raises, timed and counted by result (metrics)
+        and recorded (record_path). A dependency that goes away or comes
+        back is one line each way (agent/dependencies.py); every other
+        failure is one line, and the next cycle tries again."""
         started = time.monotonic()
         outcome = self._cycle()
         self.metrics.cycle_done(time.monotonic() - started, outcome.kind)
+        if outcome.ok:
+            self._last_success_at = time.time()
+        self._record(outcome)
         return outcome
 
     def _cycle(self) -> CycleOutcome:
+        # Lines are logged after the except clauses: oslo.log would append
+        # the exception being handled to them.
+        unavailable: tuple[Dependency, str, str] | None = None
         try:
-            return CycleOutcome(True, result=self.update_provider_tree())
+            outcome = CycleOutcome(True, result=self.update_provider_tree())
         except DriverUnavailable as e:
-            kind, reason = (CycleResult.HYPERVISOR_UNAVAILABLE,
-                            f"hypervisor unavailable, cycle skipped: {e}")
-        except PlacementUnavailable as e:
-            kind, reason = (CycleResult.PLACEMENT_UNAVAILABLE,
-                            f"Placement unavailable, cycle abandoned: {e}")
+            unavailable = (Dependency.LIBVIRT, e.where, e.problem)
+        except DependencyUnavailable as e:
+            unavailable = (e.dependency, e.url, e.problem)
         except ConfigError as e:
-            kind, reason = (CycleResult.CONFIG_ERROR,
-                            f"configuration error, cycle skipped: {e}")
+            outcome = CycleOutcome(False, f"configuration error, cycle skipped: {e}",
+                                   kind=CycleResult.CONFIG_ERROR)
         except (PlacementError, AgentError) as e:
-            kind, reason = CycleResult.FAILED, f"cycle failed: {e}"
+            outcome = CycleOutcome(False, f"cycle failed: {e}", kind=CycleResult.FAILED)
         except Exception as e:  # the loop must outlive any bug in a cycle
             LOG.exception("update_provider_tree failed")
             return CycleOutcome(False, f"unexpected error: {type(e).__name__}: {e}",
                                 kind=CycleResult.UNEXPECTED_ERROR)
-        LOG.warning("%s", reason)
-        return CycleOutcome(False, reason, kind=kind)
+        if unavailable is not None:
+            self.dependencies.observe_path(self.cycle_path, *unavailable)
+            return CycleOutcome(False, describe(*unavailable),
+                                kind=unavailable_result(unavailable[0]))
+        if outcome.ok:
+            client = self.sync.client
+            self.dependencies.observe_path(self.cycle_path, urls={
+                Dependency.KEYSTONE: client.keystone_url or "",
+                Dependency.PLACEMENT: client.url})
+        else:
+            LOG.warning("%s", outcome.reason)
+        return outcome
+
+    def _record(self, outcome: CycleOutcome) -> None:
+        if self.record_path is None:
+            return
+        record = cycle_record.CycleRecord(
+            os.getpid(), time.time(), self._last_success_at,
+            "" if outcome.ok else outcome.reason, self.dependencies.snapshot())
+        try:
+            cycle_record.write(self.record_path, record)
+        except OSError as e:
+            if not self._record_failing:
+                LOG.warning("Cannot record the cycle in %s: %s", self.record_path,
+                            e.strerror)
+            self._record_failing = True
+        else:
+            self._record_failing = False
 
     def drop_cache(self) -> None:
         self._drop_cache.set()

@@ -455,4 +455,12 @@ class LiveMigrationError(RuntimeError):
 
 
 class DriverUnavailable(Exception):
-    """The hypervisor cannot be reached right now; the cycle is skipped."""
+    """The hypervisor cannot be reached right now; the cycle is skipped.
+    ``where``: what was asked (libvirt's URI); ``problem``: what went
+    wrong, as a verb phrase with the hypervisor's own words ("did not
+    answer (...)")."""
+
+    def __init__(self, message: str, where: str = "", problem: str = ""):
+        super().__init__(message)
+        self.where = where
+        self.problem = problem or f"failed ({message})"

@@ -8,7 +8,15 @@
         the hypervisor or Placement could not be read.
     compute-agent-manage --config-file F audit [--json]
         Compare the store, the hypervisor's guests and Placement's
-        allocations; change nothing. Exit 1 when anything is inconsistent.
+        allocations; change nothing. Exit 1 when anything is inconsistent,
+        2 (unknown) when the store, the hypervisor or Placement could not
+        be read.
+    compute-agent-manage --config-file F status [--json]
+        Whether libvirt, Keystone, Placement and the message broker answer
+        now, the store's schema and integrity, the age of the last
+        successful cycle, unhealed classes and the audit (agent/status.py
+        judges). Read-only, beside a running agent. Exit 0 healthy, 1
+        warnings, 2 broken.
     compute-agent-manage --config-file F rebuild-store (--dry-run | --yes)
         With the agent stopped and its store lost (missing or empty): make
         it again from the guests' metadata and Placement's allocations
@@ -35,12 +43,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from oslo_config import cfg
 
 from agent import heal as heal_rules
-from agent import node_identity, state, state_lock
+from agent import node_identity, state, state_lock, status_probes
+from agent import status as status_rules
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
@@ -49,6 +59,7 @@ from agent.host_tree import build_tree
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.policy import tree_policy_from_conf
 from agent.provider_tree import adopt_uuids, tree_as_dicts, tree_lines
+from agent.reconcile import Report
 from agent.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
 from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
 from agent.store_check import StoreFile
@@ -125,8 +136,13 @@ def add_parsers(subparsers) -> None:
                "unhealed, 2 unknown.")
     tree.add_argument("--json", action="store_true", help=JSON_HELP)
     audit = add("audit", "Report what the store, the guests and Placement "
-                "disagree on; change nothing. Exit 1 when anything is inconsistent.")
+                "disagree on; change nothing. Exit 0 consistent, 1 inconsistent, "
+                "2 unknown (a source could not be read).")
     audit.add_argument("--json", action="store_true", help=JSON_HELP)
+    status = add("status", "Check libvirt, Keystone, Placement, the message broker, "
+                 "the store, the update loop, unhealed classes and the audit; "
+                 "change nothing. Exit 0 healthy, 1 warnings, 2 broken.")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
     rebuild = add("rebuild-store", "Make a lost store again from the guests' "
                   "metadata and Placement's allocations (the agent stopped).")
     mode = rebuild.add_mutually_exclusive_group(required=True)
@@ -147,28 +163,90 @@ def add_parsers(subparsers) -> None:
                          help="The results as JSON rather than a table.")
 
 
-def audit(conf: cfg.ConfigOpts) -> int:
-    # Read-only, beside a running agent: no lock, nothing created.
-    agent = Agent.from_conf(conf, holder=False)
-    agent.driver.init_host()
+# audit's exit codes: never "consistent" when a source was not read.
+AUDIT_CONSISTENT, AUDIT_INCONSISTENT, AUDIT_UNKNOWN = 0, 1, 2
+
+
+def audit_report(agent: Agent) -> Report:
+    """The reconciliation's findings, fixing nothing. Placement not
+    answering is in the report's ``unknown``, with why."""
     try:
-        try:
-            agent.sync.refresh()
-        except AgentError as e:
-            print(f"compute-agent-manage: Placement left out: {e}", file=sys.stderr)
-        report = agent.reconcile(at_start=True, fix=False)
-    finally:
-        agent.driver.cleanup()
-        agent.manager.tracker.store.close()
-    if conf.command.json:
-        json.dump(report.as_dict(), sys.stdout, indent=2, sort_keys=True)
-        print()
+        agent.sync.refresh()
+    except AgentError as e:
+        unknown = str(e)
     else:
-        for f in report.findings:
-            print(f"{f.kind}  {f.subject}  {f.detail}")
-        print("consistent" if report.consistent
-              else f"{len(report.findings)} inconsistencies")
-    return 0 if report.consistent else 1
+        unknown = ""
+    report = agent.reconcile(at_start=True, fix=False)
+    if report.unknown and unknown:
+        report.unknown[:] = [f"{what}: {unknown}" for what in report.unknown]
+    return report
+
+
+def audit(conf: cfg.ConfigOpts) -> int:
+    """Read-only, beside a running agent: no lock, nothing created."""
+    try:
+        agent = Agent.from_conf(conf, holder=False)
+        try:
+            agent.driver.init_host()
+            report = audit_report(agent)
+        finally:
+            agent.driver.cleanup()
+            agent.manager.tracker.store.close()
+    except (AgentError, state.StoreError, DriverUnavailable) as e:
+        report = Report(unknown=[str(e)])
+    if conf.command.json:
+        print_output(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        print_output("\n".join(
+            [f"{f.kind}  {f.subject}  {f.detail}" for f in report.findings]
+            + [f"not read: {line}" for what in report.unknown
+               for line in what.splitlines()]
+            + ["unknown" if report.unknown else "consistent" if report.consistent
+               else f"{len(report.findings)} inconsistencies"]))
+    if report.unknown:
+        return AUDIT_UNKNOWN
+    return AUDIT_CONSISTENT if report.consistent else AUDIT_INCONSISTENT
+
+
+def status(conf: cfg.ConfigOpts) -> int:
+    """Read-only, beside a running agent (as audit): each source asked on
+    its own, so one that is down leaves the others' facts known."""
+    facts = status_rules.judge(status_facts(conf))
+    if conf.command.json:
+        print_output(json.dumps(facts.as_dict(), indent=2, sort_keys=True))
+    else:
+        print_output("\n".join(facts.lines()))
+    return int(facts.level)
+
+
+def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
+    root_uuid = node_identity.load(conf.state_path)
+    keystone, placement = status_probes.placement(conf, root_uuid)
+    unhealed: tuple[str, ...] | status_rules.Unknown
+    try:
+        agent = Agent.from_conf(conf, holder=False)
+        try:
+            agent.driver.init_host()
+            unhealed = tuple(sorted({u.resource_class for u in
+                                     tree_report(agent).unhealed}))
+            report = audit_report(agent)
+            audit_found = (status_rules.Unknown("; ".join(report.unknown))
+                           if report.unknown else
+                           tuple(f"{f.kind} {f.subject}: {f.detail}"
+                                 for f in report.findings if not f.fixed))
+        finally:
+            agent.driver.cleanup()
+            agent.manager.tracker.store.close()
+    except (AgentError, state.StoreError, DriverUnavailable) as e:
+        unhealed = audit_found = status_rules.Unknown(str(e).splitlines()[0])
+    return status_rules.StatusFacts(
+        now=time.time(), cycle_seconds=conf.update_interval + conf.update_jitter,
+        code_schema_version=state.SCHEMA_VERSION,
+        hypervisor=status_probes.hypervisor(conf), keystone=keystone,
+        placement=placement, broker=status_probes.broker(conf),
+        store=status_probes.store(Path(conf.state_path) / STORE_FILE),
+        cycle=status_probes.last_cycle(conf.state_path),
+        unhealed=unhealed, audit=audit_found)
 
 
 def rebuild_store(conf: cfg.ConfigOpts) -> int:
@@ -303,6 +381,8 @@ def main(argv=None) -> int:
     try:
         if conf.command.name == "audit":
             return audit(conf)
+        if conf.command.name == "status":
+            return status(conf)
         if conf.command.name == "rebuild-store":
             return rebuild_store(conf)
         if conf.command.name == "heal":

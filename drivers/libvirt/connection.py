@@ -109,7 +109,7 @@ class Connection:
             self._drop(conn)
             raise DriverUnavailable(
                 f"libvirt at {self.uri} failed again after reconnecting: "
-                f"{exc}") from exc
+                f"{exc}", self.uri, f"failed again after reconnecting: {exc}") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -131,11 +131,12 @@ class Connection:
                 conn = self._open_fn(self.uri)
             except libvirt.libvirtError as exc:
                 raise DriverUnavailable(
-                    f"cannot connect to libvirt at {self.uri}: {exc}"
-                ) from exc
+                    f"cannot connect to libvirt at {self.uri}: {exc}", self.uri,
+                    f"did not answer ({exc.get_error_message()})") from exc
             if conn is None:
                 raise DriverUnavailable(
-                    f"cannot connect to libvirt at {self.uri}")
+                    f"cannot connect to libvirt at {self.uri}", self.uri,
+                    "did not answer")
             self._register_events(conn)
             self._conn = conn
             self.generation += 1

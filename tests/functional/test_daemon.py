@@ -57,20 +57,36 @@ def test_an_invalid_device_spec_names_the_option_and_the_field(tmp_path, placeme
 
 
 def test_once_without_placement_fails_with_one_line(tmp_path):
-    conf = write_conf(tmp_path, f"http://127.0.0.1:{free_port()}", "no-placement", HOST)
+    url = f"http://127.0.0.1:{free_port()}"
+    conf = write_conf(tmp_path, url, "no-placement", HOST)
     done = run("compute-agent", conf, "--once")
     assert done.returncode == 1
     reason = [l for l in done.stderr.splitlines() if l.startswith("compute-agent:")]
-    assert len(reason) == 1 and "Placement unavailable" in reason[0], done.stderr
+    assert len(reason) == 1 and reason[0].startswith("compute-agent: cycle failed ("), \
+        done.stderr
+    assert reason[0].endswith(f"): Placement at {url} did not answer (connection refused)")
+    assert "Traceback" not in done.stderr
 
 
 def test_the_daemon_outlives_a_placement_that_does_not_answer(tmp_path):
-    conf = write_conf(tmp_path, f"http://127.0.0.1:{free_port()}", "lonely", HOST)
+    url = f"http://127.0.0.1:{free_port()}"
+    conf = write_conf(tmp_path, url, "lonely", HOST)
     log = tmp_path / "agent.log"
+    record = tmp_path / "state" / "last_cycle.json"
     proc = start_daemon(conf, log)
+
+    def placement_failures() -> int:
+        if not record.exists():
+            return 0
+        doc = json.loads(record.read_text())
+        return next(d["failures"] for d in doc["dependencies"]
+                    if d["dependency"] == "Placement")
+
     try:
-        wait_for(lambda: log.read_text().count("Placement unavailable") >= 3)
+        wait_for(lambda: placement_failures() >= 3)
         assert proc.poll() is None
+        # Said once; the cycles after it only count.
+        assert log.read_text().count(f"Placement at {url} did not answer") == 1
     finally:
         proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from uuid import uuid4
 
 import requests
@@ -280,14 +281,21 @@ def test_the_loop_survives_placement_going_away_and_catches_up(
         placement.stop()
         host = copy.deepcopy(HOST)
         host["pci_devices"][0]["vfs"]["count"] = 4
-        with caplog.at_level(logging.WARNING):
+        with caplog.at_level(logging.INFO):
             agent.driver.set_host(host)
-            wait_for(lambda: any("Placement unavailable" in r.getMessage()
-                                 for r in caplog.records))
-        assert agent._thread.is_alive()
-        placement.start()
-        wait_for(lambda: totals(tree_of(agent, placement)[f"{h}_0000:3B:00.0"])
-                 == {"CUSTOM_PCI_8086_154C": 4})
+            wait_for(lambda: any(f"Placement at {placement.url} did not answer"
+                                 in r.getMessage() for r in caplog.records))
+            assert agent._thread.is_alive()
+            placement.start()
+            wait_for(lambda: totals(tree_of(agent, placement)[f"{h}_0000:3B:00.0"])
+                     == {"CUSTOM_PCI_8086_154C": 4})
+        said = [r.getMessage() for r in caplog.records if "Placement at" in r.getMessage()]
+        # Once going away, once coming back, whatever the cycles between.
+        # (Refused, or closed when it stopped in the middle of a request.)
+        assert len(said) == 2, said
+        assert re.fullmatch(rf"Placement at {placement.url} did not answer "
+                            r"\(connection (refused|closed)\)", said[0]), said
+        assert said[1].startswith(f"Placement at {placement.url} is back after ")
     finally:
         if placement.proc is None:
             placement.start()

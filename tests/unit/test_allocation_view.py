@@ -18,7 +18,7 @@ class FakeClient:
 
     def get_provider_allocations(self, uuid: str) -> dict[str, dict]:
         if self.down:
-            raise PlacementUnavailable("down")
+            raise PlacementUnavailable("http://placement", "did not answer (down)")
         self.reads.append(uuid)
         return self.allocations[uuid]
 
