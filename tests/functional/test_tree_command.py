@@ -119,4 +119,4 @@ def test_a_closed_pipe_ends_quietly_and_an_unreachable_placement_is_unknown(
     (line,) = done.stdout.splitlines()  # with --json, the error is JSON too
     error = json.loads(line)
     assert error["exit_code"] == 2 and "Placement" in error["error"], error
-    assert error["error"].startswith("tree unknown: "), error
+    assert error["error"].startswith("Placement at http://127.0.0.1:9 did not answer"), error

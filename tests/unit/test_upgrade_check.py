@@ -144,4 +144,5 @@ def test_a_placement_that_does_not_answer_is_a_failure_not_a_success(checks):
     result = checks.check_unhealed()
     assert result.code is Code.FAILURE
     assert result.details.startswith("cannot tell: the model against Placement: "
-                                     "Placement did not answer"), result.details
+                                     "Placement at http://127.0.0.1:1 did not answer"
+                                     ), result.details
