@@ -154,7 +154,7 @@ def run_load(directory: Path, placement_url: str, seconds: float,
     daemon = LoadDaemon(directory, placement_url)
     conf = load_config(["--config-file", str(daemon.conf)])
     # A connection for each caller, as many conductors would have.
-    conf.set_override("rpc_conn_pool_size", callers)
+    conf.set_override("rpc_conn_pool_size", callers, group="oslo_messaging_rabbit")
     api = ComputeAgentAPI(conf, timeout=60)
     figures = LoadFigures(callers)
     try:

@@ -153,8 +153,7 @@ def _copy(value):
 class HostFacts:
     """What the payloads draw on: the host's providers and classes, and
     uuids the agent knows."""
-    providers: list[str]
-    resource_classes: list[str]
+    inventories: dict[str, list[str]]  # provider uuid -> its classes
     instances: list[str]
     migrations: list[str] = field(default_factory=list)
 
@@ -163,6 +162,17 @@ def uuids(known: list[str]) -> st.SearchStrategy[str]:
     fresh = st.uuids().map(str)
     pick = st.sampled_from(known) if known else fresh
     return st.one_of(pick, pick.map(str.upper), fresh)
+
+
+def fitting_allocations(facts: HostFacts) -> st.SearchStrategy[dict]:
+    """One of each of some classes a provider has, on some providers:
+    what a scheduler would pick, so that some builds and moves are taken."""
+    one_provider = st.sampled_from(sorted(facts.inventories)).flatmap(
+        lambda rp: st.lists(st.sampled_from(facts.inventories[rp]), min_size=1,
+                            max_size=2, unique=True).map(
+            lambda classes: (rp, {"resources": {rc: 1 for rc in classes}})))
+    return st.lists(one_provider, min_size=1, max_size=3,
+                    unique_by=lambda pair: pair[0]).map(dict)
 
 
 def valid_shaped(schema: dict, facts: HostFacts) -> st.SearchStrategy[dict]:
@@ -174,10 +184,11 @@ def valid_shaped(schema: dict, facts: HostFacts) -> st.SearchStrategy[dict]:
         "spec": st.fixed_dictionaries({
             "name": st.text(min_size=1, max_size=40),
             "vcpus": st.integers(1, 8), "memory_mb": st.integers(1, 4096)}),
-        "allocations": st.dictionaries(
-            st.sampled_from(facts.providers) | st.uuids().map(str),
+        "allocations": fitting_allocations(facts) | st.dictionaries(
+            st.sampled_from(sorted(facts.inventories)) | st.uuids().map(str),
             st.fixed_dictionaries({"resources": st.dictionaries(
-                st.sampled_from(facts.resource_classes)
+                st.sampled_from(sorted({rc for classes in facts.inventories.values()
+                                        for rc in classes}))
                 | st.from_regex(r"\ACUSTOM_[A-Z0-9_]{1,10}\Z"),
                 st.integers(1, 4), min_size=1, max_size=3)}),
             min_size=1, max_size=4),
@@ -231,15 +242,19 @@ class FuzzedAgent:
         self.client = messaging.get_rpc_client(
             transport(_conf(self.daemon.conf)), messaging.Target(topic=TOPIC),
             timeout=timeout)
-        self.daemon.start(self.api)
         self.placement_url = placement_url
-        self.facts = self._setup()
+        self.daemon.start(self.api)
+        try:
+            self.facts = self._setup()
+        except BaseException:
+            self.close()
+            raise
         self.dump_hash = self.store_hash()
 
     def _setup(self) -> HostFacts:
         tree = self.daemon.host.tree()
-        providers = sorted(p["uuid"] for p in tree.values())
-        classes = sorted({rc for p in tree.values() for rc in p["inventories"]})
+        inventories = {p["uuid"]: sorted(p["inventories"]) for p in tree.values()
+                       if p["inventories"]}
         cell = self.daemon.provider("numa_1")
         instances = [str(uuid.uuid4()) for _ in range(2)]
         # One instance with a VF and a vGPU, one with CPUs and memory only:
@@ -252,7 +267,7 @@ class FuzzedAgent:
         migration = str(uuid.uuid4())
         self.api.prep_resize(self.daemon.name, migration, instances[1], SPEC,
                              {cell: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}})
-        return HostFacts(providers, classes, instances, [migration])
+        return HostFacts(inventories, instances, [migration])
 
     def store_hash(self) -> str:
         return hashlib.sha256(self.daemon.store_dump().encode()).hexdigest()

@@ -13,7 +13,7 @@ MAX_FD_GROWTH = 8
 
 def test_64_callers_build_and_delete_without_errors_or_growth(tmp_path, placement,
                                                               services):
-    figures = run_load(tmp_path, placement.url, seconds=12, callers=64, warmup=3)
+    figures = run_load(tmp_path, placement.url, seconds=10, callers=64, warmup=3)
     print(figures.as_dict())
     assert figures.errors == [] and figures.alive
     assert figures.calls >= 100, figures.as_dict()
