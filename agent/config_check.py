@@ -719,8 +719,9 @@ def policy_rules(conf: cfg.ConfigOpts) -> None:
 
 # How oslo.config reports a bad file value of a command-line option (such
 # as oslo.log's debug): on stderr, then SystemExit(1).
+# The message is stripped, so an empty value leaves "value:" at its end.
 _CLI_FILE_VALUE = re.compile(r"argument --(?P<dest>[\w-]+): (?P<reason>Invalid .*) "
-                             r"value: (?P<value>.*)")
+                             r"value:(?: (?P<value>.*))?")
 
 
 def cli_file_value_refusal(conf: cfg.ConfigOpts, message: str) -> ConfigError | None:
@@ -733,7 +734,7 @@ def cli_file_value_refusal(conf: cfg.ConfigOpts, message: str) -> ConfigError | 
         if opt.dest == match["dest"].replace("-", "_"):
             section = group.name if group is not None else DEFAULT
             return ConfigError(f"[{section}] {opt.dest}: {match['reason']} "
-                               f"(value: {shown(match['value'])})")
+                               f"(value: {shown(match['value'] or '')})")
     return None
 
 

@@ -69,6 +69,7 @@ def rpc_method(since: str, schema: dict):
 
         served = messaging.expose(functools.wraps(method)(serve))
         served.since = since
+        served.schema = schema
         return served
 
     return serve_as_call

@@ -126,6 +126,10 @@ def parse_ndctl_json(text: str) -> tuple[list[PmemNamespace], list[str]]:
     except (ValueError, TypeError) as exc:
         raise InvalidHostData(NDCTL, "json", f"not JSON: {exc}",
                               text) from None
+    except RecursionError:
+        # ndctl nests three levels; Python's decoder gives up near 1000.
+        raise InvalidHostData(NDCTL, "json", "nested too deep to be ndctl's",
+                              text) from None
     if isinstance(data, dict):
         if "dev" not in data:
             raise InvalidHostData(NDCTL, "dev", "not a namespace object",
@@ -158,4 +162,7 @@ def read_namespaces(reader: SysfsReader, ndctl_json: str | None
     except OSError as exc:
         raise InvalidHostData(NDCTL, "file", exc.strerror or str(exc),
                               ndctl_json) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidHostData(NDCTL, "file", f"not UTF-8: {exc.reason} at "
+                              f"byte {exc.start}", ndctl_json) from None
     return parse_ndctl_json(text)

@@ -171,6 +171,14 @@ def test_a_bad_value_of_a_command_line_option_in_a_file_names_it(tmp_path):
     assert line == "[DEFAULT] debug: Invalid Boolean (value: 'maybe')"
 
 
+def test_fuzz_bug_an_empty_value_of_a_command_line_option_in_a_file_names_it(tmp_path):
+    """Found by tests/reliability: oslo.config's message then ends in
+    "value: ", which did not match, so the command exited 1 with
+    oslo.config's own words instead of the one line and exit 2."""
+    line = refused(tmp_path, "debug =\n", placement_required=False)
+    assert line == "[DEFAULT] debug: Invalid Boolean (value: '')"
+
+
 @pytest.mark.parametrize("text,reason", [
     ("log_file = /nonexistent/dir/agent.log\n", "[DEFAULT] log_file: no such directory"),
     ("config_source = remote\n", "[DEFAULT] config_source: no section [remote]"),

@@ -94,3 +94,19 @@ def test_from_sysfs_and_from_file(tmp_path):
     assert [n.name for n in found] == ["ns_small"]
     with pytest.raises(InvalidHostData):
         pmem.read_namespaces(reader, str(tmp_path / "missing.json"))
+
+
+def test_fuzz_bug_an_ndctl_file_not_in_utf8_is_invalid_host_data(tmp_path):
+    """Found by tests/reliability: a UnicodeDecodeError escaped discovery."""
+    path = tmp_path / "ndctl.json"
+    path.write_bytes(b"\x80" + json.dumps([NS]).encode())
+    with pytest.raises(InvalidHostData) as caught:
+        pmem.read_namespaces(SysfsReader(str(tmp_path)), str(path))
+    assert str(caught.value).startswith("ndctl JSON: file: not UTF-8")
+
+
+def test_fuzz_bug_ndctl_json_nested_past_the_decoders_limit_is_invalid(tmp_path):
+    """Found by tests/reliability: json.loads' RecursionError escaped."""
+    with pytest.raises(InvalidHostData) as caught:
+        pmem.parse_ndctl_json("[" * 100_000 + "]" * 100_000)
+    assert str(caught.value).startswith("ndctl JSON: json: nested too deep")
