@@ -41,6 +41,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
 from agent.claim_model import AssignmentState, MigrationState, Owner
 from agent.exception import ClaimFailed, MoveInProgress
 from drivers.base import DeviceKind
+from drivers.fake import FakeNetwork
 from tests.functional.claims_world import (PMEM_RC, World, make_world, new_uuid,
                                            spec)
 
@@ -92,6 +93,8 @@ class Move:
     old_providers: frozenset[str]
     new_providers: frozenset[str]
     state: str  # "claimed" (live migration before post) or "finished"
+    # A live migration's: the destination's answer, which the source takes.
+    answer: dict | None = None
 
     @property
     def same_host(self) -> bool:
@@ -131,8 +134,10 @@ class ClaimsMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="claims-sm-"))
+        network = FakeNetwork()
         self.worlds: dict[str, World] = {
-            h: make_world(self.tmp / h, f"host{h.lower()}") for h in HOSTS}
+            h: make_world(self.tmp / h, f"host{h.lower()}", network=network,
+                          live_migratable=True) for h in HOSTS}
         self.model = Model()
 
     def teardown(self):
@@ -178,11 +183,11 @@ class ClaimsMachine(RuleBasedStateMachine):
 
     def expect_unchanged(self, fn, *hosts):
         """Run ``fn``; if it raises ClaimFailed, every host's store must be
-        exactly as before. Returns True when the claim went through."""
+        exactly as before. Returns the claim's answer when it went through."""
         before = {h: self.worlds[h].store.dump() for h in hosts}
         guests = {h: self.worlds[h].driver.list_guests() for h in hosts}
         try:
-            fn()
+            answer = fn()
         except ClaimFailed:
             event("claim refused (ClaimFailed)")
             for h in hosts:
@@ -191,7 +196,7 @@ class ClaimsMachine(RuleBasedStateMachine):
                 assert self.worlds[h].driver.list_guests() == guests[h]
             return False
         event("claim granted")
-        return True
+        return answer
 
     def close_move(self, inst: Inst, move: Move, confirmed: bool) -> None:
         event(f"{'same-host' if move.same_host else 'cross-host'} {move.kind} "
@@ -278,7 +283,8 @@ class ClaimsMachine(RuleBasedStateMachine):
         else:
             claim = lambda: b.check_can_live_migrate_destination(  # noqa: E731
                 mig, inst.uuid, inst.spec, dst_alloc)
-        if not self.expect_unchanged(claim, src, dst):
+        answer = self.expect_unchanged(claim, src, dst)
+        if not answer:
             return
         new = frozenset(a.id for a in self.rows_of(dst, inst.uuid))
         if kind == "resize":
@@ -286,10 +292,11 @@ class ClaimsMachine(RuleBasedStateMachine):
             b.finish_resize(mig, inst.uuid)
             state = "finished"
         else:
-            a.live_migrate(mig, inst.uuid)
+            # The source hears of a live migration when it is to move.
             state = "claimed"
         inst.move = Move(mig, kind, src, dst, inst.ids, new, inst.providers,
-                         self.providers(dst, mix), state)
+                         self.providers(dst, mix), state,
+                         answer if kind == "live_migration" else None)
         inst.old_spec = inst.spec
         self.successes["move started"] += 1
 
@@ -302,6 +309,8 @@ class ClaimsMachine(RuleBasedStateMachine):
         m = inst.move
         a, b = self.worlds[m.src].manager, self.worlds[m.dst].manager
         if m.kind == "live_migration":
+            a.live_migrate(m.uuid, inst.uuid, {k: m.answer[k] for k in
+                                               ("claimed", "migration_uri")})
             b.post_live_migration_at_destination(m.uuid, inst.uuid)
         a.confirm_resize(m.uuid, inst.uuid)
         if self.confirm_at_destination and not m.same_host:
@@ -326,10 +335,11 @@ class ClaimsMachine(RuleBasedStateMachine):
             a.revert_resize(m.uuid, inst.uuid)
         else:
             if m.kind == "live_migration":
+                # Before the source was asked to move it: it knows nothing.
                 b.rollback_live_migration_at_destination(m.uuid, inst.uuid)
             else:
                 b.revert_resize(m.uuid, inst.uuid)
-            a.revert_resize(m.uuid, inst.uuid)
+                a.revert_resize(m.uuid, inst.uuid)
         self.close_move(inst, m, confirmed=False)
         inst.spec = inst.old_spec
         # Exactly the devices it had before the move, by assignment id.
@@ -421,7 +431,11 @@ class ClaimsMachine(RuleBasedStateMachine):
                         expected[(i.uuid, Owner.INSTANCE, None)] = i.ids
                         here.add(i.uuid)
                     continue
-                if m.src == h:
+                if m.src == h and m.kind == "live_migration":
+                    # The source hears of it only when the guest is to move.
+                    expected[(i.uuid, Owner.INSTANCE, None)] = m.old_ids
+                    here.add(i.uuid)
+                elif m.src == h:
                     expected[(i.uuid, Owner.MIGRATION, m.uuid)] = m.old_ids
                     here.add(i.uuid)
                 if m.dst == h:
@@ -437,7 +451,8 @@ class ClaimsMachine(RuleBasedStateMachine):
                        a.migration_uuid if a.owner is Owner.MIGRATION else None)
                 actual.setdefault(key, set()).add(a.id)
                 i = self.model.instances.get(a.instance_uuid)
-                if a.owner is Owner.INSTANCE and i is not None and i.move is not None:
+                if (a.owner is Owner.INSTANCE and i is not None and i.move is not None
+                        and h == i.move.dst):
                     assert a.migration_uuid == i.move.uuid, a
             actual = {k: frozenset(v) for k, v in actual.items()}
             assert actual == expected, f"host {h}: live rows differ from the model"
@@ -533,7 +548,9 @@ TestDestinationConfirmed = run_with_floors(DestinationConfirmedMachine)
 
 @pytest.fixture
 def hosts(tmp_path):
-    worlds = {h: make_world(tmp_path / h, f"host{h.lower()}") for h in HOSTS}
+    network = FakeNetwork()
+    worlds = {h: make_world(tmp_path / h, f"host{h.lower()}", network=network,
+                            live_migratable=True) for h in HOSTS}
     yield worlds
     for w in worlds.values():
         w.stop()
@@ -637,9 +654,10 @@ def test_live_migration_leaves_destination_move_open(hosts):
     a, b = hosts["A"], hosts["B"]
     inst, mig = new_uuid(), new_uuid()
     a.manager.build_instance(inst, spec(), a.allocations({"gpu": {"VGPU": 1}}))
-    b.manager.check_can_live_migrate_destination(mig, inst, spec(),
-                                                 b.allocations({"gpu": {"VGPU": 1}}))
-    a.manager.live_migrate(mig, inst)
+    answer = b.manager.check_can_live_migrate_destination(
+        mig, inst, spec(), b.allocations({"gpu": {"VGPU": 1}}))
+    a.manager.live_migrate(mig, inst, {"claimed": answer["claimed"],
+                                       "migration_uri": answer["migration_uri"]})
     b.manager.post_live_migration_at_destination(mig, inst)
     a.manager.confirm_resize(mig, inst)
     assert not b.migrations()[mig].open, \
