@@ -207,6 +207,15 @@ libvirt_opts = [
         default="$state_path/instances",
         help="Directory whose file system's size is reported as DISK_GB.",
     ),
+    cfg.StrOpt(
+        "live_migration_uri",
+        help="The URI of this host's libvirtd as another host's libvirtd "
+        "reaches it, to live-migrate a guest here (peer to peer). By default "
+        "connection_uri's driver over TCP at this host's name, as nova does: "
+        "'qemu:///system' on host 'compute-2' gives "
+        "'qemu+tcp://compute-2/system'; a connection_uri that names a host "
+        "is used as it is.",
+    ),
 ]
 
 pci_opts = [

@@ -396,6 +396,7 @@ VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
     (DEFAULT, "transport_url"): transport_url,
     (DEFAULT, "control_exchange"): queue_name,
     ("libvirt", "connection_uri"): libvirt_uri,
+    ("libvirt", "live_migration_uri"): libvirt_uri,
     ("libvirt", "instances_path"): absolute_path,
     ("pmem", "ndctl_json"): readable_file,
     ("fake", "host_file"): readable_file,

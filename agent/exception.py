@@ -180,3 +180,41 @@ class VersionCapped(AgentError):
     def __str__(self) -> str:
         return (f"{self.method} needs RPC API {self.needed}, but [upgrade_levels] "
                 f"compute_agent caps this client at {self.cap}")
+
+
+class LiveMigrationRefused(AgentError):
+    """A live migration's pre-check refused it before anything moved; on
+    the destination nothing stays claimed. ``side``: "source" or
+    "destination"; ``reasons``: one line per device in the way."""
+
+    def __init__(self, instance_uuid: str, side: str, reasons: list[str]):
+        super().__init__(instance_uuid, side, reasons)
+        self.instance_uuid = instance_uuid
+        self.side = side
+        self.reasons = reasons
+
+    def __str__(self) -> str:
+        return (f"live migration of instance {self.instance_uuid} refused on the "
+                f"{self.side}: {'; '.join(self.reasons)}")
+
+
+class LiveMigrationFailed(AgentError):
+    """The hypervisor's live migration failed. ``cause`` is the driver's
+    (drivers.base.MigrationFailure value); for every cause but
+    outcome_unknown the guest still runs on the source, which kept its
+    devices, and the destination's claim is the conductor's to roll back."""
+
+    def __init__(self, instance_uuid: str, migration_uuid: str, cause: str,
+                 reason: str):
+        super().__init__(instance_uuid, migration_uuid, cause, reason)
+        self.instance_uuid = instance_uuid
+        self.migration_uuid = migration_uuid
+        self.cause = cause
+        self.reason = reason
+
+    def __str__(self) -> str:
+        where = ("where the guest runs is unknown: look on both hosts before "
+                 "releasing anything" if self.cause == "outcome_unknown"
+                 else "the guest still runs on the source with its devices")
+        return (f"live migration {self.migration_uuid} of instance "
+                f"{self.instance_uuid} failed: {self.reason}; {where}")

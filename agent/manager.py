@@ -8,14 +8,21 @@ conductor's business, as in nova.
 from __future__ import annotations
 
 import logging
+import threading
 
 from agent.claim_model import (Assignment, Migration, MigrationRole, MigrationState,
                                MoveKind, Owner)
 from agent.claims import InstanceSpec
-from agent.exception import DevicesInUse, InvalidRequest
+from agent.device_spec import DeviceSpec
+from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
+                             LiveMigrationRefused, MoveInProgress)
+from agent.live_migratable import (live_migratable_devices, mdev_refusals,
+                                   mdev_type_refusals, pci_refusals)
 from agent.tracker import Tracker, check_uuid
 from drivers.base import (ComputeDriver, DeviceKind, GuestDevice, GuestSpec, GuestState,
-                          device_resources)
+                          LiveMigrationError, MigrationFailure, device_resources)
+from drivers.migration import (ClaimedDevice, InvalidMigrationTarget,
+                               LiveMigrationTarget, pair_devices)
 
 LOG = logging.getLogger(__name__)
 
@@ -98,10 +105,18 @@ class ComputeManager:
     running guest's devices by redefining it."""
 
     def __init__(self, tracker: Tracker, driver: ComputeDriver,
-                 remove_released_mdevs: bool = False):
+                 remove_released_mdevs: bool = False,
+                 device_specs: tuple[DeviceSpec, ...] = ()):
         self.tracker = tracker
         self.driver = driver
         self.remove_released_mdevs = remove_released_mdevs
+        # [pci] device_spec: which whole devices may live-migrate.
+        self.device_specs = device_specs
+        self._lock = threading.Lock()
+        # Live migrations this process is running as their source, and the
+        # mdevs each incoming one created here (removed if it rolls back).
+        self._migrating: set[str] = set()
+        self._created_mdevs: dict[str, list[str]] = {}
 
     # --- views ----------------------------------------------------------
 
@@ -257,46 +272,200 @@ class ComputeManager:
         return {"migration_uuid": m.uuid, "instance": self.get_instance(m.instance_uuid)}
 
     # --- live migration -------------------------------------------------
+    # The conductor (agent.rpcapi.live_migrate_instance) drives: the
+    # destination claims and answers what it claimed; the source pairs its
+    # devices with those, migrates the running guest and gives its devices
+    # back once the hypervisor reports the guest gone; the destination then
+    # settles its claim, or rolls it back when the source reports failure.
 
     def check_can_live_migrate_destination(self, migration_uuid, instance_uuid, spec,
                                            allocations) -> dict:
-        """Destination: claim now; the source needs these devices to
-        rewrite the guest's XML."""
-        self._known_move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
-                         (MoveKind.LIVE_MIGRATION,))
-        self.tracker.claim_move(MoveKind.LIVE_MIGRATION, migration_uuid, instance_uuid,
-                                spec, allocations)
-        guest = self._guest(instance_uuid)
+        """Destination: claim, run the pre-check on what was claimed, and
+        create the claimed mdevs (libvirt migrates an mdev only into one
+        that exists). A refusal gives the claim back whole. Answers the
+        claimed devices, which the source rewrites the guest for, and
+        where its hypervisor is reached."""
+        known = self._known_move(migration_uuid, instance_uuid,
+                                 (MigrationRole.DESTINATION,), (MoveKind.LIVE_MIGRATION,))
+        if known is None and self.tracker.knows(instance_uuid):
+            raise InvalidRequest("instance_uuid", instance_uuid,
+                                 "is on this host already; a live migration moves "
+                                 "it to another")
+        rows = self.tracker.claim_move(MoveKind.LIVE_MIGRATION, migration_uuid,
+                                       instance_uuid, spec, allocations)
+        claimed = [a for a in rows if in_guest(a)]
+        try:
+            self._prepare_incoming(migration_uuid, instance_uuid,
+                                   [guest_device(a) for a in claimed])
+        except Exception:
+            self._give_back_incoming(migration_uuid)
+            raise
         return {"migration_uuid": migration_uuid,
-                "devices": [{"assignment_id": d.assignment_id, "kind": d.kind.value,
-                             "device_id": d.device_id} for d in guest.devices]}
+                "devices": [{"assignment_id": a.id, "kind": a.kind.value,
+                             "device_id": a.device_id} for a in claimed],
+                # Since 1.2: what live_migrate's ``destination`` takes.
+                "claimed": [ClaimedDevice(a.resource_class, guest_device(a)).to_dict()
+                            for a in claimed],
+                "migration_uri": self.driver.migration_uri()}
 
-    def live_migrate(self, migration_uuid, instance_uuid) -> dict:
-        """Source: hand the devices to the migration. Once the conductor
-        reports success, confirm_resize on the source gives them back."""
-        self._known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
-                         (MoveKind.LIVE_MIGRATION,))
-        rows = self.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
-                                              instance_uuid)
-        return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
+    def _prepare_incoming(self, migration_uuid: str, instance_uuid: str,
+                          devices: list[GuestDevice]) -> None:
+        refusals = self._pci_refusals("destination", devices)
+        if refusals:
+            raise LiveMigrationRefused(instance_uuid, "destination", refusals)
+        mdevs = [d for d in devices if d.kind is DeviceKind.MDEV]
+        if not mdevs:
+            return
+        existing = {m.uuid for m in self.driver.get_host_inventory().mdevs}
+        for d in mdevs:
+            if d.device_id not in existing and d.detail.mdev_parent and d.detail.mdev_type:
+                self.driver.ensure_mdev(d.device_id, d.detail.mdev_parent,
+                                        d.detail.mdev_type)
+                with self._lock:
+                    self._created_mdevs.setdefault(migration_uuid, []).append(d.device_id)
+        refusals = mdev_refusals(
+            mdevs, frozenset(m.uuid for m in self.driver.get_host_inventory().mdevs))
+        if refusals:
+            raise LiveMigrationRefused(instance_uuid, "destination", refusals)
+
+    def _give_back_incoming(self, migration_uuid: str) -> None:
+        """The destination's claim released, and the mdevs made for it
+        removed; the guest never ran here."""
+        self.tracker.revert_move(migration_uuid)
+        with self._lock:
+            created = self._created_mdevs.pop(migration_uuid, [])
+        for mdev in created:
+            self.driver.remove_mdev(mdev)
+
+    def _pci_refusals(self, side: str, devices: list[GuestDevice]) -> list[str]:
+        """The whole devices (PCI, VF) among ``devices`` that this host's
+        [pci] device_spec does not mark live_migratable."""
+        if not any(d.kind in (DeviceKind.PCI, DeviceKind.VF) for d in devices):
+            return []
+        marked = live_migratable_devices(self.device_specs,
+                                         self.driver.get_host_inventory().pci_devices)
+        return pci_refusals(side, devices, marked)
+
+    def live_migrate(self, migration_uuid, instance_uuid, destination=None) -> dict:
+        """Source: pair the guest's devices with those the destination
+        claimed, run the pre-check, record the move (on disk before the
+        guest moves), migrate the running guest, and give the devices back
+        once the hypervisor reports it gone from here. On failure the guest
+        and its devices stay here and LiveMigrationFailed says why."""
+        if destination is None:
+            raise InvalidRequest(
+                "destination", None, "missing: since API 1.2 the source migrates the "
+                "guest itself and needs the destination's answer to "
+                "check_can_live_migrate_destination (claimed, migration_uri); a 1.0 "
+                "caller cannot drive a live migration")
+        m = self._known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                             (MoveKind.LIVE_MIGRATION,))
+        if m is not None and m.state is MigrationState.CONFIRMED:
+            return {"migration_uuid": m.uuid, "state": "migrated"}
+        if m is not None and m.state is MigrationState.REVERTED:
+            raise InvalidRequest("migration_uuid", m.uuid, "this live migration failed "
+                                 "and the guest stayed here; start another")
+        with self._lock:
+            if migration_uuid in self._migrating:
+                raise MoveInProgress(instance_uuid, migration_uuid)
+            self._migrating.add(migration_uuid)
+        try:
+            return self._migrate_out(migration_uuid, instance_uuid, destination,
+                                     resumed=m is not None)
+        finally:
+            with self._lock:
+                self._migrating.discard(migration_uuid)
+
+    def _migrate_out(self, migration_uuid: str, instance_uuid: str, destination: dict,
+                     resumed: bool) -> dict:
+        target, uri = self._target(migration_uuid, instance_uuid, destination)
+        refusals = (self._pci_refusals("source", [m.source for m in target.moves])
+                    + mdev_type_refusals(target))
+        if refusals:
+            raise LiveMigrationRefused(instance_uuid, "source", refusals)
+        self.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
+                                       instance_uuid)
+        # A move an earlier call of ours left open (the agent restarted
+        # mid-way) whose guest has left already needs no migration.
+        if not (resumed and self.driver.guest_state(instance_uuid) is None):
+            try:
+                self.driver.live_migrate(instance_uuid, uri, target)
+            except LiveMigrationError as e:
+                if e.cause is not MigrationFailure.OUTCOME_UNKNOWN:
+                    self.tracker.revert_move(migration_uuid)
+                raise LiveMigrationFailed(instance_uuid, migration_uuid, e.cause.value,
+                                          str(e)) from None
+        if self.driver.guest_state(instance_uuid) is not None:
+            raise LiveMigrationFailed(
+                instance_uuid, migration_uuid, MigrationFailure.OUTCOME_UNKNOWN.value,
+                "the hypervisor reported the migration done, yet the guest is "
+                "still here")
+        self._release_devices(self.tracker.confirm_move(migration_uuid))
+        return {"migration_uuid": migration_uuid, "state": "migrated"}
+
+    def _target(self, migration_uuid: str, instance_uuid: str, destination: dict
+                ) -> tuple[LiveMigrationTarget, str]:
+        """The guest's devices here paired with the destination's, and the
+        destination's URI. InvalidRequest names the field in the way."""
+        _, rows, _ = self.tracker.instance(instance_uuid)
+        own = [ClaimedDevice(a.resource_class, guest_device(a)) for a in rows
+               if a.kind is not DeviceKind.HOST_RESOURCES
+               and (a.owner is Owner.INSTANCE and a.migration_uuid is None
+                    or a.owner is Owner.MIGRATION and a.migration_uuid == migration_uuid)]
+        try:
+            claimed = destination["claimed"]
+            if not isinstance(claimed, list):
+                raise InvalidMigrationTarget("destination.claimed", claimed,
+                                             "must be a list")
+            theirs = [ClaimedDevice.from_dict(c, f"destination.claimed[{i}]")
+                      for i, c in enumerate(claimed)]
+            return (pair_devices(instance_uuid, own, theirs),
+                    destination["migration_uri"])
+        except InvalidMigrationTarget as e:
+            raise InvalidRequest(e.field, e.value, str(e)) from None
 
     def post_live_migration_at_destination(self, migration_uuid, instance_uuid) -> dict:
-        """Destination: the guest runs here, defined with our devices. There
-        is no going back after this, so the move is settled here too."""
+        """Destination: the guest runs here, live, with the devices this
+        host claimed (the source rewrote it for them); the claim is settled
+        and the guest left running as it is. There is no going back after
+        this, so the move is confirmed here too."""
         m = self._move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
                        (MoveKind.LIVE_MIGRATION,))
         if m.state is MigrationState.REVERTED:
             raise InvalidRequest("migration_uuid", m.uuid, "this move was rolled back")
-        self._run_with_store_devices(m.instance_uuid)
+        wanted = frozenset(d.assignment_id for d in self._guest(m.instance_uuid).devices)
+        state = self.driver.guest_state(m.instance_uuid)
+        if state is None or not state.running or state.live != wanted:
+            raise InvalidRequest("migration_uuid", m.uuid,
+                                 "the guest does not run here on the devices this "
+                                 "host claimed: the migration has not happened; "
+                                 "roll it back")
         self.tracker.finish_move(m.uuid)
         self.tracker.confirm_move(m.uuid)
+        with self._lock:
+            self._created_mdevs.pop(m.uuid, None)
         return self.get_instance(m.instance_uuid)
 
     def rollback_live_migration_at_destination(self, migration_uuid,
                                                instance_uuid) -> dict:
+        """Destination: give back what the check claimed and the mdevs it
+        created. Refused once the guest runs here: it has no other copy."""
         m = self._move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
                        (MoveKind.LIVE_MIGRATION,))
-        return self._revert(m)
+        if m.state is MigrationState.CONFIRMED:
+            raise InvalidRequest("migration_uuid", m.uuid, "this move was settled "
+                                 "here: the guest runs on this host")
+        if m.state is not MigrationState.REVERTED:
+            state = self.driver.guest_state(m.instance_uuid)
+            if state is not None and state.running:
+                raise InvalidRequest("migration_uuid", m.uuid,
+                                     "the guest runs on this host: the migration "
+                                     "happened; post_live_migration_at_destination "
+                                     "settles it")
+            # A guest defined here but not running is a leftover of the move.
+            self.driver.destroy(m.instance_uuid)
+        self._give_back_incoming(m.uuid)
+        return {"migration_uuid": m.uuid, "instance": None}
 
     # --- evacuation -----------------------------------------------------
 

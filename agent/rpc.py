@@ -180,15 +180,23 @@ class ComputeAgentEndpoint:
     @rpc_method("1.0", schemas.MOVE_CLAIM)
     def check_can_live_migrate_destination(self, ctxt, migration_uuid, instance_uuid,
                                            spec, allocations) -> dict:
-        """Since 1.0. Destination: claim now; answer the devices the source
-        writes into the guest's XML."""
+        """Since 1.0. Destination: claim, run the pre-check, create the
+        claimed mdevs; answer the devices claimed. Since 1.2 the answer
+        also has ``claimed`` and ``migration_uri``, live_migrate's
+        ``destination``; a pre-check refusal is LiveMigrationRefused."""
         return self._agent.manager.check_can_live_migrate_destination(
             migration_uuid, instance_uuid, spec, allocations)
 
-    @rpc_method("1.0", schemas.MOVE)
-    def live_migrate(self, ctxt, migration_uuid, instance_uuid) -> dict:
-        """Since 1.0. Source: hand the devices to the migration."""
-        return self._agent.manager.live_migrate(migration_uuid, instance_uuid)
+    @rpc_method("1.2", schemas.LIVE_MIGRATE)
+    def live_migrate(self, ctxt, migration_uuid, instance_uuid, destination=None) -> dict:
+        """Since 1.2. Source: ``destination`` is the destination's answer;
+        the source migrates the running guest to its claimed devices and
+        gives its own back once it is gone. 1.0's form, without
+        ``destination``, only moved records: it is refused, naming the
+        field. LiveMigrationFailed when
+        the hypervisor's migration fails (the guest stays here)."""
+        return self._agent.manager.live_migrate(migration_uuid, instance_uuid,
+                                                destination)
 
     @rpc_method("1.0", schemas.MOVE)
     def post_live_migration_at_destination(self, ctxt, migration_uuid,

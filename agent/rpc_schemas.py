@@ -18,9 +18,10 @@ UUID_FIELDS = ("instance_uuid", "migration_uuid")
 
 MAX_PROVIDERS = 64
 MAX_RESOURCE_CLASSES = 32
-# The deepest payload any call takes: the payload, its allocations, one
-# provider's body and its resources. And the widest object in one.
-MAX_DEPTH = 4
+# The deepest payload any call takes: live_migrate's destination, its
+# claimed devices, one of them, its device and the device's detail. And
+# the widest object in one.
+MAX_DEPTH = 6
 MAX_ENTRIES = max(MAX_PROVIDERS, MAX_RESOURCE_CLASSES)
 
 SPEC = {
@@ -64,6 +65,21 @@ MOVE = _schema(migration_uuid=UUID, instance_uuid=UUID)
 MOVE_CLAIM = _schema(migration_uuid=UUID, instance_uuid=UUID, spec=SPEC,
                      allocations=ALLOCATIONS)
 NOTHING = _schema()
+# The destination's answer to check_can_live_migrate_destination, as the
+# source takes it; each claimed device is read strictly by
+# drivers.migration.ClaimedDevice.
+DESTINATION = {
+    "type": "object",
+    "required": ["claimed", "migration_uri"],
+    "properties": {
+        "claimed": {"type": "array", "maxItems": MAX_PROVIDERS,
+                    "items": {"type": "object"}},
+        "migration_uri": {"type": "string", "minLength": 1, "maxLength": 1024},
+    },
+    "additionalProperties": False,
+}
+LIVE_MIGRATE = {**MOVE, "properties": {**MOVE["properties"],
+                                       "destination": DESTINATION}}
 
 
 def validator(schema: dict) -> Draft202012Validator:

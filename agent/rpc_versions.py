@@ -32,6 +32,9 @@ VERSIONS = (
                    "rebuild_instance"),
     Version("1.1", "list_instances: the instances this host holds, each with its "
                    "state"),
+    Version("1.2", "live migration moves the guest: check_can_live_migrate_"
+                   "destination also answers claimed and migration_uri, which "
+                   "live_migrate takes as destination (refused without it)"),
 )
 
 # The oldest version a client can be pinned at, and the newest: what this

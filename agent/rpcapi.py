@@ -14,6 +14,8 @@ needs a deadline of its own (compute-agent-ctl has one).
 """
 from __future__ import annotations
 
+import uuid as uuid_lib
+
 from agent.exception import GenerationConflict, VersionCapped
 from agent.messaging import TOPIC, messaging, transport
 from agent.placement import PlacementClient
@@ -98,8 +100,13 @@ class ComputeAgentAPI:
     def revert_resize(self, host, migration_uuid, instance_uuid):
         return self._move("revert_resize", host, migration_uuid, instance_uuid)
 
-    def live_migrate(self, host, migration_uuid, instance_uuid):
-        return self._move("live_migrate", host, migration_uuid, instance_uuid)
+    def live_migrate(self, host, migration_uuid, instance_uuid, destination: dict):
+        """The source migrates the guest; ``destination``: the ``claimed``
+        and ``migration_uri`` of the destination's answer to
+        check_can_live_migrate_destination. Needs API 1.2."""
+        return self._call(host, "live_migrate", version="1.2",
+                          migration_uuid=migration_uuid, instance_uuid=instance_uuid,
+                          destination=destination)
 
     def post_live_migration_at_destination(self, host, migration_uuid, instance_uuid):
         return self._move("post_live_migration_at_destination", host, migration_uuid,
@@ -143,3 +150,51 @@ def move_allocations(placement: PlacementClient, source_consumer: str,
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
+                          instance_uuid: str, source: str, destination: str, spec: dict,
+                          allocations: dict, migration_uuid: str | None = None) -> dict:
+    """A conductor's whole live migration of one instance, as nova's
+    conductor runs it: the instance's allocations pass to the migration
+    (the source's side) and ``allocations`` on the destination's providers
+    are written for the instance; the destination claims and answers
+    (check_can_live_migrate_destination); the source migrates the running
+    guest and gives its devices back; the destination settles its claim;
+    the migration's allocations go. When the destination refuses or the
+    source fails, the destination's claim is rolled back, the allocations
+    return to the source and the error is raised as the agent sent it.
+    Returns the instance as the destination reports it."""
+    migration = migration_uuid or str(uuid_lib.uuid4())
+    move_allocations(placement, instance_uuid, migration)
+    claimed = None
+    try:
+        _write_allocations(placement, instance_uuid, migration, allocations)
+        claimed = api.check_can_live_migrate_destination(
+            destination, migration, instance_uuid, spec, allocations)
+        api.live_migrate(source, migration, instance_uuid,
+                         {"claimed": claimed["claimed"],
+                          "migration_uri": claimed["migration_uri"]})
+    except Exception:
+        if claimed is not None:
+            api.rollback_live_migration_at_destination(destination, migration,
+                                                       instance_uuid)
+        move_allocations(placement, migration, instance_uuid, "INSTANCE")
+        raise
+    arrived = api.post_live_migration_at_destination(destination, migration,
+                                                     instance_uuid)
+    _write_allocations(placement, migration, migration, {}, "MIGRATION")
+    return arrived
+
+
+def _write_allocations(placement: PlacementClient, consumer: str, owner_of: str,
+                       allocations: dict, consumer_type: str = "INSTANCE") -> None:
+    """``consumer``'s allocations replaced by ``allocations`` (none: removed),
+    for the project and user ``owner_of``'s allocations name."""
+    owner = placement.get_consumer_allocations(owner_of)
+    current = placement.get_consumer_allocations(consumer)
+    placement.post_allocations({consumer: {
+        "allocations": allocations, "project_id": owner["project_id"],
+        "user_id": owner["user_id"],
+        "consumer_generation": current.get("consumer_generation"),
+        "consumer_type": consumer_type}})

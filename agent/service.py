@@ -296,7 +296,8 @@ class Agent:
         store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
                            compute_id is not None, driver, client, holder, policy)
         manager = ComputeManager(Tracker(store, driver.boot_id(), metrics), driver,
-                                 conf.devices.remove_released_mdevs)
+                                 conf.devices.remove_released_mdevs,
+                                 policy.device_specs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
                    manager, conf.reconcile_interval, conf.orphan_grace_period,
                    conf.allocation_refresh_interval, conf.heal.on_startup,

@@ -11,7 +11,10 @@ import abc
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Collection, get_args, get_type_hints
+from typing import TYPE_CHECKING, Callable, Collection, get_args, get_type_hints
+
+if TYPE_CHECKING:  # drivers.migration builds on this module's types
+    from drivers.migration import LiveMigrationTarget
 
 
 class PciKind(str, enum.Enum):
@@ -408,15 +411,21 @@ class ComputeDriver(abc.ABC):
 
     @abc.abstractmethod
     def live_migrate(self, instance_uuid: str, dest_uri: str,
-                     dest_definition: str) -> None:
+                     target: "LiveMigrationTarget") -> None:
         """Move the running guest, while it runs, to the hypervisor at
-        ``dest_uri``, where it runs with ``dest_definition`` (the live,
-        migratable ``guest_definition`` rewritten for the destination's
-        devices) and is defined persistently. Returns once the source holds
-        nothing of the guest, neither running nor defined. Raises
-        LiveMigrationError naming the cause; for every cause but
-        OUTCOME_UNKNOWN the guest still runs here as before and the
-        destination holds nothing."""
+        ``dest_uri``, where it runs with ``target``'s destination devices in
+        place of its own (the driver rewrites its own definition of the
+        running guest for them) and is defined persistently. Returns once
+        the source holds nothing of the guest, neither running nor
+        defined. Raises LiveMigrationError naming the cause; a target that
+        does not describe the running guest's devices is
+        DEFINITION_REFUSED. For every cause but OUTCOME_UNKNOWN the guest
+        still runs here as before and the destination holds nothing."""
+
+    @abc.abstractmethod
+    def migration_uri(self) -> str:
+        """Where a source's hypervisor reaches this one to migrate a guest
+        here (libvirt: the destination libvirtd's URI)."""
 
 
 class MdevError(RuntimeError):

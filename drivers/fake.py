@@ -42,6 +42,7 @@ from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
                           MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
                           PciHealthSignals, PciKind, PmemNamespace)
 from drivers.fake_sysfs import vf_address
+from drivers.migration import InvalidMigrationTarget, LiveMigrationTarget, moved_guest
 
 
 class InvalidFakeHost(ValueError):
@@ -229,24 +230,6 @@ def fake_definition(guest: GuestSpec) -> str:
                     for d in guest.devices]}, sort_keys=True)
 
 
-def parse_fake_definition(text: str) -> GuestSpec:
-    """Read what fake_definition wrote. Raises ValueError naming the field
-    that is missing or wrong."""
-    try:
-        obj = json.loads(text)
-        devices = tuple(
-            GuestDevice(d["assignment_id"], DeviceKind(d["kind"]), d["device_id"],
-                        d["amount"], frozenset(d["cpus"]),
-                        DeviceDetail.from_json(json.dumps(d["detail"])))
-            for d in obj["devices"])
-        return GuestSpec(obj["instance_uuid"], obj["name"], obj["vcpus"],
-                         obj["memory_mb"], devices)
-    except KeyError as e:
-        raise ValueError(f"definition: {e.args[0]}: missing") from None
-    except (TypeError, AttributeError) as e:
-        raise ValueError(f"definition: not a guest definition: {e}") from None
-
-
 class FakeNetwork:
     """Fake hypervisors that reach one another by URI, as the libvirtds of
     hosts on one network do: where a live migration finds its
@@ -287,6 +270,9 @@ class FakeDriver(ComputeDriver):
         self._health: dict[str, PciHealthSignals] = {}
         self.current_boot_id = boot_id
         self._network = network
+        # Without a network no migration reaches it: a URI of its own still
+        # names it, unreachable.
+        self.uri = uri or f"fake:///{boot_id}"
         if network is not None and uri is not None:
             network.join(uri, self)
 
@@ -388,10 +374,10 @@ class FakeDriver(ComputeDriver):
     # --- live migration ---------------------------------------------------
 
     def live_migrate(self, instance_uuid: str, dest_uri: str,
-                     dest_definition: str) -> None:
+                     target: LiveMigrationTarget) -> None:
         """Refuses as libvirt does, and otherwise moves the guest in one
-        step: running on the destination with ``dest_definition``, gone
-        from here."""
+        step: running on the destination with ``target``'s devices, defined
+        there so, gone from here."""
         what = f"{instance_uuid} to {dest_uri}"
         with self._lock:
             guest = self.guests.get(instance_uuid)
@@ -407,21 +393,17 @@ class FakeDriver(ComputeDriver):
             raise LiveMigrationError(MigrationFailure.ABORTED,
                                      f"{what}: the destination is this host")
         try:
-            moved = parse_fake_definition(dest_definition)
-        except ValueError as e:
+            moved = moved_guest(guest.live, target)
+        except InvalidMigrationTarget as e:
             raise LiveMigrationError(MigrationFailure.DEFINITION_REFUSED,
                                      f"{what}: {e}") from None
-        if (moved.instance_uuid, moved.vcpus, moved.memory_mb) != (
-                instance_uuid, guest.live.vcpus, guest.live.memory_mb):
-            raise LiveMigrationError(
-                MigrationFailure.DEFINITION_REFUSED,
-                f"{what}: the destination definition is of guest "
-                f"{moved.instance_uuid} with {moved.vcpus} vCPUs and "
-                f"{moved.memory_mb} MiB, not this guest's")
         with dest._lock:
             dest.guests[instance_uuid] = FakeGuest(moved, moved)
         with self._lock:
             self.guests.pop(instance_uuid, None)
+
+    def migration_uri(self) -> str:
+        return self.uri
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         with self._lock:

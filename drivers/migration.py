@@ -15,8 +15,8 @@ import uuid as uuid_lib
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, HostResource,
-                          device_resources)
+from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
+                          HostResource, device_resources)
 
 
 class InvalidMigrationTarget(ValueError):
@@ -164,6 +164,30 @@ class LiveMigrationTarget:
                  devices: Iterable[GuestDevice]) -> "LiveMigrationTarget":
         """Every device in its own place: a move that changes nothing."""
         return cls(instance_uuid, tuple(DeviceMove(d, d) for d in devices))
+
+
+def moved_guest(guest: GuestSpec, target: LiveMigrationTarget) -> GuestSpec:
+    """The guest as it runs on the destination: each of its devices replaced
+    by its move's destination device. Raises InvalidMigrationTarget when the
+    target is another guest's, or its sources are not exactly the guest's
+    devices (a target made for devices the guest no longer holds)."""
+    if target.instance_uuid != guest.instance_uuid:
+        raise InvalidMigrationTarget("target.instance_uuid", target.instance_uuid,
+                                     f"the guest is {guest.instance_uuid}")
+    moves = {m.source.assignment_id: m for m in target.moves}
+    for i, device in enumerate(guest.devices):
+        move = moves.get(device.assignment_id)
+        if move is None or move.source != device:
+            raise InvalidMigrationTarget(
+                f"guest.devices[{i}]", device.assignment_id,
+                "no move of the target replaces this device as the guest holds it")
+    held = {d.assignment_id for d in guest.devices}
+    extra = sorted(set(moves) - held)
+    if extra:
+        raise InvalidMigrationTarget("target.moves", extra[0],
+                                     "moves a device the guest does not hold")
+    return GuestSpec(guest.instance_uuid, guest.name, guest.vcpus, guest.memory_mb,
+                     tuple(moves[d.assignment_id].destination for d in guest.devices))
 
 
 def pair_devices(instance_uuid: str, source: Sequence[ClaimedDevice],

@@ -11,12 +11,13 @@ import os
 import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Collection
+from urllib.parse import urlsplit
 
 import libvirt
 
 from drivers.base import (
-    ComputeDriver, ForeignGuest, GuestSpec, GuestState, HostInventory, Mdev, MdevParent,
-    PciDevice, PciHealthSignals, PciKind)
+    ComputeDriver, ForeignGuest, GuestSpec, GuestState, HostInventory, LiveMigrationError,
+    Mdev, MdevParent, MigrationFailure, PciDevice, PciHealthSignals, PciKind)
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.host_data import InvalidHostData
@@ -24,6 +25,8 @@ from drivers.libvirt.guest_xml import parse_guest
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.host_cpu import HostCpuFeatures
 from drivers.libvirt.mdev import MdevSysfs
+from drivers.libvirt.migration_xml import MigrationXmlError, rewrite_for_destination
+from drivers.migration import LiveMigrationTarget
 from drivers.libvirt.sysfs import SysfsReader
 from drivers.warnings_once import WarningsOnce
 
@@ -126,8 +129,25 @@ class LibvirtDriver(ComputeDriver):
         self._guests.remove_mdev(mdev_uuid)
 
     def live_migrate(self, instance_uuid: str, dest_uri: str,
-                     dest_definition: str) -> None:
-        self._guests.live_migrate(instance_uuid, dest_uri, dest_definition)
+                     target: LiveMigrationTarget) -> None:
+        """The running guest's migratable XML (libvirt refuses the plain
+        live XML, and XML written afresh, as changed virtual hardware),
+        rewritten for the target's devices, is the destination's XML."""
+        source = self._guests.guest_xml(instance_uuid, live=True, migratable=True)
+        if source is None:
+            raise LiveMigrationError(MigrationFailure.NO_RUNNING_GUEST,
+                                     f"{instance_uuid} to {dest_uri}: no such guest here")
+        try:
+            dest_xml = rewrite_for_destination(source, target)
+        except MigrationXmlError as e:
+            raise LiveMigrationError(MigrationFailure.DEFINITION_REFUSED,
+                                     f"{instance_uuid} to {dest_uri}: {e}") from None
+        self._guests.live_migrate(instance_uuid, dest_uri, dest_xml)
+
+    def migration_uri(self) -> str:
+        return (self._conf.libvirt.live_migration_uri
+                or default_migration_uri(self._conf.libvirt.connection_uri,
+                                         self._conf.host))
 
     def _inventory(self) -> HostInventory:
         warnings: list[str] = []
@@ -303,6 +323,17 @@ class LibvirtDriver(ComputeDriver):
         self._cache_stale = True
         for listener in list(self._listeners):
             listener()
+
+
+def default_migration_uri(connection_uri: str, host: str) -> str:
+    """Where another host's libvirtd reaches this one: a URI that names a
+    host already does; a local one ('qemu:///system', over a UNIX socket)
+    becomes its driver over TCP at ``host``, nova's default scheme."""
+    parts = urlsplit(connection_uri)
+    if parts.hostname:
+        return connection_uri
+    driver = parts.scheme.split("+", 1)[0]
+    return f"{driver}+tcp://{host}{parts.path or '/system'}"
 
 
 def local_base_page_kib() -> int:

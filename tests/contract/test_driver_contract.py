@@ -29,11 +29,11 @@ from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
                           GuestDevice, GuestSpec, HostResource, HostResourceKind,
                           LiveMigrationError, MdevError, MigrationFailure,
                           device_resources)
-from drivers.fake import FakeDriver, FakeNetwork, fake_definition
+from drivers.fake import FakeDriver, FakeNetwork
+from drivers.migration import DeviceMove, LiveMigrationTarget
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.driver import LibvirtDriver
 from tests.functional.helpers import write_conf
-from tests.functional.migration_standin import destination_xml
 from tests.functional.nova_host import nova_domain_xml
 
 PF = "0000:81:00.0"
@@ -91,7 +91,7 @@ def device_host(root: Path) -> SysfsBuilder:
 
 
 def libvirt_driver(tmp_path: Path, uri: str, sysfs: Path) -> LibvirtDriver:
-    sysfs.mkdir(parents=True, exist_ok=True)  # a host with no devices at all
+    sysfs.mkdir(parents=True, exist_ok=True)  # checked at load: it must exist
     path = write_conf(tmp_path, "http://127.0.0.1:9", "contract", None,
                       DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(sysfs)},
                       libvirt={"connection_uri": uri,
@@ -361,9 +361,6 @@ class Pair:
     dest_uri: str
     unreachable_uri: str
     devices: Callable[[str], tuple[GuestDevice, ...]]  # "a" (source) or "b" (dest)
-    # What the source passes for the destination: its live, migratable
-    # definition rewritten for the destination's devices.
-    dest_definition: Callable[[GuestSpec, GuestSpec], str]
 
     def guests(self) -> tuple[GuestSpec, GuestSpec]:
         """A guest's spec on the source and on the destination."""
@@ -372,13 +369,18 @@ class Pair:
                      for w in "ab")
 
 
+def target(a: GuestSpec, b: GuestSpec) -> LiveMigrationTarget:
+    """Each of ``a``'s devices moved to ``b``'s in the same place."""
+    return LiveMigrationTarget(a.instance_uuid, tuple(
+        DeviceMove(s, d) for s, d in zip(a.devices, b.devices, strict=True)))
+
+
 def make_fake_pair() -> Pair:
     network = FakeNetwork()
     hosts = [FakeDriver(boot_id=f"fake-{w}", network=network, uri=f"fake://{w}")
              for w in "ab"]
     return Pair(hosts[0], hosts[1], "fake://b", "fake://nowhere", lambda w: device_set(
-        w, "", None, f"/dev/dax0.{0 if w == 'a' else 1}", 0 if w == "a" else 1, 0),
-        lambda a, b: fake_definition(b))
+        w, "", None, f"/dev/dax0.{0 if w == 'a' else 1}", 0 if w == "a" else 1, 0))
 
 
 def make_libvirt_qemu_pair(tmp_path: Path, daemons) -> Pair:
@@ -389,14 +391,9 @@ def make_libvirt_qemu_pair(tmp_path: Path, daemons) -> Pair:
         files[which] = daemon.root / f"pmem-{tmp_path.name}"
         with open(files[which], "wb") as f:
             f.truncate(64 << 20)
-
-    def dest_definition(a: GuestSpec, b: GuestSpec) -> str:
-        source = drivers[0].guest_definition(a.instance_uuid, live=True, migratable=True)
-        return destination_xml(source, a, b)
     return Pair(drivers[0], drivers[1], daemons[1].uri,
                 f"qemu+unix:///system?socket={tmp_path / 'no-libvirtd'}",
-                lambda w: device_set(w, "", None, str(files[w]), 0 if w == "a" else 1, 0),
-                dest_definition)
+                lambda w: device_set(w, "", None, str(files[w]), 0 if w == "a" else 1, 0))
 
 
 @pytest.fixture(params=["fake", "libvirt-qemu"])
@@ -422,7 +419,7 @@ def assert_unmoved(pair: Pair, a: GuestSpec, running: bool = True) -> None:
 def test_live_migration_moves_the_running_guest_to_the_destinations_devices(pair):
     a, b = pair.guests()
     pair.source.spawn(a)
-    pair.source.live_migrate(a.instance_uuid, pair.dest_uri, pair.dest_definition(a, b))
+    pair.source.live_migrate(a.instance_uuid, pair.dest_uri, target(a, b))
     state = pair.dest.guest_state(a.instance_uuid)
     assert state.running
     assert state.live == state.saved == ids(b)
@@ -434,16 +431,17 @@ def test_live_migration_moves_the_running_guest_to_the_destinations_devices(pair
 def test_live_migration_of_a_guest_not_running_here_is_refused(pair):
     a, b = pair.guests()
     pair.source.spawn(a)
-    definition = pair.dest_definition(a, b)
+    moves = target(a, b)
     pair.source.power_off(a.instance_uuid)
     with pytest.raises(LiveMigrationError, match=a.instance_uuid) as caught:
-        pair.source.live_migrate(a.instance_uuid, pair.dest_uri, definition)
+        pair.source.live_migrate(a.instance_uuid, pair.dest_uri, moves)
     assert caught.value.cause is MigrationFailure.NO_RUNNING_GUEST
     assert_unmoved(pair, a, running=False)
 
     absent = str(uuid.uuid4())
     with pytest.raises(LiveMigrationError, match=absent) as caught:
-        pair.source.live_migrate(absent, pair.dest_uri, definition)
+        pair.source.live_migrate(absent, pair.dest_uri,
+                                 LiveMigrationTarget(absent, moves.moves))
     assert caught.value.cause is MigrationFailure.NO_RUNNING_GUEST
 
 
@@ -451,21 +449,24 @@ def test_live_migration_to_an_unreachable_destination_is_refused(pair):
     a, b = pair.guests()
     pair.source.spawn(a)
     with pytest.raises(LiveMigrationError) as caught:
-        pair.source.live_migrate(a.instance_uuid, pair.unreachable_uri,
-                                 pair.dest_definition(a, b))
+        pair.source.live_migrate(a.instance_uuid, pair.unreachable_uri, target(a, b))
     assert caught.value.cause is MigrationFailure.DESTINATION_UNREACHABLE
     assert pair.unreachable_uri in str(caught.value)
     assert_unmoved(pair, a)
 
 
-def test_live_migration_with_another_guests_definition_is_refused(pair):
+def test_live_migration_with_a_target_not_made_for_the_guest_is_refused(pair):
+    """Another guest's target, and one for devices the guest does not hold
+    (a stale answer): refused before anything moves."""
     a, b = pair.guests()
     pair.source.spawn(a)
-    other = pair.dest_definition(a, b).replace(a.instance_uuid, str(uuid.uuid4()))
-    with pytest.raises(LiveMigrationError) as caught:
-        pair.source.live_migrate(a.instance_uuid, pair.dest_uri, other)
-    assert caught.value.cause is MigrationFailure.DEFINITION_REFUSED
-    assert_unmoved(pair, a)
+    others = LiveMigrationTarget(str(uuid.uuid4()), target(a, b).moves)
+    stale = target(b, a)  # made for the devices b holds, not a's
+    for wrong in (others, stale):
+        with pytest.raises(LiveMigrationError) as caught:
+            pair.source.live_migrate(a.instance_uuid, pair.dest_uri, wrong)
+        assert caught.value.cause is MigrationFailure.DEFINITION_REFUSED
+        assert_unmoved(pair, a)
 
 
 def test_the_libvirt_test_driver_refuses_live_migration_as_unsupported(tmp_path):
@@ -473,9 +474,9 @@ def test_the_libvirt_test_driver_refuses_live_migration_as_unsupported(tmp_path)
     a = s.guest("a")
     s.driver.spawn(a)
     try:
-        live = s.driver.guest_definition(a.instance_uuid, live=True, migratable=True)
         with pytest.raises(LiveMigrationError) as caught:
-            s.driver.live_migrate(a.instance_uuid, "test:///default", live)
+            s.driver.live_migrate(a.instance_uuid, "test:///default",
+                                  LiveMigrationTarget.identity(a.instance_uuid, a.devices))
         assert caught.value.cause is MigrationFailure.UNSUPPORTED
         state = s.driver.guest_state(a.instance_uuid)
         assert state.running and state.live == ids(a)

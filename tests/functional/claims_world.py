@@ -26,7 +26,7 @@ from agent.reconcile import reconcile
 from agent.service import pools_by_uuid
 from agent.state import Store
 from agent.tracker import Tracker
-from drivers.fake import FakeDriver
+from drivers.fake import FakeDriver, FakeNetwork
 
 PF = "0000:81:00.0"
 GPU = "0000:84:00.0"
@@ -86,7 +86,8 @@ class World:
         self.tracker = Tracker(self.store, self.driver.boot_id())
         self.pools = self.build_pools()
         self.tracker.set_pools(self.pools)
-        self.manager = ComputeManager(self.tracker, self.driver)
+        self.manager = ComputeManager(self.tracker, self.driver,
+                                      device_specs=self.policy.device_specs)
         return self
 
     def stop(self) -> None:
@@ -149,9 +150,12 @@ class World:
 
 def make_world(directory: Path, name: str = "hosta", host: dict | None = None,
                dedicated: str | None = "2-3,6-7",
-               driver: FakeDriver | None = None) -> World:
+               driver: FakeDriver | None = None, network: FakeNetwork | None = None,
+               live_migratable: bool = False) -> World:
     """A host world with its store at ``directory/state.db``. ``driver``:
-    a FakeDriver (or subclass) already made from ``host``."""
+    a FakeDriver (or subclass) already made from ``host``; else one at
+    ``fake://<name>`` on ``network``, where live migrations reach it.
+    ``live_migratable``: the PF's VFs may live-migrate."""
     from compute_common.cpuset import parse_cpu_set
     directory.mkdir(parents=True, exist_ok=True)
     host = host if host is not None else host_dict()
@@ -164,11 +168,13 @@ def make_world(directory: Path, name: str = "hosta", host: dict | None = None,
         shared_cpus=(frozenset(c for c in range(4 * cells))
                      - parse_cpu_set(dedicated)) if dedicated else None,
         device_specs=parse_specs([f'{{"address": "{PF}", "product_id": "154c", '
-                                     '"resource_class": "SRIOV_NET_VF"}']),
+                                     '"resource_class": "SRIOV_NET_VF", '
+                                     f'"live_migratable": "{"yes" if live_migratable else "no"}"}}']),
         mdev_types=(MdevTypePolicy(MDEV_TYPE),),
         pmem_labels=((PMEM_LABEL, namespaces),),
     )
-    driver = driver if driver is not None else FakeDriver(host, f"{name}-boot-1")
+    driver = driver if driver is not None else FakeDriver(
+        host, f"{name}-boot-1", network=network, uri=f"fake://{name}")
     world = World(name, directory / "state.db", driver, policy)
     return world.start()
 

@@ -30,7 +30,10 @@ SHARED_CAPABILITIES_CACHE = Path("/var/cache/libvirt/qemu/capabilities")
 LIBVIRTD_CONF = 'unix_sock_dir = "/run/libvirt"\nlisten_tls = 0\nlisten_tcp = 0\n'
 # root, as the setup configures the machine's one (without it every call
 # re-probes QEMU); QEMU's output to a file rather than through a virtlogd.
-QEMU_CONF = 'user = "root"\ngroup = "root"\nstdio_handler = "file"\n'
+# No private /dev per QEMU (namespaces = []): a test's stand-in for a dax
+# device is a file reached through a /dev path, which libvirt would
+# otherwise look for in the guest's own /dev.
+QEMU_CONF = 'user = "root"\ngroup = "root"\nstdio_handler = "file"\nnamespaces = []\n'
 # Two daemons a live migration runs between, each with ports of its own
 # for the incoming QEMU to listen on, clear of the machine's libvirtd
 # (libvirt's default range, 49152-49215).

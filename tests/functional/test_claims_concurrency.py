@@ -249,8 +249,9 @@ def test_bad_move_requests_are_refused_naming_the_field(world):
     w.manager.build_instance(inst, spec(), w.allocations(CLAIM))
     for allocations, s, field in bad_cases(w):
         _refused(w, lambda: w.manager.prep_resize(new_uuid(), inst, s, allocations), field)
+        # A live migration comes from another host: an instance not here.
         _refused(w, lambda: w.manager.check_can_live_migrate_destination(
-            new_uuid(), inst, s, allocations), field)
+            new_uuid(), new_uuid(), s, allocations), field)
         _refused(w, lambda: w.manager.rebuild_instance(new_uuid(), inst, s, allocations),
                  field)
     # And the instance still moves normally afterwards.

@@ -41,6 +41,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
 from agent.claim_model import AssignmentState, MigrationState, Owner
 from agent.exception import ClaimFailed, MoveInProgress
 from drivers.base import DeviceKind
+from drivers.fake import FakeNetwork
 from tests.functional.claims_world import (PMEM_RC, World, make_world, new_uuid,
                                            spec)
 
@@ -84,14 +85,14 @@ def mixes(draw) -> dict[str, dict[str, int]]:
 @dataclass
 class Move:
     uuid: str
-    kind: str  # resize, live_migration
+    kind: str  # resize
     src: str
     dst: str
     old_ids: frozenset[str]
     new_ids: frozenset[str]
     old_providers: frozenset[str]
     new_providers: frozenset[str]
-    state: str  # "claimed" (live migration before post) or "finished"
+    state: str  # "finished"
 
     @property
     def same_host(self) -> bool:
@@ -265,7 +266,11 @@ class ClaimsMachine(RuleBasedStateMachine):
         self.successes["move started"] += 1
 
     @precondition(lambda self: self.any_instance(moving=False))
-    @rule(data=st.data(), mix=mixes(), kind=st.sampled_from(["resize", "live_migration"]))
+    # A live migration is not modelled here since it moves the guest (the
+    # source releases as the guest leaves): tests/functional/
+    # test_live_migration_agents.py and test_claims_stateful's regression
+    # test below drive it.
+    @rule(data=st.data(), mix=mixes(), kind=st.just("resize"))
     def move_cross_host(self, data, mix, kind):
         inst = self.pick(data, lambda i: i.move is None, "cross-host move")
         if inst is None:
@@ -273,21 +278,13 @@ class ClaimsMachine(RuleBasedStateMachine):
         src, dst = inst.host, other(inst.host)
         a, b, mig = self.worlds[src].manager, self.worlds[dst].manager, new_uuid()
         dst_alloc = self.worlds[dst].allocations(mix)
-        if kind == "resize":
-            claim = lambda: b.prep_resize(mig, inst.uuid, inst.spec, dst_alloc)  # noqa: E731
-        else:
-            claim = lambda: b.check_can_live_migrate_destination(  # noqa: E731
-                mig, inst.uuid, inst.spec, dst_alloc)
+        claim = lambda: b.prep_resize(mig, inst.uuid, inst.spec, dst_alloc)  # noqa: E731
         if not self.expect_unchanged(claim, src, dst):
             return
         new = frozenset(a.id for a in self.rows_of(dst, inst.uuid))
-        if kind == "resize":
-            a.resize_instance(mig, inst.uuid)
-            b.finish_resize(mig, inst.uuid)
-            state = "finished"
-        else:
-            a.live_migrate(mig, inst.uuid)
-            state = "claimed"
+        a.resize_instance(mig, inst.uuid)
+        b.finish_resize(mig, inst.uuid)
+        state = "finished"
         inst.move = Move(mig, kind, src, dst, inst.ids, new, inst.providers,
                          self.providers(dst, mix), state)
         inst.old_spec = inst.spec
@@ -301,8 +298,6 @@ class ClaimsMachine(RuleBasedStateMachine):
             return
         m = inst.move
         a, b = self.worlds[m.src].manager, self.worlds[m.dst].manager
-        if m.kind == "live_migration":
-            b.post_live_migration_at_destination(m.uuid, inst.uuid)
         a.confirm_resize(m.uuid, inst.uuid)
         if self.confirm_at_destination and not m.same_host:
             b.confirm_resize(m.uuid, inst.uuid)
@@ -311,9 +306,7 @@ class ClaimsMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.any_instance(moving=True))
     @rule(data=st.data(), restart_between=st.booleans())
     def revert(self, data, restart_between):
-        """Revert a resize (on the destination, then the source), or roll a
-        live migration back (rollback at the destination, revert on the
-        source)."""
+        """Revert a resize (on the destination, then the source)."""
         inst = self.pick(data, lambda i: i.move is not None, "revert")
         if inst is None:
             return
@@ -325,10 +318,7 @@ class ClaimsMachine(RuleBasedStateMachine):
         if m.same_host:
             a.revert_resize(m.uuid, inst.uuid)
         else:
-            if m.kind == "live_migration":
-                b.rollback_live_migration_at_destination(m.uuid, inst.uuid)
-            else:
-                b.revert_resize(m.uuid, inst.uuid)
+            b.revert_resize(m.uuid, inst.uuid)
             a.revert_resize(m.uuid, inst.uuid)
         self.close_move(inst, m, confirmed=False)
         inst.spec = inst.old_spec
@@ -533,7 +523,9 @@ TestDestinationConfirmed = run_with_floors(DestinationConfirmedMachine)
 
 @pytest.fixture
 def hosts(tmp_path):
-    worlds = {h: make_world(tmp_path / h, f"host{h.lower()}") for h in HOSTS}
+    network = FakeNetwork()
+    worlds = {h: make_world(tmp_path / h, f"host{h.lower()}", network=network,
+                            live_migratable=True) for h in HOSTS}
     yield worlds
     for w in worlds.values():
         w.stop()
@@ -637,9 +629,10 @@ def test_live_migration_leaves_destination_move_open(hosts):
     a, b = hosts["A"], hosts["B"]
     inst, mig = new_uuid(), new_uuid()
     a.manager.build_instance(inst, spec(), a.allocations({"gpu": {"VGPU": 1}}))
-    b.manager.check_can_live_migrate_destination(mig, inst, spec(),
-                                                 b.allocations({"gpu": {"VGPU": 1}}))
-    a.manager.live_migrate(mig, inst)
+    answer = b.manager.check_can_live_migrate_destination(
+        mig, inst, spec(), b.allocations({"gpu": {"VGPU": 1}}))
+    a.manager.live_migrate(mig, inst, {"claimed": answer["claimed"],
+                                       "migration_uri": answer["migration_uri"]})
     b.manager.post_live_migration_at_destination(mig, inst)
     a.manager.confirm_resize(mig, inst)
     assert not b.migrations()[mig].open, \

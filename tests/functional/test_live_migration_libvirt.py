@@ -27,7 +27,7 @@ from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec, Host
 from drivers.libvirt.driver import LibvirtDriver
 from drivers.libvirt.guest_xml import domain_name
 from tests.contract.test_driver_contract import libvirt_driver
-from tests.functional.migration_standin import destination_xml
+from tests.contract.test_driver_contract import target
 
 PMEM_BYTES = 64 << 20
 MARK = b"compute-agent live migration\n"
@@ -69,11 +69,6 @@ class Hosts:
         b = guest(instance, self.pmem("b", instance), 1, "b")
         self.drivers["a"].spawn(a)
         return a, b
-
-    def dest_xml(self, a: GuestSpec, b: GuestSpec) -> str:
-        source = self.drivers["a"].guest_definition(a.instance_uuid, live=True,
-                                                   migratable=True)
-        return destination_xml(source, a, b)
 
     def domain(self, which: str, instance: str) -> libvirt.virDomain | None:
         conn = libvirt.open(self.daemons[which].uri)
@@ -122,7 +117,7 @@ def test_a_running_guest_moves_live_to_b_and_runs_there_on_bs_devices(hosts):
     a, b = hosts.spawn_on_a()
     started = time.monotonic()
     hosts.drivers["a"].live_migrate(a.instance_uuid, hosts.daemons["b"].uri,
-                                    hosts.dest_xml(a, b))
+                                    target(a, b))
     took = time.monotonic() - started
 
     # B runs it, live, with B's CPU and B's file, and keeps it defined
@@ -148,7 +143,7 @@ def test_a_running_guest_moves_live_to_b_and_runs_there_on_bs_devices(hosts):
 
 def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):
     a, b = hosts.spawn_on_a()
-    dest_xml = hosts.dest_xml(a, b)
+    moves = target(a, b)
     # Slowed to 1 MiB/s (through libvirt, not the driver) so the transfer
     # is still under way when B's QEMU is killed.
     conn = libvirt.open(hosts.daemons["a"].uri)
@@ -159,7 +154,7 @@ def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):
     def migrate() -> None:
         try:
             hosts.drivers["a"].live_migrate(a.instance_uuid, hosts.daemons["b"].uri,
-                                            dest_xml)
+                                            moves)
         except Exception as exc:  # handed to the test's thread
             raised.append(exc)
 
@@ -192,6 +187,6 @@ def test_a_destination_that_cannot_start_the_guest_refuses_and_a_keeps_it(hosts)
     b_missing = guest(a.instance_uuid, missing, 1, "b")
     with pytest.raises(LiveMigrationError, match=str(missing)) as caught:
         hosts.drivers["a"].live_migrate(a.instance_uuid, hosts.daemons["b"].uri,
-                                        hosts.dest_xml(a, b_missing))
+                                        target(a, b_missing))
     assert caught.value.cause is MigrationFailure.ABORTED
     assert_runs_on_a_only(hosts, a)

@@ -26,6 +26,7 @@ from tests.functional.helpers import placement_tree, write_conf
 @pytest.fixture
 def agent(tmp_path, placement, private_libvirtd):
     assert os.cpu_count() >= 2, "the resize needs two host CPUs to move between"
+    (tmp_path / "sys").mkdir()  # checked at load: it must exist
     path = write_conf(
         tmp_path, placement.url, f"real-{uuid.uuid4().hex[:8]}", host_dict=None,
         DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(tmp_path / "sys")},

@@ -20,7 +20,8 @@ from keystoneauth1 import adapter, session
 from lxml import etree
 
 from agent.cmd.common import load_config
-from agent.exception import (ClaimFailed, InvalidRequest, NoSuchInstance,
+from agent.exception import (ClaimFailed, InvalidRequest, LiveMigrationRefused,
+                             NoSuchInstance,
                              StoreUnavailable, VersionCapped)
 from agent.messaging import messaging
 from agent.placement import PlacementClient
@@ -355,41 +356,31 @@ def test_live_migration_rollback_and_evacuation_calls_twice(conductor):
     source, dest = c.agent("a"), c.agent("b")
     instance, built = build(c, source)
 
-    # A live migration rolled back: the source keeps its devices.
-    rolled = str(uuid.uuid4())
-    move_allocations(c.placement_client, instance, rolled)
+    # A live migration: the destination's pre-check refuses its plain VF
+    # (no device_spec says live_migratable), claiming nothing.
+    # And 1.0's live_migrate (records only, no guest moved) is refused,
+    # naming what it lacks; the source is unchanged.
+    refused = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, refused)
     c.schedule(instance, dest.allocations())
-    data = twice(c, "check_can_live_migrate_destination", dest.name, rolled, instance,
-                 SPEC, dest.allocations())
-    assert {d["kind"] for d in data["devices"]} >= {"vf", "mdev"}
-    twice(c, "live_migrate", source.name, rolled, instance)
-    twice(c, "rollback_live_migration_at_destination", dest.name, rolled, instance)
-    twice(c, "revert_resize", source.name, rolled, instance)
-    move_allocations(c.placement_client, rolled, instance, "INSTANCE")
-    assert devices(c.rpc.get_instance(source.name, instance)) == devices(built)
+    with pytest.raises(LiveMigrationRefused, match="refused on the destination: "
+                       "destination vf .* does not say live_migratable"):
+        c.rpc.check_can_live_migrate_destination(dest.name, refused, instance,
+                                                 SPEC, dest.allocations())
     assert c.rpc.get_host_info(dest.name)["assignments"] == 0
+    before = source.store_dump()
+    with pytest.raises(InvalidRequest, match="destination: missing: since API 1.2"):
+        c.rpc._move("live_migrate", source.name, refused, instance)
+    assert source.store_dump() == before
+    move_allocations(c.placement_client, refused, instance, "INSTANCE")
+    assert devices(c.rpc.get_instance(source.name, instance)) == devices(built)
 
-    # A live migration that succeeds: the guest ends on the destination,
-    # defined with the devices the destination claimed.
-    done = str(uuid.uuid4())
-    move_allocations(c.placement_client, instance, done)
-    c.schedule(instance, dest.allocations())
-    data = twice(c, "check_can_live_migrate_destination", dest.name, done, instance,
-                 SPEC, dest.allocations())
-    twice(c, "live_migrate", source.name, done, instance)
-    arrived = twice(c, "post_live_migration_at_destination", dest.name, done, instance)
-    twice(c, "confirm_resize", source.name, done, instance)
-    c.forget(done)
-    assert sorted(d["device_id"] for d in data["devices"] if d["kind"] == "vf") == \
-        devices(arrived)["vf"]
-    assert c.rpc.get_host_info(source.name)["assignments"] == 0
-
-    # The destination dies; the instance is rebuilt on the first host.
+    # The source dies; the instance is rebuilt on the other host.
     evacuation = str(uuid.uuid4())
     c.forget(instance)
-    c.schedule(instance, source.allocations())
-    rebuilt = twice(c, "rebuild_instance", source.name, evacuation, instance, SPEC,
-                    source.allocations())
+    c.schedule(instance, dest.allocations())
+    rebuilt = twice(c, "rebuild_instance", dest.name, evacuation, instance, SPEC,
+                    dest.allocations())
     assert rebuilt["running"] and devices(rebuilt)["vf"]
     assert {"uuid": evacuation, "kind": "evacuation", "role": "destination",
             "state": "confirmed"} in rebuilt["migrations"]
