@@ -36,7 +36,7 @@ import yaml
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
+from drivers.base import (ComputeDriver, DeviceKind, ForeignGuest,
                           GuestDevice, GuestSpec, GuestState, HostInventory,
                           LiveMigrationError, device_resources, Mdev, MdevError,
                           MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
