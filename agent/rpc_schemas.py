@@ -64,6 +64,11 @@ MOVE = _schema(migration_uuid=UUID, instance_uuid=UUID)
 MOVE_CLAIM = _schema(migration_uuid=UUID, instance_uuid=UUID, spec=SPEC,
                      allocations=ALLOCATIONS)
 NOTHING = _schema()
+HOST = {"type": "string", "minLength": 1, "maxLength": 255}
+# 1.3: an evacuation names its source, which the caller asserts is down.
+REBUILD = {**MOVE_CLAIM,
+           "properties": {**MOVE_CLAIM["properties"], "source_host": HOST,
+                          "force": {"type": "boolean"}}}
 
 
 def validator(schema: dict) -> Draft202012Validator:

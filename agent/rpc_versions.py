@@ -32,6 +32,11 @@ VERSIONS = (
                    "rebuild_instance"),
     Version("1.1", "list_instances: the instances this host holds, each with its "
                    "state"),
+    Version("1.3", "rebuild_instance takes source_host, the evacuation's source, "
+                   "which the caller asserts is down: refused (SourceHostUp) when "
+                   "its agent answers a heartbeat, unless force; answered once the "
+                   "move and the claim are on disk, the guest built after. "
+                   "report_alive, the heartbeat, on topic compute-agent-heartbeat"),
 )
 
 # The oldest version a client can be pinned at, and the newest: what this

@@ -17,6 +17,7 @@ from agent import state_lock
 from agent.cmd.common import (exit_config_error, exit_store_error, load_config,
                               setup_logging)
 from agent.exception import ConfigError
+from agent.heartbeat import make_server as heartbeat_server
 from agent.rpc import make_server
 from agent.service import Agent, sd_notify
 from agent.state import StoreError
@@ -69,6 +70,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, lambda signum, frame: agent.drop_cache())
     agent.start()
+    heartbeat = heartbeat_server(conf, agent)
+    heartbeat.start()
     server = make_server(conf, agent)
     server.start()
     # What start-up made (modules, config, the host's pools, the store's
@@ -84,6 +87,8 @@ def main(argv=None) -> int:
     # Calls in flight finish before the store closes.
     server.stop()
     server.wait()
+    heartbeat.stop()
+    heartbeat.wait()
     agent.stop()
     LOG.info("compute-agent stopped")
     return 0
