@@ -72,9 +72,13 @@ class Evacuation:
 
 class Evacuator:
     def __init__(self, placement: PlacementClient, api: ComputeAgentAPI,
-                 heartbeat: Heartbeat):
+                 heartbeat: Heartbeat, poll: ComputeAgentAPI | None = None):
+        """``poll``: the client progress is read with, on a short timeout (a
+        destination that dies must not hold the rest up); ``api`` by
+        default."""
         self.placement = placement
         self.api = api
+        self.poll = poll or api
         self.heartbeat = heartbeat
         self._liveness: dict[str, Liveness] = {}
 
@@ -211,9 +215,16 @@ class Evacuator:
         deadline (monotonic) passes: those stay 'accepted'."""
         waiting = list(accepted)
         while waiting:
+            silent: set[str] = set()  # destinations that did not answer this round
             for o in list(waiting):
+                if o.destination in silent or (
+                        deadline is not None and time.monotonic() > deadline):
+                    continue
                 try:
-                    view = self.api.get_instance(o.destination, o.instance)
+                    view = self.poll.get_instance(o.destination, o.instance)
+                except messaging.MessagingTimeout:
+                    silent.add(o.destination)
+                    continue
                 except (AgentError, messaging.MessagingException):
                     continue
                 settled = all(m["state"] == "confirmed" for m in view["migrations"]

@@ -133,8 +133,13 @@ class Command:
 
 # --- the conductor's commands: hosts and evacuate ----------------------------
 
+# Seconds a progress read waits for a destination's answer.
+POLL_TIMEOUT = 2.0
+
+
 def _evacuator(api, conf) -> Evacuator:
-    return Evacuator(PlacementClient(adapter_from_conf(conf)), api, Heartbeat(conf))
+    return Evacuator(PlacementClient(adapter_from_conf(conf)), api, Heartbeat(conf),
+                     ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT)))
 
 
 def _when(epoch: float | None) -> str:
