@@ -118,13 +118,15 @@ class Heartbeat:
 
 
 class SourceFence:
-    """The evacuation destination's check that the source is down, asked
+    """The evacuation destination's check that the source is down (its own
+    connection to the broker, opened at the first check), asked
     once per source however many rebuilds arrive together: the first asks,
     the others wait for its answer. A down verdict stands for
     ``down_after`` seconds; an up one is never reused."""
 
-    def __init__(self, heartbeat: Heartbeat):
-        self.heartbeat = heartbeat
+    def __init__(self, conf):
+        self._conf = conf
+        self._heartbeat: Heartbeat | None = None  # made at the first check
         self._lock = threading.Lock()
         self._asking: dict[str, threading.Lock] = {}
         self._down_at: dict[str, float] = {}
@@ -133,12 +135,21 @@ class SourceFence:
         """Return when ``host`` is down; raise SourceHostUp when it answers."""
         with self._lock:
             asking = self._asking.setdefault(host, threading.Lock())
+            if self._heartbeat is None:
+                self._heartbeat = Heartbeat(self._conf)
+            heartbeat = self._heartbeat
         with asking:
             seen = self._down_at.get(host)
-            if seen is not None and time.monotonic() - seen < self.heartbeat.down_after:
+            if seen is not None and time.monotonic() - seen < heartbeat.down_after:
                 return
-            found = self.heartbeat.check(host)
+            found = heartbeat.check(host)
             if found.up:
                 self._down_at.pop(host, None)
-                raise SourceHostUp(host, self.heartbeat.down_after)
+                raise SourceHostUp(host, heartbeat.down_after)
             self._down_at[host] = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._heartbeat is not None:
+                self._heartbeat.close()
+                self._heartbeat = None

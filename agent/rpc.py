@@ -26,7 +26,7 @@ from enum import Enum
 from agent import rpc_schemas as schemas
 from agent import rpc_versions
 from agent.exception import AgentError, InternalError, StoreUnavailable
-from agent.heartbeat import Heartbeat, SourceFence
+from agent.heartbeat import SourceFence
 from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
 from agent.provider_tree import tree_as_dicts
 from agent.rpc_versions import VERSION
@@ -213,8 +213,8 @@ class ComputeAgentEndpoint:
     @rpc_method("1.0", schemas.REBUILD)
     def rebuild_instance(self, ctxt, migration_uuid, instance_uuid, spec,
                          allocations, source_host=None, force=False) -> dict:
-        """Since 1.0: destination of an evacuation: claim, build, settle,
-        then answer. Since 1.3, with ``source_host``: refused while the
+        """Since 1.0. Destination of an evacuation: claim, build, settle,
+        then answer. From 1.3, with ``source_host``: refused while the
         source's agent answers a heartbeat (unless ``force``); answered as
         soon as the move and the claim are on disk, from when on this host
         alone owns the rebuild, which goes on here (safe to cast)."""
@@ -243,7 +243,7 @@ def make_server(conf, agent):
     ``wait()`` on the way out."""
     allow_deep_messages()
     target = messaging.Target(topic=TOPIC, server=conf.host)
-    fence = SourceFence(Heartbeat(conf))
+    fence = SourceFence(conf)
     return messaging.get_rpc_server(
         transport(conf), target, [ComputeAgentEndpoint(agent, fence)],
         access_policy=messaging.ExplicitRPCAccessPolicy)

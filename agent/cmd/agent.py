@@ -85,9 +85,10 @@ def main(argv=None) -> int:
         pass
     sd_notify("STOPPING=1")
     # Calls in flight finish before the store closes.
+    # Both stop listening at once; each waits out its own poll.
     server.stop()
-    server.wait()
     heartbeat.stop()
+    server.wait()
     heartbeat.wait()
     agent.stop()
     LOG.info("compute-agent stopped")
