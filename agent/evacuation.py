@@ -89,16 +89,20 @@ class EvacuationRequest:
         out: list[tuple[str, str]] = []
         if self.unsuffixed.resources:
             out.append(("resources", self.unsuffixed.param()))
+            if in_tree:
+                out.append(("in_tree", in_tree))
         for suffix, g in sorted(self.groups.items()):
             out.append((f"resources{suffix}", g.param()))
             if g.required:
                 out.append((f"required{suffix}", ",".join(sorted(g.required))))
+            # Per group: an unsuffixed in_tree alone would be a group
+            # without resources, which Placement refuses (1.33+).
+            if in_tree:
+                out.append((f"in_tree{suffix}", in_tree))
         for tied in self.same_subtree:
             out.append(("same_subtree", ",".join(tied)))
         if self.groups:
             out.append(("group_policy", "none"))
-        if in_tree:
-            out.append(("in_tree", in_tree))
         if limit:
             out.append(("limit", str(limit)))
         return out

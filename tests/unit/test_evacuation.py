@@ -69,7 +69,16 @@ def test_the_request_keeps_each_device_with_its_cell():
     assert required[vf] == "CUSTOM_PHYSNET_NET1"
     assert required[gpu] == "CUSTOM_MDEV_TYPE_NVIDIA_35"
     assert loose not in required
-    assert d["group_policy"] == ["none"] and d["in_tree"] == [ROOT] and d["limit"] == ["5"]
+    assert d["group_policy"] == ["none"] and d["limit"] == ["5"]
+    # Every group in the tree, none without resources.
+    assert d["in_tree"] == [ROOT]
+    assert {k for k, v in query if k.startswith("in_tree_") and v == ROOT} == {
+        f"in_tree{s}" for s in (cell_of_vf, cell_of_gpu, vf, gpu, loose)}
+
+
+def test_a_request_without_root_resources_has_no_unsuffixed_group():
+    query = evacuation_request({CELL0: {"VCPU": 1, "MEMORY_MB": 64}}, TREE).query(ROOT)
+    assert [k for k, _ in query if k in ("resources", "in_tree")] == []
 
 
 def test_a_provider_outside_the_tree_is_refused_by_name():
