@@ -31,6 +31,10 @@ from agent.exception import SourceHostUp
 from agent.messaging import messaging, transport
 
 TOPIC = "compute-agent-heartbeat"
+# How long the destination trusts a source found down. Short: the source
+# checks for evacuated instances only when it starts, so a source back
+# within this window could miss one that a later rebuild takes.
+DOWN_VERDICT_SECONDS = 60.0
 VERSION = "1.3"  # agent/rpc_versions.py: report_alive appeared in 1.3
 
 
@@ -122,7 +126,9 @@ class SourceFence:
     connection to the broker, opened at the first check), asked
     once per source however many rebuilds arrive together: the first asks,
     the others wait for its answer. A down verdict stands for
-    ``down_after`` seconds; an up one is never reused."""
+    DOWN_VERDICT_SECONDS, so that an evacuation's hundred rebuilds wait
+    out the deadline once, not once per ``down_after``; an up one is never
+    reused."""
 
     def __init__(self, conf):
         self._conf = conf
@@ -140,7 +146,7 @@ class SourceFence:
             heartbeat = self._heartbeat
         with asking:
             seen = self._down_at.get(host)
-            if seen is not None and time.monotonic() - seen < heartbeat.down_after:
+            if seen is not None and time.monotonic() - seen < DOWN_VERDICT_SECONDS:
                 return
             found = heartbeat.check(host)
             if found.up:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CASES = ("placement_loop", "reconcile_loop", "libvirt_discovery", "claims", "rpc", "heal")
+CASES = ("placement_loop", "reconcile_loop", "libvirt_discovery", "claims", "rpc", "heal",
+         "evacuation")
 
 
 def main() -> int:
