@@ -341,7 +341,7 @@ class ComputeManager:
             self._rebuilding.add(m.uuid)
         try:
             m = self.tracker.migration(m.uuid)  # as it is now that it is ours
-            if m.open:
+            if m.state in UNSETTLED:
                 self._run_with_store_devices(m.instance_uuid)
                 self.tracker.finish_move(m.uuid)
                 self.tracker.confirm_move(m.uuid)
@@ -379,8 +379,14 @@ class ComputeManager:
         return done
 
 
+# An evacuation's destination settles its move in two commits, finish then
+# confirm; a crash may fall between them.
+UNSETTLED = (MigrationState.ACTIVE, MigrationState.FINISHED)
+
+
 def interrupted_rebuilds(moves, in_flight: set[str]) -> list[Migration]:
-    """The evacuations accepted here, still open, that no thread builds."""
+    """The evacuations accepted here, not yet settled, that no thread builds."""
     return sorted((m for m in moves
                    if m.kind is MoveKind.EVACUATION and m.role is MigrationRole.DESTINATION
-                   and m.open and m.uuid not in in_flight), key=lambda m: m.uuid)
+                   and m.state in UNSETTLED and m.uuid not in in_flight),
+                  key=lambda m: m.uuid)

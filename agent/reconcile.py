@@ -83,6 +83,8 @@ class Pass:
     # keeps on our providers.
     elsewhere: dict[str, set[str]] | None = None
     drop_evacuation_hold: Callable[[str], None] | None = None
+    # The evacuations accepted here and not yet settled, by instance uuid.
+    rebuilds: dict[str, Migration] = field(default_factory=dict)
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
@@ -136,8 +138,10 @@ def evacuation_interrupted(p: Pass, uuid: str) -> bool:
     """At start-up, before RPC is served: an evacuation accepted here whose
     rebuild did not finish is resumed; this host is its single owner. (The
     update loop resumes the same ones at every cycle: resume_rebuilds.)"""
-    move = p.open_moves.get(uuid)
-    if not (p.at_start and move is not None and interrupted_rebuilds([move], set())):
+    if not p.at_start:
+        return False
+    move = p.rebuilds.get(uuid)
+    if move is None:
         return False
     p.act("evacuation_interrupted", uuid,
           "resumed: guest built and the move completed",
@@ -319,7 +323,8 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
              {m.instance_uuid: m for m in moves.values() if m.open}, set(moves),
              {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
              tracker.store.read(state.live_changed_at) if grace else {}, time.time(),
-             frozenset(adopted), elsewhere, drop_evacuation_hold)
+             frozenset(adopted), elsewhere, drop_evacuation_hold,
+             {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())})
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):

@@ -78,8 +78,8 @@ def test_evacuating_from_an_up_host_is_refused_by_ctl_and_by_the_destination(
     done = ctl(a.conf, "evacuate", a.name, "--json")
     assert done.returncode == 1 and done.stdout == "", done
     assert done.stderr.strip().splitlines() == [
-        f"compute-agent-ctl: source_host: {a.name} is up (its agent answered a "
-        "heartbeat within 2 s); evacuate only a down host, or force it"]
+        (f"compute-agent-ctl: source_host: {a.name} is up (its agent answered a "
+         "heartbeat within 2 s); evacuate only a down host, or force it")]
     assert held(placement.url, instance) == before
 
     # A conductor that asserts it anyway: the destination asks the source.

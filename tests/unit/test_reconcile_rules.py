@@ -73,6 +73,18 @@ def test_evacuation_interrupted(w):
     assert w.migrations()[migration].state is MigrationState.CONFIRMED
 
 
+def test_evacuation_interrupted_between_finish_and_confirm_is_settled(w):
+    instance, migration = new_uuid(), new_uuid()
+    w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
+    w.driver.spawn(w.manager._guest(instance))
+    w.tracker.finish_move(migration)  # the crash comes before the confirm
+    w.restart()
+    assert kinds(w.reconcile(None, at_start=True), fixed=True) == [
+        "evacuation_interrupted"]
+    assert w.migrations()[migration].state is MigrationState.CONFIRMED
+    assert w.driver.guest_is_running(instance)
+
+
 def test_evacuation_interrupted_is_resumed_by_the_loop_too_and_only_once(w):
     instance, migration = new_uuid(), new_uuid()
     w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
