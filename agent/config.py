@@ -104,6 +104,18 @@ default_opts = [
         "A guest briefly absent, being redefined by hand for instance, "
         "keeps its devices.",
     ),
+    cfg.IntOpt(
+        "service_down_time",
+        default=20,
+        min=1,
+        max=3600,
+        help="A host is down when its agent has not answered a heartbeat "
+        "request within this many seconds (agent/heartbeat.py). The agent "
+        "answers heartbeats on a topic and threads of their own, never "
+        "behind claims or Placement, so a busy host still answers in "
+        "milliseconds; an evacuation's destination refuses to rebuild the "
+        "instances of a source that answers.",
+    ),
     cfg.StrOpt(
         "owner_trait",
         default="OWNER_NOVA",

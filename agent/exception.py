@@ -123,6 +123,20 @@ class MoveInProgress(AgentError):
         return f"instance {self.instance_uuid} is in move {self.migration_uuid}"
 
 
+class SourceHostUp(AgentError):
+    """An evacuation's source answered its heartbeat: it is not down, so
+    its instances are not rebuilt elsewhere (unless the caller forces it)."""
+
+    def __init__(self, host: str, down_after: float):
+        super().__init__(host, down_after)
+        self.host = host
+
+    def __str__(self) -> str:
+        host, down_after = self.args
+        return (f"source_host: {host} is up (its agent answered a heartbeat within "
+                f"{down_after:g} s); evacuate only a down host, or force it")
+
+
 class DevicesInUse(AgentError):
     """Devices about to be given back are still in a running guest's live
     definition; nothing was given back."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 from agent.claim_model import (Assignment, Migration, MigrationRole, MigrationState,
                                MoveKind, Owner)
@@ -117,6 +118,9 @@ class ComputeManager:
         # mdevs each incoming one created here (removed if it rolls back).
         self._migrating: set[str] = set()
         self._created_mdevs: dict[str, list[str]] = {}
+        # The evacuations some thread is building now (finish_rebuild).
+        self._rebuilding: set[str] = set()
+        self._rebuilding_lock = threading.Lock()
 
     # --- views ----------------------------------------------------------
 
@@ -469,23 +473,88 @@ class ComputeManager:
 
     # --- evacuation -----------------------------------------------------
 
-    def rebuild_instance(self, migration_uuid, instance_uuid, spec, allocations) -> dict:
-        """Destination of an evacuation: claimed under a migration record
-        that is on disk before anything else happens, so a crash resumes
-        here; then the guest is built and the move completed. An instance
-        that already runs here is not evacuated here."""
+    def accept_rebuild(self, migration_uuid, instance_uuid, spec, allocations,
+                       fence: Callable[[], None] | None = None) -> dict:
+        """Destination of an evacuation: from the answer on, this host alone
+        owns the rebuild. ``fence`` (raising when the source is up) is asked
+        before a first accept, never on a retry of one. The migration record
+        and the claim are on disk before this returns; the guest is built by
+        finish_rebuild (here, or by resume_rebuilds after a crash). An
+        instance that already runs here is not evacuated here."""
         known = self._known_move(migration_uuid, instance_uuid,
                                  (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
-        if known is None and not self.tracker.knows(instance_uuid) \
-                and self.driver.guest_state(instance_uuid) is not None:
-            # An instance the store knows is refused by the claim, once its
-            # allocations are checked; a guest the store does not know, here.
-            raise InvalidRequest("instance_uuid", instance_uuid,
-                                 "has a guest on this host; an evacuation "
-                                 "rebuilds it on another")
-        self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid, instance_uuid,
-                                spec, allocations)
-        self._run_with_store_devices(instance_uuid)
-        self.tracker.finish_move(migration_uuid)
-        self.tracker.confirm_move(migration_uuid)
-        return self.get_instance(instance_uuid)
+        if known is None:
+            if not self.tracker.knows(instance_uuid) \
+                    and self.driver.guest_state(instance_uuid) is not None:
+                # An instance the store knows is refused by the claim, once
+                # its allocations are checked; a guest it does not know, here.
+                raise InvalidRequest("instance_uuid", instance_uuid,
+                                     "has a guest on this host; an evacuation "
+                                     "rebuilds it on another")
+            if fence is not None:
+                fence()
+        rows = self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid,
+                                       instance_uuid, spec, allocations)
+        return {"migration_uuid": migration_uuid, "instance_uuid": instance_uuid,
+                "accepted": True, "assignments": describe(rows)}
+
+    def finish_rebuild(self, migration_uuid) -> dict | None:
+        """Build the accepted instance's guest on its claimed devices and
+        settle the move. One at a time per move: None when another thread
+        is at it already."""
+        m = self.tracker.migration(migration_uuid)
+        with self._rebuilding_lock:
+            if m.uuid in self._rebuilding:
+                return None
+            self._rebuilding.add(m.uuid)
+        try:
+            m = self.tracker.migration(m.uuid)  # as it is now that it is ours
+            if m.state in UNSETTLED:
+                self._run_with_store_devices(m.instance_uuid)
+                self.tracker.finish_move(m.uuid)
+                self.tracker.confirm_move(m.uuid)
+            return self.get_instance(m.instance_uuid)
+        finally:
+            with self._rebuilding_lock:
+                self._rebuilding.discard(m.uuid)
+
+    def rebuild_instance(self, migration_uuid, instance_uuid, spec, allocations,
+                         fence: Callable[[], None] | None = None) -> dict:
+        """Accept, build and settle in one call (API 1.0's rebuild)."""
+        self.accept_rebuild(migration_uuid, instance_uuid, spec, allocations, fence)
+        done = self.finish_rebuild(migration_uuid)
+        if done is None:  # another thread is building it: let it finish
+            raise MoveInProgress(instance_uuid, migration_uuid)
+        return done
+
+    def resume_rebuilds(self) -> list[str]:
+        """Build every accepted rebuild that no thread is building: after a
+        crash, a restart, or a spawn that failed. Returns the moves resumed;
+        each failure is logged, and the next pass tries again."""
+        _, _, moves = self.tracker.snapshot()
+        with self._rebuilding_lock:
+            todo = interrupted_rebuilds(moves.values(), self._rebuilding)
+        done = []
+        for m in todo:
+            try:
+                if self.finish_rebuild(m.uuid) is not None:
+                    LOG.info("Evacuation %s of instance %s resumed: guest built, "
+                             "move completed", m.uuid, m.instance_uuid)
+                    done.append(m.uuid)
+            except Exception as e:  # one rebuild must not stop the others
+                LOG.warning("Evacuation %s of instance %s not resumed yet: %s",
+                            m.uuid, m.instance_uuid, e)
+        return done
+
+
+# An evacuation's destination settles its move in two commits, finish then
+# confirm; a crash may fall between them.
+UNSETTLED = (MigrationState.ACTIVE, MigrationState.FINISHED)
+
+
+def interrupted_rebuilds(moves, in_flight: set[str]) -> list[Migration]:
+    """The evacuations accepted here, not yet settled, that no thread builds."""
+    return sorted((m for m in moves
+                   if m.kind is MoveKind.EVACUATION and m.role is MigrationRole.DESTINATION
+                   and m.state in UNSETTLED and m.uuid not in in_flight),
+                  key=lambda m: m.uuid)

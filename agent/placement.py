@@ -256,6 +256,22 @@ class PlacementClient:
         """Several consumers' allocations, all or nothing."""
         self._call("POST", "/allocations", body, expected=(204,))
 
+    def delete_consumer_allocations(self, consumer: str) -> None:
+        """Every allocation of ``consumer``; one that has none is no error."""
+        self._call("DELETE", f"/allocations/{consumer}", expected=(204, 404))
+
+    def get_providers(self, **query) -> list[dict]:
+        """GET /resource_providers with ``query`` (name=, required=, ...)."""
+        params = "&".join(f"{k}={v}" for k, v in sorted(query.items()))
+        return self._call("GET", "/resource_providers" + (f"?{params}" if params else "")
+                          )["resource_providers"]
+
+    def get_allocation_candidates(self, query: list[tuple[str, str]]) -> dict:
+        """GET /allocation_candidates; ``query`` in order, values as they are
+        (resource strings and uuids need no quoting)."""
+        return self._call("GET", "/allocation_candidates?"
+                          + "&".join(f"{k}={v}" for k, v in query))
+
     # --- names ----------------------------------------------------------
 
     def ensure_resource_class(self, name: str) -> None:

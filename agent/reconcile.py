@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from agent import state
-from agent.manager import ComputeManager, guest_device, in_guest
-from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
-                               MoveKind, Owner)
+from agent.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
+from agent.claim_model import Assignment, AssignmentState, Migration, Owner
+from agent.evacuation import evacuated_away
 from drivers.base import DeviceKind, ForeignGuest, GuestState, device_resources
 
 LOG = logging.getLogger(__name__)
@@ -81,6 +81,14 @@ class Pass:
     # The guests another manager defined (an adopted host's nova guests):
     # never redefined from the store, which would replace nova's definition.
     foreign: frozenset[str] = frozenset()
+    # At start-up: instance uuid -> the providers, none of them ours, that
+    # hold its allocations, for the instances with none on ours; None when
+    # unknown. And how to drop the hold an evacuation's migration consumer
+    # keeps on our providers.
+    elsewhere: dict[str, set[str]] | None = None
+    drop_evacuation_hold: Callable[[str], None] | None = None
+    # The evacuations accepted here and not yet settled, by instance uuid.
+    rebuilds: dict[str, Migration] = field(default_factory=dict)
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
@@ -131,15 +139,40 @@ def claim_stuck_claiming(p: Pass, uuid: str) -> bool:
 
 
 def evacuation_interrupted(p: Pass, uuid: str) -> bool:
-    """At start-up: an evacuation accepted here whose rebuild did not
-    finish is resumed; this host is its single owner."""
-    move = p.open_moves.get(uuid)
-    if not (p.at_start and move is not None and move.kind is MoveKind.EVACUATION
-            and move.role is MigrationRole.DESTINATION):
+    """At start-up, before RPC is served: an evacuation accepted here whose
+    rebuild did not finish is resumed; this host is its single owner. (The
+    update loop resumes the same ones at every cycle: resume_rebuilds.)"""
+    if not p.at_start:
+        return False
+    move = p.rebuilds.get(uuid)
+    if move is None:
         return False
     p.act("evacuation_interrupted", uuid,
           "resumed: guest built and the move completed",
-          lambda: p.manager.rebuild_instance(move.uuid, uuid, p.instances[uuid], None))
+          lambda: p.manager.finish_rebuild(move.uuid))
+    return True
+
+
+def evacuated_elsewhere(p: Pass, uuid: str) -> bool:
+    """At start-up, before RPC is served: an instance evacuated while this
+    host was down (its allocations sit on another host's providers, and no
+    move in flight here owns it) is given up: its guest destroyed, running
+    or not, its devices given back, and the evacuation's hold on our
+    providers dropped. Skipped while Placement's answer is unknown."""
+    if not p.at_start or p.allocations is None or p.elsewhere is None:
+        return False
+    elsewhere = p.elsewhere.get(uuid)
+    if not evacuated_away(uuid in p.allocations, elsewhere, p.open_moves.get(uuid)):
+        return False
+
+    def give_up() -> None:
+        p.manager.delete_instance(uuid)
+        if p.drop_evacuation_hold is not None:
+            p.drop_evacuation_hold(uuid)
+
+    p.act("evacuated_elsewhere", uuid,
+          f"its allocations sit on {len(elsewhere)} provider(s) of another host: "
+          "guest destroyed, devices given back", give_up)
     return True
 
 
@@ -225,6 +258,7 @@ def assignment_without_allocation(p: Pass, uuid: str) -> bool:
 INSTANCE_RULES: tuple[Callable[[Pass, str], bool], ...] = (
     claim_stuck_claiming,
     evacuation_interrupted,
+    evacuated_elsewhere,
     assignment_without_guest,
     guest_devices_differ,
     mdev_after_reboot,
@@ -276,10 +310,13 @@ def adopted_guests(foreign: dict[str, ForeignGuest], rows: dict[str, list[Assign
 
 
 def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
-              at_start: bool, fix: bool = True, grace: float = 0) -> Report:
+              at_start: bool, fix: bool = True, grace: float = 0,
+              elsewhere: dict[str, set[str]] | None = None,
+              drop_evacuation_hold: Callable[[str], None] | None = None) -> Report:
     """``allocations``: consumer uuid -> our providers it holds allocations
     on, or None when Placement's answer is unknown. ``grace``: seconds for
-    which devices whose guest has gone stay held (orphan_grace_period)."""
+    which devices whose guest has gone stay held (orphan_grace_period).
+    ``elsewhere`` and ``drop_evacuation_hold``: see Pass."""
     tracker, driver = manager.tracker, manager.driver
     instances, live, moves = tracker.snapshot()
     rows: dict[str, list[Assignment]] = {}
@@ -290,7 +327,8 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
              {m.instance_uuid: m for m in moves.values() if m.open}, set(moves),
              {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
              tracker.store.read(state.live_changed_at) if grace else {}, time.time(),
-             frozenset(adopted))
+             frozenset(adopted), elsewhere, drop_evacuation_hold,
+             {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())})
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):

@@ -20,11 +20,13 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+import threading
 from enum import Enum
 
 from agent import rpc_schemas as schemas
 from agent import rpc_versions
 from agent.exception import AgentError, InternalError, StoreUnavailable
+from agent.heartbeat import SourceFence
 from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
 from agent.provider_tree import tree_as_dicts
 from agent.rpc_versions import VERSION
@@ -100,8 +102,10 @@ def listed_instances(instances: dict[str, dict], live: list[Assignment],
 class ComputeAgentEndpoint:
     target = messaging.Target(version=VERSION)
 
-    def __init__(self, agent):
+    def __init__(self, agent, fence=None):
         self._agent = agent
+        # agent.heartbeat.SourceFence: an evacuation's source must be down.
+        self._fence = fence
 
     # --- views ----------------------------------------------------------
 
@@ -215,12 +219,32 @@ class ComputeAgentEndpoint:
 
     # --- evacuation -----------------------------------------------------
 
-    @rpc_method("1.0", schemas.MOVE_CLAIM)
+    @rpc_method("1.0", schemas.REBUILD)
     def rebuild_instance(self, ctxt, migration_uuid, instance_uuid, spec,
-                         allocations) -> dict:
-        """Since 1.0. Destination of an evacuation: claim, build, settle."""
-        return self._agent.manager.rebuild_instance(migration_uuid, instance_uuid,
-                                                    spec, allocations)
+                         allocations, source_host=None, force=False) -> dict:
+        """Since 1.0. Destination of an evacuation: claim, build, settle,
+        then answer. From 1.3, with ``source_host``: refused while the
+        source's agent answers a heartbeat (unless ``force``); answered as
+        soon as the move and the claim are on disk, from when on this host
+        alone owns the rebuild, which goes on here (safe to cast)."""
+        manager = self._agent.manager
+        if source_host is None:
+            return manager.rebuild_instance(migration_uuid, instance_uuid, spec,
+                                            allocations)
+        fence = None if force or self._fence is None else (
+            lambda: self._fence.require_down(source_host))
+        accepted = manager.accept_rebuild(migration_uuid, instance_uuid, spec,
+                                          allocations, fence)
+        threading.Thread(target=self._rebuild, args=(migration_uuid,), daemon=True,
+                         name=f"rebuild-{migration_uuid[:8]}").start()
+        return accepted
+
+    def _rebuild(self, migration_uuid: str) -> None:
+        try:
+            self._agent.manager.finish_rebuild(migration_uuid)
+        except Exception as e:  # noqa: BLE001 - the update loop resumes it
+            LOG.warning("Evacuation %s: the rebuild failed, resumed at the next "
+                        "cycle: %s", migration_uuid, short(e))
 
 
 def make_server(conf, agent):
@@ -228,6 +252,7 @@ def make_server(conf, agent):
     ``wait()`` on the way out."""
     allow_deep_messages()
     target = messaging.Target(topic=TOPIC, server=conf.host)
+    fence = SourceFence(conf)
     return messaging.get_rpc_server(
-        transport(conf), target, [ComputeAgentEndpoint(agent)],
+        transport(conf), target, [ComputeAgentEndpoint(agent, fence)],
         access_policy=messaging.ExplicitRPCAccessPolicy)

@@ -80,6 +80,11 @@ DESTINATION = {
 }
 LIVE_MIGRATE = {**MOVE, "properties": {**MOVE["properties"],
                                        "destination": DESTINATION}}
+HOST = {"type": "string", "minLength": 1, "maxLength": 255}
+# 1.3: an evacuation names its source, which the caller asserts is down.
+REBUILD = {**MOVE_CLAIM,
+           "properties": {**MOVE_CLAIM["properties"], "source_host": HOST,
+                          "force": {"type": "boolean"}}}
 
 
 def validator(schema: dict) -> Draft202012Validator:

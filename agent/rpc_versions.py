@@ -35,6 +35,11 @@ VERSIONS = (
     Version("1.2", "live migration moves the guest: check_can_live_migrate_"
                    "destination also answers claimed and migration_uri, which "
                    "live_migrate takes as destination (refused without it)"),
+    Version("1.3", "rebuild_instance takes source_host, the evacuation's source, "
+                   "which the caller asserts is down: refused (SourceHostUp) when "
+                   "its agent answers a heartbeat, unless force; answered once the "
+                   "move and the claim are on disk, the guest built after. "
+                   "report_alive, the heartbeat, on topic compute-agent-heartbeat"),
 )
 
 # The oldest version a client can be pinned at, and the newest: what this

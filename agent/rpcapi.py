@@ -78,10 +78,21 @@ class ComputeAgentAPI:
                           migration_uuid=migration_uuid, instance_uuid=instance_uuid,
                           spec=spec, allocations=allocations)
 
-    def rebuild_instance(self, host, migration_uuid, instance_uuid, spec, allocations):
-        return self._call(host, "rebuild_instance", migration_uuid=migration_uuid,
-                          instance_uuid=instance_uuid, spec=spec,
-                          allocations=allocations)
+    def rebuild_instance(self, host, migration_uuid, instance_uuid, spec, allocations,
+                         source_host: str | None = None, force: bool = False):
+        """Without ``source_host`` (1.0): claim, build, settle, then answer.
+        With it (1.3): ``source_host`` is asserted down, which ``host``
+        checks by its heartbeat (SourceHostUp when it answers) unless
+        ``force``; answered once the claim is on disk, the guest built
+        after."""
+        if source_host is None:
+            return self._call(host, "rebuild_instance", migration_uuid=migration_uuid,
+                              instance_uuid=instance_uuid, spec=spec,
+                              allocations=allocations)
+        return self._call(host, "rebuild_instance", version="1.3",
+                          migration_uuid=migration_uuid, instance_uuid=instance_uuid,
+                          spec=spec, allocations=allocations, source_host=source_host,
+                          force=force)
 
     # moves: steps that name the move and the instance
     def _move(self, method: str, host: str, migration_uuid: str, instance_uuid: str):
@@ -120,11 +131,13 @@ class ComputeAgentAPI:
 
 def move_allocations(placement: PlacementClient, source_consumer: str,
                      target_consumer: str, target_type: str = "MIGRATION",
-                     attempts: int = 4) -> dict:
+                     attempts: int = 4, replacement: dict | None = None) -> dict:
     """Move every allocation of one consumer to another in one
     ``POST /allocations``, guarded by both consumer generations: the
     instance's to its migration when a move starts (nova's allocation swap),
     and the migration's back to the instance on revert. Returns what moved.
+    ``replacement``: the allocations the source consumer holds instead, in
+    the same request (an evacuation's destination), none by default.
     """
     for attempt in range(attempts):
         source = placement.get_consumer_allocations(source_consumer)
@@ -133,7 +146,7 @@ def move_allocations(placement: PlacementClient, source_consumer: str,
                   for rp, a in source["allocations"].items()}
         body = {
             source_consumer: {
-                "allocations": {}, "project_id": source["project_id"],
+                "allocations": replacement or {}, "project_id": source["project_id"],
                 "user_id": source["user_id"],
                 "consumer_generation": source["consumer_generation"],
                 "consumer_type": source.get("consumer_type", "INSTANCE")},

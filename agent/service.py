@@ -17,6 +17,7 @@ from agent.adoption import AdoptionRefused, plan_adoption
 from agent.allocation_view import AllocationView
 from agent.claims import Pool
 from agent.dependencies import Dependencies, Dependency, Health, describe
+from agent.evacuation import evacuation_migration_uuid
 from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
                              PlacementError, PlacementUnavailable)
 from agent.health_watch import HealthWatch
@@ -370,10 +371,46 @@ class Agent:
         if allocations is None:
             # Outside the except clauses: oslo.log would append the exception.
             LOG.log(level, "Reconciling without Placement's allocations: %s", why)
+        elsewhere = (self._allocations_elsewhere(allocations)
+                     if at_start and allocations is not None else None)
         report = reconcile(self.manager, allocations, at_start, fix,
-                           grace=self.orphan_grace_period)
+                           grace=self.orphan_grace_period, elsewhere=elsewhere,
+                           drop_evacuation_hold=self._drop_evacuation_hold)
         self.metrics.findings(report.findings)
         return report
+
+    def _our_providers(self) -> set[str]:
+        return {p.uuid for p in self.sync.cache}
+
+    def _allocations_elsewhere(self, allocations: dict[str, set[str]]
+                               ) -> dict[str, set[str]] | None:
+        """For each instance of ours with no allocation on our providers, the
+        providers (not ours) that hold its allocations: one read per such
+        instance, none in the steady state. None when Placement fails."""
+        ours = self._our_providers()
+        instances, _, _ = self.manager.tracker.snapshot()
+        out: dict[str, set[str]] = {}
+        try:
+            for uuid in sorted(set(instances) - set(allocations)):
+                held = self.sync.client.get_consumer_allocations(uuid)["allocations"]
+                out[uuid] = set(held) - ours
+        except (PlacementUnavailable, PlacementError) as e:
+            LOG.warning("Evacuated instances not looked for: %s", e)
+            return None
+        return out
+
+    def _drop_evacuation_hold(self, instance_uuid: str) -> None:
+        """The evacuation's migration consumer held this host's share of the
+        instance (allocation swap) until its guest here was gone: dropped,
+        when all it holds is on our providers."""
+        migration = evacuation_migration_uuid(instance_uuid, self.sync.root_uuid)
+        held = self.sync.client.get_consumer_allocations(migration)["allocations"]
+        if held and set(held) <= self._our_providers():
+            self.sync.client.delete_consumer_allocations(migration)
+            # A deletion moves no generation: read these providers again.
+            self.allocations.touch(set(held))
+            LOG.info("Evacuation %s of instance %s: its hold on this host's "
+                     "providers dropped", migration, instance_uuid)
 
     def run_cycle(self) -> CycleOutcome:
         """A cycle that never raises, timed and counted by result (metrics)
@@ -452,6 +489,8 @@ class Agent:
             self._wake.clear()
             self.run_cycle()
             self._cycles += 1
+            if self.manager is not None:
+                self._resume_rebuilds_safely()
             if self.manager is not None and self._cycles % self.reconcile_interval == 0:
                 self._reconcile_safely(at_start=False)
 
@@ -468,6 +507,14 @@ class Agent:
             left = due - time.monotonic()
             if left <= 0 or self._wake.wait(min(left, watchdog.interval)):
                 return
+
+    def _resume_rebuilds_safely(self) -> None:
+        """Every cycle: the evacuations accepted here that no thread builds
+        (a spawn failed, say) are built; in memory until there is one."""
+        try:
+            self.manager.resume_rebuilds()
+        except Exception:  # the loop must outlive any bug in a resume
+            LOG.exception("Resuming evacuations failed")
 
     def _reconcile_safely(self, at_start: bool) -> None:
         try:

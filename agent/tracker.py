@@ -431,6 +431,11 @@ class Tracker:
         with self._lock:
             return self._migration(migration_uuid)
 
+    def instance_count(self) -> int:
+        """How many instances this host holds; read without the lock (a
+        heartbeat must not wait for a claim)."""
+        return len(self._instances)
+
     def knows(self, instance_uuid) -> bool:
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
         with self._lock:

@@ -19,6 +19,7 @@ from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
 from agent.exception import ConfigError
+from agent.heartbeat import make_server as heartbeat_server
 from agent.rpc import make_server
 from agent.service import Agent, CycleOutcome
 from agent.state import StoreError
@@ -106,6 +107,8 @@ def main(argv=None) -> int:
     except ConfigError as e:  # [metrics] listen cannot be served
         agent.stop()
         return exit_config_error(e)
+    heartbeat = heartbeat_server(conf, agent)
+    heartbeat.start()
     server = make_server(conf, agent)
     server.start()
     # What start-up made (modules, config, the host's pools, the store's
@@ -124,8 +127,11 @@ def main(argv=None) -> int:
     else:
         notify("STOPPING=1")
     # Calls in flight finish before the store closes.
+    # Both stop listening at once; each waits out its own poll.
     server.stop()
+    heartbeat.stop()
     server.wait()
+    heartbeat.wait()
     agent.stop()
     if supervisor.deaths:
         supervisor.report()  # any that died on the way out

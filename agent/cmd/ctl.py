@@ -9,12 +9,17 @@ over the same RPC API conductors use (agent.rpcapi).
     build HOST --spec FILE             FILE: {"instance_uuid", "spec", "allocations"}
                                        (etc/compute-agent/instance-spec.example.json)
     delete HOST INSTANCE
-    prep-resize, live-migration-check, evacuate
+    prep-resize, live-migration-check
                  HOST --instance U --migration M --spec FILE
                                        FILE: {"spec", "allocations"} (destination claims)
     resize, finish-resize, confirm-resize, revert-resize, live-migrate,
     live-migration-post, live-migration-rollback
                  HOST --instance U --migration M
+    rebuild      HOST --instance U --migration M --spec FILE
+                                       one evacuation step (rebuild_instance 1.0)
+    hosts                              every host: up/down, last seen, instances
+    evacuate SOURCE [--target HOST] [--force]
+                                       rebuild every instance of a down host
 
 Output is short and human by default, the agent's answer as JSON with
 --json. A refused or failed call is one line on stderr and exit 1; a bad
@@ -28,7 +33,8 @@ import logging
 import math
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from oslo_config import cfg
@@ -37,8 +43,11 @@ from agent import rpc_schemas
 from agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
                               load_config, print_output, report_error, setup_logging,
                               tolerate_closed_stdout)
+from agent.evacuator import Evacuator
 from agent.exception import AgentError, ConfigError
+from agent.heartbeat import Heartbeat
 from agent.messaging import messaging
+from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import tree_lines
 from agent.rpcapi import ComputeAgentAPI
 
@@ -135,8 +144,60 @@ def _result(r: dict) -> list[str]:
 @dataclass(frozen=True)
 class Command:
     help: str
-    call: Callable  # (api, args) -> result
+    call: Callable  # (api, args) -> result; (api, args, conf) for a conductor's
     render: Callable[[object], list[str]] = _result
+    # A conductor's command: it also reads Placement and the heartbeats.
+    conductor: bool = False
+
+
+# --- the conductor's commands: hosts and evacuate ----------------------------
+
+# Seconds a progress read waits for a destination's answer.
+POLL_TIMEOUT = 2.0
+
+
+def _evacuator(api, conf) -> Evacuator:
+    return Evacuator(PlacementClient(adapter_from_conf(conf)), api, Heartbeat(conf),
+                     ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT)))
+
+
+def _when(epoch: float | None) -> str:
+    return "-" if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                   time.gmtime(epoch))
+
+
+def _hosts_lines(hosts: list[dict]) -> list[str]:
+    return [f"{h['host']}  {h['state']}  last seen {_when(h['last_seen'])}  "
+            f"instances {h['instances']}" for h in hosts]
+
+
+def _outcome_line(o: dict) -> str:
+    where = f" on {o['destination']}" if o.get("destination") else ""
+    why = f": {o['error']}" if o.get("error") else ""
+    return f"instance {o['instance']}  {o['state']}{where}{why}"
+
+
+def _evacuation_lines(r: dict) -> list[str]:
+    """The closing line; each instance's lines were shown as it progressed."""
+    done = [o for o in r["instances"] if o["state"] == "running"]
+    if not r["instances"]:
+        return [f"nothing to evacuate on {r['source']}"]
+    return [f"{r['source']}: {len(done)} of {len(r['instances'])} instances running "
+            "elsewhere"]
+
+
+def _hosts(api, a, conf):
+    return _evacuator(api, conf).hosts()
+
+
+def _evacuate(api, a, conf):
+    def progress(o) -> None:
+        if not a.json:
+            print_output(_outcome_line(asdict(o)))
+    # Leave the main thread's deadline room to print what was reached.
+    deadline = time.monotonic() + max(conf.timeout - 1, 0.1)
+    return _evacuator(api, conf).evacuate(a.agent_host, a.target, a.force, progress,
+                                          deadline).as_dict()
 
 
 def spec_file_help(fields: tuple[str, ...]) -> str:
@@ -214,6 +275,12 @@ COMMANDS: dict[str, Command] = {
                      "define and start the instance on HOST.", _build),
     "delete": Command("Delete an instance on HOST and give its devices back.",
                       lambda api, a: api.delete_instance(a.agent_host, a.instance)),
+    "hosts": Command("Every compute host in Placement: up or down by its agent's "
+                     "heartbeat, when it last answered, its instances.",
+                     _hosts, _hosts_lines, conductor=True),
+    "evacuate": Command("Rebuild every instance of the down host SOURCE elsewhere "
+                        "(or on --target HOST), and show each one's progress.",
+                        _evacuate, _evacuation_lines, conductor=True),
 }
 # Move steps: command -> (rpcapi method, whether it claims from --spec FILE).
 MOVES = {
@@ -226,7 +293,7 @@ MOVES = {
     "live-migrate": ("live_migrate", False),
     "live-migration-post": ("post_live_migration_at_destination", False),
     "live-migration-rollback": ("rollback_live_migration_at_destination", False),
-    "evacuate": ("rebuild_instance", True),
+    "rebuild": ("rebuild_instance", True),
 }
 # What each move step does, as nova's compute manager names the step.
 MOVE_STEP_HELP = {
@@ -261,7 +328,18 @@ def add_parsers(subparsers) -> None:
         p = subparsers.add_parser(name, help=command.help, description=command.help,
                                   prog=f"{PROG} [--timeout S] {name}")
         # "host" would shadow [DEFAULT] host, which oslo.config refuses.
-        p.add_argument("agent_host", metavar="HOST")
+        if name == "hosts":
+            p.set_defaults(agent_host="a host")
+        else:
+            p.add_argument("agent_host", metavar="SOURCE" if name == "evacuate"
+                           else "HOST")
+        if name == "evacuate":
+            p.add_argument("--target", metavar="HOST",
+                           help="Rebuild them all on HOST (default: any up host "
+                                "with room).")
+            p.add_argument("--force", action="store_true",
+                           help="Evacuate though SOURCE answers its heartbeat "
+                                "(it must be fenced some other way).")
         if name in ("show", "delete"):
             p.add_argument("instance", metavar="INSTANCE")
         if name in MOVES:
@@ -325,7 +403,8 @@ def main(argv=None) -> int:
 
     def call():
         try:
-            outcome["result"] = command.call(api, args)
+            outcome["result"] = (command.call(api, args, conf) if command.conductor
+                                 else command.call(api, args))
         except Exception as e:  # noqa: BLE001 - handed to the main thread
             outcome["error"] = e
 
@@ -353,6 +432,8 @@ def main(argv=None) -> int:
     text = (json.dumps(result, indent=2, sort_keys=True) if args.json
             else "\n".join(command.render(result)))
     print_output(text)
+    if isinstance(result, dict) and result.get("ok") is False:
+        return fail("not every instance was evacuated (see above)")
     return 0
 
 

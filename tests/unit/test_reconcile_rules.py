@@ -35,7 +35,8 @@ def built(w, wanted=VF) -> str:
 
 def test_the_rules_are_named_and_ordered():
     assert [r.__name__ for r in rules.INSTANCE_RULES] == [
-        "claim_stuck_claiming", "evacuation_interrupted", "assignment_without_guest",
+        "claim_stuck_claiming", "evacuation_interrupted", "evacuated_elsewhere",
+        "assignment_without_guest",
         "guest_devices_differ", "mdev_after_reboot", "assignment_without_allocation"]
     assert [r.__name__ for r in rules.HOST_RULES] == [
         "guest_without_assignments", "allocation_without_record"]
@@ -70,6 +71,63 @@ def test_evacuation_interrupted(w):
     assert kinds(report, fixed=True) == ["evacuation_interrupted"]
     assert w.driver.guest_is_running(instance)
     assert w.migrations()[migration].state is MigrationState.CONFIRMED
+
+
+def test_evacuation_interrupted_between_finish_and_confirm_is_settled(w):
+    instance, migration = new_uuid(), new_uuid()
+    w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
+    w.driver.spawn(w.manager._guest(instance))
+    w.tracker.finish_move(migration)  # the crash comes before the confirm
+    w.restart()
+    assert kinds(w.reconcile(None, at_start=True), fixed=True) == [
+        "evacuation_interrupted"]
+    assert w.migrations()[migration].state is MigrationState.CONFIRMED
+    assert w.driver.guest_is_running(instance)
+
+
+def test_evacuation_interrupted_is_resumed_by_the_loop_too_and_only_once(w):
+    instance, migration = new_uuid(), new_uuid()
+    w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
+    w.restart()
+    assert w.manager.resume_rebuilds() == [migration]
+    assert w.driver.guest_is_running(instance)
+    assert w.migrations()[migration].state is MigrationState.CONFIRMED
+    assert w.manager.resume_rebuilds() == []
+
+
+def test_evacuated_elsewhere(w):
+    gone, running_gone, ours, moving = built(w), built(w), built(w), built(w)
+    w.driver.power_off(gone)
+    # A live migration in flight from here: its instance consumer already
+    # holds the destination's providers, but the move is this host's.
+    w.manager.live_migrate(new_uuid(), moving)
+    other_host = {new_uuid()}
+    here = {u: {w.uuid("pf")} for u in (ours,)}
+    elsewhere = {gone: other_host, running_gone: other_host, moving: other_host}
+    dropped = []
+
+    def run(at_start, allocations=here, found=elsewhere, fix=True):
+        return reconcile(w.manager, allocations, at_start=at_start, fix=fix,
+                         elsewhere=found, drop_evacuation_hold=dropped.append)
+
+    # Only at start-up, and never on unknown (audits: the other rules would
+    # act on the instances with no allocation here).
+    assert "evacuated_elsewhere" not in kinds(run(False, fix=False))
+    assert "evacuated_elsewhere" not in kinds(run(True, found=None, fix=False))
+    assert "evacuated_elsewhere" not in kinds(run(True, allocations=None, fix=False))
+    assert kinds(run(True, fix=False)).count("evacuated_elsewhere") == 2
+    assert set(w.instances()) == {gone, running_gone, ours, moving} and not dropped
+
+    report = run(True)
+    assert sorted(f.subject for f in report.findings
+                  if f.kind == "evacuated_elsewhere" and f.fixed) == sorted(
+        [gone, running_gone])
+    assert set(w.instances()) == {ours, moving}
+    assert w.driver.guest_state(gone) is None
+    assert w.driver.guest_state(running_gone) is None  # destroyed though it ran
+    assert w.driver.guest_is_running(ours)
+    assert sorted(dropped) == sorted([gone, running_gone])
+    assert not [a for a in w.live() if a.instance_uuid in (gone, running_gone)]
 
 
 def test_assignment_without_guest(w):

@@ -185,6 +185,47 @@ def test_each_call_reaches_the_manager_with_canonical_uuids():
                                       ("confirm_resize", MIGRATION, INSTANCE)]
 
 
+class Fence:
+    def __init__(self):
+        self.asked: list[str] = []
+
+    def require_down(self, host: str) -> None:
+        self.asked.append(host)
+
+
+def test_a_rebuild_naming_its_source_is_fenced_accepted_then_built():
+    fence = Fence()
+    e = endpoint()
+    e.endpoint._fence = fence
+    assert e.rebuild_instance({}, migration_uuid=MIGRATION, instance_uuid=INSTANCE,
+                              spec=SPEC, allocations=ALLOCATIONS,
+                              source_host="down-host") == {"called": "accept_rebuild"}
+    name, *args, check = e.calls[0]
+    assert (name, args) == ("accept_rebuild", [MIGRATION, INSTANCE, SPEC, ALLOCATIONS])
+    check()
+    assert fence.asked == ["down-host"]
+    # The guest is built after the answer, in a thread of its own.
+    deadline = time.monotonic() + 5
+    while ("finish_rebuild", MIGRATION) not in e.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ("finish_rebuild", MIGRATION) in e.calls
+
+    forced = endpoint()
+    forced.endpoint._fence = fence
+    forced.rebuild_instance({}, migration_uuid=MIGRATION, instance_uuid=INSTANCE,
+                            spec=SPEC, allocations=ALLOCATIONS, source_host="up-host",
+                            force=True)
+    assert forced.calls[0][-1] is None  # no fence: forced
+    # API 1.0's form: claim, build and settle in the call, no fence.
+    old = endpoint()
+    old.rebuild_instance({}, migration_uuid=MIGRATION, instance_uuid=INSTANCE,
+                         spec=SPEC, allocations=ALLOCATIONS)
+    assert old.calls == [("rebuild_instance", MIGRATION, INSTANCE, SPEC, ALLOCATIONS)]
+    with pytest.raises(InvalidRequest, match="force"):
+        old.rebuild_instance({}, migration_uuid=MIGRATION, instance_uuid=INSTANCE,
+                             spec=SPEC, allocations=ALLOCATIONS, force="yes")
+
+
 def test_a_refused_payload_never_reaches_the_manager():
     e = endpoint()
     with pytest.raises(InvalidRequest):
@@ -308,9 +349,21 @@ def test_the_client_sends_each_call_at_the_version_it_appeared_in():
     calls = exposed(endpoint().endpoint)
     for name in calls:
         method = getattr(api, name)
-        arguments = method.__code__.co_varnames[1:method.__code__.co_argcount]
-        method(*["x"] * len(arguments))
+        # The arguments the call appeared with; optional ones came later.
+        required = method.__code__.co_argcount - 1 - len(method.__defaults__ or ())
+        method(*["x"] * required)
     assert dict(api.client.sent) == calls
+
+
+def test_a_rebuild_that_names_its_source_is_sent_at_1_3_and_capped_below():
+    api = client(None)
+    api.rebuild_instance("h", MIGRATION, INSTANCE, SPEC, ALLOCATIONS, source_host="s")
+    assert api.client.sent == [("rebuild_instance", "1.3")]
+    capped = client("1.1")
+    with pytest.raises(VersionCapped, match="rebuild_instance needs RPC API 1.3"):
+        capped.rebuild_instance("h", MIGRATION, INSTANCE, SPEC, ALLOCATIONS,
+                                source_host="s")
+    assert capped.client.sent == []
 
 
 def test_a_client_capped_below_a_call_refuses_it_before_sending():
