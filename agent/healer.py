@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Callable
 from agent import heal
 from agent.claims import Pool
 from agent.exception import AgentError, GenerationConflict
-from agent.host_tree import build_tree
 from agent.placement import PlacementClient
 from agent.provider_tree import ProviderTree, adopt_uuids
 from agent.realign import Allocations, DeviceIndex, Realignment, misplaced, realign
@@ -77,7 +76,7 @@ def read_model(agent: "Agent") -> Model:
 
     agent.sync.refresh()
     current = agent.sync.cache
-    built = build_tree(agent.driver.get_host_inventory(), agent.policy)
+    built = agent.build_model(agent.driver.get_host_inventory())
     model = adopt_uuids(built.tree, current)
     return Model(current, model, pools_by_uuid(built, {p.name: p.uuid for p in model}))
 

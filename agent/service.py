@@ -31,7 +31,7 @@ from agent.reconcile import Report, reconcile
 from agent.systemd import Watchdog
 from agent.tracker import Tracker
 from agent.tree_sync import SyncResult, TreeSync
-from drivers.base import ComputeDriver, DriverUnavailable, ForeignGuest
+from drivers.base import ComputeDriver, DriverUnavailable, ForeignGuest, HostInventory
 from drivers.host_data import InvalidHostData
 
 LOG = logging.getLogger(__name__)
@@ -307,14 +307,20 @@ class Agent:
                    conf.devices.health_correctable_errors_per_minute,
                    cycle_record.path_in(conf.state_path) if holder else None)
 
+    def build_model(self, inventory: HostInventory) -> BuiltTree:
+        """The tree to report for ``inventory``: the policy's, with the
+        devices found unhealthy taken out of scheduling. Every reader that
+        compares with Placement (a cycle, heal, manage tree) builds it
+        here, so none takes the agent's own health marks for drift."""
+        return self.health.apply(build_tree(inventory, self.policy), inventory)
+
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
         if self._drop_cache.is_set():
             self._drop_cache.clear()
             self.sync.invalidate()
             LOG.info("Placement cache dropped")
-        inventory = self.driver.get_host_inventory()
-        built = self.health.apply(build_tree(inventory, self.policy), inventory)
+        built = self.build_model(self.driver.get_host_inventory())
         for warning in built.warnings:
             LOG.warning("%s", warning)
         try:

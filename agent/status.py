@@ -14,6 +14,7 @@ from typing import Callable
 
 from agent.cycle_record import CycleRecord
 from agent.dependencies import Dependency, Health, describe
+from agent.device_health import UnhealthyProvider
 
 # A cycle ends every update_interval (plus jitter) seconds. The record is
 # late after this many of them (a slow cycle, a Placement that times out),
@@ -81,9 +82,9 @@ class StatusFacts:
     unhealed: tuple[str, ...] | Unknown
     # The audit's unfixed findings, one line each.
     audit: tuple[str, ...] | Unknown
-    # DEVICE HEALTH (helper "devhealth"): the facts of the device health
-    # watcher join here, with a rule of theirs in RULES. Unset until then.
-    device_health: object | None = None
+    # The providers Placement shows out of scheduling for a device's
+    # health (agent/device_health.py), as the running agent marked them.
+    device_health: tuple[UnhealthyProvider, ...] | Unknown = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ class Status:
             "schema_version": self.facts.store.schema_version,
             "unhealed": (None if isinstance(self.facts.unhealed, Unknown)
                          else list(self.facts.unhealed)),
+            "unhealthy_devices": (None if isinstance(self.facts.device_health, Unknown)
+                                  else [u.to_json() for u in self.facts.device_health]),
         }
 
 
@@ -249,9 +252,19 @@ def audit(f: StatusFacts) -> list[Check]:
     return [Check("audit", Level.OK, "audit: consistent")]
 
 
+def device_health(f: StatusFacts) -> list[Check]:
+    """A device out of scheduling is a warning: guests holding it keep it,
+    but the host offers less until it recovers."""
+    if isinstance(f.device_health, Unknown):
+        return [unknown_check("device_health", "device health", f.device_health)]
+    if not f.device_health:
+        return [Check("device_health", Level.OK, "no device out of scheduling")]
+    return [Check("device_health", Level.WARNING, u.describe()) for u in f.device_health]
+
+
 RULES: tuple[Callable[[StatusFacts], list[Check]], ...] = (
     hypervisor, keystone, placement, broker, store_opens, store_schema,
-    store_integrity, last_cycle, agent_sees_down, unhealed, audit)
+    store_integrity, last_cycle, agent_sees_down, unhealed, audit, device_health)
 
 
 def judge(f: StatusFacts) -> Status:

@@ -315,8 +315,9 @@ MOVE_STEP_HELP = {
                            "runs here on the claimed devices; the move is settled.",
     "live-migration-rollback": "Live migration failed, on the destination HOST: "
                                "release what it claimed.",
-    "evacuate": "Evacuation, on the destination HOST: claim devices from --spec "
-                "FILE, build the guest and complete the move.",
+    "rebuild": "One evacuation step, on the destination HOST: claim devices from "
+               "--spec FILE, build the guest and complete the move (evacuate SOURCE "
+               "does every step for every instance).",
 }
 for _name, (_method, _claims) in MOVES.items():
     COMMANDS[_name] = Command(MOVE_STEP_HELP[_name],

@@ -54,6 +54,7 @@ from agent import status as status_rules
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
+from agent.device_health import UnhealthyProvider, unhealthy_providers
 from agent.exception import AgentError, ConfigError
 from agent.host_tree import build_tree
 from agent.placement import PlacementClient, adapter_from_conf
@@ -90,7 +91,7 @@ def tree_report(agent: Agent) -> TreeReport:
         inventory = agent.driver.get_host_inventory()
     except DriverUnavailable as e:
         raise AgentError(f"the hypervisor did not answer: {e}") from None
-    model = adopt_uuids(build_tree(inventory, agent.policy).tree, placement)
+    model = adopt_uuids(agent.build_model(inventory).tree, placement)
     allocations = {uuid: sync.client.get_provider_allocations(uuid)
                    for uuid in heal_rules.moving(placement, model, sync.owned)}
     instances, _, _ = agent.manager.tracker.snapshot()
@@ -223,12 +224,14 @@ def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
     root_uuid = node_identity.load(conf.state_path)
     keystone, placement = status_probes.placement(conf, root_uuid)
     unhealed: tuple[str, ...] | status_rules.Unknown
+    unhealthy: tuple[UnhealthyProvider, ...] | status_rules.Unknown
     try:
         agent = Agent.from_conf(conf, holder=False)
         try:
             agent.driver.init_host()
-            unhealed = tuple(sorted({u.resource_class for u in
-                                     tree_report(agent).unhealed}))
+            report_of_tree = tree_report(agent)
+            unhealed = tuple(sorted({u.resource_class for u in report_of_tree.unhealed}))
+            unhealthy = tuple(unhealthy_providers(report_of_tree.placement))
             report = audit_report(agent)
             audit_found = (status_rules.Unknown("; ".join(report.unknown))
                            if report.unknown else
@@ -238,7 +241,8 @@ def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
             agent.driver.cleanup()
             agent.manager.tracker.store.close()
     except (AgentError, state.StoreError, DriverUnavailable) as e:
-        unhealed = audit_found = status_rules.Unknown(str(e).splitlines()[0])
+        unhealed = audit_found = unhealthy = status_rules.Unknown(
+            str(e).splitlines()[0])
     return status_rules.StatusFacts(
         now=time.time(), cycle_seconds=conf.update_interval + conf.update_jitter,
         code_schema_version=state.SCHEMA_VERSION,
@@ -246,7 +250,7 @@ def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
         placement=placement, broker=status_probes.broker(conf),
         store=status_probes.store(Path(conf.state_path) / STORE_FILE),
         cycle=status_probes.last_cycle(conf.state_path),
-        unhealed=unhealed, audit=audit_found)
+        unhealed=unhealed, audit=audit_found, device_health=unhealthy)
 
 
 def rebuild_store(conf: cfg.ConfigOpts) -> int:

@@ -100,7 +100,7 @@ def test_evacuated_elsewhere(w):
     w.driver.power_off(gone)
     # A live migration in flight from here: its instance consumer already
     # holds the destination's providers, but the move is this host's.
-    w.manager.live_migrate(new_uuid(), moving)
+    w.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, new_uuid(), moving)
     other_host = {new_uuid()}
     here = {u: {w.uuid("pf")} for u in (ours,)}
     elsewhere = {gone: other_host, running_gone: other_host, moving: other_host}

@@ -127,3 +127,19 @@ def test_unhealed_and_audit_findings_are_warnings_and_unknown_is_never_ok():
     assert level_of(status.audit, healthy(audit=("orphan x: y",))) is Level.WARNING
     (check,) = status.audit(healthy(audit=Unknown("Placement's allocations: down")))
     assert check.level is Level.WARNING and check.line.startswith("audit: unknown (")
+
+
+def test_a_device_out_of_scheduling_is_a_warning_naming_it_and_unknown_is_never_ok():
+    from agent.device_health import Fault, UnhealthyProvider
+    assert level_of(status.device_health, healthy()) is Level.OK
+    bad = UnhealthyProvider("h_0000:81:00.0", frozenset({Fault.AER_NONFATAL}),
+                            (("CUSTOM_PCI_8086_154C", 1, 4),))
+    (check,) = status.device_health(healthy(device_health=(bad,)))
+    assert check.level is Level.WARNING
+    assert check.line == ("h_0000:81:00.0: unhealthy (aer_nonfatal); "
+                          "CUSTOM_PCI_8086_154C 1 of 4 reserved")
+    assert judge(healthy(device_health=(bad,))).as_dict()["unhealthy_devices"] == [
+        bad.to_json()]
+    assert level_of(status.device_health,
+                    healthy(device_health=Unknown("Placement at x did not answer"))
+                    ) is Level.WARNING
