@@ -434,7 +434,9 @@ def main(argv=None) -> int:
             else "\n".join(command.render(result)))
     print_output(text)
     if isinstance(result, dict) and result.get("ok") is False:
-        return fail("not every instance was evacuated (see above)")
+        if as_json:
+            return 1  # the answer printed says which, as JSON
+        return fail("not every instance was evacuated (see above)", as_json)
     return 0
 
 

@@ -103,7 +103,9 @@ def test_healthy_host(running):
     assert code == 0, lines
     assert set(levels(checks).values()) == {"ok"}, lines
     assert set(checks) == {"hypervisor", "placement", "broker", "store", "store_schema",
-                           "store_integrity", "last_cycle", "unhealed", "audit"}
+                           "store_integrity", "last_cycle", "unhealed", "audit",
+                           "device_health"}
+    assert checks["device_health"]["line"] == "no device out of scheduling"
     assert checks["hypervisor"]["line"].startswith("libvirt at test:///")
     assert checks["placement"]["line"] == (f"Placement at {running.host.url} answered "
                                            "(microversion 1.39)")
