@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 
 from agent.cmd.common import load_config
 from agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidRequest,
-                             MoveInProgress, NoSuchInstance)
+                             LiveMigrationFailed, LiveMigrationRefused, MoveInProgress,
+                             NoSuchInstance, SourceHostUp)
 from agent.messaging import TOPIC, messaging, transport
 from agent.rpc import ComputeAgentEndpoint
 from agent.rpc_versions import VERSION
@@ -43,9 +44,11 @@ from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
 from tests.reliability.exploring import Outcome
 
-# The caller's own mistakes, which the agent answers as they are.
+# The caller's own mistakes, which the agent answers as they are: a live
+# migration to where the caller said (a destination that cannot take it),
+# an evacuation from a source that is up.
 CALLER_ERRORS = (InvalidRequest, NoSuchInstance, ClaimFailed, MoveInProgress,
-                 DevicesInUse)
+                 DevicesInUse, LiveMigrationRefused, LiveMigrationFailed, SourceHostUp)
 # What oslo.messaging answers before an endpoint is asked.
 UNKNOWN_CALL_ERRORS = {"NoSuchMethod", "UnsupportedVersion"}
 
@@ -156,6 +159,7 @@ class HostFacts:
     inventories: dict[str, list[str]]  # provider uuid -> its classes
     instances: list[str]
     migrations: list[str] = field(default_factory=list)
+    host: str = ""  # the agent's own [DEFAULT] host
 
 
 def uuids(known: list[str]) -> st.SearchStrategy[str]:
@@ -192,8 +196,20 @@ def valid_shaped(schema: dict, facts: HostFacts) -> st.SearchStrategy[dict]:
                 | st.from_regex(r"\ACUSTOM_[A-Z0-9_]{1,10}\Z"),
                 st.integers(1, 4), min_size=1, max_size=3)}),
             min_size=1, max_size=4),
+        # live_migrate (1.2): what a destination answered, as it would look.
+        "destination": st.fixed_dictionaries({
+            "claimed": st.lists(st.dictionaries(st.text(max_size=12), junk_values,
+                                                max_size=4), max_size=3),
+            "migration_uri": st.text(min_size=1, max_size=60)}),
+        # rebuild_instance (1.3): a source that answers its heartbeat at once
+        # (a name no agent serves would hold each call for service_down_time),
+        # never forced: an accepted rebuild builds after its answer, and the
+        # store would change under the next call's comparison.
+        "source_host": st.just(facts.host),
+        "force": st.just(False),
     }
-    return st.fixed_dictionaries({name: fields[name]
+    # A field added to a schema later is fuzzed with junk until it is named.
+    return st.fixed_dictionaries({name: fields.get(name, junk_values)
                                   for name in schema.get("properties", {})})
 
 
@@ -267,7 +283,7 @@ class FuzzedAgent:
         migration = str(uuid.uuid4())
         self.api.prep_resize(self.daemon.name, migration, instances[1], SPEC,
                              {cell: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}})
-        return HostFacts(inventories, instances, [migration])
+        return HostFacts(inventories, instances, [migration], self.daemon.name)
 
     def store_hash(self) -> str:
         return hashlib.sha256(self.daemon.store_dump().encode()).hexdigest()
