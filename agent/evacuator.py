@@ -143,7 +143,9 @@ class Evacuator:
     def hosts(self) -> list[dict]:
         """Every compute host: up or down by its heartbeat, when it last
         answered, and its instances (its own count when up; when down, the
-        consumers Placement has on its tree)."""
+        instance consumers Placement has on its tree). A down host's last
+        answer is None: the heartbeat is asked, never kept, and nothing else
+        (Placement has no timestamps) records when a host was last alive."""
         roots = self.compute_roots()
         found = self.heartbeat.check_many(sorted(roots.values()))
         out = []
@@ -152,8 +154,19 @@ class Evacuator:
             out.append({"host": name, "root_uuid": root, "state": seen.state.value,
                         "last_seen": seen.report["time"] if seen.up else None,
                         "instances": (seen.report["instances"] if seen.up
-                                      else len(self.consumers_on(root)))})
+                                      else self._instances_on(root))})
         return out
+
+    def _instances_on(self, root_uuid: str) -> int:
+        """The instance consumers on a tree: an evacuation's migration
+        consumers stay on a down source until it returns, and are not its
+        instances any more. One read per consumer, only for down hosts."""
+        consumers = sorted(self.consumers_on(root_uuid))
+        if not consumers:
+            return 0
+        with ThreadPoolExecutor(max_workers=min(8, len(consumers))) as pool:
+            held = pool.map(self.placement.get_consumer_allocations, consumers)
+            return sum(1 for h in held if h.get("consumer_type", "INSTANCE") == "INSTANCE")
 
     def _alive(self, host: str) -> bool:
         """Asked once per host and evacuation, whatever the number of

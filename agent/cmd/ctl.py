@@ -163,8 +163,9 @@ def _evacuator(api, conf) -> Evacuator:
 
 
 def _when(epoch: float | None) -> str:
-    return "-" if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                   time.gmtime(epoch))
+    """A down host's last answer is recorded nowhere (Evacuator.hosts)."""
+    return "unknown" if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                         time.gmtime(epoch))
 
 
 def _hosts_lines(hosts: list[dict]) -> list[str]:
@@ -294,7 +295,8 @@ COMMANDS: dict[str, Command] = {
     "delete": Command("Delete an instance on HOST and give its devices back.",
                       lambda api, a: api.delete_instance(a.agent_host, a.instance)),
     "hosts": Command("Every compute host in Placement: up or down by its agent's "
-                     "heartbeat, when it last answered, its instances.",
+                     "heartbeat, when it last answered (unknown for a down host: "
+                     "nothing records it), its instances.",
                      _hosts, _hosts_lines, conductor=True),
     "evacuate": Command("Rebuild every instance of the down host SOURCE elsewhere "
                         "(or on --target HOST), and show each one's progress.",
@@ -456,7 +458,9 @@ def main(argv=None) -> int:
             else "\n".join(command.render(result)))
     print_output(text)
     if isinstance(result, dict) and result.get("ok") is False:
-        return fail("not every instance was evacuated (see above)")
+        # The answer, on stdout, says which; this line goes to stderr even
+        # with --json, so stdout stays one JSON object.
+        return fail("not every instance was evacuated (see above)", False)
     return 0
 
 

@@ -211,6 +211,13 @@ def test_ctl_killed_between_the_allocation_write_and_the_call_then_run_again(
     assert third.returncode == 0, third.stderr
     assert json.loads(third.stdout)["instances"] == []
 
+    # A's tree holds only the moves' share now: no instance of its own.
+    hosts = ctl(a.conf, "hosts")
+    assert hosts.returncode == 0, hosts.stderr
+    assert f"{a.name}  down  last seen unknown  instances 0" in hosts.stdout.splitlines()
+    assert any(line.startswith(f"{b.name}  up  last seen 20")
+               and line.endswith("instances 3") for line in hosts.stdout.splitlines())
+
 
 class CandidatesAtOnce:
     """Placement's candidates, given to the workers' first asks together:
