@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import uuid as uuid_lib
 from dataclasses import dataclass, field
+from enum import Enum
 
 import os_resource_classes as orc
 import os_traits
@@ -173,3 +174,64 @@ def candidate_root(request: dict, tree_of: dict[str, str]) -> str | None:
     providers are in one known tree."""
     roots = {tree_of.get(rp) for rp in request["allocations"]}
     return roots.pop() if len(roots) == 1 else None
+
+
+# --- the conductor's second run ------------------------------------------------
+
+@dataclass(frozen=True)
+class InterruptedEvacuation:
+    """An instance whose allocations a conductor moved to ``destination``
+    for an evacuation of the source, and then left: it may have died before
+    the destination answered, or before it even called."""
+
+    instance: str
+    migration: str
+    destination_root: str
+    # Provider -> resources: what the instance now holds on the destination,
+    # and what its move still holds on the source (its spec, as at first).
+    destination_allocations: dict[str, dict[str, int]]
+    source_allocations: dict[str, dict[str, int]]
+
+
+def interrupted_evacuations(source_root_uuid: str,
+                            migrations_on_source: dict[str, dict[str, dict[str, int]]],
+                            consumers_by_root: dict[str, dict[str, dict[str, int]]]
+                            ) -> list[InterruptedEvacuation]:
+    """The instances on other hosts (root -> consumer -> provider ->
+    resources) that an evacuation of the source moved there: those whose
+    evacuation move, named from the instance and the source, is one of the
+    migration consumers still holding the source's share (migration ->
+    provider -> resources). The source drops that consumer when it
+    returns; until then it names the instance."""
+    found = []
+    for root, consumers in sorted(consumers_by_root.items()):
+        if root == source_root_uuid:
+            continue
+        for consumer, allocations in sorted(consumers.items()):
+            move = evacuation_migration_uuid(consumer, source_root_uuid)
+            if move in migrations_on_source:
+                found.append(InterruptedEvacuation(consumer, move, root, allocations,
+                                                   migrations_on_source[move]))
+    return found
+
+
+class DestinationRecord(str, Enum):
+    """What the destination of an interrupted evacuation has of it."""
+
+    DONE = "done"  # rebuilt there, the move confirmed: nothing to do
+    ACCEPTED = "accepted"  # it owns the rebuild: wait for it
+    NONE = "none"  # never accepted it: call it again (a retry is idempotent)
+    OTHER = "other"  # it has the instance but not this move: hands off
+
+
+def destination_record(view: dict | None, migration_uuid: str) -> DestinationRecord:
+    """``view``: the destination's get_instance answer, None when it has no
+    such instance."""
+    if view is None:
+        return DestinationRecord.NONE
+    moves = [m for m in view["migrations"] if m["uuid"] == migration_uuid]
+    if not moves:
+        return DestinationRecord.OTHER
+    if view["running"] and all(m["state"] == "confirmed" for m in moves):
+        return DestinationRecord.DONE
+    return DestinationRecord.ACCEPTED

@@ -22,19 +22,40 @@ evacuated twice.
 """
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Callable
 
 import os_traits
 
-from agent.evacuation import (SourceProvider, candidate_root, evacuation_migration_uuid,
-                              evacuation_request, spec_from_allocations)
-from agent.exception import AgentError, SourceHostUp
+from agent.evacuation import (DestinationRecord, InterruptedEvacuation, SourceProvider,
+                              candidate_root, destination_record,
+                              evacuation_migration_uuid, evacuation_request,
+                              interrupted_evacuations, spec_from_allocations)
+from agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
 from agent.heartbeat import Heartbeat, Liveness
 from agent.messaging import messaging
 from agent.placement import PlacementClient
 from agent.rpcapi import ComputeAgentAPI, move_allocations
+
+
+# Instances evacuated at once by default: enough to overlap Placement's and
+# the destination's answers, few enough not to crowd one destination.
+DEFAULT_PARALLEL = 4
+# Allocation writes per instance when another writer took the chosen
+# capacity first (each after asking for candidates again).
+WRITE_ATTEMPTS = 5
+
+
+def lost_a_race(error: PlacementError) -> bool:
+    """Placement refused the allocation write because someone wrote first:
+    the capacity of the chosen candidate is gone (another instance of this
+    evacuation, or any scheduler, took it), or a generation moved. Fresh
+    candidates may still fit."""
+    return error.status == 409
 
 
 class NoSuchHost(AgentError):
@@ -70,6 +91,26 @@ class Evacuation:
                 "instances": [asdict(o) for o in self.outcomes]}
 
 
+@dataclass
+class _Run:
+    """One evacuation of a source, as its workers share it."""
+
+    source: str
+    source_root: str
+    roots: dict[str, str]  # every compute host: root provider uuid -> name
+    target_root: str | None
+    force: bool
+    providers: dict[str, SourceProvider]  # the source's tree
+    traits_read: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held around each allocation write: the workers' writes all touch the
+    # destination's providers, and each moves their generations, so at once
+    # they would only make each other retry (inside Placement; and an
+    # SQLite-backed Placement answers 500, "database is locked"). The reads,
+    # the candidates and the destination's answers are what overlap.
+    writing: threading.Lock = field(default_factory=threading.Lock)
+
+
 class Evacuator:
     def __init__(self, placement: PlacementClient, api: ComputeAgentAPI,
                  heartbeat: Heartbeat, poll: ComputeAgentAPI | None = None):
@@ -81,6 +122,7 @@ class Evacuator:
         self.poll = poll or api
         self.heartbeat = heartbeat
         self._liveness: dict[str, Liveness] = {}
+        self._liveness_lock = threading.Lock()
 
     # --- hosts ------------------------------------------------------------
 
@@ -101,7 +143,9 @@ class Evacuator:
     def hosts(self) -> list[dict]:
         """Every compute host: up or down by its heartbeat, when it last
         answered, and its instances (its own count when up; when down, the
-        consumers Placement has on its tree)."""
+        instance consumers Placement has on its tree). A down host's last
+        answer is None: the heartbeat is asked, never kept, and nothing else
+        (Placement has no timestamps) records when a host was last alive."""
         roots = self.compute_roots()
         found = self.heartbeat.check_many(sorted(roots.values()))
         out = []
@@ -110,19 +154,37 @@ class Evacuator:
             out.append({"host": name, "root_uuid": root, "state": seen.state.value,
                         "last_seen": seen.report["time"] if seen.up else None,
                         "instances": (seen.report["instances"] if seen.up
-                                      else len(self.consumers_on(root)))})
+                                      else self._instances_on(root))})
         return out
 
+    def _instances_on(self, root_uuid: str) -> int:
+        """The instance consumers on a tree: an evacuation's migration
+        consumers stay on a down source until it returns, and are not its
+        instances any more. One read per consumer, only for down hosts."""
+        consumers = sorted(self.consumers_on(root_uuid))
+        if not consumers:
+            return 0
+        with ThreadPoolExecutor(max_workers=min(8, len(consumers))) as pool:
+            held = pool.map(self.placement.get_consumer_allocations, consumers)
+            return sum(1 for h in held if h.get("consumer_type", "INSTANCE") == "INSTANCE")
+
     def _alive(self, host: str) -> bool:
-        if host not in self._liveness:
-            self._liveness[host] = self.heartbeat.check(host)
-        return self._liveness[host].up
+        """Asked once per host and evacuation, whatever the number of
+        workers: a down host costs one deadline, not one per worker."""
+        with self._liveness_lock:
+            if host not in self._liveness:
+                self._liveness[host] = self.heartbeat.check(host)
+            return self._liveness[host].up
 
     # --- evacuation -------------------------------------------------------
 
     def evacuate(self, source: str, target: str | None = None, force: bool = False,
                  progress: Callable[[Outcome], None] = lambda o: None,
-                 deadline: float | None = None) -> Evacuation:
+                 deadline: float | None = None,
+                 parallel: int = DEFAULT_PARALLEL) -> Evacuation:
+        """Every instance of ``source``, ``parallel`` at a time; then every
+        instance an earlier run left between the allocation write and the
+        destination's answer. ``progress`` is called in the caller's thread."""
         roots = self.compute_roots()
         by_name = {name: uuid for uuid, name in roots.items()}
         if source not in by_name:
@@ -131,82 +193,174 @@ class Evacuator:
             raise NoSuchHost(target)
         if not force and self._alive(source):
             raise SourceHostUp(source, self.heartbeat.down_after)
-        source_root = by_name[source]
-        tree = self.placement.get_tree(source_root)
-        cells = {p["uuid"] for p in self.placement.get_providers(
-            in_tree=source_root, required=os_traits.HW_NUMA_ROOT)}
-        providers = {p["uuid"]: SourceProvider(
-            p["uuid"], p["parent_provider_uuid"],
-            frozenset({os_traits.HW_NUMA_ROOT}) if p["uuid"] in cells else frozenset())
-            for p in tree}
-        traits_read: set[str] = set()
+        run = _Run(source, by_name[source], roots,
+                   by_name.get(target) if target else None, force,
+                   self._source_providers(by_name[source]))
         result = Evacuation(source)
-        accepted: list[Outcome] = []
-        for instance, allocations in sorted(self.consumers_on(source_root).items()):
-            outcome = self._evacuate_one(instance, allocations, source, source_root,
-                                         providers, traits_read, roots,
-                                         by_name.get(target) if target else None, force)
-            if outcome is None:
-                continue  # a migration's consumer, not an instance
-            result.outcomes.append(outcome)
-            progress(outcome)
-            if outcome.state == "accepted":
-                accepted.append(outcome)
-        self._wait_running(accepted, progress, deadline)
+        # Migration consumers on the source (an earlier evacuation's, maybe
+        # interrupted) -> what they hold there; filled by the first pass.
+        migrations: dict[str, dict[str, dict[str, int]]] = {}
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            def collect(work: list[Callable[[], Outcome | None]]) -> None:
+                for done in as_completed([pool.submit(w) for w in work]):
+                    outcome = done.result()
+                    if outcome is not None:
+                        result.outcomes.append(outcome)
+                        progress(outcome)
+            collect([partial(self._evacuate_one, run, instance, allocations, migrations)
+                     for instance, allocations in
+                     sorted(self.consumers_on(run.source_root).items())])
+            if migrations:
+                collect([partial(self._resume_one, run, found)
+                         for found in self._interrupted(run, migrations)])
+        result.outcomes.sort(key=lambda o: o.instance)
+        self._wait_running([o for o in result.outcomes if o.state == "accepted"],
+                           progress, deadline)
         return result
 
-    def _evacuate_one(self, instance, allocations, source, source_root, providers,
-                      traits_read, roots, target_root, force) -> Outcome | None:
+    def _source_providers(self, source_root: str) -> dict[str, SourceProvider]:
+        """The source's tree, its NUMA cells marked; device providers' traits
+        are read when an instance needs them (_device_traits)."""
+        cells = {p["uuid"] for p in self.placement.get_providers(
+            in_tree=source_root, required=os_traits.HW_NUMA_ROOT)}
+        return {p["uuid"]: SourceProvider(
+            p["uuid"], p["parent_provider_uuid"],
+            frozenset({os_traits.HW_NUMA_ROOT}) if p["uuid"] in cells else frozenset())
+            for p in self.placement.get_tree(source_root)}
+
+    def _device_traits(self, run: _Run, allocations: dict) -> None:
+        """Read the traits of the device providers ``allocations`` use, once
+        per provider whatever the number of workers."""
+        with run.lock:
+            for rp in set(allocations) - run.traits_read:
+                p = run.providers[rp]
+                if p.parent_uuid is not None and rp not in _cells(run.providers):
+                    _, traits = self.placement.get_traits(rp)
+                    run.providers[rp] = SourceProvider(rp, p.parent_uuid, traits)
+                run.traits_read.add(rp)
+
+    def _evacuate_one(self, run: _Run, instance: str, allocations: dict,
+                      migrations: dict) -> Outcome | None:
+        """One consumer on the source: an instance is evacuated; a migration
+        consumer is noted (an earlier evacuation's, maybe interrupted)."""
         held = self.placement.get_consumer_allocations(instance)
         if held.get("consumer_type", "INSTANCE") != "INSTANCE":
+            with run.lock:
+                migrations[instance] = allocations
             return None
-        if set(held["allocations"]) - set(providers):
+        if set(held["allocations"]) - set(run.providers):
             return Outcome(instance, "skipped",
                            error="holds allocations on another host too (in a move)")
-        for rp in set(allocations) - traits_read:
-            p = providers[rp]
-            if p.parent_uuid is not None and rp not in _cells(providers):
-                _, traits = self.placement.get_traits(rp)
-                providers[rp] = SourceProvider(rp, p.parent_uuid, traits)
-            traits_read.add(rp)
+        self._device_traits(run, allocations)
         try:
             spec = spec_from_allocations(instance, allocations)
-            request = evacuation_request(allocations, providers)
+            request = evacuation_request(allocations, run.providers)
         except ValueError as e:
             return Outcome(instance, "failed", error=str(e))
-        found = self.placement.get_allocation_candidates(request.query(in_tree=target_root))
+        migration = evacuation_migration_uuid(instance, run.source_root)
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            chosen = self._destination(run, request)
+            if chosen is None:
+                return Outcome(instance, "failed",
+                               error="no up host has room for it with each device on "
+                                     "its CPUs' NUMA cell (allocation candidates)")
+            destination, wanted = chosen
+            try:
+                with run.writing:
+                    move_allocations(self.placement, instance, migration,
+                                     replacement=wanted)
+                break
+            except PlacementError as e:
+                if not lost_a_race(e) or attempt == WRITE_ATTEMPTS:
+                    return Outcome(instance, "failed", destination, migration,
+                                   f"allocations not written: {_first_line(e)}")
+        return self._call_destination(run, instance, destination, migration, spec,
+                                      wanted)
+
+    def _destination(self, run: _Run, request) -> tuple[str, dict] | None:
+        """The first allocation candidate on an up host other than the
+        source: (host, allocations)."""
+        found = self.placement.get_allocation_candidates(
+            request.query(in_tree=run.target_root))
         tree_of = {rp: s["root_provider_uuid"]
                    for rp, s in found.get("provider_summaries", {}).items()}
-        chosen = None
         for candidate in found["allocation_requests"]:
             root = candidate_root(candidate, tree_of)
-            if root is not None and root != source_root and root in roots \
-                    and self._alive(roots[root]):
-                chosen = (roots[root], candidate["allocations"])
-                break
-        if chosen is None:
-            return Outcome(instance, "failed",
-                           error="no up host has room for it with each device on "
-                                 "its CPUs' NUMA cell (allocation candidates)")
-        destination, wanted = chosen
-        migration = evacuation_migration_uuid(instance, source_root)
-        move_allocations(self.placement, instance, migration, replacement=wanted)
+            if root is not None and root != run.source_root and root in run.roots \
+                    and self._alive(run.roots[root]):
+                return run.roots[root], candidate["allocations"]
+        return None
+
+    def _call_destination(self, run: _Run, instance: str, destination: str,
+                          migration: str, spec: dict, wanted: dict) -> Outcome:
+        """rebuild_instance to the destination, the instance's allocations
+        already on its providers; a refusal moves them back to the source."""
         try:
             self.api.rebuild_instance(destination, migration, instance, spec, wanted,
-                                      source_host=source, force=force)
+                                      source_host=run.source, force=run.force)
         except messaging.MessagingTimeout:
-            # It may have been accepted: the destination then owns it.
+            # It may have been accepted: the destination then owns it; if
+            # not, the next run finds it (_interrupted) and calls again.
             return Outcome(instance, "failed", destination, migration,
                            f"no answer from {destination}: if it accepted the "
-                           "rebuild it owns it and resumes it; see "
-                           f"compute-agent-ctl show {destination} {instance}")
+                           "rebuild it owns it and resumes it; evacuate "
+                           f"{run.source} again to find out")
         except AgentError as e:
             # Refused: nothing was claimed there. The instance goes back to
             # the source's allocations, where the source's store has it.
-            move_allocations(self.placement, migration, instance, "INSTANCE")
+            with run.writing:
+                move_allocations(self.placement, migration, instance, "INSTANCE")
             return Outcome(instance, "failed", destination, migration,
                            _first_line(e))
         return Outcome(instance, "accepted", destination, migration)
+
+    # --- what an earlier run left -----------------------------------------
+
+    def _interrupted(self, run: _Run, migrations: dict
+                     ) -> list[InterruptedEvacuation]:
+        """The instances an earlier evacuation of the source moved to another
+        host, read from Placement: every other host's consumers, matched to
+        the migration consumers the source still has. Asked only when the
+        source has some; every host, whatever --target says now."""
+        consumers = {root: self.consumers_on(root) for root in run.roots
+                     if root != run.source_root}
+        return interrupted_evacuations(run.source_root, migrations, consumers)
+
+    def _resume_one(self, run: _Run, found: InterruptedEvacuation) -> Outcome | None:
+        """Ask the destination whether it accepted; call it again if not.
+        None when it is done there (an earlier run's success)."""
+        destination = run.roots[found.destination_root]
+        instance, migration = found.instance, found.migration
+        if not self._alive(destination):
+            return Outcome(instance, "failed", destination, migration,
+                           f"{destination} is down and holds its allocations: if it "
+                           "accepted the rebuild it resumes it when it returns; "
+                           f"if not, evacuate {run.source} again then")
+        try:
+            view = self.api.get_instance(destination, instance)
+        except NoSuchInstance:
+            view = None
+        except messaging.MessagingTimeout:
+            return Outcome(instance, "failed", destination, migration,
+                           f"no answer from {destination}")
+        record = destination_record(view, migration)
+        if record is DestinationRecord.DONE:
+            return None
+        if record is DestinationRecord.ACCEPTED:
+            return Outcome(instance, "accepted", destination, migration)
+        if record is DestinationRecord.OTHER:
+            return Outcome(instance, "failed", destination, migration,
+                           f"{destination} has the instance but not its evacuation "
+                           f"{migration}; see compute-agent-ctl show {destination} "
+                           f"{instance}")
+        try:
+            spec = spec_from_allocations(instance, found.source_allocations)
+        except ValueError as e:
+            return Outcome(instance, "failed", destination, migration, str(e))
+        wanted = {rp: {"resources": r}
+                  for rp, r in found.destination_allocations.items()}
+        return self._call_destination(run, instance, destination, migration, spec,
+                                      wanted)
 
     def _wait_running(self, accepted: list[Outcome],
                       progress: Callable[[Outcome], None],
@@ -227,9 +381,7 @@ class Evacuator:
                     continue
                 except (AgentError, messaging.MessagingException):
                     continue
-                settled = all(m["state"] == "confirmed" for m in view["migrations"]
-                              if m["uuid"] == o.migration)
-                if view["running"] and settled:
+                if destination_record(view, o.migration) is DestinationRecord.DONE:
                     o.state = "running"
                     progress(o)
                     waiting.remove(o)

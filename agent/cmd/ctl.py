@@ -18,7 +18,7 @@ over the same RPC API conductors use (agent.rpcapi).
     rebuild      HOST --instance U --migration M --spec FILE
                                        one evacuation step (rebuild_instance 1.0)
     hosts                              every host: up/down, last seen, instances
-    evacuate SOURCE [--target HOST] [--force]
+    evacuate SOURCE [--target HOST] [--force] [--parallel N]
                                        rebuild every instance of a down host
 
 Output is short and human by default, the agent's answer as JSON with
@@ -28,6 +28,7 @@ configuration is exit 2. With --json an error is one object on stdout,
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -43,7 +44,7 @@ from agent import rpc_schemas
 from agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
                               load_config, print_output, report_error, setup_logging,
                               tolerate_closed_stdout)
-from agent.evacuator import Evacuator
+from agent.evacuator import DEFAULT_PARALLEL, Evacuator
 from agent.exception import AgentError, ConfigError
 from agent.heartbeat import Heartbeat
 from agent.messaging import messaging
@@ -162,8 +163,9 @@ def _evacuator(api, conf) -> Evacuator:
 
 
 def _when(epoch: float | None) -> str:
-    return "-" if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                   time.gmtime(epoch))
+    """A down host's last answer is recorded nowhere (Evacuator.hosts)."""
+    return "unknown" if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                         time.gmtime(epoch))
 
 
 def _hosts_lines(hosts: list[dict]) -> list[str]:
@@ -186,6 +188,23 @@ def _evacuation_lines(r: dict) -> list[str]:
             "elsewhere"]
 
 
+# Instances one ctl evacuates at once, at most: each is a thread and an RPC
+# call outstanding on the destination's executor.
+MAX_PARALLEL = 32
+
+
+def parallel_count(text: str) -> int:
+    """--parallel N: an integer from 1 to MAX_PARALLEL."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PARALLEL:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number from 1 to {MAX_PARALLEL}")
+    return n
+
+
 def _hosts(api, a, conf):
     return _evacuator(api, conf).hosts()
 
@@ -197,7 +216,7 @@ def _evacuate(api, a, conf):
     # Leave the main thread's deadline room to print what was reached.
     deadline = time.monotonic() + max(conf.timeout - 1, 0.1)
     return _evacuator(api, conf).evacuate(a.agent_host, a.target, a.force, progress,
-                                          deadline).as_dict()
+                                          deadline, a.parallel).as_dict()
 
 
 def spec_file_help(fields: tuple[str, ...]) -> str:
@@ -276,7 +295,8 @@ COMMANDS: dict[str, Command] = {
     "delete": Command("Delete an instance on HOST and give its devices back.",
                       lambda api, a: api.delete_instance(a.agent_host, a.instance)),
     "hosts": Command("Every compute host in Placement: up or down by its agent's "
-                     "heartbeat, when it last answered, its instances.",
+                     "heartbeat, when it last answered (unknown for a down host: "
+                     "nothing records it), its instances.",
                      _hosts, _hosts_lines, conductor=True),
     "evacuate": Command("Rebuild every instance of the down host SOURCE elsewhere "
                         "(or on --target HOST), and show each one's progress.",
@@ -341,6 +361,10 @@ def add_parsers(subparsers) -> None:
             p.add_argument("--force", action="store_true",
                            help="Evacuate though SOURCE answers its heartbeat "
                                 "(it must be fenced some other way).")
+            p.add_argument("--parallel", type=parallel_count, default=DEFAULT_PARALLEL,
+                           metavar="N",
+                           help=f"Evacuate N instances at once, 1 to {MAX_PARALLEL} "
+                                f"(default {DEFAULT_PARALLEL}).")
         if name in ("show", "delete"):
             p.add_argument("instance", metavar="INSTANCE")
         if name in MOVES:
@@ -434,9 +458,9 @@ def main(argv=None) -> int:
             else "\n".join(command.render(result)))
     print_output(text)
     if isinstance(result, dict) and result.get("ok") is False:
-        if as_json:
-            return 1  # the answer printed says which, as JSON
-        return fail("not every instance was evacuated (see above)", as_json)
+        # The answer, on stdout, says which; this line goes to stderr even
+        # with --json, so stdout stays one JSON object.
+        return fail("not every instance was evacuated (see above)", False)
     return 0
 
 

@@ -6,9 +6,12 @@ import uuid
 import pytest
 
 from agent.claim_model import Migration, MigrationRole, MigrationState, MoveKind
-from agent.evacuation import (SourceProvider, candidate_root, evacuated_away,
+from agent.evacuation import (DestinationRecord, SourceProvider, candidate_root,
+                              destination_record, evacuated_away,
                               evacuation_migration_uuid, evacuation_request,
-                              spec_from_allocations)
+                              interrupted_evacuations, spec_from_allocations)
+from agent.evacuator import lost_a_race
+from agent.exception import GenerationConflict, PlacementError
 
 ROOT, CELL0, CELL1, PF1, GPU0, LOOSE = (str(uuid.uuid4()) for _ in range(6))
 TREE = {
@@ -101,3 +104,57 @@ def test_a_candidate_lands_on_one_host_or_none():
     tree_of = {CELL0: ROOT, PF1: ROOT, "x": "other"}
     assert candidate_root({"allocations": {CELL0: {}, PF1: {}}}, tree_of) == ROOT
     assert candidate_root({"allocations": {CELL0: {}, "x": {}}}, tree_of) is None
+
+
+# --- the conductor's second run ---------------------------------------------
+
+def test_an_interrupted_evacuation_is_found_by_its_move_on_the_source():
+    moved, done_elsewhere, stranger = (str(uuid.uuid4()) for _ in range(3))
+    dest, other = str(uuid.uuid4()), str(uuid.uuid4())
+    on_source = {CELL0: {"VCPU": 1, "MEMORY_MB": 256}}
+    on_dest = {"dest-cell": {"VCPU": 1, "MEMORY_MB": 256}}
+    migrations = {evacuation_migration_uuid(moved, ROOT): on_source,
+                  # a move of another source's evacuation: not this source's
+                  evacuation_migration_uuid(done_elsewhere, CELL1): on_source}
+    found = interrupted_evacuations(ROOT, migrations, {
+        dest: {moved: on_dest, stranger: on_dest},
+        other: {done_elsewhere: on_dest},
+        ROOT: {moved: on_source}})  # the source itself is never a destination
+    assert [(f.instance, f.migration, f.destination_root) for f in found] == [
+        (moved, evacuation_migration_uuid(moved, ROOT), dest)]
+    assert found[0].destination_allocations == on_dest
+    assert found[0].source_allocations == on_source
+
+
+def test_no_migration_on_the_source_means_nothing_interrupted():
+    i = str(uuid.uuid4())
+    assert interrupted_evacuations(ROOT, {}, {"dest": {i: {}}}) == []
+
+
+def view(running: bool, *moves: tuple[str, str]) -> dict:
+    return {"running": running,
+            "migrations": [{"uuid": u, "state": state} for u, state in moves]}
+
+
+def test_what_the_destination_has_of_an_interrupted_evacuation():
+    m = str(uuid.uuid4())
+    assert destination_record(None, m) is DestinationRecord.NONE
+    assert destination_record(view(True, (m, "confirmed")), m) is DestinationRecord.DONE
+    assert destination_record(view(False, (m, "confirmed")), m) \
+        is DestinationRecord.ACCEPTED  # its guest is not running yet
+    assert destination_record(view(True, (m, "active")), m) is DestinationRecord.ACCEPTED
+    assert destination_record(view(False, (m, "finished")), m) \
+        is DestinationRecord.ACCEPTED
+    assert destination_record(view(True, (str(uuid.uuid4()), "confirmed")), m) \
+        is DestinationRecord.OTHER
+    assert destination_record(view(True), m) is DestinationRecord.OTHER
+
+
+def test_only_a_409_on_the_allocation_write_is_worth_fresh_candidates():
+    capacity = PlacementError("Placement answered 409 to POST /allocations: Unable to "
+                              "allocate inventory", 409, "placement.undefined_code")
+    assert lost_a_race(capacity)
+    assert lost_a_race(GenerationConflict("POST /allocations: consumer generation", 409,
+                                          "placement.concurrent_update"))
+    assert not lost_a_race(PlacementError("Placement answered 400 to POST "
+                                          "/allocations: bad", 400, None))

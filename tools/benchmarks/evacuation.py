@@ -9,11 +9,13 @@ stops when the last one runs there. Reported: the seconds, the requests
 Placement served meanwhile (counted at its HTTP server, by kind), and how
 much of the time is the heartbeat deadline itself (service_down_time: the
 conductor's check of the source, and the destination's), which no faster
-code shortens.
+code shortens. One figure per parallelism (``--parallel``: one instance at
+a time, and the default), each the median of RUNS runs on new daemons.
 """
 from __future__ import annotations
 
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from agent.cmd.common import load_config
-from agent.evacuator import Evacuator
+from agent.evacuator import DEFAULT_PARALLEL, Evacuator
 from agent.heartbeat import Heartbeat
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.rpcapi import ComputeAgentAPI
@@ -33,6 +35,8 @@ from tools.benchmarks.rpc import PFS, RABBIT, SERVICES, VFS_PER_PF, Allocations,
     wait_until_serving
 
 INSTANCES = 100
+RUNS = 3
+PARALLELISMS = (1, DEFAULT_PARALLEL)
 DOWN_AFTER = 2
 SPEC = {"name": "bench", "vcpus": 1, "memory_mb": 256}
 VF_SPEC = '{"vendor_id": "8086", "product_id": "154c", "resource_class": "SRIOV_NET_VF"}'
@@ -46,8 +50,28 @@ def kind(line: str) -> str:
     return f"{method} /{shape}"
 
 
-def run(workdir: Path) -> dict:
+def run(workdir: Path) -> list[dict]:
     subprocess.run([str(SERVICES)], check=True, stdout=subprocess.DEVNULL, timeout=300)
+    return [medians([evacuate_once(workdir / f"p{parallel}-{n}", parallel)
+                     for n in range(RUNS)]) for parallel in PARALLELISMS]
+
+
+def medians(runs: list[dict]) -> dict:
+    """The median of each figure over the runs, and every run's seconds."""
+    def median_of(key: str) -> float:
+        return round(statistics.median(r[key] for r in runs), 2)
+
+    out = {key: median_of(key) for key in (
+        "seconds", "seconds_until_all_accepted", "placement_requests",
+        "placement_requests_per_instance", "seconds_without_heartbeat_deadline")}
+    kinds = sorted({k for r in runs for k in r["placement_requests_by_kind"]})
+    return {**runs[0], **out, "runs": len(runs),
+            "seconds_each_run": [r["seconds"] for r in runs],
+            "placement_requests_by_kind": {k: statistics.median(
+                r["placement_requests_by_kind"].get(k, 0) for r in runs) for k in kinds}}
+
+
+def evacuate_once(workdir: Path, parallel: int) -> dict:
     placement = LocalPlacement(workdir / "placement").start()
     procs: dict[str, subprocess.Popen] = {}
     confs = {}
@@ -92,12 +116,12 @@ def run(workdir: Path) -> dict:
             seen[o.state] = time.perf_counter()  # the last of each state
 
         started = time.perf_counter()
-        result = evacuator.evacuate(a, progress=progress)
+        result = evacuator.evacuate(a, progress=progress, parallel=parallel)
         seconds = time.perf_counter() - started
         requests = placement.requests_since(mark)
         evacuator.heartbeat.close()
         assert result.ok and len(result.outcomes) == INSTANCES, result.as_dict()
-        return {"case": "evacuation", "instances": INSTANCES,
+        return {"case": "evacuation", "instances": INSTANCES, "parallel": parallel,
                 "seconds": round(seconds, 2),
                 "seconds_until_all_accepted": round(seen["accepted"] - started, 2),
                 "placement_requests": len(requests),
