@@ -117,6 +117,17 @@ def totals(node: dict) -> dict[str, int]:
     return {rc: inv["total"] for rc, inv in node["inventories"].items()}
 
 
+def failed_cycles(state_path: Path, dependency: str = "Placement") -> int:
+    """How many cycles in a row a running agent has found ``dependency``
+    down, from the record it rewrites after each cycle (the log says so
+    once, not each cycle)."""
+    from agent import cycle_record
+    from agent.dependencies import Dependency
+    record = cycle_record.read(cycle_record.path_in(state_path))
+    state = record.dependencies.get(Dependency(dependency)) if record else None
+    return state.failures if state else 0
+
+
 def put_allocations(url: str, consumer: str, allocations: dict) -> None:
     """What a conductor's scheduler does before it asks a host to build."""
     resp = requests.put(f"{url}/allocations/{consumer}", headers=HEADERS, timeout=10, json={

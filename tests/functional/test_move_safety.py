@@ -22,7 +22,7 @@ from lxml import etree
 
 from agent.exception import InvalidRequest
 from agent.rpcapi import move_allocations
-from tests.functional.helpers import wait_for
+from tests.functional.helpers import failed_cycles, wait_for
 from tests.functional.test_rpc import (BIGGER, BROKER, SPEC, AgentDaemon,  # noqa: F401
                                        build, conductor, devices)
 
@@ -231,8 +231,7 @@ def test_a_stopped_guest_survives_sighup_while_placement_is_away(tmp_path, place
         gate.close()
         mark = len(agent.log.read_text())
         agent.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: agent.log.read_text()[mark:].count("cycle abandoned") >= 3,
-                 timeout=60)
+        wait_for(lambda: failed_cycles(agent.host.dir / "state") >= 3, timeout=60)
         view = c.rpc.get_instance(agent.name, instance)
         assert devices(view) == devices(built)
         assert view["definition"] is not None
