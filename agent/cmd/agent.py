@@ -80,6 +80,9 @@ def main(argv=None) -> int:
         setup_logging(conf)
     except ConfigError as e:
         return exit_config_error(e)
+    # Every option's value at debug level, as OpenStack services log them;
+    # secret ones (passwords, transport_url) as "****".
+    conf.log_opt_values(LOG, logging.DEBUG)
     try:
         # Held until the process ends: before anything in the state
         # directory is read, so two agents never serve one store.
