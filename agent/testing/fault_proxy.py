@@ -84,7 +84,10 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.injected: Counter[Fault] = Counter()
-        self.requests = 0
+        # (method, path, fault or None) of every request, oldest first.
+        self.seen: list[tuple[str, str, Fault | None]] = []
+        # Faults for the next request matching (method, path prefix).
+        self._planned: list[tuple[str, str, Fault]] = []
         self.set_rates(rates or {})
         self._stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -102,6 +105,10 @@ class FaultProxy:
                              f"(value: { {f.name: r for f, r in rates.items()} })")
         with self._lock:
             self.rates = dict(rates)
+
+    @property
+    def requests(self) -> int:
+        return len(self.seen)
 
     @property
     def total_injected(self) -> int:
@@ -126,19 +133,36 @@ class FaultProxy:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def draw(self, method: str) -> Fault | None:
+    def once(self, fault: Fault, method: str, path_prefix: str) -> None:
+        """The next request of ``method`` whose path starts with
+        ``path_prefix`` meets ``fault``, whatever the rates: for tests that
+        need one fault at one place."""
+        with self._lock:
+            self._planned.append((method, path_prefix, fault))
+
+    def draw(self, method: str, path: str) -> Fault | None:
         """The fault for the next request, if any, counted as injected."""
         with self._lock:
-            self.requests += 1
-            roll = self._rng.random()
-            for fault, rate in self.rates.items():
-                if roll < rate:
-                    if not applies_to(fault, method):
-                        return None
-                    self.injected[fault] += 1
-                    return fault
-                roll -= rate
-            return None
+            fault = self._planned_for(method, path) or self._roll(method)
+            if fault is not None:
+                self.injected[fault] += 1
+            self.seen.append((method, path, fault))
+            return fault
+
+    def _planned_for(self, method: str, path: str) -> Fault | None:
+        for i, (m, prefix, fault) in enumerate(self._planned):
+            if m == method and path.startswith(prefix):
+                del self._planned[i]
+                return fault
+        return None
+
+    def _roll(self, method: str) -> Fault | None:
+        roll = self._rng.random()
+        for fault, rate in self.rates.items():
+            if roll < rate:
+                return fault if applies_to(fault, method) else None
+            roll -= rate
+        return None
 
     def _handler_class(self):
         proxy = self
@@ -165,7 +189,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
-        fault = self.proxy.draw(self.command)
+        fault = self.proxy.draw(self.command, self.path)
         if fault is Fault.CONFLICT:
             return self._answer(409, conflict_body(self.command, self.path))
         if fault in (Fault.ERROR_500_BEFORE, Fault.ERROR_503_BEFORE):

@@ -124,7 +124,7 @@ def test_one_seed_gives_one_sequence_of_faults(placement):
     runs = []
     for _ in range(2):
         proxy = FaultProxy(placement.url, rates, seed=42)
-        runs.append([proxy.draw("PUT") for _ in range(200)])
+        runs.append([proxy.draw("PUT", "/traits/CUSTOM_X") for _ in range(200)])
         proxy.stop()
     assert runs[0] == runs[1]
     assert {f for f in runs[0] if f} == set(rates)
@@ -137,3 +137,11 @@ def test_one_seed_gives_one_sequence_of_faults(placement):
 def test_rates_out_of_range_are_refused_naming_them(placement, rates):
     with pytest.raises(ValueError, match="DELAY"):
         FaultProxy(placement.url, rates)
+
+
+def test_a_planned_fault_meets_the_next_matching_request_only(proxy, placement):
+    proxy.once(Fault.ERROR_503_BEFORE, "PUT", "/traits/CUSTOM_PROXY_")
+    assert requests.get(f"{proxy.url}/traits", headers=HEADERS).status_code == 200
+    assert put_trait(proxy.url, new_trait()).status_code == 503
+    assert put_trait(proxy.url, new_trait()).status_code == 201
+    assert proxy.injected == {Fault.ERROR_503_BEFORE: 1}
