@@ -22,8 +22,9 @@ from pathlib import Path
 from agent import node_identity
 from agent.cmd.common import load_config
 from agent.exception import StoreUnavailable
+from agent.messaging import messaging
 from agent.rpcapi import ComputeAgentAPI
-from tests.functional.helpers import put_allocations, placement_tree, unallocate
+from tests.functional.helpers import put_allocations, placement_tree, unallocate, wait_for
 from tests.functional.test_store_lost import PF, Daemon
 
 SPEC = {"name": "g", "vcpus": 1, "memory_mb": 256}
@@ -128,7 +129,18 @@ class StoreFaultHost:
         return self.daemon.store
 
     def start(self) -> None:
-        self.proc = self.daemon.start_serving()
+        """Start the daemon and wait until it answers RPC with its tree."""
+        self.proc, log = self.daemon.start()
+
+        def answering() -> bool:
+            assert self.proc.poll() is None, log.read_text()
+            try:
+                info = self.api._call(self.daemon.name, "get_host_info", timeout=1)
+            except messaging.MessagingTimeout:
+                return False
+            return bool(info["providers"])
+
+        wait_for(answering, timeout=60, interval=0.05)
 
     def close(self) -> None:
         try:
