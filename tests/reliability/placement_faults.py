@@ -210,13 +210,14 @@ class Scenario:
                        problems)
 
     def _wait_for_root(self, timeout: float = 60) -> str:
-        """The daemon's root provider UUID, once it has one."""
+        """The daemon's root provider UUID, once it runs. Not sooner: until
+        then SIGHUP has its default action and ends it (under systemd, a
+        reload waits for the start to finish)."""
         state = self.workdir / "faulted" / "state"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            root = node_identity.load(str(state))
-            if root is not None:
-                return root
+            if "compute-agent running as host" in self.log.read_text():
+                return node_identity.load(str(state))
             if self.proc.poll() is not None:
                 raise AssertionError(f"the daemon exited {self.proc.returncode}: "
                                      f"{self.log.read_text()[-2000:]}")

@@ -66,6 +66,9 @@ class StoreDisk:
 
     def unfill(self) -> None:
         self.filler.unlink(missing_ok=True)
+        # Into the journal now: an error that turns the file system
+        # read-only aborts what is not, and the filler would come back.
+        os.sync()
 
     def fail_read_only(self) -> None:
         """What ext4 does on an error it detects: the kernel remounts the
@@ -109,6 +112,7 @@ class Ledger:
 
     acknowledged: dict[str, list[str]] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
+    refusals: int = 0  # calls answered StoreUnavailable, retries included
     consumers: list[str] = field(default_factory=list)
 
 
@@ -183,13 +187,27 @@ class StoreFaultHost:
             answer = self.api.build_instance(self.daemon.name, instance, SPEC,
                                              self.allocations())
         except StoreUnavailable:
-            self.ledger.refused.append(instance)
+            self.ledger.refusals += 1
+            if instance not in self.ledger.refused:
+                self.ledger.refused.append(instance)
             return instance
         self.ledger.acknowledged[instance] = sorted(
             a["device_id"] for a in answer["assignments"] if a["kind"] != "numa")
         if instance in self.ledger.refused:
             self.ledger.refused.remove(instance)
         return instance
+
+    def delete(self, instance: str) -> None:
+        """Delete an acknowledged instance; on StoreUnavailable it stays
+        acknowledged (and held), for the conductor to retry."""
+        try:
+            self.api.delete_instance(self.daemon.name, instance)
+        except StoreUnavailable:
+            self.ledger.refusals += 1
+            return
+        del self.ledger.acknowledged[instance]
+        unallocate(self.daemon.placement_url, instance)
+        self.ledger.consumers.remove(instance)
 
     def violations(self) -> list[str]:
         """Read the store file directly (the daemon stopped or running):
