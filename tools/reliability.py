@@ -16,7 +16,7 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
-import tools.reliability_cases as cases_package  # noqa: E402
+import tools.reliability_cases as cases_package
 
 COLUMNS = ("scenario", "seconds", "ops", "faults", "violations", "notes")
 

@@ -260,13 +260,16 @@ class Scenario:
         # A cycle may be in flight when the faults stop (a black-holed
         # request holds it for the timeout): three more must converge.
         while True:
-            got = named_tree(self.placement_url, root, self.name)
-            differences = tree_differences(got, want)
+            # Counted before the tree is read: once the fourth cycle has
+            # begun, the three before it have ended.
+            begun = self._cycles() - mark
+            differences = tree_differences(
+                named_tree(self.placement_url, root, self.name), want)
             if not differences:
                 break
-            if self._cycles() - mark > 4 or self.proc.poll() is not None:
+            if begun >= 4 or self.proc.poll() is not None:
                 problems += ["not the fault-free tree 3 cycles after the faults "
-                             "stopped:"] + differences
+                             "stopped:", *differences]
                 break
             time.sleep(0.1)
         text = self.log.read_text()

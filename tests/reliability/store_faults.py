@@ -24,7 +24,12 @@ from agent.cmd.common import load_config
 from agent.exception import StoreUnavailable
 from agent.messaging import messaging
 from agent.rpcapi import ComputeAgentAPI
-from tests.functional.helpers import put_allocations, placement_tree, unallocate, wait_for
+from tests.functional.helpers import (
+    placement_tree,
+    put_allocations,
+    unallocate,
+    wait_for,
+)
 from tests.functional.test_store_lost import PF, Daemon
 
 SPEC = {"name": "g", "vcpus": 1, "memory_mb": 256}

@@ -11,7 +11,12 @@ from agent.cmd.common import load_config
 from agent.service import Agent
 from tests.functional.helpers import write_conf
 from tests.functional.test_store_lost import HOST
-from tests.reliability.store_faults import StoreDisk, StoreFaultHost, cut_in_half, refusal
+from tests.reliability.store_faults import (
+    StoreDisk,
+    StoreFaultHost,
+    cut_in_half,
+    refusal,
+)
 
 
 @pytest.fixture
