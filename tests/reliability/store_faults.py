@@ -15,6 +15,7 @@ import errno
 import os
 import sqlite3
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,11 @@ class StoreDisk:
     def mount(self, mode: str = "rw") -> None:
         _run("mount", "-o", f"loop,{mode},errors=remount-ro", str(self.image),
              str(self.path))
+        options = _run("findmnt", "-n", "-o", "OPTIONS", str(self.path)).split(",")
+        if mode not in options:
+            kernel = subprocess.run(["dmesg"], capture_output=True, text=True).stdout
+            raise AssertionError(f"{self.image} mounted {options}, not {mode}: "
+                                 f"{kernel.splitlines()[-5:]}")
         if mode == "rw":
             os.chmod(self.path, 0o700)
 
@@ -86,11 +92,22 @@ class StoreDisk:
         """What an operator does next: unmount, fsck, mount again (the
         daemon stopped)."""
         _run("umount", str(self.path))
+        self._wait_detached()
         done = subprocess.run(["e2fsck", "-f", "-y", str(self.image)],
                               capture_output=True, text=True)
         if done.returncode not in (0, 1):  # 1: errors were corrected
             raise AssertionError(f"e2fsck: {done.stdout}{done.stderr}")
         self.mount()
+
+    def _wait_detached(self, timeout: float = 10) -> None:
+        """Until the loop device lets go of the image (it does so after
+        the unmount, asynchronously): a mount meanwhile would reuse it,
+        with its cache of the file system from before the repair."""
+        deadline = time.monotonic() + timeout
+        while _run("losetup", "-j", str(self.image)).strip():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.image} still on a loop device")
+            time.sleep(0.02)
 
     def remount(self, mode: str) -> None:
         """``mode``: "ro" or "rw"; only with no file open for writing."""
