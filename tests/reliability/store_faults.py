@@ -92,22 +92,18 @@ class StoreDisk:
         """What an operator does next: unmount, fsck, mount again (the
         daemon stopped)."""
         _run("umount", str(self.path))
-        self._wait_detached()
+        # On a copy: the loop device may hold the old file a while after
+        # the unmount, and a mount meanwhile would reuse it, with its cache
+        # of the file system from before the repair (and come up read-only).
+        repaired = self.image.with_name(f"{self.image.name}.{time.monotonic_ns()}")
+        _run("cp", "--sparse=always", str(self.image), str(repaired))
+        self.image.unlink()
+        self.image = repaired
         done = subprocess.run(["e2fsck", "-f", "-y", str(self.image)],
                               capture_output=True, text=True)
         if done.returncode not in (0, 1):  # 1: errors were corrected
             raise AssertionError(f"e2fsck: {done.stdout}{done.stderr}")
         self.mount()
-
-    def _wait_detached(self, timeout: float = 10) -> None:
-        """Until the loop device lets go of the image (it does so after
-        the unmount, asynchronously): a mount meanwhile would reuse it,
-        with its cache of the file system from before the repair."""
-        deadline = time.monotonic() + timeout
-        while _run("losetup", "-j", str(self.image)).strip():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.image} still on a loop device")
-            time.sleep(0.02)
 
     def remount(self, mode: str) -> None:
         """``mode``: "ro" or "rw"; only with no file open for writing."""
@@ -172,10 +168,10 @@ class StoreFaultHost:
         try:
             self.stop()
         finally:
+            self.disk.unmount()
             self.api.close()
             for consumer in self.ledger.consumers:
                 unallocate(self.daemon.placement_url, consumer)
-            self.disk.unmount()
 
     def stop(self) -> int | None:
         """SIGTERM; the exit status."""

@@ -130,9 +130,11 @@ def agent_on_a_disk(tmp_path, placement):
         agent.driver.init_host()
         yield agent, disk
     finally:
-        if agent is not None:
-            agent.stop()
-        disk.unmount()
+        try:
+            if agent is not None:
+                agent.stop()
+        finally:
+            disk.unmount()
 
 
 def test_bug_an_unwritable_store_failed_every_cycle_with_a_traceback(
