@@ -15,7 +15,6 @@ import errno
 import os
 import sqlite3
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ class StoreDisk:
         _run("mkfs.ext4", "-q", "-F", "-m", "0", str(image))
         self.mount()
         self.filler = path / "filler"
+        self.repairs = 0
 
     def mount(self, mode: str = "rw") -> None:
         _run("mount", "-o", f"loop,{mode},errors=remount-ro", str(self.image),
@@ -95,7 +95,8 @@ class StoreDisk:
         # On a copy: the loop device may hold the old file a while after
         # the unmount, and a mount meanwhile would reuse it, with its cache
         # of the file system from before the repair (and come up read-only).
-        repaired = self.image.with_name(f"{self.image.name}.{time.monotonic_ns()}")
+        self.repairs += 1
+        repaired = self.image.with_name(f"{self.image.name.split('.')[0]}.{self.repairs}.img")
         _run("cp", "--sparse=always", str(self.image), str(repaired))
         self.image.unlink()
         self.image = repaired
@@ -112,7 +113,8 @@ class StoreDisk:
     def unmount(self) -> None:
         # Lazy: a process that still has a file open there keeps it, and
         # the loop device goes with the last of them.
-        _run("umount", "-l", str(self.path))
+        if os.path.ismount(self.path):
+            _run("umount", "-l", str(self.path))
 
 
 def _run(*command: str) -> str:
