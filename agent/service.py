@@ -252,6 +252,7 @@ class Agent:
         saved = saved_view(manager.tracker.store) if manager else ProviderTree()
         sync.restore(saved.copy())
         self._saved_view = saved.depth_first()
+        self._view_saved = True
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._drop_cache = threading.Event()
@@ -338,8 +339,18 @@ class Agent:
         return result
 
     def _save_view(self, view: list[Provider]) -> None:
-        if view != self._saved_view and self.manager is not None:
-            self.manager.tracker.store.write(state.put_placement_view_sql(view))
+        """Keep Placement's view in the store for the next start. It is a
+        cache: a store that cannot be written costs the saved copy, not
+        the cycle, and the next cycle tries again."""
+        if self.manager is not None and (view != self._saved_view
+                                         or not self._view_saved):
+            try:
+                self.manager.tracker.store.write(state.put_placement_view_sql(view))
+                self._view_saved = True
+            except state.StoreError as e:
+                self._view_saved = False
+                LOG.warning("Placement's view not saved; the next cycle tries "
+                            "again: %s", e)
         self._saved_view = view
 
     def _generations(self) -> dict[str, int]:
@@ -583,4 +594,10 @@ class Agent:
         self.metrics.stop()
         self.driver.cleanup()
         if self.manager is not None:
-            self.manager.tracker.store.close()
+            try:
+                self.manager.tracker.store.close()
+            except state.StoreError as e:
+                # Everything acknowledged is on disk already; only the mark
+                # of a clean stop is missing.
+                LOG.warning("Store not marked closed; the next start treats it "
+                            "as after a crash: %s", e)

@@ -231,6 +231,8 @@ def inspect_store(path: Path) -> StoreFacts:
         finally:
             conn.close()
     except sqlite3.Error as e:
+        if not damaged(e):
+            raise _unreadable(path, e) from None
         return StoreFacts(str(path), StoreFile.CORRUPT, f"{type(e).__name__}: {e}")
 
 
@@ -246,6 +248,25 @@ def stored_schema_version(path: Path) -> int:
             conn.close()
     except sqlite3.Error as e:
         raise _named(path, e) from None
+
+
+# SQLite's primary result codes that say the file itself is damaged, or is
+# not a database. Any other error (disk I/O, full, read-only, cannot open)
+# is the file system's, and says nothing about the store.
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+
+def damaged(e: sqlite3.Error) -> bool:
+    return getattr(e, "sqlite_errorcode", 0) & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
+def _unreadable(path: Path, e: sqlite3.Error) -> StoreError:
+    """A sound store its file system keeps us from reading: never called
+    corrupt, which would send the operator to rebuild it."""
+    full = os.statvfs(path.parent).f_bavail == 0
+    return StoreError(f"store {path}: cannot be read: {type(e).__name__}: {e}"
+                      + ("; its file system is full" if full else ""))
 
 
 def openable(path: Path, info: os.stat_result) -> None:

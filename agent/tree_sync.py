@@ -152,6 +152,8 @@ class TreeSync:
                 if attempt == self.attempts - 1:
                     raise
                 time.sleep(self.backoff * 2 ** attempt * random.uniform(0.5, 1.5))
+                if isinstance(op, pt.CreateProvider):
+                    continue  # nothing to re-read: the provider is not there yet
                 old = self.cache.get(op.uuid)
                 fresh = self._read_provider(old.uuid, old.name, old.parent_uuid)
                 self.cache.replace(fresh)
