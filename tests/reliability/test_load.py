@@ -7,8 +7,11 @@ from tests.reliability.load import run_load
 # Past the warm-up, the daemon's thread pool and broker connections are
 # filled: what still grows in a few seconds of steady load is a leak.
 MAX_RSS_GROWTH_KIB = 32 * 1024
-MAX_THREAD_GROWTH = 2
-MAX_FD_GROWTH = 8
+# On a loaded machine the RPC executors' pools (the claims' and the
+# heartbeat's) may still be filling after the warm-up: a few threads, each
+# with its descriptors. A leak per call would be thousands over the run.
+MAX_THREAD_GROWTH = 16
+MAX_FD_GROWTH = 24
 
 
 def test_64_callers_build_and_delete_without_errors_or_growth(tmp_path, placement,
