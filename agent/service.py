@@ -534,10 +534,19 @@ class Agent:
             LOG.exception("Resuming evacuations failed")
 
     def _reconcile_safely(self, at_start: bool) -> None:
+        unavailable = None
         try:
             self.reconcile(at_start)
+        except DriverUnavailable as e:
+            unavailable = e
         except Exception:  # reconciling must not take the agent down
             LOG.exception("Reconciliation failed")
+        if unavailable is not None:
+            # Without the guests there is nothing to compare: the next pass
+            # does it. The cycle before has said libvirt went away, once.
+            down = self.dependencies.snapshot()[Dependency.LIBVIRT].health is Health.DOWN
+            LOG.log(logging.DEBUG if down else logging.WARNING,
+                    "Reconciliation skipped: %s", unavailable)
 
     def _heal_safely(self) -> None:
         """[heal] on_startup: one heal before RPC is served; a refusal or a

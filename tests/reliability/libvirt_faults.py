@@ -2,7 +2,7 @@
 tests (test_libvirt_faults.py) and the long case
 (tools/reliability_cases/libvirt_faults.py): an agent on a libvirtd of the
 harness's own (PrivateLibvirtd, QEMU/KVM) with this machine's sysfs, its
-update loop every second, building small real guests (1 vCPU, 64 MiB,
+update loop (and its reconciliation) every second, building small real guests (1 vCPU, 64 MiB,
 CPUs and memory only: no device of this machine is given away)."""
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def libvirt_agent(tmp_path: Path, placement_url: str, libvirtd: PrivateLibvirtd)
     """Started; the caller stops it."""
     conf = write_conf(
         tmp_path, placement_url, f"lvfault-{uuid.uuid4().hex[:8]}", host_dict=None,
-        DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys", "update_interval": 1},
+        DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys", "update_interval": 1,
+                 "reconcile_interval": 1},
         libvirt={"connection_uri": libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")})
     agent = Agent.from_conf(load_config(["--config-file", str(conf)]))

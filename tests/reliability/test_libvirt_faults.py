@@ -40,7 +40,9 @@ def said(caplog) -> list[tuple[str, str]]:
 
 
 def test_libvirtd_restarted_under_the_update_loop(agent, private_libvirtd, caplog):
-    """One line each way; the guest that ran before is still ours, running,
+    """One line each way, with reconciliation every cycle (before: each
+    reconciliation during the outage was an ERROR "Reconciliation failed"
+    with a traceback); the guest that ran before is still ours, running,
     and the audit clean."""
     before = str(uuid.uuid4())
     build(agent, before, agent.allocations_for(before))
