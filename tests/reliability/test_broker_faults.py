@@ -58,7 +58,7 @@ def test_a_broker_outage_during_calls(daemon, conductor, broker):
     about its reconnections are DEBUG."""
     mark = daemon.mark()
     conductor.start()
-    wait_for(lambda: conductor.ledger.calls >= 6, timeout=30)
+    wait_for(lambda: conductor.ledger.calls >= 4, timeout=30)
     broker.stop_app()
     try:
         wait_for(lambda: daemon.broker_in_record()["failures"] >= OUTAGE_PROBES, timeout=30)
@@ -68,7 +68,7 @@ def test_a_broker_outage_during_calls(daemon, conductor, broker):
         broker.start_app()
     back_in = seconds_until_served(conductor.api, daemon.name)
     calls_when_back = conductor.ledger.calls
-    wait_for(lambda: conductor.ledger.calls >= calls_when_back + 6, timeout=30)
+    wait_for(lambda: conductor.ledger.calls >= calls_when_back + 4, timeout=30)
     conductor.stop()
 
     assert conductor.violations() == []
@@ -116,7 +116,7 @@ def test_connections_cut_during_calls(daemon, conductor, broker):
         time.sleep(0.5)
     seconds_until_served(conductor.api, daemon.name)
     calls = conductor.ledger.calls
-    wait_for(lambda: conductor.ledger.calls >= calls + 4, timeout=30)
+    wait_for(lambda: conductor.ledger.calls >= calls + 3, timeout=30)
     conductor.stop()
 
     assert conductor.violations() == []

@@ -29,7 +29,7 @@ KEPT = 3
 
 
 class Lines(logging.Handler):
-    """The dependency lines the agent says, WARNING and above or back."""
+    """The lines the agent says about its dependencies."""
 
     def __init__(self):
         super().__init__(logging.INFO)
@@ -44,11 +44,15 @@ def run(minutes: float, workdir: Path) -> list[dict]:
     placement = LocalPlacement(workdir / "placement").start()
     libvirtd = PrivateLibvirtd(workdir / "libvirtd").start()
     lines = Lines()
-    logging.getLogger("agent.dependencies").addHandler(lines)
+    said = logging.getLogger("agent.dependencies")
+    level = said.level
+    said.setLevel(logging.INFO)  # the back line is INFO
+    said.addHandler(lines)
     try:
         return _run(minutes, workdir, placement.url, libvirtd, lines)
     finally:
-        logging.getLogger("agent.dependencies").removeHandler(lines)
+        said.removeHandler(lines)
+        said.setLevel(level)
         libvirtd.close()
         placement.stop()
 
