@@ -20,8 +20,9 @@ from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
 from agent.live_migratable import (live_migratable_devices, mdev_refusals,
                                    mdev_type_refusals, pci_refusals)
 from agent.tracker import Tracker, check_uuid
-from drivers.base import (ComputeDriver, DeviceKind, GuestDevice, GuestSpec, GuestState,
-                          LiveMigrationError, MigrationFailure, device_resources)
+from drivers.base import (ComputeDriver, DeviceKind, DriverUnavailable, GuestDevice,
+                          GuestSpec, GuestState, LiveMigrationError, MigrationFailure,
+                          device_resources)
 from drivers.migration import (ClaimedDevice, InvalidMigrationTarget,
                                LiveMigrationTarget, pair_devices)
 
@@ -200,13 +201,27 @@ class ComputeManager:
         except Exception as e:
             # The caller gets the error; its traceback is logged where it is
             # answered (the RPC layer), once.
-            LOG.warning("Spawning %s failed (%s); giving its devices back",
-                        instance_uuid, e)
-            self.driver.destroy(instance_uuid)
-            self._release_devices(self.tracker.release_instance(instance_uuid))
+            self._undo_failed_spawn(instance_uuid, e)
             raise
         self.tracker.complete(instance_uuid)
         return self.get_instance(instance_uuid)
+
+    def _undo_failed_spawn(self, instance_uuid: str, error: Exception) -> None:
+        """The guest of a failed spawn removed and its devices given back;
+        but while the hypervisor does not answer, whether a guest was
+        defined or even runs is unknown: the claim then stays, building,
+        until the conductor's retry completes it or its delete gives it
+        back (a device given back under a running guest would be handed
+        out twice)."""
+        try:
+            self.driver.destroy(instance_uuid)
+        except DriverUnavailable:
+            LOG.warning("Spawning %s failed (%s); the hypervisor cannot say whether its "
+                        "guest exists: its claim stays until the build is retried or the "
+                        "instance deleted", instance_uuid, error)
+            return
+        LOG.warning("Spawning %s failed (%s); giving its devices back", instance_uuid, error)
+        self._release_devices(self.tracker.release_instance(instance_uuid))
 
     def delete_instance(self, instance_uuid) -> dict:
         self.driver.destroy(instance_uuid)

@@ -7,27 +7,64 @@ version cap for rolling upgrades, plus the allocation-swap helper.
 Errors arrive as the agent's own types (agent.exception): InvalidRequest,
 NoSuchInstance, ClaimFailed, MoveInProgress, StoreUnavailable and
 InternalError. A call newer than the client's version cap is refused here,
-before it is sent, with VersionCapped. The timeout counts from when
-the request is sent: while the broker cannot be reached, oslo.messaging
-keeps reconnecting first, so a caller that must not wait for the broker
-needs a deadline of its own (compute-agent-ctl has one).
+before it is sent, with VersionCapped. A call that gets no answer within
+its timeout raises oslo.messaging's MessagingTimeout, also while the
+broker cannot be reached (BrokerUnreachable, a MessagingTimeout): the
+call may or may not have been done, and every call is safe to retry with
+the same uuids.
 """
 from __future__ import annotations
 
+import time
 import uuid as uuid_lib
 
+from kombu.exceptions import OperationalError
+
+from agent import broker
+from agent.dependencies import describe
 from agent.exception import GenerationConflict, VersionCapped
 from agent.messaging import TOPIC, messaging, transport
 from agent.placement import PlacementClient
 from agent.rpc_versions import OLDEST, VERSION
+from agent.status import Probe
+
+# oslo.messaging retries a send for ever by default, blocking the caller
+# for as long as the broker is away, its timeout not yet started. A call
+# here sends once (no reconnection attempts: the driver's back-off would
+# sleep a second or more between them), and again after a pause, while
+# its timeout lasts.
+SEND_RETRIES = 0
+RESEND_PAUSE_SECONDS = 0.5
+
+
+class BrokerDown(Exception):
+    """Before a client's first call: the broker did not take a connection."""
+
+
+# What a send that did not reach the broker raises: oslo.messaging's error
+# once its attempts are spent, kombu's when the driver had no connection to
+# the broker yet (the rabbit driver lets it through), or ours.
+NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
+
+
+class BrokerUnreachable(messaging.MessagingTimeout):
+    """The request could not be handed to the broker within the call's
+    timeout: a timeout like any other to a caller, which retries."""
 
 
 class ComputeAgentAPI:
     def __init__(self, conf, timeout: float = 60):
         """``conf`` has the agent's options registered (agent.config)."""
+        self.timeout = timeout
+        self._conf = conf
+        # A client's first call opens the connection its answers come back
+        # on, with no bound on its attempts: until then each call asks the
+        # broker first (agent/broker.py).
+        self._answers_connected = False
         self.client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
-            version_cap=conf.upgrade_levels.compute_agent or VERSION, timeout=timeout)
+            version_cap=conf.upgrade_levels.compute_agent or VERSION, timeout=timeout,
+            retry=SEND_RETRIES)
 
     def close(self) -> None:
         """Close the connection to the broker."""
@@ -38,9 +75,31 @@ class ComputeAgentAPI:
         """Send ``method``, which appeared in API ``version``."""
         if not self.client.can_send_version(version):
             raise VersionCapped(method, version, self.client.version_cap)
-        prepared = self.client.prepare(server=host, version=version,
-                                       **({"timeout": timeout} if timeout else {}))
-        return prepared.call({}, method, **payload)
+        timeout = timeout or self.timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if not self._answers_connected:
+                    self._broker_answers(max(left, RESEND_PAUSE_SECONDS))
+                prepared = self.client.prepare(
+                    server=host, version=version, timeout=max(left, RESEND_PAUSE_SECONDS))
+                try:
+                    return prepared.call({}, method, **payload)
+                finally:
+                    self._answers_connected = True
+            except NOT_SENT as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BrokerUnreachable(
+                        f"{method} to {host}: the message broker did not take it "
+                        f"within {timeout:g}s ({e})") from None
+            time.sleep(min(RESEND_PAUSE_SECONDS, left))
+
+    def _broker_answers(self, timeout: float) -> None:
+        answer = broker.probe(self._conf, timeout)
+        if isinstance(answer, Probe) and answer.problem is not None:
+            raise BrokerDown(describe(answer.dependency, answer.url, answer.problem))
 
     # introspection
     def get_host_info(self, host: str) -> dict:

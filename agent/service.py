@@ -2,6 +2,7 @@
 systemd's watchdog while it is healthy. Native threads only (no eventlet)."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -9,10 +10,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from oslo_config import cfg
 
-from agent import cycle_record, node_identity, state, store_check
+from agent import broker, cycle_record, node_identity, state, store_check
 from agent.adoption import AdoptionRefused, plan_adoption
 from agent.allocation_view import AllocationView
 from agent.claims import Pool
@@ -28,6 +30,7 @@ from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import Provider, ProviderTree
 from agent.policy import tree_policy_from_conf
 from agent.reconcile import Report, reconcile
+from agent.status import Probe, Unknown
 from agent.systemd import Watchdog
 from agent.tracker import Tracker
 from agent.tree_sync import SyncResult, TreeSync
@@ -61,6 +64,9 @@ def unavailable_result(dependency: Dependency) -> CycleResult:
 
 
 STORE_FILE = "state.db"
+# The update loop asks the broker once a cycle (agent/broker.py): a broker
+# that accepts no connection (a black hole) delays the cycle this long.
+BROKER_PROBE_TIMEOUT_SECONDS = 5
 UPDATE_THREAD = "update-provider-tree"
 
 
@@ -223,7 +229,8 @@ class Agent:
                  metrics_listen: str | None = None,
                  health_poll_interval: float = 1.0,
                  health_correctable_per_minute: int = 100,
-                 record_path: Path | None = None):
+                 record_path: Path | None = None,
+                 broker_probe: Callable[[], Probe | Unknown] | None = None):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -271,6 +278,8 @@ class Agent:
         self.record_path = record_path
         self._last_success_at = _last_success_recorded(record_path)
         self._record_failing = False
+        # Asked by the loop before each cycle; None: no broker to watch.
+        self.broker_probe = broker_probe
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
@@ -306,7 +315,8 @@ class Agent:
                    metrics, conf.metrics.listen,
                    conf.devices.health_poll_interval,
                    conf.devices.health_correctable_errors_per_minute,
-                   cycle_record.path_in(conf.state_path) if holder else None)
+                   cycle_record.path_in(conf.state_path) if holder else None,
+                   functools.partial(broker.probe, conf, BROKER_PROBE_TIMEOUT_SECONDS))
 
     def build_model(self, inventory: HostInventory) -> BuiltTree:
         """The tree to report for ``inventory``: the policy's, with the
@@ -490,6 +500,12 @@ class Agent:
         else:
             self._record_failing = False
 
+    def observe_broker(self) -> None:
+        """The broker asked, its state moved (one line each way); the
+        cycle's record then carries it."""
+        if self.broker_probe is not None:
+            broker.observe(self.dependencies, self.broker_probe())
+
     def drop_cache(self) -> None:
         self._drop_cache.set()
         self._drop_allocations.set()
@@ -504,6 +520,7 @@ class Agent:
             # Cleared before the cycle: a change seen during it wakes the
             # next one at once.
             self._wake.clear()
+            self.observe_broker()
             self.run_cycle()
             self._cycles += 1
             if self.manager is not None:
@@ -534,10 +551,19 @@ class Agent:
             LOG.exception("Resuming evacuations failed")
 
     def _reconcile_safely(self, at_start: bool) -> None:
+        unavailable = None
         try:
             self.reconcile(at_start)
+        except DriverUnavailable as e:
+            unavailable = e
         except Exception:  # reconciling must not take the agent down
             LOG.exception("Reconciliation failed")
+        if unavailable is not None:
+            # Without the guests there is nothing to compare: the next pass
+            # does it. The cycle before has said libvirt went away, once.
+            down = self.dependencies.snapshot()[Dependency.LIBVIRT].health is Health.DOWN
+            LOG.log(logging.DEBUG if down else logging.WARNING,
+                    "Reconciliation skipped: %s", unavailable)
 
     def _heal_safely(self) -> None:
         """[heal] on_startup: one heal before RPC is served; a refusal or a
@@ -573,6 +599,7 @@ class Agent:
         self.driver.init_host()
         if self.heal_on_startup:
             self._heal_safely()
+        self.observe_broker()
         self.run_cycle()
         self._cycles = 1
         if self.manager is not None:

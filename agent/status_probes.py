@@ -6,13 +6,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import kombu
 from oslo_config import cfg
 
+from agent import broker as broker_probe
 from agent import cycle_record, state
 from agent.dependencies import Dependency
 from agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
-from agent.messaging import messaging
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.status import Probe, StoreHealth, Unknown
 from agent.store_check import StoreFile
@@ -23,8 +22,6 @@ from drivers.base import DriverUnavailable
 PROBE_TIMEOUT_SECONDS = 10
 # Integrity problems listed at most (the first names the damage).
 INTEGRITY_ROWS = 20
-# oslo.messaging's rabbit driver reaches these when the URL names no host.
-RABBIT_DEFAULT = ("localhost", 5672)
 
 
 def hypervisor(conf: cfg.ConfigOpts) -> Probe | None:
@@ -75,43 +72,8 @@ def placement(conf: cfg.ConfigOpts, root_uuid: str | None
 
 
 def broker(conf: cfg.ConfigOpts) -> Probe | Unknown:
-    """A connection to each host of ``transport_url`` in turn, logged in
-    and closed: answered when one accepts it. The URL is shown without its
-    credentials."""
-    url = messaging.TransportURL.parse(conf, conf.transport_url)
-    if url.transport != "rabbit":
-        return Unknown(f"not checked: the {url.transport} transport")
-    hosts = [(h.hostname, h.port or RABBIT_DEFAULT[1], h.username, h.password)
-             for h in url.hosts] or [(*RABBIT_DEFAULT, None, None)]
-    problems = []
-    for hostname, port, user, password in hosts:
-        connection = kombu.Connection(hostname=hostname, port=port, userid=user or "guest",
-                                      password=password or "guest",
-                                      virtual_host=url.virtual_host or "/",
-                                      connect_timeout=PROBE_TIMEOUT_SECONDS)
-        try:
-            connection.connect()
-        except Exception as e:  # noqa: BLE001 - any failure is this probe's finding
-            problems.append(broker_problem(e))
-            continue
-        finally:
-            connection.release()
-        return Probe(Dependency.BROKER, f"rabbit://{hostname}:{port}/")
-    shown = ",".join(f"{h}:{p}" for h, p, _, _ in hosts)
-    if len(hosts) == 1:
-        return Probe(Dependency.BROKER, f"rabbit://{shown}/", problems[0])
-    return Probe(Dependency.BROKER, f"rabbit://{shown}/", "no host answered: " + "; ".join(
-        f"{h}:{p} {problem}" for (h, p, _, _), problem in zip(hosts, problems)))
-
-
-def broker_problem(error: Exception) -> str:
-    if isinstance(error, ConnectionRefusedError):
-        return "did not answer (connection refused)"
-    if isinstance(error, TimeoutError):
-        return "did not answer (timed out)"
-    if "ACCESS_REFUSED" in str(error):
-        return "refused the credentials in transport_url"
-    return f"did not answer ({type(error).__name__}: {error})"
+    """The probe the running agent makes every cycle (agent/broker.py)."""
+    return broker_probe.probe(conf, PROBE_TIMEOUT_SECONDS)
 
 
 def store(path: Path) -> StoreHealth:

@@ -15,6 +15,7 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from agent import state_lock
+from agent.broker import quiet_reconnect_lines
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
@@ -83,6 +84,8 @@ def main(argv=None) -> int:
     # Every option's value at debug level, as OpenStack services log them;
     # secret ones (passwords, transport_url) as "****".
     conf.log_opt_values(LOG, logging.DEBUG)
+    # The broker's outage is the loop's one line each way (agent/broker.py).
+    quiet_reconnect_lines()
     try:
         # Held until the process ends: before anything in the state
         # directory is read, so two agents never serve one store.

@@ -50,7 +50,7 @@ from agent.heartbeat import Heartbeat
 from agent.messaging import messaging
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import tree_lines
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpcapi import BrokerUnreachable, ComputeAgentAPI
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
@@ -442,6 +442,9 @@ def main(argv=None) -> int:
                     f"{conf.timeout + BROKER_GRACE:g}s: is it running, and is "
                     "[DEFAULT] transport_url right? (see --debug)", as_json)
     api.close()
+    if isinstance(error, BrokerUnreachable):
+        return fail(f"the message broker did not answer within {conf.timeout:g}s: is it "
+                    "running, and is [DEFAULT] transport_url right? (see --debug)", as_json)
     if isinstance(error, messaging.MessagingTimeout):
         return fail(f"no answer from {args.agent_host} within {conf.timeout:g}s: the "
                     "host may be down, or its compute-agent not running or not "

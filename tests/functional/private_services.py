@@ -196,6 +196,10 @@ class PrivateRabbitMQ:
     def start_app(self) -> None:
         self._ctl("start_app")
 
+    def close_all_connections(self) -> None:
+        """Cut every client's connection; the broker stays up."""
+        self._ctl("close_all_connections", "cut by a test")
+
     def close(self) -> None:
         """Stop the node (waiting until its process is gone), then remove
         its directory."""
