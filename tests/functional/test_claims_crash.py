@@ -38,6 +38,7 @@ import pytest
 
 from agent.claim_model import AssignmentState, Owner
 from agent.exception import ClaimFailed
+from agent.reconcile import reconcile
 from drivers.base import DeviceKind
 from drivers.fake import FakeDriver
 from tests.functional.claims_world import PMEM_RC, host_dict, make_world, new_uuid, spec
@@ -349,5 +350,30 @@ def test_revert_killed_before_the_guest_is_redefined_is_seen_by_reconcile(tmp_pa
         fixed = w.driver.list_guests()[inst].saved == rows
         assert fixed or not report.consistent, \
             f"guest carries released devices and the audit is silent: {report.as_dict()}"
+    finally:
+        w.stop()
+
+
+def test_bug_a_source_killed_before_recording_its_resize_kept_the_instance(tmp_path):
+    """Found by the crash loop (tests/reliability/crash_loop.py, seed 5):
+    a cross-host resize's source, killed after the conductor's allocation
+    swap and before resize_instance reached its disk, restarted, found the
+    instance's allocations all on the destination and no move of its own,
+    took it for evacuated and destroyed its guest. An evacuation leaves its
+    own migration consumer holding this host's share; a resize's does not
+    name the instance."""
+    w = open_world(tmp_path)
+    try:
+        inst, mig = new_uuid(), new_uuid()
+        w.manager.build_instance(inst, spec(), w.allocations({"pf": {"SRIOV_NET_VF": 1}}))
+        w.restart()  # killed before resize_instance; the conductor had swapped
+        report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
+                           elsewhere={inst: {new_uuid()}}, evacuation_holds=frozenset())
+        assert inst in w.instances() and inst in w.driver.list_guests(), report.as_dict()
+        # An evacuation's hold says it: then the source gives it up.
+        report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
+                           elsewhere={inst: {new_uuid()}},
+                           evacuation_holds=frozenset({inst}))
+        assert inst not in w.instances() and inst not in w.driver.list_guests()
     finally:
         w.stop()
