@@ -330,6 +330,14 @@ fake_opts = [
         "host_file",
         help="JSON or YAML description of the fake driver's host.",
     ),
+    cfg.StrOpt(
+        "state_file",
+        help="A file the fake hypervisor keeps its guests and created mdevs "
+             "in, so that they outlive the agent process, as a real "
+             "hypervisor's do (for tests that kill the agent). Another fake "
+             "hypervisor live-migrates a guest to it at fake-file://<path>. "
+             "Unset: they live in the process.",
+    ),
 ]
 
 

@@ -400,6 +400,7 @@ VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("libvirt", "instances_path"): absolute_path,
     ("pmem", "ndctl_json"): readable_file,
     ("fake", "host_file"): readable_file,
+    ("fake", "state_file"): absolute_path,
     ("metrics", "listen"): listen_address,
     (PLACEMENT_GROUP, "cafile"): readable_file,
     (PLACEMENT_GROUP, "certfile"): readable_file,

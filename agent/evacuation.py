@@ -43,13 +43,18 @@ def evacuation_migration_uuid(instance_uuid: str, source_root_uuid: str) -> str:
 
 
 def evacuated_away(on_our_providers: bool, elsewhere: set[str] | None,
-                   open_move_here: Migration | None) -> bool:
+                   open_move_here: Migration | None, evacuation_hold_here: bool) -> bool:
     """Whether a returning source gives the instance up: Placement holds its
-    allocations, all on another host's providers, and no move in flight on
-    this host owns it (a live migration's source, say, whose instance
-    consumer already holds the destination). Unknown (None) is never
-    taken for elsewhere."""
-    return (not on_our_providers and bool(elsewhere) and open_move_here is None)
+    allocations, all on another host's providers, no move in flight on this
+    host owns it (a live migration's source, say, whose instance consumer
+    already holds the destination), and the evacuation's migration consumer
+    (evacuation_migration_uuid) holds its share of this host, as the
+    evacuator's allocation swap left it. Without that hold it is a move
+    whose source step this host has not recorded yet: a conductor's swap
+    for a resize or live migration also puts the instance's allocations on
+    the destination first. Unknown (None) is never taken for elsewhere."""
+    return (not on_our_providers and bool(elsewhere) and open_move_here is None
+            and evacuation_hold_here)
 
 
 # --- the destination request ------------------------------------------------

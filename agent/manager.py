@@ -70,6 +70,17 @@ def describe_migration(m: Migration) -> dict:
             "state": m.state.value}
 
 
+def held_by_the_guest(a: Assignment, migration_uuid: str, moves: list[Migration]) -> bool:
+    """Whether ``a`` is a device the guest holds, for the live migration
+    ``migration_uuid`` to move: the instance's own (those a settled move
+    brought here keep naming it: a cross-host resize's destination is never
+    told of the confirm), or what the migration took over here."""
+    if a.owner is Owner.MIGRATION:
+        return a.migration_uuid == migration_uuid
+    return a.migration_uuid is None or not any(m.uuid == a.migration_uuid and m.open
+                                                for m in moves)
+
+
 def live_conflicts(state: GuestState | None, rows: list[Assignment]) -> list[str]:
     """The devices among ``rows`` that a running guest still uses, by its
     live definition: by assignment id, or by the host resource itself."""
@@ -426,11 +437,10 @@ class ComputeManager:
                 ) -> tuple[LiveMigrationTarget, str]:
         """The guest's devices here paired with the destination's, and the
         destination's URI. InvalidRequest names the field in the way."""
-        _, rows, _ = self.tracker.instance(instance_uuid)
+        _, rows, moves = self.tracker.instance(instance_uuid)
         own = [ClaimedDevice(a.resource_class, guest_device(a)) for a in rows
                if a.kind is not DeviceKind.HOST_RESOURCES
-               and (a.owner is Owner.INSTANCE and a.migration_uuid is None
-                    or a.owner is Owner.MIGRATION and a.migration_uuid == migration_uuid)]
+               and held_by_the_guest(a, migration_uuid, moves)]
         try:
             claimed = destination["claimed"]
             if not isinstance(claimed, list):

@@ -89,6 +89,9 @@ class Pass:
     drop_evacuation_hold: Callable[[str], None] | None = None
     # The evacuations accepted here and not yet settled, by instance uuid.
     rebuilds: dict[str, Migration] = field(default_factory=dict)
+    # The instances whose evacuation's migration consumer holds allocations
+    # on our providers (the evacuator's swap).
+    evacuation_holds: frozenset[str] = frozenset()
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
@@ -162,7 +165,8 @@ def evacuated_elsewhere(p: Pass, uuid: str) -> bool:
     if not p.at_start or p.allocations is None or p.elsewhere is None:
         return False
     elsewhere = p.elsewhere.get(uuid)
-    if not evacuated_away(uuid in p.allocations, elsewhere, p.open_moves.get(uuid)):
+    if not evacuated_away(uuid in p.allocations, elsewhere, p.open_moves.get(uuid),
+                          uuid in p.evacuation_holds):
         return False
 
     def give_up() -> None:
@@ -312,11 +316,13 @@ def adopted_guests(foreign: dict[str, ForeignGuest], rows: dict[str, list[Assign
 def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
               at_start: bool, fix: bool = True, grace: float = 0,
               elsewhere: dict[str, set[str]] | None = None,
-              drop_evacuation_hold: Callable[[str], None] | None = None) -> Report:
+              drop_evacuation_hold: Callable[[str], None] | None = None,
+              evacuation_holds: frozenset[str] = frozenset()) -> Report:
     """``allocations``: consumer uuid -> our providers it holds allocations
     on, or None when Placement's answer is unknown. ``grace``: seconds for
     which devices whose guest has gone stay held (orphan_grace_period).
-    ``elsewhere`` and ``drop_evacuation_hold``: see Pass."""
+    ``elsewhere``, ``drop_evacuation_hold`` and ``evacuation_holds``: see
+    Pass."""
     tracker, driver = manager.tracker, manager.driver
     instances, live, moves = tracker.snapshot()
     rows: dict[str, list[Assignment]] = {}
@@ -328,7 +334,8 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
              {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
              tracker.store.read(state.live_changed_at) if grace else {}, time.time(),
              frozenset(adopted), elsewhere, drop_evacuation_hold,
-             {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())})
+             {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())},
+             evacuation_holds)
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):

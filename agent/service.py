@@ -400,9 +400,13 @@ class Agent:
             LOG.log(level, "Reconciling without Placement's allocations: %s", why)
         elsewhere = (self._allocations_elsewhere(allocations)
                      if at_start and allocations is not None else None)
+        holds = frozenset(
+            u for u in self.manager.tracker.snapshot()[0] if allocations is not None
+            and evacuation_migration_uuid(u, self.sync.root_uuid) in allocations)
         report = reconcile(self.manager, allocations, at_start, fix,
                            grace=self.orphan_grace_period, elsewhere=elsewhere,
-                           drop_evacuation_hold=self._drop_evacuation_hold)
+                           drop_evacuation_hold=self._drop_evacuation_hold,
+                           evacuation_holds=holds)
         self.metrics.findings(report.findings)
         return report
 

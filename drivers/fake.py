@@ -22,21 +22,31 @@ The host is described by a dict, or a JSON or YAML file of the same shape::
 ``cpus`` and ``memory_mb`` at the top level default to the cells' sums. A
 test changes the host with ``set_host``, which notifies the agent as a real
 driver's device events would.
+
+With a ``state_file`` the hypervisor's state (guests, created mdevs) lives
+in that file rather than in the process: guests outlive the agent, as a real
+hypervisor's do, for tests that kill it. Every call reads the file and every
+change rewrites it atomically (write, fsync, rename, fsync the directory)
+under an flock, so several processes can share it: a live migration from
+another process reaches it at ``fake-file://<path>``.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import threading
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Iterator
 
 import yaml
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from drivers.base import (ComputeDriver, DeviceKind, ForeignGuest,
+from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
                           GuestDevice, GuestSpec, GuestState, HostInventory,
                           LiveMigrationError, device_resources, Mdev, MdevError,
                           MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
@@ -230,6 +240,21 @@ def fake_definition(guest: GuestSpec) -> str:
                     for d in guest.devices]}, sort_keys=True)
 
 
+def parse_fake_definition(text: str) -> GuestSpec:
+    """The GuestSpec ``fake_definition`` wrote."""
+    data = json.loads(text)
+    return GuestSpec(data["instance_uuid"], data["name"], data["vcpus"],
+                     data["memory_mb"], tuple(
+                         GuestDevice(d["assignment_id"], DeviceKind(d["kind"]),
+                                     d["device_id"], d["amount"], frozenset(d["cpus"]),
+                                     DeviceDetail.from_json(json.dumps(d["detail"])))
+                         for d in data["devices"]))
+
+
+# A persisted fake hypervisor's URI: the file it keeps its state in.
+FILE_URI = "fake-file://"
+
+
 class FakeNetwork:
     """Fake hypervisors that reach one another by URI, as the libvirtds of
     hosts on one network do: where a live migration finds its
@@ -250,11 +275,12 @@ class FakeDriver(ComputeDriver):
     libvirt's do: redefining a running guest changes only its saved
     definition. mdevs it creates join the host's inventory, as the kernel's
     would. With a ``network`` it is the hypervisor at ``uri`` there, which
-    live migrations reach."""
+    live migrations reach. With a ``state_file`` its guests and created
+    mdevs live in that file (see the module's doc)."""
 
     def __init__(self, host: HostInventory | dict | None = None,
                  boot_id: str = "fake-boot-1", *, network: FakeNetwork | None = None,
-                 uri: str | None = None):
+                 uri: str | None = None, state_file: str | Path | None = None):
         if isinstance(host, dict):
             host = host_from_dict(host)
         self.host = host or HostInventory(cpus=frozenset(range(4)),
@@ -270,20 +296,82 @@ class FakeDriver(ComputeDriver):
         self._health: dict[str, PciHealthSignals] = {}
         self.current_boot_id = boot_id
         self._network = network
+        self.state_file = Path(state_file).absolute() if state_file else None
         # Without a network no migration reaches it: a URI of its own still
-        # names it, unreachable.
-        self.uri = uri or f"fake:///{boot_id}"
+        # names it, unreachable. A persisted one is reached through its file.
+        self.uri = uri or (f"{FILE_URI}{self.state_file}" if self.state_file
+                           else f"fake:///{boot_id}")
         if network is not None and uri is not None:
             network.join(uri, self)
+        if self.state_file is not None:
+            with self._held(write=True):  # an existing file is read, kept
+                pass
 
     @classmethod
     def from_conf(cls, conf) -> "FakeDriver":
-        if conf.fake.host_file:
-            return cls(load_host_file(conf.fake.host_file))
-        return cls()
+        host = load_host_file(conf.fake.host_file) if conf.fake.host_file else None
+        return cls(host, state_file=conf.fake.state_file)
+
+    # --- the hypervisor's state: in memory, or in a file ----------------------
+
+    @contextmanager
+    def _held(self, write: bool = False) -> Iterator[None]:
+        """The hypervisor's state, to read (or change, with ``write``):
+        with a state file, read from it under its lock first, and written
+        back after a change."""
+        with self._lock:
+            if self.state_file is None:
+                yield
+                return
+            lock = os.open(f"{self.state_file}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._load()
+                yield
+                if write:
+                    self._save()
+            finally:
+                os.close(lock)
+
+    def _load(self) -> None:
+        if not self.state_file.exists():
+            return
+        data = json.loads(self.state_file.read_text())
+        self.created_mdevs = {u: (p, t) for u, (p, t) in data["created_mdevs"].items()}
+        self.guests = {u: FakeGuest(parse_fake_definition(g["saved"]),
+                                    parse_fake_definition(g["live"]) if g["live"] else None)
+                       for u, g in data["guests"].items()}
+
+    def _save(self) -> None:
+        """Atomically: a change either happened or did not, as libvirt's."""
+        data = {"created_mdevs": self.created_mdevs,
+                "guests": {u: {"saved": fake_definition(g.saved),
+                               "live": fake_definition(g.live) if g.live else None}
+                           for u, g in self.guests.items()}}
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps(data, sort_keys=True).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.state_file)
+        directory = os.open(self.state_file.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def _reach(self, uri: str) -> "FakeDriver | None":
+        """The hypervisor at ``uri``: on this one's network, or a persisted
+        one's file."""
+        if uri.startswith(FILE_URI):
+            path = Path(uri[len(FILE_URI):])
+            return FakeDriver(state_file=path) if path.is_file() else None
+        return self._network.find(uri) if self._network else None
 
     def get_host_inventory(self) -> HostInventory:
-        with self._lock:
+        with self._held():
             created = dict(self.created_mdevs)
         if not created:
             return self.host
@@ -299,7 +387,7 @@ class FakeDriver(ComputeDriver):
 
     def spawn(self, guest: GuestSpec) -> None:
         self._define(guest)
-        with self._lock:
+        with self._held(write=True):
             g = self.guests[guest.instance_uuid]
             if g.live is None:
                 g.live = g.saved
@@ -311,7 +399,7 @@ class FakeDriver(ComputeDriver):
         for d in guest.devices:
             if d.detail.mdev_parent:
                 self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
-        with self._lock:
+        with self._held(write=True):
             existing = self.guests.get(guest.instance_uuid)
             if existing is None:
                 self.guests[guest.instance_uuid] = FakeGuest(guest)
@@ -319,21 +407,21 @@ class FakeDriver(ComputeDriver):
                 existing.saved = guest
 
     def power_off(self, instance_uuid: str) -> None:
-        with self._lock:
+        with self._held(write=True):
             g = self.guests.get(instance_uuid)
             if g is not None:
                 g.live = None
 
     def destroy(self, instance_uuid: str) -> None:
-        with self._lock:
+        with self._held(write=True):
             self.guests.pop(instance_uuid, None)
 
     def list_guests(self) -> dict[str, GuestState]:
-        with self._lock:
+        with self._held():
             return {u: g.state() for u, g in self.guests.items()}
 
     def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
-        with self._lock:
+        with self._held():
             guest = self.guests.get(instance_uuid)
         if guest is None:
             return None
@@ -342,7 +430,7 @@ class FakeDriver(ComputeDriver):
             GuestDevice(d.assignment_id, d.kind, d.device_id) for d in guest.saved.devices))
 
     def guest_state(self, instance_uuid: str) -> GuestState | None:
-        with self._lock:
+        with self._held():
             g = self.guests.get(instance_uuid)
             return None if g is None else g.state()
 
@@ -365,7 +453,7 @@ class FakeDriver(ComputeDriver):
 
     def guest_definition(self, instance_uuid: str, live: bool = False,
                          migratable: bool = False) -> str | None:
-        with self._lock:
+        with self._held():
             g = self.guests.get(instance_uuid)
         if g is None:
             return None
@@ -379,17 +467,17 @@ class FakeDriver(ComputeDriver):
         step: running on the destination with ``target``'s devices, defined
         there so, gone from here."""
         what = f"{instance_uuid} to {dest_uri}"
-        with self._lock:
+        with self._held():
             guest = self.guests.get(instance_uuid)
             running = guest is not None and guest.live is not None
         if not running:
             raise LiveMigrationError(MigrationFailure.NO_RUNNING_GUEST,
                                      f"{what}: no such guest running here")
-        dest = self._network.find(dest_uri) if self._network else None
+        dest = self._reach(dest_uri)
         if dest is None:
             raise LiveMigrationError(MigrationFailure.DESTINATION_UNREACHABLE,
                                      f"{what}: no hypervisor there")
-        if dest is self:
+        if dest is self or dest_uri == self.uri:
             raise LiveMigrationError(MigrationFailure.ABORTED,
                                      f"{what}: the destination is this host")
         try:
@@ -397,16 +485,16 @@ class FakeDriver(ComputeDriver):
         except InvalidMigrationTarget as e:
             raise LiveMigrationError(MigrationFailure.DEFINITION_REFUSED,
                                      f"{what}: {e}") from None
-        with dest._lock:
+        with dest._held(write=True):
             dest.guests[instance_uuid] = FakeGuest(moved, moved)
-        with self._lock:
+        with self._held(write=True):
             self.guests.pop(instance_uuid, None)
 
     def migration_uri(self) -> str:
         return self.uri
 
     def ensure_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
-        with self._lock:
+        with self._held(write=True):
             if any(m.uuid == mdev_uuid for m in self.host.mdevs):
                 return
             offered = {(p.address, t.id) for p in self.host.mdev_parents for t in p.types}
@@ -416,7 +504,7 @@ class FakeDriver(ComputeDriver):
             self.created_mdevs[mdev_uuid] = (parent, type_id)
 
     def remove_mdev(self, mdev_uuid: str) -> None:
-        with self._lock:
+        with self._held(write=True):
             self.created_mdevs.pop(mdev_uuid, None)
 
     def boot_id(self) -> str:
@@ -424,7 +512,7 @@ class FakeDriver(ComputeDriver):
 
     def reboot(self, boot_id: str) -> None:
         """What a host reboot does to it: guests stop, created mdevs vanish."""
-        with self._lock:
+        with self._held(write=True):
             self.created_mdevs.clear()
             for g in self.guests.values():
                 g.live = None

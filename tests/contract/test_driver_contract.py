@@ -101,14 +101,16 @@ def libvirt_driver(tmp_path: Path, uri: str, sysfs: Path) -> LibvirtDriver:
     return driver
 
 
-def make_fake(tmp_path: Path) -> Subject:
+def make_fake(tmp_path: Path, state_file: Path | None = None) -> Subject:
+    """``state_file``: the fake hypervisor keeps its state there, beyond
+    the process."""
     host = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 8192},
                            {"id": 1, "cpus": "4-7", "memory_mb": 8192}],
             "pci_devices": [{"address": PF, "vendor_id": "8086", "product_id": "10fb",
                              "numa_node": 1, "vfs": {"count": 4, "product_id": "10ed"}}],
             "gpus": [{"address": GPU, "numa_node": 1,
                       "mdev_types": {MDEV_TYPE: {"available_instances": 4}}}]}
-    driver = FakeDriver(host)
+    driver = FakeDriver(host, state_file=state_file)
     vfs = [d.address for d in driver.host.pci_devices if d.parent_address == PF]
     return Subject(driver, lambda w: device_set(
         w, vfs[0 if w == "a" else 1], str(uuid.uuid5(uuid.NAMESPACE_OID, w)),
@@ -144,9 +146,11 @@ def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
         lambda w: ((), (), (0,) if w == "a" else (1,)))
 
 
-@pytest.fixture(params=["fake", "libvirt-qemu", "libvirt-test"])
+@pytest.fixture(params=["fake", "fake-persisted", "libvirt-qemu", "libvirt-test"])
 def subject(request, tmp_path):
-    if request.param == "libvirt-qemu":
+    if request.param == "fake-persisted":
+        s = make_fake(tmp_path, tmp_path / "hypervisor.json")
+    elif request.param == "libvirt-qemu":
         # A libvirtd of the test's own: no other agent's guests in it.
         uri = request.getfixturevalue("private_libvirtd").uri
         s = make_libvirt_qemu(tmp_path, uri)
@@ -383,6 +387,17 @@ def make_fake_pair() -> Pair:
         w, "", None, f"/dev/dax0.{0 if w == 'a' else 1}", 0 if w == "a" else 1, 0))
 
 
+def make_persisted_fake_pair(tmp_path: Path) -> Pair:
+    """Two fake hypervisors that keep their state in files, as those of two
+    agent processes: the destination is reached through its file."""
+    hosts = [FakeDriver(boot_id=f"fake-{w}", state_file=tmp_path / f"{w}.json")
+             for w in "ab"]
+    return Pair(hosts[0], hosts[1], hosts[1].migration_uri(),
+                f"fake-file://{tmp_path / 'nowhere.json'}", lambda w: device_set(
+                    w, "", None, f"/dev/dax0.{0 if w == 'a' else 1}",
+                    0 if w == "a" else 1, 0))
+
+
 def make_libvirt_qemu_pair(tmp_path: Path, daemons) -> Pair:
     drivers = [libvirt_driver(tmp_path / d.root.name, d.uri, tmp_path / "sys")
                for d in daemons]
@@ -396,10 +411,12 @@ def make_libvirt_qemu_pair(tmp_path: Path, daemons) -> Pair:
                 lambda w: device_set(w, "", None, str(files[w]), 0 if w == "a" else 1, 0))
 
 
-@pytest.fixture(params=["fake", "libvirt-qemu"])
+@pytest.fixture(params=["fake", "fake-persisted", "libvirt-qemu"])
 def pair(request, tmp_path):
     if request.param == "libvirt-qemu":
         p = make_libvirt_qemu_pair(tmp_path, request.getfixturevalue("two_private_libvirtds"))
+    elif request.param == "fake-persisted":
+        p = make_persisted_fake_pair(tmp_path)
     else:
         p = make_fake_pair()
     yield p

@@ -20,14 +20,13 @@ and checks:
 - the hypervisor agrees: each guest carries exactly its instance's ids;
 - an audit (reconcile, fix=False) finds nothing.
 
-The hypervisor must outlive the agent, so the child's FakeDriver persists
-its guests and created mdevs to a JSON file, atomically (write, fsync,
-rename, fsync the directory) after each change: a guest definition either
-happened or did not, as with libvirt's define.
+The hypervisor must outlive the agent, so the child's FakeDriver keeps
+its guests and created mdevs in a state file (drivers/fake.py), written
+atomically after each change: a guest definition either happened or did
+not, as with libvirt's define.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import select
@@ -39,8 +38,9 @@ import pytest
 
 from agent.claim_model import AssignmentState, Owner
 from agent.exception import ClaimFailed
-from drivers.base import DeviceKind, GuestDevice, GuestSpec
-from drivers.fake import FakeDriver, FakeGuest
+from agent.reconcile import reconcile
+from drivers.base import DeviceKind
+from drivers.fake import FakeDriver
 from tests.functional.claims_world import PMEM_RC, host_dict, make_world, new_uuid, spec
 
 KILLS = 200
@@ -50,76 +50,10 @@ READY_TIMEOUT = 120.0
 HOST = host_dict(vfs=6, vgpus=4)
 
 
-def _devices(guest: GuestSpec) -> list:
-    return [[d.assignment_id, d.kind.value, d.device_id] for d in guest.devices]
-
-
-def _spec(uuid: str, devices: list) -> GuestSpec:
-    return GuestSpec(uuid, "guest", 1, 1, tuple(
-        GuestDevice(d[0], DeviceKind(d[1]), d[2]) for d in devices))
-
-
-class PersistentFakeDriver(FakeDriver):
-    """A FakeDriver whose guests and created mdevs survive the process."""
-
-    def __init__(self, path: Path):
-        super().__init__(HOST, "crash-boot-1")
-        self.path = path
-        if path.exists():
-            data = json.loads(path.read_text())
-            self.created_mdevs = {u: tuple(v) for u, v in data["created_mdevs"].items()}
-            self.guests = {u: FakeGuest(_spec(u, g["saved"]),
-                                        _spec(u, g["live"]) if g["live"] else None)
-                           for u, g in data["guests"].items()}
-
-    def _save(self) -> None:
-        with self._lock:
-            data = {"created_mdevs": self.created_mdevs,
-                    "guests": {u: {"saved": _devices(g.saved),
-                                   "live": _devices(g.live) if g.live else None}
-                               for u, g in self.guests.items()}}
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, json.dumps(data).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-    def spawn(self, guest):
-        super().spawn(guest)
-        self._save()
-
-    def update_guest(self, guest):
-        super().update_guest(guest)
-        self._save()
-
-    def power_off(self, instance_uuid):
-        super().power_off(instance_uuid)
-        self._save()
-
-    def destroy(self, instance_uuid):
-        super().destroy(instance_uuid)
-        self._save()
-
-    def ensure_mdev(self, mdev_uuid, parent, type_id):
-        super().ensure_mdev(mdev_uuid, parent, type_id)
-        self._save()
-
-    def remove_mdev(self, mdev_uuid):
-        super().remove_mdev(mdev_uuid)
-        self._save()
-
-
 def open_world(directory: Path):
-    return make_world(directory, "crash", HOST,
-                      driver=PersistentFakeDriver(directory / "hypervisor.json"))
+    directory.mkdir(parents=True, exist_ok=True)
+    return make_world(directory, "crash", HOST, driver=FakeDriver(
+        HOST, "crash-boot-1", state_file=directory / "hypervisor.json"))
 
 
 MIXES = [
@@ -416,5 +350,30 @@ def test_revert_killed_before_the_guest_is_redefined_is_seen_by_reconcile(tmp_pa
         fixed = w.driver.list_guests()[inst].saved == rows
         assert fixed or not report.consistent, \
             f"guest carries released devices and the audit is silent: {report.as_dict()}"
+    finally:
+        w.stop()
+
+
+def test_bug_a_source_killed_before_recording_its_resize_kept_the_instance(tmp_path):
+    """Found by the crash loop (tests/reliability/crash_loop.py, seed 5):
+    a cross-host resize's source, killed after the conductor's allocation
+    swap and before resize_instance reached its disk, restarted, found the
+    instance's allocations all on the destination and no move of its own,
+    took it for evacuated and destroyed its guest. An evacuation leaves its
+    own migration consumer holding this host's share; a resize's does not
+    name the instance."""
+    w = open_world(tmp_path)
+    try:
+        inst, mig = new_uuid(), new_uuid()
+        w.manager.build_instance(inst, spec(), w.allocations({"pf": {"SRIOV_NET_VF": 1}}))
+        w.restart()  # killed before resize_instance; the conductor had swapped
+        report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
+                           elsewhere={inst: {new_uuid()}}, evacuation_holds=frozenset())
+        assert inst in w.instances() and inst in w.driver.list_guests(), report.as_dict()
+        # An evacuation's hold says it: then the source gives it up.
+        report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
+                           elsewhere={inst: {new_uuid()}},
+                           evacuation_holds=frozenset({inst}))
+        assert inst not in w.instances() and inst not in w.driver.list_guests()
     finally:
         w.stop()

@@ -637,3 +637,27 @@ def test_live_migration_leaves_destination_move_open(hosts):
     a.manager.confirm_resize(mig, inst)
     assert not b.migrations()[mig].open, \
         f"destination's move is still {b.migrations()[mig].state} after success"
+
+
+def test_bug_a_guest_that_arrived_by_a_cross_host_resize_could_not_live_migrate(hosts):
+    """Found by the crash loop (tests/reliability/crash_loop.py, seed 8): the
+    destination of a cross-host resize confirmed as nova confirms it (on
+    the source) keeps the instance's rows naming the resize; a later live
+    migration from there paired none of them ("the source holds 0 of it,
+    the destination claimed 1") and was refused."""
+    a, b = hosts["A"], hosts["B"]
+    inst, resize, live = new_uuid(), new_uuid(), new_uuid()
+    mix = {"pf": {"SRIOV_NET_VF": 1}, "numa0": {"VCPU": 1, "MEMORY_MB": 256}}
+    a.manager.build_instance(inst, spec(), a.allocations(mix))
+    b.manager.prep_resize(resize, inst, spec(), b.allocations(mix))
+    a.manager.resize_instance(resize, inst)
+    b.manager.finish_resize(resize, inst)
+    a.manager.confirm_resize(resize, inst)
+
+    answer = a.manager.check_can_live_migrate_destination(live, inst, spec(),
+                                                          a.allocations(mix))
+    b.manager.live_migrate(live, inst, {"claimed": answer["claimed"],
+                                        "migration_uri": answer["migration_uri"]})
+    a.manager.post_live_migration_at_destination(live, inst)
+    assert inst in a.driver.list_guests() and inst not in b.driver.list_guests()
+    assert not b.live() and inst not in b.instances()

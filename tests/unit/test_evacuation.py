@@ -35,11 +35,20 @@ def test_the_move_is_named_by_the_instance_and_the_source_alone():
 def test_evacuated_away_needs_allocations_elsewhere_none_here_and_no_move_here():
     move = Migration(str(uuid.uuid4()), str(uuid.uuid4()), MoveKind.LIVE_MIGRATION,
                      MigrationRole.SOURCE, MigrationState.ACTIVE)
-    assert evacuated_away(False, {"rp"}, None)
-    assert not evacuated_away(True, {"rp"}, None)   # still holds ours
-    assert not evacuated_away(False, set(), None)   # held nowhere: not "elsewhere"
-    assert not evacuated_away(False, None, None)    # unknown
-    assert not evacuated_away(False, {"rp"}, move)  # a move this host owns
+    assert evacuated_away(False, {"rp"}, None, True)
+    assert not evacuated_away(True, {"rp"}, None, True)   # still holds ours
+    assert not evacuated_away(False, set(), None, True)   # held nowhere: not "elsewhere"
+    assert not evacuated_away(False, None, None, True)    # unknown
+    assert not evacuated_away(False, {"rp"}, move, True)  # a move this host owns
+
+
+def test_bug_a_source_killed_before_recording_its_resize_gave_the_instance_up():
+    """Found by the crash loop (seed 5): a cross-host resize's source killed
+    after the conductor's allocation swap and before resize_instance was on
+    its disk came back, found the instance's allocations all on the
+    destination and no move of its own, took it for evacuated and destroyed
+    its guest. Only the evacuation's own hold on this host says evacuated."""
+    assert not evacuated_away(False, {"rp"}, None, False)
 
 
 def test_the_request_keeps_each_device_with_its_cell():

@@ -1,14 +1,17 @@
 """The fake driver: host descriptions, files and change notifications."""
 import copy
 import json
+import uuid
 from types import SimpleNamespace
 
 import pytest
 
-from drivers.base import (HostInventory, Mdev, MdevParent, MdevType, PciKind,
+from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
+                          HostInventory, Mdev, MdevParent, MdevType, PciKind,
                           PmemNamespace)
-from drivers.fake import (FakeDriver, InvalidFakeHost, host_from_dict,
+from drivers.fake import (FakeDriver, InvalidFakeHost, fake_definition, host_from_dict,
                           load_host_file, vf_address)
+from drivers.migration import DeviceMove, LiveMigrationTarget
 
 HOST = {
     "disk_gb": 100,
@@ -318,7 +321,63 @@ def test_set_host_with_a_bad_dict_keeps_the_old_host_and_notifies_nobody():
 def test_from_conf_reads_the_host_file(tmp_path):
     path = tmp_path / "host.yaml"
     path.write_text(YAML_HOST)
-    conf = SimpleNamespace(fake=SimpleNamespace(host_file=str(path)))
+    conf = SimpleNamespace(fake=SimpleNamespace(host_file=str(path), state_file=None))
     assert FakeDriver.from_conf(conf).get_host_inventory() == load_host_file(path)
-    default = FakeDriver.from_conf(SimpleNamespace(fake=SimpleNamespace(host_file=None)))
+    default = FakeDriver.from_conf(SimpleNamespace(fake=SimpleNamespace(
+        host_file=None, state_file=None)))
     assert default.get_host_inventory().memory_mb == 8192
+
+
+# --- a state file: guests that outlive the process ------------------------------
+
+def guest_on_vf(instance: str, vf: str, mdev: str) -> GuestSpec:
+    return GuestSpec(instance, "g", 2, 512, (
+        GuestDevice("a-vf", DeviceKind.VF, vf, detail=DeviceDetail(numa_node=0)),
+        GuestDevice("a-mdev", DeviceKind.MDEV, mdev, detail=DeviceDetail(
+            numa_node=1, mdev_parent="0000:84:00.0", mdev_type="nvidia-35")),
+        GuestDevice("a-pcpu", DeviceKind.PCPU, "3", cpus=frozenset({3}))))
+
+
+def test_with_a_state_file_guests_and_mdevs_outlive_the_driver(tmp_path):
+    state = tmp_path / "hypervisor.json"
+    first = FakeDriver(HOST, state_file=state)
+    guest = guest_on_vf(str(uuid.uuid4()), vf_address("0000:81:00.0", 0), str(uuid.uuid4()))
+    first.spawn(guest)
+    stopped = str(uuid.uuid4())
+    first.spawn(guest_on_vf(stopped, vf_address("0000:81:00.0", 1), str(uuid.uuid4())))
+    first.power_off(stopped)
+
+    # Another process's driver on the same file: the same hypervisor.
+    again = FakeDriver.from_conf(SimpleNamespace(fake=SimpleNamespace(
+        host_file=None, state_file=str(state))))
+    again.set_host(HOST)
+    assert again.list_guests() == first.list_guests()
+    assert again.list_guests()[guest.instance_uuid].running
+    assert not again.list_guests()[stopped].running
+    assert again.describe_guest(guest.instance_uuid) == first.describe_guest(
+        guest.instance_uuid)
+    assert again.guest_definition(guest.instance_uuid) == fake_definition(guest)
+    assert again.get_host_inventory() == first.get_host_inventory()
+    # A change by one is seen by the other.
+    again.destroy(stopped)
+    assert set(first.list_guests()) == {guest.instance_uuid}
+    # Without a file, each driver is a hypervisor of its own.
+    assert FakeDriver(HOST).list_guests() == {}
+
+
+def test_a_state_file_is_reached_for_live_migration_by_its_uri(tmp_path):
+    source = FakeDriver(HOST, state_file=tmp_path / "a.json")
+    dest = FakeDriver(HOST, state_file=tmp_path / "b.json")
+    assert dest.migration_uri() == f"fake-file://{tmp_path / 'b.json'}"
+    guest = guest_on_vf(str(uuid.uuid4()), vf_address("0000:81:00.0", 0), str(uuid.uuid4()))
+    source.spawn(guest)
+    moved = GuestSpec(guest.instance_uuid, "g", 2, 512, (
+        GuestDevice("b-vf", DeviceKind.VF, vf_address("0000:81:00.0", 1),
+                    detail=DeviceDetail(numa_node=0)),
+        guest.devices[1],
+        GuestDevice("b-pcpu", DeviceKind.PCPU, "2", cpus=frozenset({2}))))
+    source.live_migrate(guest.instance_uuid, dest.migration_uri(), LiveMigrationTarget(
+        guest.instance_uuid, tuple(DeviceMove(a, b) for a, b in zip(guest.devices,
+                                                                  moved.devices))))
+    assert source.list_guests() == {}
+    assert dest.list_guests()[guest.instance_uuid].live == {"b-vf", "a-mdev", "b-pcpu"}

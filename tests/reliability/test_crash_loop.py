@@ -1,0 +1,31 @@
+"""The crash loop (tests/reliability/crash_loop.py), short: two agent
+daemons on the libvirt driver over two private libvirtds with QEMU/KVM, so
+the guests are real and outlive every SIGKILL of their agent. Builds,
+deletes, resizes on one host and across, live migrations (QEMU really
+moves the guest) and their rollbacks, and an evacuation, with kills aimed
+at calls in flight and at start-up; every invariant checked after every
+operation. `tools/reliability --only crash_loop` runs it for minutes, most
+of them on the fake driver with a state file (many more kills a minute)."""
+from __future__ import annotations
+
+from tests.reliability.crash_loop import CrashLoop, QemuHypervisors
+
+SEED = 16
+SECONDS = 15
+
+
+def test_sigkills_during_nova_protocol_on_qemu_lose_and_double_nothing(
+        tmp_path, placement, services, two_private_libvirtds):
+    loop = CrashLoop(tmp_path, placement.url, QemuHypervisors(two_private_libvirtds),
+                     seed=SEED, kill_rate=0.5, command_audit_every=1000)
+    try:
+        figures = loop.start().run(seconds=SECONDS)
+    finally:
+        loop.close()
+    print(figures.line())
+    # It did what it is for: operations of each kind went through, and
+    # kills landed while calls were outstanding and during start-up.
+    assert figures.kills["in flight"] >= 3 and figures.kills["start-up"] >= 1, \
+        figures.line()
+    assert sum(figures.ops.values()) >= 4, figures.line()
+    assert figures.command_audits == 2, figures.line()  # both hosts, at the end
