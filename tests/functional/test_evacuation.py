@@ -180,7 +180,7 @@ def test_evacuate_5_kill_the_destination_restart_it_then_the_source_returns(
                            text=True)
     accepted_sql = "SELECT uuid FROM migrations WHERE kind = 'evacuation'"
     wait_for(lambda: (b.dir / "state" / "state.db").exists()
-             and len(b.store(accepted_sql)) == 5, timeout=30, interval=0.01)
+             and len(b.store(accepted_sql)) == 5, timeout=90, interval=0.01)
     b.kill()
     unfinished = b.store("SELECT uuid FROM migrations WHERE state != 'confirmed'")
     assert unfinished, "every rebuild had finished before the kill: nothing resumed"
