@@ -477,9 +477,11 @@ class ComputeManager:
         """The guest's devices here paired with the destination's, and the
         destination's URI. InvalidRequest names the field in the way."""
         _, rows, _ = self.tracker.instance(instance_uuid)
+        # The instance's own rows may still carry the uuid of the move that
+        # brought them here (a resize its destination never confirmed).
         own = [ClaimedDevice(a.resource_class, guest_device(a)) for a in rows
                if a.kind is not DeviceKind.HOST_RESOURCES
-               and (a.owner is Owner.INSTANCE and a.migration_uuid is None
+               and (a.owner is Owner.INSTANCE
                     or a.owner is Owner.MIGRATION and a.migration_uuid == migration_uuid)]
         try:
             claimed = destination["claimed"]

@@ -195,9 +195,9 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
     (check_can_live_migrate_destination); the source migrates the running
     guest and gives its devices back; the destination settles its claim;
     the migration's allocations go. When a step is refused or fails, the
-    destination's claim is rolled back, then the source's move, then the
-    allocations return to the source, and the error is raised as the agent
-    sent it. Returns the instance as the destination reports it."""
+    destination's claim is rolled back, the allocations return to the
+    source, then the source ends its move, and the error is raised as the
+    agent sent it. Returns the instance as the destination reports it."""
     migration = migration_uuid or str(uuid_lib.uuid4())
     announced = api.can_send("1.4")
     if announced:
@@ -216,10 +216,14 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
         if claimed is not None:
             api.rollback_live_migration_at_destination(destination, migration,
                                                        instance_uuid)
-        if announced:
-            api.rollback_live_migration_at_source(source, migration, instance_uuid)
+        # The allocations return before the source ends the move: a source
+        # restarting in between must find the instance's allocations on its
+        # own providers or the move still open, never neither (it would take
+        # the instance for evacuated).
         if swapped is not None:
             move_allocations(placement, migration, instance_uuid, "INSTANCE")
+        if announced:
+            api.rollback_live_migration_at_source(source, migration, instance_uuid)
         raise
     arrived = api.post_live_migration_at_destination(destination, migration,
                                                      instance_uuid)
