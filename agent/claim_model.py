@@ -47,6 +47,10 @@ class MigrationRole(str, enum.Enum):
 
 
 class MigrationState(str, enum.Enum):
+    # A live migration's source was told of the move (check_can_live_migrate_
+    # source) before the conductor swapped the allocations; nothing has
+    # started here: the instance still holds its devices, its guest runs.
+    ANNOUNCED = "announced"
     ACTIVE = "active"
     FINISHED = "finished"  # the destination's guest runs with its new devices
     CONFIRMED = "confirmed"
@@ -86,7 +90,9 @@ class Migration:
     def open(self) -> bool:
         """Still in progress here. A destination whose guest runs with its
         new devices is settled (a revert can still come, and is honoured);
-        a source keeps its old devices until confirm or revert."""
+        a source keeps its old devices until confirm or revert, and owns
+        an announced move's instance until the move starts or ends."""
         if self.role is MigrationRole.DESTINATION:
             return self.state is MigrationState.ACTIVE
-        return self.state in (MigrationState.ACTIVE, MigrationState.FINISHED)
+        return self.state in (MigrationState.ANNOUNCED, MigrationState.ACTIVE,
+                              MigrationState.FINISHED)

@@ -105,6 +105,20 @@ default_opts = [
         "keeps its devices.",
     ),
     cfg.IntOpt(
+        "live_migration_announced_timeout",
+        default=600,
+        min=60,
+        max=86400,
+        help="Seconds for which a live migration this host was told of as "
+        "its source (check_can_live_migrate_source), but which never "
+        "started here, keeps the instance for the move. Past it, "
+        "reconciliation takes the conductor for gone: the migration's "
+        "allocations on this host's providers return to the instance and "
+        "the move is ended; the guest runs on untouched. Until then a "
+        "restart leaves the move open for the conductor to go on or roll "
+        "back. Keep it well above the conductor's RPC timeout.",
+    ),
+    cfg.IntOpt(
         "service_down_time",
         default=20,
         min=1,

@@ -302,11 +302,69 @@ class ComputeManager:
         return {"migration_uuid": m.uuid, "instance": self.get_instance(m.instance_uuid)}
 
     # --- live migration -------------------------------------------------
-    # The conductor (agent.rpcapi.live_migrate_instance) drives: the
-    # destination claims and answers what it claimed; the source pairs its
-    # devices with those, migrates the running guest and gives its devices
-    # back once the hypervisor reports the guest gone; the destination then
-    # settles its claim, or rolls it back when the source reports failure.
+    # The conductor (agent.rpcapi.live_migrate_instance) drives: the source
+    # records the move it is told of, before the allocations are swapped;
+    # the destination claims and answers what it claimed; the source pairs
+    # its devices with those, migrates the running guest and gives its
+    # devices back once the hypervisor reports the guest gone; the
+    # destination then settles its claim. On failure both sides roll back.
+
+    def check_can_live_migrate_source(self, migration_uuid, instance_uuid,
+                                      destination_host: str) -> dict:
+        """Source, before the conductor swaps the allocations: refuse what
+        cannot move from here (no such instance, a guest that does not run,
+        a device that cannot migrate, another move), else record the move
+        as announced, on disk before the answer. From then on the instance
+        is this move's: a restart neither gives it up nor finds the
+        migration's allocations unexplained. Nothing moves yet."""
+        m = self._known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                             (MoveKind.LIVE_MIGRATION,))
+        if m is not None:
+            if m.state is MigrationState.REVERTED:
+                raise InvalidRequest("migration_uuid", m.uuid, "this live migration "
+                                     "was rolled back; start another")
+            return {"migration_uuid": m.uuid, "state": m.state.value}
+        _, rows, _ = self.tracker.instance(instance_uuid)
+        state = self.driver.guest_state(instance_uuid)
+        if state is None or not state.running:
+            raise InvalidRequest("instance_uuid", instance_uuid,
+                                 "its guest does not run here; a live migration "
+                                 "moves a running guest")
+        refusals = self._pci_refusals("source", [guest_device(a) for a in rows
+                                                 if in_guest(a)])
+        if refusals:
+            raise LiveMigrationRefused(instance_uuid, "source", refusals)
+        m = self.tracker.announce_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
+                                              instance_uuid)
+        LOG.info("Live migration %s of instance %s to %s announced", m.uuid,
+                 m.instance_uuid, destination_host)
+        return {"migration_uuid": m.uuid, "state": m.state.value}
+
+    def rollback_live_migration_at_source(self, migration_uuid, instance_uuid) -> dict:
+        """Source: end the move; the instance keeps its devices here and its
+        guest runs on. Refused once the guest has left (the move
+        happened) or while this host is migrating it. A move never heard
+        of here needs nothing: answered as rolled back."""
+        m = self._known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                             (MoveKind.LIVE_MIGRATION,))
+        if m is None:
+            return {"migration_uuid": migration_uuid, "state": "rolled_back"}
+        if m.state is MigrationState.CONFIRMED:
+            raise InvalidRequest("migration_uuid", m.uuid, "the guest left this host: "
+                                 "the live migration happened")
+        with self._lock:
+            if m.uuid in self._migrating:
+                raise MoveInProgress(m.instance_uuid, m.uuid)
+            if m.state is MigrationState.ACTIVE \
+                    and self.driver.guest_state(m.instance_uuid) is None:
+                raise InvalidRequest("migration_uuid", m.uuid,
+                                     "the guest is no longer here: the live "
+                                     "migration happened; live_migrate again to "
+                                     "give its devices back")
+            self.tracker.revert_move(m.uuid)
+        LOG.info("Live migration %s of instance %s rolled back at the source",
+                 m.uuid, m.instance_uuid)
+        return {"migration_uuid": m.uuid, "state": "rolled_back"}
 
     def check_can_live_migrate_destination(self, migration_uuid, instance_uuid, spec,
                                            allocations) -> dict:
@@ -392,16 +450,23 @@ class ComputeManager:
                              (MoveKind.LIVE_MIGRATION,))
         if m is not None and m.state is MigrationState.CONFIRMED:
             return {"migration_uuid": m.uuid, "state": "migrated"}
-        if m is not None and m.state is MigrationState.REVERTED:
-            raise InvalidRequest("migration_uuid", m.uuid, "this live migration failed "
-                                 "and the guest stayed here; start another")
         with self._lock:
             if migration_uuid in self._migrating:
                 raise MoveInProgress(instance_uuid, migration_uuid)
             self._migrating.add(migration_uuid)
         try:
-            return self._migrate_out(migration_uuid, instance_uuid, destination,
-                                     resumed=m is not None)
+            # Read again now that no rollback can come between (it takes
+            # the same lock to check _migrating).
+            if m is not None and self.tracker.migration(m.uuid).state \
+                    is MigrationState.REVERTED:
+                raise InvalidRequest("migration_uuid", m.uuid, "this live migration "
+                                     "failed or was rolled back, and the guest "
+                                     "stayed here; start another")
+            # A move the source was only told of (announced) starts now; one
+            # that started before a restart resumes.
+            return self._migrate_out(
+                migration_uuid, instance_uuid, destination,
+                resumed=m is not None and m.state is not MigrationState.ANNOUNCED)
         finally:
             with self._lock:
                 self._migrating.discard(migration_uuid)

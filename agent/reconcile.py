@@ -20,7 +20,8 @@ from typing import Callable
 
 from agent import state
 from agent.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
-from agent.claim_model import Assignment, AssignmentState, Migration, Owner
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationState,
+                               Owner)
 from agent.evacuation import evacuated_away
 from drivers.base import DeviceKind, ForeignGuest, GuestState, device_resources
 
@@ -92,6 +93,13 @@ class Pass:
     # The instances whose evacuation's migration consumer holds allocations
     # on our providers (the evacuator's swap).
     evacuation_holds: frozenset[str] = frozenset()
+    # Live migrations announced here and never started: when each was
+    # announced (epoch s), by migration uuid; after how many seconds the
+    # conductor is taken for gone; and how to end such a move (its
+    # allocations back to the instance, its record rolled back).
+    announced_at: dict[str, float] = field(default_factory=dict)
+    announced_timeout: float = float("inf")
+    end_announced_move: Callable[[Migration], None] | None = None
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
@@ -180,6 +188,31 @@ def evacuated_elsewhere(p: Pass, uuid: str) -> bool:
     return True
 
 
+def live_migration_never_started(p: Pass, uuid: str) -> bool:
+    """A live migration this host was told of as its source (announced)
+    that has not started here. Within the bound it is the conductor's:
+    the instance stays the move's, which the later rules respect as they
+    do any open move (its allocations may sit on the migration consumer,
+    or the destination's on the instance). Past the
+    bound the conductor is taken for gone: the migration's allocations on
+    our providers return to the instance and the move is ended; the guest
+    runs on as it was."""
+    move = p.open_moves.get(uuid)
+    if move is None or move.state is not MigrationState.ANNOUNCED:
+        return False
+    age = p.now - p.announced_at.get(move.uuid, p.now)
+    if age < p.announced_timeout:
+        return False
+    detail = (f"live migration {move.uuid} announced {age:.0f} s ago never "
+              "started: allocations returned to the instance, move ended")
+    if p.end_announced_move is None:
+        p.report.add("live_migration_never_started", uuid, detail.split(":")[0])
+        return True
+    p.act("live_migration_never_started", uuid, detail,
+          lambda: p.end_announced_move(move))
+    return True
+
+
 def assignment_without_guest(p: Pass, uuid: str) -> bool:
     """Devices held by an instance with no guest here and no move: given
     back once unchanged for the grace period, reported until then."""
@@ -262,6 +295,7 @@ def assignment_without_allocation(p: Pass, uuid: str) -> bool:
 INSTANCE_RULES: tuple[Callable[[Pass, str], bool], ...] = (
     claim_stuck_claiming,
     evacuation_interrupted,
+    live_migration_never_started,
     evacuated_elsewhere,
     assignment_without_guest,
     guest_devices_differ,
@@ -317,12 +351,14 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
               at_start: bool, fix: bool = True, grace: float = 0,
               elsewhere: dict[str, set[str]] | None = None,
               drop_evacuation_hold: Callable[[str], None] | None = None,
-              evacuation_holds: frozenset[str] = frozenset()) -> Report:
+              evacuation_holds: frozenset[str] = frozenset(),
+              announced_timeout: float = float("inf"),
+              end_announced_move: Callable[[Migration], None] | None = None) -> Report:
     """``allocations``: consumer uuid -> our providers it holds allocations
     on, or None when Placement's answer is unknown. ``grace``: seconds for
     which devices whose guest has gone stay held (orphan_grace_period).
-    ``elsewhere``, ``drop_evacuation_hold`` and ``evacuation_holds``: see
-    Pass."""
+    ``elsewhere``, ``drop_evacuation_hold``, ``evacuation_holds``,
+    ``announced_timeout`` and ``end_announced_move``: see Pass."""
     tracker, driver = manager.tracker, manager.driver
     instances, live, moves = tracker.snapshot()
     rows: dict[str, list[Assignment]] = {}
@@ -335,7 +371,10 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
              tracker.store.read(state.live_changed_at) if grace else {}, time.time(),
              frozenset(adopted), elsewhere, drop_evacuation_hold,
              {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())},
-             evacuation_holds)
+             evacuation_holds,
+             tracker.store.read(state.migrations_changed_at)
+             if any(m.state is MigrationState.ANNOUNCED for m in moves.values()) else {},
+             announced_timeout, end_announced_move)
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):

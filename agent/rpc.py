@@ -25,7 +25,7 @@ from enum import Enum
 
 from agent import rpc_schemas as schemas
 from agent import rpc_versions
-from agent.exception import AgentError, InternalError, StoreUnavailable
+from agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
 from agent.heartbeat import SourceFence
 from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
 from agent.provider_tree import tree_as_dicts
@@ -180,6 +180,27 @@ class ComputeAgentEndpoint:
         return self._agent.manager.revert_resize(migration_uuid, instance_uuid)
 
     # --- live migration -------------------------------------------------
+
+    @rpc_method("1.4", schemas.SOURCE_CHECK)
+    def check_can_live_migrate_source(self, ctxt, migration_uuid, instance_uuid,
+                                      destination_host) -> dict:
+        """Since 1.4. Source, first of all steps, before the conductor swaps
+        the allocations: refuse what cannot move from here, else record the
+        move as announced (on disk before the answer)."""
+        if destination_host == self._agent.policy.host:
+            raise InvalidRequest("destination_host", destination_host,
+                                 "is this host; a live migration moves the "
+                                 "instance to another")
+        return self._agent.manager.check_can_live_migrate_source(
+            migration_uuid, instance_uuid, destination_host)
+
+    @rpc_method("1.4", schemas.MOVE)
+    def rollback_live_migration_at_source(self, ctxt, migration_uuid,
+                                          instance_uuid) -> dict:
+        """Since 1.4. Source: end the move; the guest runs on here with its
+        devices. Refused once the guest has left."""
+        return self._agent.manager.rollback_live_migration_at_source(
+            migration_uuid, instance_uuid)
 
     @rpc_method("1.0", schemas.MOVE_CLAIM)
     def check_can_live_migrate_destination(self, ctxt, migration_uuid, instance_uuid,

@@ -81,6 +81,9 @@ DESTINATION = {
 LIVE_MIGRATE = {**MOVE, "properties": {**MOVE["properties"],
                                        "destination": DESTINATION}}
 HOST = {"type": "string", "minLength": 1, "maxLength": 255}
+# 1.4: the live migration's source is told of the move, and where to, before
+# the conductor swaps the allocations.
+SOURCE_CHECK = _schema(migration_uuid=UUID, instance_uuid=UUID, destination_host=HOST)
 # 1.3: an evacuation names its source, which the caller asserts is down.
 REBUILD = {**MOVE_CLAIM,
            "properties": {**MOVE_CLAIM["properties"], "source_host": HOST,

@@ -40,6 +40,9 @@ VERSIONS = (
                    "its agent answers a heartbeat, unless force; answered once the "
                    "move and the claim are on disk, the guest built after. "
                    "report_alive, the heartbeat, on topic compute-agent-heartbeat"),
+    Version("1.4", "check_can_live_migrate_source: the source records the live "
+                   "migration (announced) before the conductor swaps the "
+                   "allocations; rollback_live_migration_at_source ends it"),
 )
 
 # The oldest version a client can be pinned at, and the newest: what this

@@ -70,6 +70,10 @@ class ComputeAgentAPI:
         """Close the connection to the broker."""
         self.client.transport.cleanup()
 
+    def can_send(self, version: str) -> bool:
+        """Whether the version cap lets calls of API ``version`` go."""
+        return self.client.can_send_version(version)
+
     def _call(self, host: str, method: str, version: str = OLDEST,
               timeout: float | None = None, **payload):
         """Send ``method``, which appeared in API ``version``."""
@@ -170,6 +174,20 @@ class ComputeAgentAPI:
     def revert_resize(self, host, migration_uuid, instance_uuid):
         return self._move("revert_resize", host, migration_uuid, instance_uuid)
 
+    def check_can_live_migrate_source(self, host, migration_uuid, instance_uuid,
+                                      destination_host: str):
+        """The source refuses what cannot move from it, or records the move
+        as announced; first of a live migration's steps, before the
+        allocation swap. Needs API 1.4."""
+        return self._call(host, "check_can_live_migrate_source", version="1.4",
+                          migration_uuid=migration_uuid, instance_uuid=instance_uuid,
+                          destination_host=destination_host)
+
+    def rollback_live_migration_at_source(self, host, migration_uuid, instance_uuid):
+        """The source ends the move; the guest stays. Needs API 1.4."""
+        return self._call(host, "rollback_live_migration_at_source", version="1.4",
+                          migration_uuid=migration_uuid, instance_uuid=instance_uuid)
+
     def live_migrate(self, host, migration_uuid, instance_uuid, destination: dict):
         """The source migrates the guest; ``destination``: the ``claimed``
         and ``migration_uri`` of the destination's answer to
@@ -228,19 +246,25 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
                           instance_uuid: str, source: str, destination: str, spec: dict,
                           allocations: dict, migration_uuid: str | None = None) -> dict:
     """A conductor's whole live migration of one instance, as nova's
-    conductor runs it: the instance's allocations pass to the migration
-    (the source's side) and ``allocations`` on the destination's providers
-    are written for the instance; the destination claims and answers
+    conductor runs it: the source checks and records the move as announced
+    (check_can_live_migrate_source, API 1.4; skipped when the version cap
+    is older); the instance's allocations pass to the migration (the
+    source's side) and ``allocations`` on the destination's providers are
+    written for the instance; the destination claims and answers
     (check_can_live_migrate_destination); the source migrates the running
     guest and gives its devices back; the destination settles its claim;
-    the migration's allocations go. When the destination refuses or the
-    source fails, the destination's claim is rolled back, the allocations
-    return to the source and the error is raised as the agent sent it.
-    Returns the instance as the destination reports it."""
+    the migration's allocations go. When a step is refused or fails, the
+    destination's claim is rolled back, the allocations return to the
+    source, then the source ends its move, and the error is raised as the
+    agent sent it. Returns the instance as the destination reports it."""
     migration = migration_uuid or str(uuid_lib.uuid4())
-    move_allocations(placement, instance_uuid, migration)
-    claimed = None
+    announced = api.can_send("1.4")
+    if announced:
+        # A refusal here leaves nothing to undo anywhere.
+        api.check_can_live_migrate_source(source, migration, instance_uuid, destination)
+    swapped = claimed = None
     try:
+        swapped = move_allocations(placement, instance_uuid, migration)
         _write_allocations(placement, instance_uuid, migration, allocations)
         claimed = api.check_can_live_migrate_destination(
             destination, migration, instance_uuid, spec, allocations)
@@ -251,7 +275,14 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
         if claimed is not None:
             api.rollback_live_migration_at_destination(destination, migration,
                                                        instance_uuid)
-        move_allocations(placement, migration, instance_uuid, "INSTANCE")
+        # The allocations return before the source ends the move: a source
+        # restarting in between must find the instance's allocations on its
+        # own providers or the move still open, never neither (it would take
+        # the instance for evacuated).
+        if swapped is not None:
+            move_allocations(placement, migration, instance_uuid, "INSTANCE")
+        if announced:
+            api.rollback_live_migration_at_source(source, migration, instance_uuid)
         raise
     arrived = api.post_live_migration_at_destination(destination, migration,
                                                      instance_uuid)

@@ -17,6 +17,7 @@ from oslo_config import cfg
 from agent import broker, cycle_record, node_identity, state, store_check
 from agent.adoption import AdoptionRefused, plan_adoption
 from agent.allocation_view import AllocationView
+from agent.claim_model import Migration
 from agent.claims import Pool
 from agent.dependencies import Dependencies, Dependency, Health, describe
 from agent.evacuation import evacuation_migration_uuid
@@ -30,6 +31,7 @@ from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import Provider, ProviderTree
 from agent.policy import tree_policy_from_conf
 from agent.reconcile import Report, reconcile
+from agent.rpcapi import move_allocations
 from agent.status import Probe, Unknown
 from agent.systemd import Watchdog
 from agent.tracker import Tracker
@@ -224,6 +226,7 @@ class Agent:
                  interval: float = 60, jitter: float = 0,
                  manager: ComputeManager | None = None, reconcile_interval: int = 10,
                  orphan_grace_period: float = 0,
+                 live_migration_announced_timeout: float = 600,
                  allocation_refresh_interval: float = 300,
                  heal_on_startup: bool = False, metrics: Metrics | None = None,
                  metrics_listen: str | None = None,
@@ -239,6 +242,7 @@ class Agent:
         self.manager = manager
         self.reconcile_interval = reconcile_interval
         self.orphan_grace_period = orphan_grace_period
+        self.live_migration_announced_timeout = live_migration_announced_timeout
         self.heal_on_startup = heal_on_startup
         # Served on metrics_listen (host:port) from start() to stop().
         self.metrics = metrics or Metrics()
@@ -311,6 +315,7 @@ class Agent:
                                  policy.device_specs)
         return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
                    manager, conf.reconcile_interval, conf.orphan_grace_period,
+                   conf.live_migration_announced_timeout,
                    conf.allocation_refresh_interval, conf.heal.on_startup,
                    metrics, conf.metrics.listen,
                    conf.devices.health_poll_interval,
@@ -406,7 +411,9 @@ class Agent:
         report = reconcile(self.manager, allocations, at_start, fix,
                            grace=self.orphan_grace_period, elsewhere=elsewhere,
                            drop_evacuation_hold=self._drop_evacuation_hold,
-                           evacuation_holds=holds)
+                           evacuation_holds=holds,
+                           announced_timeout=self.live_migration_announced_timeout,
+                           end_announced_move=self._end_announced_move)
         self.metrics.findings(report.findings)
         return report
 
@@ -442,6 +449,24 @@ class Agent:
             self.allocations.touch(set(held))
             LOG.info("Evacuation %s of instance %s: its hold on this host's "
                      "providers dropped", migration, instance_uuid)
+
+    def _end_announced_move(self, move: Migration) -> None:
+        """A live migration announced here that its conductor left: the
+        migration's allocations, when all on our providers, go back to the
+        instance (undoing the conductor's swap), then the move is rolled
+        back here. Allocations elsewhere are not ours to move: refused."""
+        client = self.sync.client
+        held = client.get_consumer_allocations(move.uuid)["allocations"]
+        if held and not set(held) <= self._our_providers():
+            raise AgentError(f"migration {move.uuid} holds allocations on providers "
+                             "of another host; left to the conductor")
+        if held:
+            move_allocations(client, move.uuid, move.instance_uuid, "INSTANCE")
+            self.allocations.touch(set(held))
+        self.manager.rollback_live_migration_at_source(move.uuid, move.instance_uuid)
+        LOG.info("Live migration %s of instance %s never started; its conductor "
+                 "is taken for gone: allocations returned, move ended", move.uuid,
+                 move.instance_uuid)
 
     def run_cycle(self) -> CycleOutcome:
         """A cycle that never raises, timed and counted by result (metrics)

@@ -31,7 +31,7 @@ from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -108,7 +108,26 @@ CREATE UNIQUE INDEX assignments_one_live_holder
     WHERE state != 'released' AND kind NOT IN ('numa', 'host_resources');
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+# v5: a live migration's source records the move when it is announced
+# (state 'announced'), before the conductor swaps the allocations. SQLite
+# cannot change a CHECK constraint: the table is copied into a new one.
+_V5 = """
+CREATE TABLE migrations_v5 (
+    uuid TEXT PRIMARY KEY,
+    instance_uuid TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('resize', 'live_migration', 'evacuation')),
+    role TEXT NOT NULL CHECK (role IN ('source', 'destination', 'both')),
+    state TEXT NOT NULL CHECK (state IN ('announced', 'active', 'finished',
+                                         'confirmed', 'reverted')),
+    old_spec TEXT,
+    updated_at REAL NOT NULL
+);
+INSERT INTO migrations_v5 SELECT * FROM migrations;
+DROP TABLE migrations;
+ALTER TABLE migrations_v5 RENAME TO migrations;
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 
 def new_assignment_id() -> str:
@@ -514,6 +533,11 @@ def migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
                                  MigrationRole(r["role"]), MigrationState(r["state"]),
                                  json.loads(r["old_spec"]) if r["old_spec"] else None)
             for r in conn.execute("SELECT * FROM migrations")}
+
+
+def migrations_changed_at(conn: sqlite3.Connection) -> dict[str, float]:
+    """migration uuid -> when its record last changed (epoch s)."""
+    return dict(conn.execute("SELECT uuid, updated_at FROM migrations").fetchall())
 
 
 def live_changed_at(conn: sqlite3.Connection) -> dict[str, float]:

@@ -325,21 +325,49 @@ class Tracker:
             spec = InstanceSpec.from_payload(spec)
             return self._run(instance_uuid, decide)
 
-    def begin_move_source(self, kind: MoveKind, migration_uuid, instance_uuid
-                          ) -> list[Assignment]:
-        """The source's half: the instance's devices pass to the migration."""
+    def announce_move_source(self, kind: MoveKind, migration_uuid, instance_uuid
+                             ) -> Migration:
+        """The source is told of a move before anything moves: the record
+        (state ANNOUNCED) makes the instance this move's, so that a restart
+        before the move starts neither gives it up nor finds the
+        migration's allocations unexplained. Its devices stay the
+        instance's. A retry answers the record as it is now."""
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
 
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None:
+                return Decision(m)
+            if instance_uuid not in self._instances:
+                raise NoSuchInstance(instance_uuid)
+            other = self._open_move(instance_uuid)
+            if other is not None:
+                raise MoveInProgress(instance_uuid, other.uuid)
+            move = Migration(migration_uuid, instance_uuid, kind, MigrationRole.SOURCE,
+                             MigrationState.ANNOUNCED, self._instances[instance_uuid])
+            d = self._change([], migration=move)
+            d.result = move
+            return d
+
+        return self._run(instance_uuid, decide)
+
+    def begin_move_source(self, kind: MoveKind, migration_uuid, instance_uuid
+                          ) -> list[Assignment]:
+        """The source's half: the instance's devices pass to the migration
+        (an announced move starts here)."""
+        migration_uuid = check_uuid(migration_uuid, "migration_uuid")
+        instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+
+        def decide() -> Decision:
+            m = self._migrations.get(migration_uuid)
+            if m is not None and m.state is not MigrationState.ANNOUNCED:
                 return Decision(self._rows_of(instance_uuid, Owner.MIGRATION,
                                               migration_uuid))
             if instance_uuid not in self._instances:
                 raise NoSuchInstance(instance_uuid)
             other = self._open_move(instance_uuid)
-            if other is not None:
+            if other is not None and other.uuid != migration_uuid:
                 raise MoveInProgress(instance_uuid, other.uuid)
             passed = [a.with_(owner=Owner.MIGRATION, consumer_uuid=migration_uuid,
                               migration_uuid=migration_uuid)

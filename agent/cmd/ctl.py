@@ -12,14 +12,16 @@ over the same RPC API conductors use (agent.rpcapi).
     prep-resize, live-migration-check
                  HOST --instance U --migration M --spec FILE
                                        FILE: {"spec", "allocations"} (destination claims)
-    resize, finish-resize, confirm-resize, revert-resize, live-migrate,
-    live-migration-post, live-migration-rollback
+    resize, finish-resize, confirm-resize, revert-resize,
+    live-migration-post, live-migration-rollback, live-migration-source-rollback
                  HOST --instance U --migration M
     rebuild      HOST --instance U --migration M --spec FILE
                                        one evacuation step (rebuild_instance 1.0)
     hosts                              every host: up/down, last seen, instances
     evacuate SOURCE [--target HOST] [--force] [--parallel N]
                                        rebuild every instance of a down host
+    live-migrate INSTANCE --target HOST
+                                       move a running instance to HOST, live
 
 Output is short and human by default, the agent's answer as JSON with
 --json. A refused or failed call is one line on stderr and exit 1; a bad
@@ -47,6 +49,7 @@ from agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
 from agent.evacuator import DEFAULT_PARALLEL, Evacuator
 from agent.exception import AgentError, ConfigError
 from agent.heartbeat import Heartbeat
+from agent.live_migrator import LiveMigrator
 from agent.messaging import messaging
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import tree_lines
@@ -219,6 +222,19 @@ def _evacuate(api, a, conf):
                                           deadline, a.parallel).as_dict()
 
 
+# --- the conductor's commands: live-migrate ------------------------------------
+
+def _live_migrate(api, a, conf):
+    return LiveMigrator(PlacementClient(adapter_from_conf(conf)), api).live_migrate(
+        a.instance, a.target)
+
+
+def _live_migration_lines(r: dict) -> list[str]:
+    return [f"instance {r['instance']}  live-migrated from {r['source']} to "
+            f"{r['destination']}  migration {r['migration']}  "
+            f"{'running' if r['running'] else 'not running'}"]
+
+
 def spec_file_help(fields: tuple[str, ...]) -> str:
     """What a --spec FILE holds, in the schema's own limits."""
     spec = rpc_schemas.SPEC["properties"]
@@ -301,6 +317,15 @@ COMMANDS: dict[str, Command] = {
     "evacuate": Command("Rebuild every instance of the down host SOURCE elsewhere "
                         "(or on --target HOST), and show each one's progress.",
                         _evacuate, _evacuation_lines, conductor=True),
+    "live-migrate": Command(
+        "Move the running INSTANCE to --target HOST without stopping it, as a "
+        "conductor does (RPC API 1.4): its host is where Placement has it; the "
+        "source agent records the move, the allocations pass to the migration, "
+        "HOST claims what allocation candidates on its tree offer and creates "
+        "the vGPU mdevs, the source migrates the guest with its devices "
+        "remapped, HOST settles. A refusal or failure rolls everything back: the "
+        "guest runs on where it was. --timeout bounds the whole move.",
+        _live_migrate, _live_migration_lines, conductor=True),
 }
 # Move steps: command -> (rpcapi method, whether it claims from --spec FILE).
 MOVES = {
@@ -310,9 +335,9 @@ MOVES = {
     "confirm-resize": ("confirm_resize", False),
     "revert-resize": ("revert_resize", False),
     "live-migration-check": ("check_can_live_migrate_destination", True),
-    "live-migrate": ("live_migrate", False),
     "live-migration-post": ("post_live_migration_at_destination", False),
     "live-migration-rollback": ("rollback_live_migration_at_destination", False),
+    "live-migration-source-rollback": ("rollback_live_migration_at_source", False),
     "rebuild": ("rebuild_instance", True),
 }
 # What each move step does, as nova's compute manager names the step.
@@ -329,12 +354,14 @@ MOVE_STEP_HELP = {
                      "devices back, the new ones are released.",
     "live-migration-check": "Live migration, on the destination HOST: claim devices "
                             "from --spec FILE for the guest's new definition.",
-    "live-migrate": "Live migration, on the source HOST: hand the instance's "
-                    "devices to the migration.",
     "live-migration-post": "Live migration done, on the destination HOST: the guest "
                            "runs here on the claimed devices; the move is settled.",
     "live-migration-rollback": "Live migration failed, on the destination HOST: "
                                "release what it claimed.",
+    "live-migration-source-rollback": "Live migration failed or abandoned, on the "
+                                      "source HOST: end the move (an announced one "
+                                      "too); the guest runs on with its devices. Give "
+                                      "the allocations back to the instance first.",
     "rebuild": "One evacuation step, on the destination HOST: claim devices from "
                "--spec FILE, build the guest and complete the move (evacuate SOURCE "
                "does every step for every instance).",
@@ -351,6 +378,12 @@ def add_parsers(subparsers) -> None:
         # "host" would shadow [DEFAULT] host, which oslo.config refuses.
         if name == "hosts":
             p.set_defaults(agent_host="a host")
+        elif name == "live-migrate":
+            p.set_defaults(agent_host="the instance's host or --target")
+            p.add_argument("instance", metavar="INSTANCE")
+            p.add_argument("--target", required=True, metavar="HOST",
+                           help="The host to move it to: an up compute host other "
+                                "than its own.")
         else:
             p.add_argument("agent_host", metavar="SOURCE" if name == "evacuate"
                            else "HOST")

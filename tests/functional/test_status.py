@@ -110,7 +110,7 @@ def test_healthy_host(running):
     assert checks["placement"]["line"] == (f"Placement at {running.host.url} answered "
                                            "(microversion 1.39)")
     assert checks["broker"]["line"] == "the message broker at rabbit://127.0.0.1:5672/ answered"
-    assert checks["store_schema"]["line"] == "store schema version 4"
+    assert checks["store_schema"]["line"] == "store schema version 5"
     assert checks["last_cycle"]["line"].startswith("last successful cycle ")
     assert lines[-1] == "healthy"
     # No credential of the transport URL is ever shown.

@@ -35,7 +35,8 @@ def built(w, wanted=VF) -> str:
 
 def test_the_rules_are_named_and_ordered():
     assert [r.__name__ for r in rules.INSTANCE_RULES] == [
-        "claim_stuck_claiming", "evacuation_interrupted", "evacuated_elsewhere",
+        "claim_stuck_claiming", "evacuation_interrupted",
+        "live_migration_never_started", "evacuated_elsewhere",
         "assignment_without_guest",
         "guest_devices_differ", "mdev_after_reboot", "assignment_without_allocation"]
     assert [r.__name__ for r in rules.HOST_RULES] == [
@@ -128,6 +129,60 @@ def test_evacuated_elsewhere(w):
     assert w.driver.guest_is_running(ours)
     assert sorted(dropped) == sorted([gone, running_gone])
     assert not [a for a in w.live() if a.instance_uuid in (gone, running_gone)]
+
+
+def test_an_announced_live_migration_keeps_its_instance_at_start_up(w):
+    """The conductor swapped the allocations after the source recorded the
+    move, then the source restarted: the instance is the move's. Its guest
+    is not destroyed (evacuated_elsewhere), nothing else acts on it, and
+    the migration consumer is explained (the audit is clean)."""
+    instance, migration = built(w, VGPU), new_uuid()
+    w.manager.check_can_live_migrate_source(migration, instance, "hostb")
+    w.restart()
+    # Placement after the swap: the migration holds ours, the instance
+    # holds the destination's.
+    allocations = {migration: {w.uuid("gpu")}}
+    elsewhere = {instance: {new_uuid()}}
+    for fix in (False, True):
+        report = reconcile(w.manager, allocations, at_start=True, fix=fix,
+                           elsewhere=elsewhere, announced_timeout=600,
+                           end_announced_move=lambda m: pytest.fail("ended early"))
+        assert report.findings == [] and report.consistent
+    assert w.driver.guest_is_running(instance)
+    assert w.migrations()[migration].state is MigrationState.ANNOUNCED
+    assert {a.owner.value for a in w.live() if a.instance_uuid == instance} == {
+        "instance"}
+
+
+def test_live_migration_never_started(w):
+    """Past the bound the conductor is taken for gone: the move is ended
+    by the service's callback (allocations back, record rolled back); the
+    audit reports it until then, and only then."""
+    instance, migration = built(w, VGPU), new_uuid()
+    w.manager.check_can_live_migrate_source(migration, instance, "hostb")
+    ended = []
+
+    def end(m):
+        ended.append(m.uuid)
+        w.manager.rollback_live_migration_at_source(m.uuid, m.instance_uuid)
+
+    def run(fix, timeout, callback=end):
+        return reconcile(w.manager, {migration: {w.uuid("gpu")}}, at_start=False,
+                         fix=fix, announced_timeout=timeout, end_announced_move=callback)
+
+    assert run(False, 3600).findings == [] and not ended
+    time.sleep(0.01)
+    audit = run(False, 0.001)
+    assert kinds(audit) == ["live_migration_never_started"] and not audit.consistent
+    assert not ended
+    # Without a way to give the allocations back, it is reported, not ended.
+    assert kinds(run(True, 0.001, None), fixed=False) == ["live_migration_never_started"]
+    report = run(True, 0.001)
+    assert kinds(report, fixed=True) == ["live_migration_never_started"]
+    assert ended == [migration]
+    assert w.migrations()[migration].state is MigrationState.REVERTED
+    assert w.driver.guest_is_running(instance)
+    assert "live_migration_never_started" not in kinds(run(True, 0.001))
 
 
 def test_assignment_without_guest(w):

@@ -142,6 +142,11 @@ def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
             {"name": "old", "vcpus": 1, "memory_mb": 256})
         assert s.read(lambda c: c.execute(
             "SELECT count(*) FROM assignments").fetchone()[0]) == 3
+        # v5: the migrations' table takes a live migration's announced state.
+        announced = Migration(str(uuid.uuid4()), made["instance"], MoveKind.LIVE_MIGRATION,
+                              MigrationRole.SOURCE, MigrationState.ANNOUNCED)
+        s.write([state.put_migration_sql(announced)])
+        assert s.read(state.migrations)[announced.uuid] == announced
         # The later tables are there and usable.
         s.write(state.put_placement_view_sql(VIEW))
         assert s.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
