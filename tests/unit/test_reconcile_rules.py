@@ -107,15 +107,23 @@ def test_evacuated_elsewhere(w):
     elsewhere = {gone: other_host, running_gone: other_host, moving: other_host}
     dropped = []
 
-    def run(at_start, allocations=here, found=elsewhere, fix=True):
+    # The evacuation's own migration consumer holds this host's share of the
+    # two evacuated ones: what says "evacuated", not the allocations alone.
+    holds = frozenset({gone, running_gone})
+
+    def run(at_start, allocations=here, found=elsewhere, fix=True, evacuated=holds):
         return reconcile(w.manager, allocations, at_start=at_start, fix=fix,
-                         elsewhere=found, drop_evacuation_hold=dropped.append)
+                         elsewhere=found, drop_evacuation_hold=dropped.append,
+                         evacuation_holds=evacuated)
 
     # Only at start-up, and never on unknown (audits: the other rules would
     # act on the instances with no allocation here).
     assert "evacuated_elsewhere" not in kinds(run(False, fix=False))
     assert "evacuated_elsewhere" not in kinds(run(True, found=None, fix=False))
     assert "evacuated_elsewhere" not in kinds(run(True, allocations=None, fix=False))
+    # Elsewhere without an evacuation's hold: a move whose source was killed
+    # before recording its side, not an evacuation.
+    assert "evacuated_elsewhere" not in kinds(run(True, fix=False, evacuated=frozenset()))
     assert kinds(run(True, fix=False)).count("evacuated_elsewhere") == 2
     assert set(w.instances()) == {gone, running_gone, ours, moving} and not dropped
 
