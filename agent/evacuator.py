@@ -171,10 +171,15 @@ class Evacuator:
     def _alive(self, host: str) -> bool:
         """Asked once per host and evacuation, whatever the number of
         workers: a down host costs one deadline, not one per worker."""
+        self._ask_liveness([host])
+        return self._liveness[host].up
+
+    def _ask_liveness(self, hosts: list[str]) -> None:
+        """The hosts not asked yet in this evacuation, asked at once: many
+        down candidates cost one deadline together, not one each."""
         with self._liveness_lock:
-            if host not in self._liveness:
-                self._liveness[host] = self.heartbeat.check(host)
-            return self._liveness[host].up
+            new = sorted(set(hosts) - set(self._liveness))
+            self._liveness.update(self.heartbeat.check_many(new))
 
     # --- evacuation -------------------------------------------------------
 
@@ -284,6 +289,8 @@ class Evacuator:
             request.query(in_tree=run.target_root))
         tree_of = {rp: s["root_provider_uuid"]
                    for rp, s in found.get("provider_summaries", {}).items()}
+        self._ask_liveness([run.roots[root] for root in set(tree_of.values())
+                            if root != run.source_root and root in run.roots])
         for candidate in found["allocation_requests"]:
             root = candidate_root(candidate, tree_of)
             if root is not None and root != run.source_root and root in run.roots \
