@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Callable, TypeVar
 from pathlib import Path
 
 from oslo_config import cfg
@@ -99,17 +100,27 @@ def tree_report(agent: Agent) -> TreeReport:
                          {u: spec.get("name") for u, spec in instances.items()})
 
 
+T = TypeVar("T")
+
+
+def read_beside_agent(conf: cfg.ConfigOpts, read: Callable[[Agent], T]) -> T:
+    """``read(agent)`` on an agent opened read-only, beside a running one
+    (no lock, nothing created, nothing written to Placement), its driver
+    and store closed after. Raises what opening or reading raises."""
+    agent = Agent.from_conf(conf, holder=False)
+    try:
+        agent.driver.init_host()
+        return read(agent)
+    finally:
+        agent.driver.cleanup()
+        agent.manager.tracker.store.close()
+
+
 def tree(conf: cfg.ConfigOpts) -> int:
     """Read-only, beside a running agent (as audit): no lock, nothing
     created, nothing written to Placement."""
     try:
-        agent = Agent.from_conf(conf, holder=False)
-        try:
-            agent.driver.init_host()
-            report = tree_report(agent)
-        finally:
-            agent.driver.cleanup()
-            agent.manager.tracker.store.close()
+        report = read_beside_agent(conf, tree_report)
     except (AgentError, state.StoreError, DriverUnavailable) as e:
         return report_error(e, Verdict.UNKNOWN, conf.command.json, prefix="tree unknown: ")
     if conf.command.json:
@@ -186,13 +197,7 @@ def audit_report(agent: Agent) -> Report:
 def audit(conf: cfg.ConfigOpts) -> int:
     """Read-only, beside a running agent: no lock, nothing created."""
     try:
-        agent = Agent.from_conf(conf, holder=False)
-        try:
-            agent.driver.init_host()
-            report = audit_report(agent)
-        finally:
-            agent.driver.cleanup()
-            agent.manager.tracker.store.close()
+        report = read_beside_agent(conf, audit_report)
     except (AgentError, state.StoreError, DriverUnavailable) as e:
         report = Report(unknown=[str(e)])
     if conf.command.json:
@@ -226,20 +231,14 @@ def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
     unhealed: tuple[str, ...] | status_rules.Unknown
     unhealthy: tuple[UnhealthyProvider, ...] | status_rules.Unknown
     try:
-        agent = Agent.from_conf(conf, holder=False)
-        try:
-            agent.driver.init_host()
-            report_of_tree = tree_report(agent)
-            unhealed = tuple(sorted({u.resource_class for u in report_of_tree.unhealed}))
-            unhealthy = tuple(unhealthy_providers(report_of_tree.placement))
-            report = audit_report(agent)
-            audit_found = (status_rules.Unknown("; ".join(report.unknown))
-                           if report.unknown else
-                           tuple(f"{f.kind} {f.subject}: {f.detail}"
-                                 for f in report.findings if not f.fixed))
-        finally:
-            agent.driver.cleanup()
-            agent.manager.tracker.store.close()
+        report_of_tree, report = read_beside_agent(
+            conf, lambda agent: (tree_report(agent), audit_report(agent)))
+        unhealed = tuple(sorted({u.resource_class for u in report_of_tree.unhealed}))
+        unhealthy = tuple(unhealthy_providers(report_of_tree.placement))
+        audit_found = (status_rules.Unknown("; ".join(report.unknown))
+                       if report.unknown else
+                       tuple(f"{f.kind} {f.subject}: {f.detail}"
+                             for f in report.findings if not f.fixed))
     except (AgentError, state.StoreError, DriverUnavailable) as e:
         unhealed = audit_found = unhealthy = status_rules.Unknown(
             str(e).splitlines()[0])

@@ -29,10 +29,10 @@ from oslo_upgradecheck.upgradecheck import Code, Result
 
 from agent import node_identity, state
 from agent.claim_model import Migration
-from agent.cmd.manage import tree_report
+from agent.cmd.manage import read_beside_agent, tree_report
 from agent.exception import AgentError
 from agent.group_commit import StoreError
-from agent.service import STORE_FILE, Agent
+from agent.service import STORE_FILE
 from agent.store_check import StoreFile
 from agent.tree_report import UnhealedClass
 from drivers.base import DriverUnavailable
@@ -124,13 +124,7 @@ class UpgradeChecks(upgradecheck.UpgradeCommands):
             if node_identity.load(conf.state_path) is None:
                 return Result(Code.SUCCESS, "the agent has not run on this host: "
                               "nothing of it in Placement to heal")
-            agent = Agent.from_conf(conf, holder=False)
-            try:
-                agent.driver.init_host()
-                report = tree_report(agent)
-            finally:
-                agent.driver.cleanup()
-                agent.manager.tracker.store.close()
+            report = read_beside_agent(conf, tree_report)
         except (AgentError, StoreError, DriverUnavailable) as e:
             return cannot_tell("the model against Placement", e)
         return unhealed_result(conf.compute.provider_tree_mode, report.unhealed)
