@@ -13,6 +13,10 @@
 - The source that returns gives up exactly the instances whose allocations
   sit on another host's providers, and none that a move in flight here
   still owns.
+- A second evacuation of an instance from the same source (it came back to
+  that host since the first) carries the first one's name; a destination
+  that settled the first, and that the instance left since, takes it for a
+  new move, not a retry (``evacuation_name_free_again``).
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from enum import Enum
 import os_resource_classes as orc
 import os_traits
 
-from agent.claim_model import Migration
+from agent.claim_model import Migration, MigrationRole, MigrationState, MoveKind
 
 # uuid5 namespace of evacuation moves (fixed once: changing it would make a
 # returning source miss the moves an older conductor made).
@@ -40,6 +44,21 @@ MEANINGFUL_TRAIT_PREFIXES = ("CUSTOM_MDEV_TYPE_", "CUSTOM_PHYSNET_")
 def evacuation_migration_uuid(instance_uuid: str, source_root_uuid: str) -> str:
     return str(uuid_lib.uuid5(EVACUATION_NAMESPACE,
                               f"{instance_uuid.lower()}:{source_root_uuid.lower()}"))
+
+
+def evacuation_name_free_again(recorded: Migration, asked: MoveKind,
+                               instance_here: bool) -> bool:
+    """Whether an evacuation asked for under the name of one this host
+    recorded is a new move rather than a retry of that one. The name is a
+    function of the instance and the source only, so an instance evacuated
+    from a host, moved back to it later, and evacuated from it again, comes
+    with the first evacuation's name. A retry of the first finds the
+    instance here (a destination keeps it from its accept on); a new one
+    comes once the first is settled here (confirmed) and the instance has
+    left since. Anything else is a retry, answered from the record."""
+    return (asked is MoveKind.EVACUATION and recorded.kind is MoveKind.EVACUATION
+            and recorded.role is MigrationRole.DESTINATION
+            and recorded.state is MigrationState.CONFIRMED and not instance_here)
 
 
 def evacuated_away(on_our_providers: bool, elsewhere: set[str] | None,

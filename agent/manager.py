@@ -15,6 +15,7 @@ from agent.claim_model import (Assignment, Migration, MigrationRole, MigrationSt
                                MoveKind, Owner)
 from agent.claims import InstanceSpec
 from agent.device_spec import DeviceSpec
+from agent.evacuation import evacuation_name_free_again
 from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
                              LiveMigrationRefused, MoveInProgress)
 from agent.live_migratable import (live_migratable_devices, mdev_refusals,
@@ -573,6 +574,9 @@ class ComputeManager:
         instance that already runs here is not evacuated here."""
         known = self._known_move(migration_uuid, instance_uuid,
                                  (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
+        if known is not None and evacuation_name_free_again(
+                known, MoveKind.EVACUATION, self.tracker.knows(instance_uuid)):
+            known = None  # a new evacuation under a settled one's name
         if known is None:
             if not self.tracker.knows(instance_uuid) \
                     and self.driver.guest_state(instance_uuid) is not None:

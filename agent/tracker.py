@@ -28,6 +28,7 @@ from agent.claim_model import (Assignment, AssignmentState, Migration, Migration
                                MigrationState, MoveKind, Owner)
 from agent.claims import (HeldDevices, InstanceSpec, Pool, choose,
                           parse_allocations)
+from agent.evacuation import evacuation_name_free_again
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
 from agent.metrics import Metrics
 from agent.state import Decision, Store
@@ -284,6 +285,9 @@ class Tracker:
         to the migration in the same commit."""
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
+            if m is not None and evacuation_name_free_again(
+                    m, kind, instance_uuid in self._instances):
+                m = None  # replaced by the new move's record below
             if m is not None and m.role is not MigrationRole.SOURCE:
                 # A retry. After a confirm the devices kept are the
                 # instance's own; a reverted move cannot be claimed again.

@@ -30,12 +30,15 @@ from agent.evacuator import Evacuator
 from agent.exception import NoSuchInstance
 from agent.heartbeat import Heartbeat
 from agent.placement import PlacementClient, adapter_from_conf
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpcapi import ComputeAgentAPI, live_migrate_instance
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
 SPEC = {"name": "evac", "vcpus": 1, "memory_mb": 256}
-VF_SPEC = '{"vendor_id": "8086", "product_id": "154c", "resource_class": "SRIOV_NET_VF"}'
+# Marked live-migratable, so that an instance can also go back by a live
+# migration (test_bug_second_evacuation_...).
+VF_SPEC = ('{"vendor_id": "8086", "product_id": "154c", "resource_class": "SRIOV_NET_VF", '
+           '"live_migratable": "yes"}')
 DOWN_AFTER = 2
 
 
@@ -52,11 +55,15 @@ def fake_host(pfs: int, vfs_per_pf: int) -> dict:
 class FakeAgent:
     """A compute-agent daemon on the fake driver."""
 
-    def __init__(self, directory: Path, url: str, pfs: int, vfs_per_pf: int):
+    def __init__(self, directory: Path, url: str, pfs: int, vfs_per_pf: int,
+                 hypervisor_file: bool = False):
+        """``hypervisor_file``: its guests live in a file (``[fake]
+        state_file``), as live migrations between two fake hosts need."""
         self.name = f"evres-{uuid.uuid4().hex[:8]}"
         self.url = url
+        fake = {"state_file": str(directory / "hypervisor.json")} if hypervisor_file else {}
         self.conf = write_conf(directory, url, self.name, fake_host(pfs, vfs_per_pf),
-                               pci={"device_spec": VF_SPEC},
+                               pci={"device_spec": VF_SPEC}, fake=fake,
                                DEFAULT={"transport_url": BROKER,
                                         "service_down_time": DOWN_AFTER})
         self.log = directory / "agent.log"
@@ -105,9 +112,9 @@ def pair(tmp_path, placement, services):
     made: list[FakeAgent] = []
     apis: list[ComputeAgentAPI] = []
 
-    def make(instances: int, b_pfs: int, b_vfs: int):
-        a = FakeAgent(tmp_path / "a", placement.url, 1, instances)
-        b = FakeAgent(tmp_path / "b", placement.url, b_pfs, b_vfs)
+    def make(instances: int, b_pfs: int, b_vfs: int, hypervisor_files: bool = False):
+        a = FakeAgent(tmp_path / "a", placement.url, 1, instances, hypervisor_files)
+        b = FakeAgent(tmp_path / "b", placement.url, b_pfs, b_vfs, hypervisor_files)
         made.extend((a, b))
         api = ComputeAgentAPI(load_config(["--config-file", str(a.conf)]), timeout=30)
         apis.append(api)
@@ -145,7 +152,7 @@ def ctl(conf: Path, *args) -> subprocess.CompletedProcess:
 CTL_STOPPED_BEFORE_SECOND_CALL = """
 import sys, threading, time
 from agent.cmd import ctl
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpcapi import ComputeAgentAPI, live_migrate_instance
 mark = sys.argv[1]
 calls = []
 real = ComputeAgentAPI.rebuild_instance
@@ -265,3 +272,50 @@ def test_parallel_workers_that_pick_the_same_vf_ask_for_candidates_again(
     assert all(len(p) == 1 for p in pfs) and len(set.union(*pfs)) == workers
     assert asked.asked > workers
     assert sorted(i["uuid"] for i in api.list_instances(b.name)) == instances
+
+
+def evacuate_to_the_other(source: FakeAgent, destination: FakeAgent, instance: str,
+                          api: ComputeAgentAPI) -> None:
+    """ctl evacuate SOURCE (down); the instance then runs on the destination."""
+    done = ctl(source.conf, "evacuate", source.name, "--target", destination.name,
+               "--json")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert [(o["instance"], o["state"], o["destination"])
+            for o in json.loads(done.stdout)["instances"]] == [
+        (instance, "running", destination.name)]
+
+
+def test_bug_second_evacuation_from_the_same_source_taken_for_a_retry(
+        pair, placement):
+    """An evacuation's name is a function of the instance and the source.
+    Evacuated A -> B, live-migrated back B -> A (B keeps its record of the
+    evacuation: a move's record stays when its instance only leaves), and
+    evacuated A -> B again, the third move carries the first one's name:
+    B answered it as a retry of the settled first (the instance confirmed,
+    no devices) and built nothing, so the instance ran nowhere with its
+    allocations on B. Found by the crash loop."""
+    a, b, api, [instance] = pair(instances=1, b_pfs=1, b_vfs=1, hypervisor_files=True)
+    url = placement.url
+    a_root = a.root()
+    evacuate_to_the_other(a, b, instance, api)
+    a.start(api)  # A returns and gives the instance up
+    wait_for(lambda: not held_by(url, evacuation_migration_uuid(instance, a_root)),
+             timeout=30)
+    conductor = PlacementClient(adapter_from_conf(
+        load_config(["--config-file", str(a.conf)])))
+    live_migrate_instance(api, conductor, instance, b.name, a.name, SPEC, a.allocations(0))
+    assert api.get_instance(a.name, instance)["running"]
+    with pytest.raises(NoSuchInstance):  # gone from B, whose store keeps its moves
+        api.get_instance(b.name, instance)
+
+    a.kill()
+    evacuate_to_the_other(a, b, instance, api)  # the first one's name again
+
+    view = api.get_instance(b.name, instance)
+    assert view["running"], view
+    assert (evacuation_migration_uuid(instance, a_root), "confirmed") in [
+        (m["uuid"], m["state"]) for m in view["migrations"]]
+    assert sorted(d["resource_class"] for d in view["assignments"]
+                  if d["owner"] == "instance") == ["MEMORY_MB", "SRIOV_NET_VF", "VCPU"], view
+    assert held_by(url, instance) == set(b.allocations(0))
+    assert [i["uuid"] for i in api.list_instances(b.name)] == [instance]

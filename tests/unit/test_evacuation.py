@@ -8,6 +8,7 @@ import pytest
 from agent.claim_model import Migration, MigrationRole, MigrationState, MoveKind
 from agent.evacuation import (DestinationRecord, SourceProvider, candidate_root,
                               destination_record, evacuated_away,
+                              evacuation_name_free_again,
                               evacuation_migration_uuid, evacuation_request,
                               interrupted_evacuations, spec_from_allocations)
 from agent.evacuator import lost_a_race
@@ -40,6 +41,25 @@ def test_evacuated_away_needs_allocations_elsewhere_none_here_and_no_move_here()
     assert not evacuated_away(False, set(), None, True)   # held nowhere: not "elsewhere"
     assert not evacuated_away(False, None, None, True)    # unknown
     assert not evacuated_away(False, {"rp"}, move, True)  # a move this host owns
+
+
+def test_an_evacuation_name_is_free_again_once_settled_and_its_instance_left():
+    def recorded(kind=MoveKind.EVACUATION, role=MigrationRole.DESTINATION,
+                 state=MigrationState.CONFIRMED) -> Migration:
+        return Migration(str(uuid.uuid4()), str(uuid.uuid4()), kind, role, state)
+
+    evacuation = MoveKind.EVACUATION
+    assert evacuation_name_free_again(recorded(), evacuation, instance_here=False)
+    # A retry of the first: its instance is still here.
+    assert not evacuation_name_free_again(recorded(), evacuation, instance_here=True)
+    # Not settled yet: the first is still being rebuilt here.
+    for state in (MigrationState.ACTIVE, MigrationState.FINISHED):
+        assert not evacuation_name_free_again(recorded(state=state), evacuation, False)
+    # Only an evacuation's derived name is ever asked for twice.
+    assert not evacuation_name_free_again(recorded(kind=MoveKind.RESIZE), evacuation, False)
+    assert not evacuation_name_free_again(recorded(), MoveKind.RESIZE, False)
+    assert not evacuation_name_free_again(recorded(role=MigrationRole.BOTH), evacuation,
+                                          False)
 
 
 def test_bug_a_source_killed_before_recording_its_resize_gave_the_instance_up():
