@@ -20,8 +20,9 @@ over the same RPC API conductors use (agent.rpcapi).
     hosts                              every host: up/down, last seen, instances
     evacuate SOURCE [--target HOST] [--force] [--parallel N]
                                        rebuild every instance of a down host
-    live-migrate INSTANCE --target HOST
+    live-migrate INSTANCE --target HOST [--migration UUID]
                                        move a running instance to HOST, live
+                                       (again with --migration: resume it)
 
 Output is short and human by default, the agent's answer as JSON with
 --json. A refused or failed call is one line on stderr and exit 1; a bad
@@ -37,6 +38,7 @@ import math
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -208,6 +210,14 @@ def parallel_count(text: str) -> int:
     return n
 
 
+def migration_uuid(text: str) -> str:
+    """--migration UUID: a uuid, made canonical (the agents' form)."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a uuid") from None
+
+
 def _hosts(api, a, conf):
     return _evacuator(api, conf).hosts()
 
@@ -225,8 +235,14 @@ def _evacuate(api, a, conf):
 # --- the conductor's commands: live-migrate ------------------------------------
 
 def _live_migrate(api, a, conf):
+    migration = a.migration or str(uuid.uuid4())
+    # Said first, on stderr: a run that ends without an answer is resumed
+    # with it.
+    print(f"live migration {migration} of instance {a.instance} to {a.target}: "
+          f"should this end without an answer, run it again with --migration "
+          f"{migration}", file=sys.stderr, flush=True)
     return LiveMigrator(PlacementClient(adapter_from_conf(conf)), api).live_migrate(
-        a.instance, a.target)
+        a.instance, a.target, migration)
 
 
 def _live_migration_lines(r: dict) -> list[str]:
@@ -384,6 +400,10 @@ def add_parsers(subparsers) -> None:
             p.add_argument("--target", required=True, metavar="HOST",
                            help="The host to move it to: an up compute host other "
                                 "than its own.")
+            p.add_argument("--migration", type=migration_uuid, metavar="UUID",
+                           help="The move's uuid (default: a new one). That of a "
+                                "run whose outcome was unknown resumes it: the "
+                                "move is finished or rolled back.")
         else:
             p.add_argument("agent_host", metavar="SOURCE" if name == "evacuate"
                            else "HOST")
