@@ -235,14 +235,19 @@ def _evacuate(api, a, conf):
 # --- the conductor's commands: live-migrate ------------------------------------
 
 def _live_migrate(api, a, conf):
-    migration = a.migration or str(uuid.uuid4())
-    # Said first, on stderr: a run that ends without an answer is resumed
-    # with it.
-    print(f"live migration {migration} of instance {a.instance} to {a.target}: "
-          f"should this end without an answer, run it again with --migration "
-          f"{migration}", file=sys.stderr, flush=True)
+    # Chosen here, so that a run that ends without an answer can name it
+    # (resume_hint).
+    a.migration = a.migration or str(uuid.uuid4())
     return LiveMigrator(PlacementClient(adapter_from_conf(conf)), api).live_migrate(
-        a.instance, a.target, migration)
+        a.instance, a.target, a.migration)
+
+
+def resume_hint(a) -> str:
+    """What to run when a live migration ended without an answer."""
+    if a.name != "live-migrate" or not a.migration:
+        return ""
+    return (f"; live migration {a.migration} may be under way: run it again with "
+            f"--migration {a.migration} to finish or roll it back")
 
 
 def _live_migration_lines(r: dict) -> list[str]:
@@ -493,15 +498,17 @@ def main(argv=None) -> int:
     if worker.is_alive():
         return fail(f"the message broker did not answer within "
                     f"{conf.timeout + BROKER_GRACE:g}s: is it running, and is "
-                    "[DEFAULT] transport_url right? (see --debug)", as_json)
+                    "[DEFAULT] transport_url right? (see --debug)" + resume_hint(args),
+                    as_json)
     api.close()
     if isinstance(error, BrokerUnreachable):
         return fail(f"the message broker did not answer within {conf.timeout:g}s: is it "
-                    "running, and is [DEFAULT] transport_url right? (see --debug)", as_json)
+                    "running, and is [DEFAULT] transport_url right? (see --debug)"
+                    + resume_hint(args), as_json)
     if isinstance(error, messaging.MessagingTimeout):
         return fail(f"no answer from {args.agent_host} within {conf.timeout:g}s: the "
                     "host may be down, or its compute-agent not running or not "
-                    "connected to this broker", as_json)
+                    "connected to this broker" + resume_hint(args), as_json)
     if isinstance(error, (AgentError, messaging.MessagingException)):
         # Every error an RPC method raises arrives as its own type
         # (agent.exception), VersionCapped is the client's own; the
