@@ -232,3 +232,25 @@ class LiveMigrationFailed(AgentError):
                  else "the guest still runs on the source with its devices")
         return (f"live migration {self.migration_uuid} of instance "
                 f"{self.instance_uuid} failed: {self.reason}; {where}")
+
+
+class LiveMigrationOutcomeUnknown(AgentError):
+    """A conductor could not learn from a live migration's source whether
+    the guest moved (no answer, or one that does not say), so it undid
+    nothing: the destination keeps its claim, the allocations stay as they
+    are. Raised in the client. ``last``: the source's last answer."""
+
+    def __init__(self, instance_uuid: str, migration_uuid: str, source: str,
+                 destination: str, last: str):
+        super().__init__(instance_uuid, migration_uuid, source, destination, last)
+        self.instance_uuid = instance_uuid
+        self.migration_uuid = migration_uuid
+
+    def __str__(self) -> str:
+        instance, migration, source, destination, last = self.args
+        return (f"live migration {migration} of instance {instance}: whether the guest "
+                f"left {source} is unknown ({last}); nothing was rolled back: "
+                f"{destination} keeps its claim and the allocations stay as they are "
+                f"(the instance's on {destination}, the migration's on {source}). Once "
+                f"{source} answers, run the same live migration again with --migration "
+                f"{migration}: it finishes the move or rolls it back")

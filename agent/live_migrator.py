@@ -22,7 +22,7 @@ import uuid as uuid_lib
 import os_traits
 
 from agent.evacuation import SourceProvider, candidate_root, evacuation_request
-from agent.exception import AgentError
+from agent.exception import AgentError, NoSuchInstance
 from agent.placement import PlacementClient
 from agent.rpcapi import ComputeAgentAPI, live_migrate_instance
 
@@ -51,18 +51,20 @@ class LiveMigrator:
         roots = self.placement.get_providers(name=host, required=os_traits.COMPUTE_NODE)
         return roots[0]["uuid"] if roots else None
 
-    def source_of(self, instance_uuid: str) -> tuple[str, str, dict[str, dict[str, int]]]:
-        """The host Placement has the instance on, its root provider, and the
-        instance's allocations there (provider -> class -> amount)."""
+    def source_of(self, instance_uuid: str, field: str = "INSTANCE"
+                  ) -> tuple[str, str, dict[str, dict[str, int]]]:
+        """The host Placement has the instance (or the consumer ``field``
+        names) on, its root provider, and its allocations there
+        (provider -> class -> amount)."""
         held = self.placement.get_consumer_allocations(instance_uuid)
         allocations = {rp: dict(a["resources"]) for rp, a in held["allocations"].items()}
         if not allocations:
-            raise LiveMigrationNotPossible("INSTANCE", instance_uuid,
+            raise LiveMigrationNotPossible(field, instance_uuid,
                                            "holds no allocations in Placement")
         roots = {self._provider(rp)["root_provider_uuid"] for rp in allocations}
         if len(roots) != 1:
             raise LiveMigrationNotPossible(
-                "INSTANCE", instance_uuid, f"holds allocations on {len(roots)} hosts: "
+                field, instance_uuid, f"holds allocations on {len(roots)} hosts: "
                 "it is in a move already")
         root = roots.pop()
         return self._provider(root)["name"], root, allocations
@@ -102,9 +104,16 @@ class LiveMigrator:
             "--target", target, f"has no room for instance {instance_uuid} with each "
             "device on its CPUs' NUMA cell (allocation candidates)")
 
-    def live_migrate(self, instance_uuid: str, target: str) -> dict:
+    def live_migrate(self, instance_uuid: str, target: str,
+                     migration_uuid: str | None = None) -> dict:
         """Move the running instance to ``target``; the agents' refusals and
-        failures are raised as they sent them, after the rollback."""
+        failures are raised as they sent them, after the rollback. With the
+        ``migration_uuid`` of a run whose outcome was unknown, that move is
+        resumed: it is settled or rolled back."""
+        migration = migration_uuid or str(uuid_lib.uuid4())
+        if migration_uuid is not None and self.placement.get_consumer_allocations(
+                migration)["allocations"]:
+            return self._resume(instance_uuid, target, migration)
         source, source_root, allocations = self.source_of(instance_uuid)
         if target == source:
             raise LiveMigrationNotPossible("--target", target, "is the instance's "
@@ -116,7 +125,30 @@ class LiveMigrator:
         spec = self.api.get_instance(source, instance_uuid)["spec"]
         wanted = self.destination_allocations(instance_uuid, allocations, source_root,
                                               target, target_root)
-        migration = str(uuid_lib.uuid4())
+        return self._run(instance_uuid, source, target, spec, wanted, migration)
+
+    def _resume(self, instance_uuid: str, target: str, migration: str) -> dict:
+        """A move an earlier run started (the allocation swap gave the
+        migration the source's allocations) and left with its outcome
+        unknown: the source is where the migration's allocations are, the
+        destination's allocations the instance's own, as that run wrote
+        them."""
+        source, _, _ = self.source_of(migration, "--migration")
+        if source == target:
+            raise LiveMigrationNotPossible("--migration", migration,
+                                           f"moves instance {instance_uuid} away from "
+                                           f"{target}, not to it")
+        wanted = {rp: {"resources": a["resources"]} for rp, a in
+                  self.placement.get_consumer_allocations(instance_uuid)
+                  ["allocations"].items()}
+        try:
+            spec = self.api.get_instance(source, instance_uuid)["spec"]
+        except NoSuchInstance:  # the source gave it up: the guest left it
+            spec = self.api.get_instance(target, instance_uuid)["spec"]
+        return self._run(instance_uuid, source, target, spec, wanted, migration)
+
+    def _run(self, instance_uuid: str, source: str, target: str, spec: dict,
+             wanted: dict, migration: str) -> dict:
         arrived = live_migrate_instance(self.api, self.placement, instance_uuid, source,
                                         target, spec, wanted, migration)
         return {"instance": instance_uuid, "source": source, "destination": target,

@@ -20,8 +20,9 @@ over the same RPC API conductors use (agent.rpcapi).
     hosts                              every host: up/down, last seen, instances
     evacuate SOURCE [--target HOST] [--force] [--parallel N]
                                        rebuild every instance of a down host
-    live-migrate INSTANCE --target HOST
+    live-migrate INSTANCE --target HOST [--migration UUID]
                                        move a running instance to HOST, live
+                                       (again with --migration: resume it)
 
 Output is short and human by default, the agent's answer as JSON with
 --json. A refused or failed call is one line on stderr and exit 1; a bad
@@ -37,6 +38,7 @@ import math
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -208,6 +210,14 @@ def parallel_count(text: str) -> int:
     return n
 
 
+def migration_uuid(text: str) -> str:
+    """--migration UUID: a uuid, made canonical (the agents' form)."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a uuid") from None
+
+
 def _hosts(api, a, conf):
     return _evacuator(api, conf).hosts()
 
@@ -225,8 +235,19 @@ def _evacuate(api, a, conf):
 # --- the conductor's commands: live-migrate ------------------------------------
 
 def _live_migrate(api, a, conf):
+    # Chosen here, so that a run that ends without an answer can name it
+    # (resume_hint).
+    a.migration = a.migration or str(uuid.uuid4())
     return LiveMigrator(PlacementClient(adapter_from_conf(conf)), api).live_migrate(
-        a.instance, a.target)
+        a.instance, a.target, a.migration)
+
+
+def resume_hint(a) -> str:
+    """What to run when a live migration ended without an answer."""
+    if a.name != "live-migrate" or not a.migration:
+        return ""
+    return (f"; live migration {a.migration} may be under way: run it again with "
+            f"--migration {a.migration} to finish or roll it back")
 
 
 def _live_migration_lines(r: dict) -> list[str]:
@@ -384,6 +405,10 @@ def add_parsers(subparsers) -> None:
             p.add_argument("--target", required=True, metavar="HOST",
                            help="The host to move it to: an up compute host other "
                                 "than its own.")
+            p.add_argument("--migration", type=migration_uuid, metavar="UUID",
+                           help="The move's uuid (default: a new one). That of a "
+                                "run whose outcome was unknown resumes it: the "
+                                "move is finished or rolled back.")
         else:
             p.add_argument("agent_host", metavar="SOURCE" if name == "evacuate"
                            else "HOST")
@@ -473,15 +498,17 @@ def main(argv=None) -> int:
     if worker.is_alive():
         return fail(f"the message broker did not answer within "
                     f"{conf.timeout + BROKER_GRACE:g}s: is it running, and is "
-                    "[DEFAULT] transport_url right? (see --debug)", as_json)
+                    "[DEFAULT] transport_url right? (see --debug)" + resume_hint(args),
+                    as_json)
     api.close()
     if isinstance(error, BrokerUnreachable):
         return fail(f"the message broker did not answer within {conf.timeout:g}s: is it "
-                    "running, and is [DEFAULT] transport_url right? (see --debug)", as_json)
+                    "running, and is [DEFAULT] transport_url right? (see --debug)"
+                    + resume_hint(args), as_json)
     if isinstance(error, messaging.MessagingTimeout):
         return fail(f"no answer from {args.agent_host} within {conf.timeout:g}s: the "
                     "host may be down, or its compute-agent not running or not "
-                    "connected to this broker", as_json)
+                    "connected to this broker" + resume_hint(args), as_json)
     if isinstance(error, (AgentError, messaging.MessagingException)):
         # Every error an RPC method raises arrives as its own type
         # (agent.exception), VersionCapped is the client's own; the

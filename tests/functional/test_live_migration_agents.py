@@ -314,3 +314,77 @@ def test_both_ends_marking_the_vf_migratable_move_it(tmp_path):
     # Rolling back a guest that runs at the destination is refused.
     with pytest.raises(Exception, match="settled here"):
         b.manager.rollback_live_migration_at_destination(mig, inst)
+
+
+# --- issue 14: the source's answer to live_migrate lost ----------------------------
+
+def test_bug_14_lost_answer_of_live_migrate_leaves_the_destination_its_claim(cloud,
+                                                                             caplog):
+    """The conductor's live_migrate call gets no answer in time (its timeout
+    is short, the source's migration slowed to 1 MiB/s by libvirt), while
+    the source goes on migrating. The conductor asks the source again
+    instead of rolling the destination back (which would free B's devices
+    under the arriving guest), and settles the move once it is done."""
+    a, b = cloud.a, cloud.b
+    instance, s = cloud.build_on_a()
+    conn = libvirt.open(a.daemon.uri)
+    dom = conn.lookupByUUIDString(instance)
+    dom.migrateSetMaxSpeed(1, 0)
+    impatient = ComputeAgentAPI(a.conf, timeout=1)
+    done: dict = {}
+
+    def migrate() -> None:
+        try:
+            done["arrived"] = live_migrate_instance(
+                impatient, cloud.placement, instance, a.name, b.name, s,
+                b.allocations(cloud.url), outcome_wait=90, ask_pause=0.5)
+        except Exception as exc:  # handed to the test's thread
+            done["error"] = exc
+
+    mover = threading.Thread(target=migrate)
+    mover.start()
+    try:
+        deadline = time.monotonic() + 30
+        while dom.jobInfo()[0] == libvirt.VIR_DOMAIN_JOB_NONE:
+            assert mover.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        started = time.monotonic()
+        # Until the conductor's call has timed out (it says so as it asks
+        # again), or it gave up.
+        while mover.is_alive() and not any("MessagingTimeout" in r.getMessage()
+                                           for r in caplog.records):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        if mover.is_alive():
+            # Still under way: the answer really was lost, not merely slow.
+            assert dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE, \
+                f"the migration ended within {time.monotonic() - started:.1f}s"
+            dom.migrateSetMaxSpeed(8 << 10, 0)  # now let it finish
+        mover.join(120)
+        assert not mover.is_alive()
+        assert "error" not in done, done.get("error")
+        assert done["arrived"]["running"]
+
+        # The guest runs once, on B, with B's claim settled; A holds nothing.
+        assert a.domain(instance) is None
+        assert b.domain(instance).isActive()
+        info = cloud.api.get_host_info(a.name)
+        assert (info["instances"], info["assignments"]) == (0, 0)
+        on_b = cloud.api.get_instance(b.name, instance)
+        assert devices_of(on_b) == {"pcpu": "1", "pmem": "ns-b"}
+        assert {x["state"] for x in on_b["assignments"]} == {"claimed"}
+        assert [m["state"] for m in on_b["migrations"]] == ["confirmed"]
+        devices = [(x["kind"], x["device_id"]) for x in on_b["assignments"]]
+        assert len(devices) == len(set(devices))
+        # Placement: the instance on B's providers only, the migration gone.
+        assert cloud.allocated_on(instance) and \
+            cloud.allocated_on(instance) <= b.providers(cloud.url)
+        assert not cloud.allocated_on(
+            next(m["uuid"] for m in on_b["migrations"]))
+        a.audit_clean()
+        b.audit_clean()
+    finally:
+        mover.join(120)
+        impatient.close()
+        conn.close()
+        delete_everywhere(cloud, instance)

@@ -176,11 +176,15 @@ class Conductor:
         return self.cap_14 or version != "1.4"
 
     def __getattr__(self, method):
-        def call(host, *args):
+        def call(host, *args, **kwargs):
             self.journal.append(f"{host}: {method}")
             if method == self.fail:
                 raise LiveMigrationFailed("inst", "mig", "failed", "it broke")
-            return {"claimed": [], "migration_uri": "fake://b", "running": True}
+            # As the agents answer: the source's record, the source's
+            # migration, the destination's claim and its instance.
+            return {"state": {"check_can_live_migrate_source": "announced",
+                              "live_migrate": "migrated"}.get(method),
+                    "claimed": [], "migration_uri": "fake://b", "running": True}
         return call
 
 

@@ -1,0 +1,165 @@
+"""Issue 14: a live migration whose source's answer is lost. The rule
+(which outcome the source's answer stands for, and what the conductor does
+about it) on its own, then the conductor helper driving recorders: it asks
+the source again instead of rolling back, leaves everything as it is when
+the source never says, and a rerun with the same migration uuid finishes
+the move."""
+from __future__ import annotations
+
+import pytest
+from oslo_messaging import MessagingTimeout, RemoteError
+
+from agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
+                             LiveMigrationOutcomeUnknown, LiveMigrationRefused,
+                             MoveInProgress, NoSuchInstance, StoreUnavailable,
+                             VersionCapped)
+from agent.rpcapi import (BrokerUnreachable, MoveOutcome, NextStep,
+                          live_migrate_instance, live_migrate_outcome, next_step)
+from tests.unit.test_live_migration_source import (DESTINATION_ALLOCATIONS, SWAP,
+                                                   Conductor, spec)
+
+MIG = "mig"
+
+
+@pytest.mark.parametrize("answer, outcome", [
+    ({"migration_uuid": MIG, "state": "migrated"}, MoveOutcome.MIGRATED),
+    ({"migration_uuid": MIG}, MoveOutcome.UNKNOWN),
+    (MoveInProgress("inst", MIG), MoveOutcome.MIGRATING),
+    # Another move holds the instance: this one never started.
+    (MoveInProgress("inst", "other"), MoveOutcome.STAYED),
+    (LiveMigrationFailed("inst", MIG, "aborted", "QEMU died"), MoveOutcome.STAYED),
+    (LiveMigrationFailed("inst", MIG, "destination_unreachable", "x"),
+     MoveOutcome.STAYED),
+    (LiveMigrationFailed("inst", MIG, "outcome_unknown", "libvirtd went away"),
+     MoveOutcome.UNKNOWN),
+    (LiveMigrationRefused("inst", "source", ["vf 0000:81:00.1"]), MoveOutcome.STAYED),
+    (InvalidRequest("migration_uuid", MIG, "this live migration failed or was "
+                    "rolled back"), MoveOutcome.STAYED),
+    (NoSuchInstance("inst"), MoveOutcome.STAYED),
+    (VersionCapped("live_migrate", "1.2", "1.0"), MoveOutcome.STAYED),
+    # The answer was lost: the source may have migrated the guest.
+    (MessagingTimeout("no reply"), MoveOutcome.UNKNOWN),
+    (BrokerUnreachable("broker down"), MoveOutcome.UNKNOWN),
+    # Failures that can come after the guest left (the store, at confirm).
+    (StoreUnavailable("live_migrate", "disk I/O error"), MoveOutcome.UNKNOWN),
+    (InternalError("live_migrate", "boom"), MoveOutcome.UNKNOWN),
+    (RemoteError("KeyError", "x"), MoveOutcome.UNKNOWN),
+])
+def test_the_outcome_each_answer_stands_for(answer, outcome):
+    assert live_migrate_outcome(answer, MIG) is outcome
+
+
+@pytest.mark.parametrize("outcome, time_left, step", [
+    (MoveOutcome.MIGRATED, True, NextStep.SETTLE),
+    (MoveOutcome.MIGRATED, False, NextStep.SETTLE),
+    (MoveOutcome.STAYED, True, NextStep.ROLL_BACK),
+    (MoveOutcome.STAYED, False, NextStep.ROLL_BACK),
+    (MoveOutcome.MIGRATING, True, NextStep.ASK_AGAIN),
+    (MoveOutcome.MIGRATING, False, NextStep.LEAVE_AS_IS),
+    (MoveOutcome.UNKNOWN, True, NextStep.ASK_AGAIN),
+    (MoveOutcome.UNKNOWN, False, NextStep.LEAVE_AS_IS),
+])
+def test_what_the_conductor_does_about_each_outcome(outcome, time_left, step):
+    assert next_step(outcome, time_left) is step
+
+
+def test_no_outcome_but_a_settled_or_stayed_one_ever_undoes_anything():
+    """The bug: a lost answer rolled the destination back."""
+    for outcome in (MoveOutcome.MIGRATING, MoveOutcome.UNKNOWN):
+        for time_left in (True, False):
+            assert next_step(outcome, time_left) is not NextStep.ROLL_BACK
+
+
+class LossyConductor(Conductor):
+    """The source answers live_migrate from ``answers``, one per call (an
+    exception is raised); once they run out, the last is repeated."""
+
+    timeout = 5.0
+
+    def __init__(self, answers: list, confirmed_at_source: bool = False):
+        super().__init__()
+        self.answers = answers
+        self.confirmed_at_source = confirmed_at_source
+
+    def live_migrate(self, host, migration, instance, destination, timeout=None):
+        self.journal.append(f"{host}: live_migrate")
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def check_can_live_migrate_source(self, host, migration, instance, destination):
+        self.journal.append(f"{host}: check_can_live_migrate_source")
+        return {"migration_uuid": migration,
+                "state": "confirmed" if self.confirmed_at_source else "announced"}
+
+
+def migrate(conductor: Conductor, outcome_wait: float = 5.0) -> dict:
+    return live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
+                                 {"dst-rp": {"resources": {"VGPU": 1}}}, MIG,
+                                 outcome_wait=outcome_wait, ask_pause=0.01)
+
+
+def allocations(conductor: Conductor) -> dict[str, list[str]]:
+    return {c: sorted(v["allocations"]) for c, v in conductor.consumers.items()}
+
+
+def test_a_lost_answer_is_asked_after_and_the_move_settled():
+    conductor = LossyConductor([MessagingTimeout("lost"), MoveInProgress("inst", MIG),
+                                {"migration_uuid": MIG, "state": "migrated"}])
+    assert migrate(conductor)["running"]
+    assert conductor.journal[-5:] == [
+        "A: live_migrate", "A: live_migrate", "A: live_migrate",
+        "B: post_live_migration_at_destination", "placement: mig=[]"]
+    assert not [j for j in conductor.journal if "rollback" in j]
+    assert allocations(conductor) == {"inst": ["dst-rp"], "mig": []}
+
+
+def test_a_source_that_never_answers_leaves_everything_as_it_is():
+    conductor = LossyConductor([MessagingTimeout("lost")])
+    with pytest.raises(LiveMigrationOutcomeUnknown) as caught:
+        migrate(conductor, outcome_wait=0.05)
+    assert not [j for j in conductor.journal if "rollback" in j or "post" in j]
+    assert allocations(conductor) == {"inst": ["dst-rp"], "mig": ["src-rp"]}
+    assert str(caught.value).startswith(
+        "live migration mig of instance inst: whether the guest left A is unknown "
+        "(MessagingTimeout: lost); nothing was rolled back: B keeps its claim")
+    assert "--migration mig" in str(caught.value)
+
+
+def test_a_rerun_after_an_unknown_outcome_neither_swaps_again_nor_rolls_back():
+    conductor = LossyConductor([MessagingTimeout("lost")])
+    with pytest.raises(LiveMigrationOutcomeUnknown):
+        migrate(conductor, outcome_wait=0.05)
+    # The source migrated meanwhile, and answers the retry so.
+    conductor.answers = [{"migration_uuid": MIG, "state": "migrated"}]
+    conductor.journal.clear()
+    migrate(conductor)
+    assert SWAP not in conductor.journal
+    assert conductor.journal == [
+        "A: check_can_live_migrate_source", DESTINATION_ALLOCATIONS,
+        "B: check_can_live_migrate_destination", "A: live_migrate",
+        "B: post_live_migration_at_destination", "placement: mig=[]"]
+    assert allocations(conductor) == {"inst": ["dst-rp"], "mig": []}
+
+
+def test_a_rerun_of_a_move_the_source_completed_only_settles():
+    conductor = LossyConductor([MessagingTimeout("lost")])
+    with pytest.raises(LiveMigrationOutcomeUnknown):
+        migrate(conductor, outcome_wait=0.05)
+    conductor.confirmed_at_source = True
+    conductor.journal.clear()
+    migrate(conductor)
+    assert conductor.journal == ["A: check_can_live_migrate_source",
+                                 "B: post_live_migration_at_destination",
+                                 "placement: mig=[]"]
+
+
+def test_a_source_that_says_the_guest_stayed_after_a_lost_answer_rolls_back():
+    conductor = LossyConductor([MessagingTimeout("lost"), LiveMigrationFailed(
+        "inst", MIG, "aborted", "the destination's QEMU died")])
+    with pytest.raises(LiveMigrationFailed):
+        migrate(conductor)
+    assert conductor.journal[-3:] == [
+        "B: rollback_live_migration_at_destination",
+        "placement: inst=['src-rp'], mig=[]", "A: rollback_live_migration_at_source"]
