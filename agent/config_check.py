@@ -79,11 +79,34 @@ def masked_url(text: str) -> str:
     return _URL_PASSWORD.sub(r"\1\2:***@", text)
 
 
+def files_in_config_dir(directory: str) -> list[str]:
+    """What oslo.config reads of a --config-dir, in its order."""
+    return sorted(str(p) for p in Path(directory).glob("*.conf"))
+
+
 def _config_files(conf: cfg.ConfigOpts) -> list[str]:
     files = list(conf.config_file or [])
     for directory in conf.config_dir or []:
-        files += sorted(str(p) for p in Path(directory).glob("*.conf"))
+        try:
+            files += files_in_config_dir(directory)
+        except OSError as e:  # a name too long, say: never "no files there"
+            raise ConfigError(f"[{DEFAULT}] config_dir: cannot be read ({e.strerror}) "
+                              f"(value: {shown(directory)})") from None
     return files
+
+
+def undecodable_config_file(files: list[str], error: UnicodeDecodeError) -> ConfigError:
+    """The one line for a config file that is not UTF-8 text, naming the
+    first of ``files`` that is not (oslo.config's error names none)."""
+    for name in files:
+        try:
+            Path(name).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            return ConfigError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})")
+        except OSError:
+            continue  # oslo.config names a file it cannot read itself
+    return ConfigError(f"a config file is not UTF-8 text ({error.reason} at byte "
+                       f"{error.start})")
 
 
 def _read_files(conf: cfg.ConfigOpts) -> configparser.ConfigParser:

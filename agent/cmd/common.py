@@ -5,6 +5,7 @@ stderr, or one JSON object on stdout with --json) and a stdout a reader
 may close early."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -17,7 +18,8 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from agent import config
-from agent.config_check import check_config, cli_file_value_refusal
+from agent.config_check import (check_config, cli_file_value_refusal,
+                                 files_in_config_dir, undecodable_config_file)
 from agent.exception import ConfigError
 
 CONFIG_ERROR_EXIT = 2
@@ -66,7 +68,22 @@ def _parse(conf: cfg.ConfigOpts, argv: list[str], project: str,
         raise
     except cfg.Error as e:
         raise ConfigError(str(e)) from None
+    except UnicodeDecodeError as e:
+        raise undecodable_config_file(_files_named(argv, project), e) from None
     sys.stderr.write(errors.getvalue())
+
+
+def _files_named(argv: list[str], project: str) -> list[str]:
+    """The config files oslo.config reads for ``argv``: the defaults, or
+    those given, then each given directory's *.conf."""
+    given = argparse.ArgumentParser(add_help=False)
+    given.add_argument("--config-file", action="append", default=[])
+    given.add_argument("--config-dir", action="append", default=[])
+    named, _ = given.parse_known_args(argv)
+    files = named.config_file or cfg.find_config_files(project=project)
+    for directory in named.config_dir or cfg.find_config_dirs(project=project):
+        files += files_in_config_dir(directory)
+    return files
 
 
 def load_config(argv: list[str], cli_opts=(), project="compute-agent",

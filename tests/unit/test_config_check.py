@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from pathlib import Path
+
 import pytest
 
 from agent import config_check as cc
@@ -177,6 +179,27 @@ def test_fuzz_bug_an_empty_value_of_a_command_line_option_in_a_file_names_it(tmp
     oslo.config's own words instead of the one line and exit 2."""
     line = refused(tmp_path, "debug =\n", placement_required=False)
     assert line == "[DEFAULT] debug: Invalid Boolean (value: '')"
+
+
+def test_fuzz_bug_a_config_file_not_in_utf8_names_the_file(tmp_path):
+    """Found by tools/reliability (fuzz, config files): a value written as
+    an unpaired surrogate (bytes ED A0 80) escaped oslo.config's parse as a
+    UnicodeDecodeError traceback, not the one line and exit 2."""
+    argv = conf_file(tmp_path, "")
+    path = Path(argv[1])
+    path.write_bytes(path.read_bytes() + b"update_interval = \xed\xa0\x80\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(argv, placement_required=False)
+    assert str(e.value).startswith(f"{path}: not UTF-8 text (invalid continuation byte "
+                                   "at byte ")
+
+
+def test_fuzz_bug_a_config_dir_that_cannot_be_read_is_named(tmp_path):
+    """Found by tools/reliability (fuzz, config files): a config_dir whose
+    name is too long for the kernel escaped as an OSError traceback."""
+    line = refused(tmp_path, f"config_dir = {'9' * 300}\n", placement_required=False)
+    assert line.startswith("[DEFAULT] config_dir: cannot be read (File name too long) "
+                           "(value: '999")
 
 
 @pytest.mark.parametrize("text,reason", [
