@@ -40,6 +40,7 @@ from agent.heartbeat import Heartbeat, Liveness
 from agent.messaging import messaging
 from agent.placement import PlacementClient
 from agent.rpcapi import ComputeAgentAPI, move_allocations
+from agent.source_tree import read_device_traits, read_source_tree
 
 
 # Instances evacuated at once by default: enough to overlap Placement's and
@@ -200,7 +201,7 @@ class Evacuator:
             raise SourceHostUp(source, self.heartbeat.down_after)
         run = _Run(source, by_name[source], roots,
                    by_name.get(target) if target else None, force,
-                   self._source_providers(by_name[source]))
+                   read_source_tree(self.placement, by_name[source]))
         result = Evacuation(source)
         # Migration consumers on the source (an earlier evacuation's, maybe
         # interrupted) -> what they hold there; filled by the first pass.
@@ -223,26 +224,13 @@ class Evacuator:
                            progress, deadline)
         return result
 
-    def _source_providers(self, source_root: str) -> dict[str, SourceProvider]:
-        """The source's tree, its NUMA cells marked; device providers' traits
-        are read when an instance needs them (_device_traits)."""
-        cells = {p["uuid"] for p in self.placement.get_providers(
-            in_tree=source_root, required=os_traits.HW_NUMA_ROOT)}
-        return {p["uuid"]: SourceProvider(
-            p["uuid"], p["parent_provider_uuid"],
-            frozenset({os_traits.HW_NUMA_ROOT}) if p["uuid"] in cells else frozenset())
-            for p in self.placement.get_tree(source_root)}
-
     def _device_traits(self, run: _Run, allocations: dict) -> None:
         """Read the traits of the device providers ``allocations`` use, once
         per provider whatever the number of workers."""
         with run.lock:
-            for rp in set(allocations) - run.traits_read:
-                p = run.providers[rp]
-                if p.parent_uuid is not None and rp not in _cells(run.providers):
-                    _, traits = self.placement.get_traits(rp)
-                    run.providers[rp] = SourceProvider(rp, p.parent_uuid, traits)
-                run.traits_read.add(rp)
+            unread = set(allocations) - run.traits_read
+            read_device_traits(self.placement, run.providers, unread)
+            run.traits_read |= unread
 
     def _evacuate_one(self, run: _Run, instance: str, allocations: dict,
                       migrations: dict) -> Outcome | None:
@@ -395,10 +383,6 @@ class Evacuator:
             if not waiting or (deadline is not None and time.monotonic() > deadline):
                 return
             time.sleep(0.2)
-
-
-def _cells(providers: dict[str, SourceProvider]) -> set[str]:
-    return {u for u, p in providers.items() if os_traits.HW_NUMA_ROOT in p.traits}
 
 
 def _first_line(error: Exception) -> str:

@@ -21,10 +21,11 @@ import uuid as uuid_lib
 
 import os_traits
 
-from agent.evacuation import SourceProvider, candidate_root, evacuation_request
+from agent.evacuation import candidate_root, evacuation_request
 from agent.exception import AgentError, NoSuchInstance
 from agent.placement import PlacementClient
 from agent.rpcapi import ComputeAgentAPI, live_migrate_instance
+from agent.source_tree import read_device_traits, read_source_tree
 
 
 class LiveMigrationNotPossible(AgentError):
@@ -69,30 +70,14 @@ class LiveMigrator:
         root = roots.pop()
         return self._provider(root)["name"], root, allocations
 
-    def _source_tree(self, root_uuid: str, used: set[str]) -> dict[str, SourceProvider]:
-        """The source's tree as the request needs it: the NUMA cells marked,
-        and the traits of the device providers the instance uses."""
-        cells = {p["uuid"] for p in self.placement.get_providers(
-            in_tree=root_uuid, required=os_traits.HW_NUMA_ROOT)}
-        out = {}
-        for p in self.placement.get_tree(root_uuid):
-            uuid, parent = p["uuid"], p["parent_provider_uuid"]
-            if uuid in cells:
-                traits = frozenset({os_traits.HW_NUMA_ROOT})
-            elif parent is not None and uuid in used:
-                traits = self.placement.get_traits(uuid)[1]
-            else:
-                traits = frozenset()
-            out[uuid] = SourceProvider(uuid, parent, traits)
-        return out
-
     def destination_allocations(self, instance_uuid: str,
                                 allocations: dict[str, dict[str, int]],
                                 source_root: str, target: str, target_root: str) -> dict:
         """Allocations on the target's tree for what the instance holds, in
         Placement's shape; LiveMigrationNotPossible when it has no room."""
-        request = evacuation_request(allocations,
-                                     self._source_tree(source_root, set(allocations)))
+        source_tree = read_source_tree(self.placement, source_root)
+        read_device_traits(self.placement, source_tree, allocations)
+        request = evacuation_request(allocations, source_tree)
         found = self.placement.get_allocation_candidates(
             request.query(in_tree=target_root))
         tree_of = {rp: s["root_provider_uuid"]

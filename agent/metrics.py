@@ -200,6 +200,12 @@ class Metrics:
                                        else str(status)).inc()
         self.placement_duration.labels(method).observe(seconds)
 
+    def placement_requests_sent(self) -> int:
+        """Every request placement_request counted, whatever its method and
+        status."""
+        return int(sum(s.value for family in self.placement_requests.collect()
+                       for s in family.samples if s.name.endswith("_total")))
+
     @contextmanager
     def claim(self, kind: str) -> Iterator[None]:
         """Count the claim the block makes, by the error that ends it."""

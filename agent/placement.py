@@ -113,10 +113,15 @@ class PlacementClient:
         self.keystone_url = keystone_url(adapter)
         # Placement's URL once known (from the config or the catalog).
         self.url = adapter.endpoint_override or ""
-        # Every request sent, answered or not (compute-agent --once says it).
-        self.requests_sent = 0
         # Every request is counted here, by method and status.
         self.metrics = metrics or Metrics()
+
+    @property
+    def requests_sent(self) -> int:
+        """Every request sent, answered or not (compute-agent --once says
+        it): the metrics' count, this client's own as long as no other
+        client shares its Metrics (an agent's does not)."""
+        return self.metrics.placement_requests_sent()
 
     # --- plumbing -------------------------------------------------------
 
@@ -143,7 +148,6 @@ class PlacementClient:
         if url != "/":
             kwargs["microversion"] = self.version
         self.endpoint()
-        self.requests_sent += 1
         started = time.monotonic()
         try:
             resp = self.adapter.request(url, method, **kwargs)

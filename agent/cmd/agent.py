@@ -73,7 +73,39 @@ def run_once(agent: Agent) -> int:
     return 0
 
 
+class ReloadSignal:
+    """SIGHUP asks the agent to drop its Placement cache. It can come as
+    soon as the process exists (logrotate, a ``kill -HUP`` right after a
+    start), and its default action would end the daemon: so main catches
+    it before anything slow, notes it until the agent exists, and hands it
+    to the agent then."""
+
+    def __init__(self) -> None:
+        self._agent: Agent | None = None
+        self._early = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self, signum, frame) -> None:
+        if self._agent is None:
+            self._early = True
+        else:
+            self._agent.drop_cache()
+
+    def deliver_to(self, agent: Agent) -> None:
+        """From now on SIGHUP drops ``agent``'s cache; one that came
+        earlier drops it now."""
+        self._agent = agent
+        if self._early:
+            self._early = False
+            LOG.info("SIGHUP during start-up: the first cycle reads Placement afresh")
+            agent.drop_cache()
+
+
 def main(argv=None) -> int:
+    reload_signal = ReloadSignal()
+    reload_signal.install()
     tolerate_closed_stdout()
     try:
         conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts,
@@ -95,6 +127,7 @@ def main(argv=None) -> int:
         return exit_config_error(e)
     except (StateDirectoryInUse, StateDirectoryUnusable, StoreRefused, StoreError) as e:
         return exit_store_error(e)
+    reload_signal.deliver_to(agent)
     if conf.once:
         return run_once(agent)
 
@@ -107,7 +140,6 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGHUP, lambda signum, frame: agent.drop_cache())
     try:
         agent.start(watchdog_from_environment())
     except ConfigError as e:  # [metrics] listen cannot be served

@@ -108,6 +108,17 @@ class PrivateLibvirtd:
         """The pid of the QEMU this daemon runs the domain in."""
         return int((self.root / "run" / "qemu" / f"{domain_name}.pid").read_text())
 
+    def domain(self, instance_uuid: str) -> libvirt.virDomain | None:
+        """The instance's domain on this daemon; None when it has none."""
+        conn = libvirt.open(self.uri)
+        try:
+            return conn.lookupByUUIDString(instance_uuid)
+        except libvirt.libvirtError as exc:
+            assert exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+            return None
+        finally:
+            conn.close()
+
     def _answers(self) -> bool:
         if not self.socket.exists():
             return False

@@ -6,8 +6,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
+from agent import node_identity
+from agent.testing.fault_proxy import Fault, FaultProxy
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import wait_for, write_conf
 
@@ -119,3 +122,32 @@ def test_sighup_drops_the_placement_cache(tmp_path, placement):
     finally:
         proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+def test_a_sighup_during_start_up_does_not_kill_the_daemon(tmp_path, placement):
+    """A SIGHUP (logrotate, a reload) that comes while the daemon starts is
+    a cache drop like any other, not the end of the process."""
+    with FaultProxy(placement.url, delay=2) as proxy:
+        conf = write_conf(tmp_path, proxy.url, "sighup-early", HOST,
+                          DEFAULT={"update_interval": 3600})
+        # A host known by its compute_id whose store is absent asks
+        # Placement for its allocations before the agent exists: that
+        # request, held, keeps the daemon in start-up while the signal comes.
+        (tmp_path / "state").mkdir(mode=0o700)
+        (tmp_path / "state" / node_identity.FILENAME).write_text(str(uuid.uuid4()))
+        proxy.once(Fault.DELAY, "GET", "/")
+        log = tmp_path / "agent.log"
+        proc = start_daemon(conf, log)
+        try:
+            wait_for(lambda: proxy.requests >= 1 or proc.poll() is not None)
+            assert "compute-agent running as host" not in log.read_text()
+            proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: "compute-agent running as host" in log.read_text()
+                     or proc.poll() is not None)
+            assert proc.poll() is None, f"exit {proc.returncode}: {log.read_text()}"
+            assert "SIGHUP during start-up" in log.read_text()
+            assert "sighup-early_numa_0" in run("compute-agent-manage", conf,
+                                                "tree").stdout
+        finally:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

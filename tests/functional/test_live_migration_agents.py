@@ -88,16 +88,6 @@ class Host:
     def providers(self, url: str) -> set[str]:
         return {n["uuid"] for n in placement_tree(url, self.agent.policy.root_uuid).values()}
 
-    def domain(self, instance: str) -> libvirt.virDomain | None:
-        conn = libvirt.open(self.daemon.uri)
-        try:
-            return conn.lookupByUUIDString(instance)
-        except libvirt.libvirtError as exc:
-            assert exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
-            return None
-        finally:
-            conn.close()
-
     def audit_clean(self) -> None:
         self.agent.sync.refresh()
         report = self.agent.reconcile(at_start=True, fix=False)
@@ -169,16 +159,17 @@ def test_a_running_guest_moves_to_b_with_bs_devices_and_a_keeps_nothing(cloud):
         # B runs it, live, on B's CPU and B's file, with B's assignments.
         assert arrived["running"]
         assert devices_of(arrived) == {"pcpu": "1", "pmem": "ns-b"}
-        live = b.domain(instance).XMLDesc(0)
+        live = b.daemon.domain(instance).XMLDesc(0)
         assert "cpuset='1'" in live and "cpuset='0'" not in live
         assert str(b.pmem_file) in live and str(a.pmem_file) not in live
-        assert b.domain(instance).isActive() and b.domain(instance).isPersistent()
+        on_b = b.daemon.domain(instance)
+        assert on_b.isActive() and on_b.isPersistent()
         assert {x["id"] for x in arrived["assignments"]} <= {
             x["id"] for x in cloud.api.get_instance(b.name, instance)["assignments"]}
         with open(b.pmem_file, "rb") as f:
             assert f.read(len(MARK)) == MARK  # the guest's memory came along
         # A holds nothing: no domain, no instance, no assignment.
-        assert a.domain(instance) is None
+        assert a.daemon.domain(instance) is None
         info = cloud.api.get_host_info(a.name)
         assert (info["instances"], info["assignments"]) == (0, 0)
         # Placement: the instance's allocations on B's providers only.
@@ -195,7 +186,7 @@ def test_a_running_guest_moves_to_b_with_bs_devices_and_a_keeps_nothing(cloud):
             cloud.api.check_can_live_migrate_destination(
                 b.name, str(uuid.uuid4()), other, s2, b.allocations(cloud.url))
         assert cloud.api.get_host_info(b.name) == before
-        assert a.domain(other).isActive()
+        assert a.daemon.domain(other).isActive()
         delete_everywhere(cloud, other)
     finally:
         delete_everywhere(cloud, instance)
@@ -221,7 +212,7 @@ def test_a_migration_whose_destination_dies_midway_leaves_it_on_a(cloud):
     mover.start()
     try:
         deadline = time.monotonic() + 30
-        while not (b.domain(instance) is not None
+        while not (b.daemon.domain(instance) is not None
                    and dom.jobStats().get("memory_processed", 0) > 0):
             assert mover.is_alive() and time.monotonic() < deadline
             time.sleep(0.05)
@@ -233,14 +224,14 @@ def test_a_migration_whose_destination_dies_midway_leaves_it_on_a(cloud):
         assert "still runs on the source" in str(raised[0])
 
         # B holds nothing; A runs it with its devices; allocations on A.
-        assert b.domain(instance) is None
+        assert b.daemon.domain(instance) is None
         info = cloud.api.get_host_info(b.name)
         assert (info["instances"], info["assignments"]) == (0, 0)
         after = cloud.api.get_instance(a.name, instance)
         assert after["running"] and devices_of(after) == devices_of(before)
         assert {x["id"] for x in after["assignments"]} == {
             x["id"] for x in before["assignments"]}
-        assert a.domain(instance).isActive()
+        assert a.daemon.domain(instance).isActive()
         assert cloud.allocated_on(instance) == a_allocations
         a.audit_clean()
         b.audit_clean()

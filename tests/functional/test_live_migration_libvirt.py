@@ -70,16 +70,6 @@ class Hosts:
         self.drivers["a"].spawn(a)
         return a, b
 
-    def domain(self, which: str, instance: str) -> libvirt.virDomain | None:
-        conn = libvirt.open(self.daemons[which].uri)
-        try:
-            return conn.lookupByUUIDString(instance)
-        except libvirt.libvirtError as exc:
-            assert exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
-            return None
-        finally:
-            conn.close()
-
     def close(self) -> None:
         for driver in self.drivers.values():
             for instance in self.made:
@@ -110,7 +100,7 @@ def assert_runs_on_a_only(hosts: Hosts, a: GuestSpec) -> None:
     assert state.live == state.saved == ids(a)
     assert state.live_resources == resources(a)
     assert hosts.drivers["b"].guest_state(a.instance_uuid) is None
-    assert hosts.domain("b", a.instance_uuid) is None
+    assert hosts.daemons["b"].domain(a.instance_uuid) is None
 
 
 def test_a_running_guest_moves_live_to_b_and_runs_there_on_bs_devices(hosts):
@@ -126,7 +116,7 @@ def test_a_running_guest_moves_live_to_b_and_runs_there_on_bs_devices(hosts):
     assert state.running
     assert state.live == state.saved == ids(b)
     assert state.live_resources == resources(b)
-    assert hosts.domain("b", a.instance_uuid).isPersistent()
+    assert hosts.daemons["b"].domain(a.instance_uuid).isPersistent()
     live = hosts.drivers["b"].guest_definition(a.instance_uuid, live=True)
     assert b.devices[2].detail.dev_path in live
     assert "cpuset='1'" in live and "cpuset='0'" not in live
@@ -134,7 +124,7 @@ def test_a_running_guest_moves_live_to_b_and_runs_there_on_bs_devices(hosts):
     with open(b.devices[2].detail.dev_path, "rb") as f:
         assert f.read(len(MARK)) == MARK
     # A holds nothing: neither running nor defined.
-    assert hosts.domain("a", a.instance_uuid) is None
+    assert hosts.daemons["a"].domain(a.instance_uuid) is None
     assert hosts.drivers["a"].guest_state(a.instance_uuid) is None
     assert a.instance_uuid not in hosts.drivers["a"].list_guests()
     # About 3 s here, most of it the source's QEMU and cgroup teardown.
@@ -163,7 +153,7 @@ def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):
     try:
         deadline = time.monotonic() + 30
         # Mid-way: B's QEMU is up and A has sent some of the memory.
-        while not (hosts.domain("b", a.instance_uuid) is not None
+        while not (hosts.daemons["b"].domain(a.instance_uuid) is not None
                    and dom.jobStats().get("memory_processed", 0) > 0):
             assert mover.is_alive() and time.monotonic() < deadline
             time.sleep(0.05)

@@ -163,3 +163,13 @@ def test_keystone_failing_when_the_session_authenticates_again_names_keystone():
     client = PlacementClient(Adapter(request_error=ks_exc.Unauthorized("expired")))
     with pytest.raises(KeystoneUnavailable, match="^Keystone at http://127.0.0.1:5000/v3"):
         client.negotiate()
+
+
+def test_a_request_that_got_no_answer_is_one_sent_and_one_counted_no_answer():
+    client = PlacementClient(Adapter(request_error=ks_exc.ConnectFailure(REFUSED)))
+    with pytest.raises(PlacementUnavailable):
+        client.negotiate()
+    assert client.requests_sent == 1
+    assert [(s.labels, s.value) for family in client.metrics.placement_requests.collect()
+            for s in family.samples if s.name.endswith("_total")] == [
+        ({"method": "GET", "status": "no_answer"}, 1.0)]
