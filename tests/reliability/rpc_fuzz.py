@@ -24,6 +24,7 @@ as before it, and the daemon is still running.
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
@@ -314,11 +315,30 @@ class FuzzedAgent:
             assert known and kind is VersionKind.SERVED, call
             outcome = Outcome.RESULT
         assert self.daemon.proc.poll() is None, "the daemon died"
-        after = self.store_hash()
         if outcome is Outcome.REFUSED:
+            after = self.store_hash()
             assert after == self.dump_hash, f"a refused {call.method} changed the store"
+        else:
+            after = self.settled_store_hash()
         self.dump_hash = after
         return outcome
+
+    def settled_store_hash(self, quiet: float = 0.1, limit: float = 10) -> str:
+        """The store's hash once it stopped changing for ``quiet`` seconds.
+        A call taken may go on after its answer (an accepted rebuild builds
+        its guest and settles its move in the background: two more commits),
+        and a refused call that comes next must not be blamed for them. The
+        long run found exactly that: an unknown method "changed" the store,
+        and did not when hypothesis tried it again."""
+        deadline = time.monotonic() + limit
+        last = self.store_hash()
+        while time.monotonic() < deadline:
+            time.sleep(quiet)
+            now = self.store_hash()
+            if now == last:
+                return now
+            last = now
+        raise AssertionError(f"the store kept changing for {limit} s after a call")
 
     def close(self) -> None:
         self.daemon.stop()
