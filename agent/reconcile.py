@@ -70,7 +70,7 @@ class Pass:
     instances: dict[str, dict]
     rows: dict[str, list[Assignment]]
     open_moves: dict[str, Migration]  # by instance uuid
-    migrations: set[str]  # every move the store knows, open or settled
+    migrations: dict[str, Migration]  # every move the store knows, open or settled
     guests: dict[str, GuestState]
     # consumer uuid -> our providers it holds allocations on; None when
     # Placement's answer is unknown.
@@ -275,9 +275,22 @@ def mdev_after_reboot(p: Pass, uuid: str) -> bool:
 def assignment_without_allocation(p: Pass, uuid: str) -> bool:
     """Placement holds no allocation of the instance on our providers
     (evacuated away, say): a stopped guest and its devices are removed; a
-    running one is reported. Skipped while Placement's answer is unknown."""
+    running one is reported. Skipped while Placement's answer is unknown.
+    A move of the instance recorded here whose migration consumer holds our
+    providers is no such case: that is the conductor's allocation swap, not
+    yet swapped back after a revert that settled the move here (the source
+    killed between its revert and the restart of its guest), and giving the
+    instance up would lose it and forget the move the conductor's retry
+    names. Reported, left alone."""
     if p.allocations is None or uuid in p.allocations or uuid in p.open_moves \
             or not p.claimed(uuid):
+        return False
+    swapped = sorted(m.uuid for m in p.migrations.values()
+                     if m.instance_uuid == uuid and m.uuid in p.allocations)
+    if swapped:
+        p.report.add("assignment_without_allocation", uuid,
+                     f"Placement holds its devices here for its move {swapped[0]}, "
+                     "not for it (the allocations not swapped back yet); left alone")
         return False
     guest = p.guests.get(uuid)
     if guest is not None and guest.running:
@@ -318,7 +331,7 @@ def allocation_without_record(p: Pass) -> None:
     explains: reported. Skipped while Placement's answer is unknown."""
     if p.allocations is None:
         return
-    known = set(p.instances) | p.migrations
+    known = set(p.instances) | set(p.migrations)
     for consumer in sorted(set(p.allocations) - known):
         p.report.add("allocation_without_record", consumer,
                      f"holds allocations on {len(p.allocations[consumer])} of our "
@@ -366,7 +379,7 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
         rows.setdefault(a.instance_uuid, []).append(a)
     adopted = adopted_guests(driver.list_foreign_guests(), rows)
     p = Pass(manager, Report(), fix, at_start, instances, rows,
-             {m.instance_uuid: m for m in moves.values() if m.open}, set(moves),
+             {m.instance_uuid: m for m in moves.values() if m.open}, dict(moves),
              {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
              tracker.store.read(state.live_changed_at) if grace else {}, time.time(),
              frozenset(adopted), elsewhere, drop_evacuation_hold,

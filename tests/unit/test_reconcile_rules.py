@@ -263,6 +263,34 @@ def test_assignment_without_allocation(w):
     assert not by[running].fixed and w.driver.guest_is_running(running)
 
 
+def test_bug_reverted_resize_source_given_up_before_the_swap_back(w):
+    """Regression (crash loop): a cross-host resize's source killed after
+    its revert_resize recorded the revert and before its guest started
+    again. Until the conductor swaps the allocations back, the migration
+    consumer holds the instance's devices here and the instance consumer
+    the destination's: start-up reconciliation took the stopped instance
+    for one with no allocation here, gave it up and forgot its move, and
+    the conductor's revert_resize sent again was answered "no such move on
+    this host" (and the instance was lost)."""
+    instance, migration = built(w), new_uuid()
+    before = {a.id for a in w.live() if a.instance_uuid == instance}
+    w.manager.resize_instance(migration, instance)  # the guest stops
+    w.tracker.revert_move(migration)  # revert_resize, killed before the spawn
+    w.restart()
+
+    report = reconcile(w.manager, {migration: {w.uuid("pf")}}, at_start=True,
+                       elsewhere={instance: {new_uuid()}})
+    assert [(f.kind, f.subject, f.fixed) for f in report.findings] == [
+        ("assignment_without_allocation", instance, False)], report.as_dict()
+    assert migration in w.migrations() and instance in w.instances()
+
+    view = w.manager.revert_resize(migration, instance)["instance"]  # sent again
+    assert view["running"]
+    assert {a["id"] for a in view["assignments"]} == before
+    # Swapped back: nothing left to say.
+    assert kinds(w.reconcile({instance: {w.uuid("pf")}}, at_start=False)) == []
+
+
 def test_guest_without_assignments(w):
     instance = built(w)
     w.tracker.release_instance(instance)
