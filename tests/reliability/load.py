@@ -2,7 +2,7 @@
 against one agent daemon for a set time. Measured: calls, throughput,
 p50 and p99 latency of the calls, every error, and the daemon's memory
 (RSS), threads and file descriptors from /proc/<pid> when idle, after a
-warm-up and at the end.
+warm-up, half-way and at the end.
 
 The callers write no allocations to Placement: build_instance reads none
 (the claim checks the payload's allocations against the host's tree),
@@ -84,6 +84,7 @@ class LoadFigures:
     errors: list[str] = field(default_factory=list)
     idle: ProcessFigures | None = None
     warm: ProcessFigures | None = None
+    half: ProcessFigures | None = None  # between the two halves of the run
     end: ProcessFigures | None = None
     alive: bool = True
 
@@ -105,20 +106,22 @@ class LoadFigures:
                 "p99_ms": round(self.percentile(99) * 1000, 1),
                 "errors": len(self.errors), "daemon_alive": self.alive,
                 **{f"{when}_{name}": value
-                   for when in ("idle", "warm", "end")
+                   for when in ("idle", "warm", "half", "end")
                    if (figures := getattr(self, when)) is not None
                    for name, value in vars(figures).items()}}
 
-    def growth(self) -> ProcessFigures:
-        """From after the warm-up (thread pools and connections filled) to
-        the end."""
-        return ProcessFigures(self.end.rss_kib - self.warm.rss_kib,
-                              self.end.threads - self.warm.threads,
-                              self.end.fds - self.warm.fds)
+    def growth(self, since: str = "warm") -> ProcessFigures:
+        """From ``since`` (after the warm-up, or half-way) to the end. A
+        pool that fills slowly grows in the first half and stops; a leak
+        grows in the second half too."""
+        start = getattr(self, since)
+        return ProcessFigures(self.end.rss_kib - start.rss_kib,
+                              self.end.threads - start.threads,
+                              self.end.fds - start.fds)
 
     def row(self) -> dict:
         """One row of tools/reliability's table."""
-        growth = self.growth()
+        growth, second_half = self.growth(), self.growth("half")
         return {"scenario": f"load {self.callers} callers", "seconds": self.seconds,
                 "ops": self.calls, "faults": 0,
                 "violations": len(self.errors) + (not self.alive),
@@ -126,7 +129,9 @@ class LoadFigures:
                          f"p50 {self.percentile(50) * 1000:.0f} ms, "
                          f"p99 {self.percentile(99) * 1000:.0f} ms; growth: rss "
                          f"{growth.rss_kib / 1024:+.1f} MiB, threads "
-                         f"{growth.threads:+d}, fds {growth.fds:+d}",
+                         f"{growth.threads:+d}, fds {growth.fds:+d}; in the second "
+                         f"half: rss {second_half.rss_kib / 1024:+.1f} MiB, threads "
+                         f"{second_half.threads:+d}, fds {second_half.fds:+d}",
                 "problems": self.errors[:20], "figures": self.as_dict()}
 
 
@@ -163,7 +168,8 @@ def run_load(directory: Path, placement_url: str, seconds: float,
         slots = daemon.slots()
         lock = threading.Lock()
         discarded = LoadFigures(callers)
-        for phase, length in ((discarded, warmup), (figures, seconds)):
+        for phase, length in ((discarded, warmup), (figures, seconds / 2),
+                              (figures, seconds / 2)):
             began = time.monotonic()
             until = began + length
             threads = [threading.Thread(
@@ -173,10 +179,12 @@ def run_load(directory: Path, placement_url: str, seconds: float,
                 t.start()
             for t in threads:
                 t.join()
-            phase.seconds = time.monotonic() - began
+            phase.seconds += time.monotonic() - began
             if phase is discarded:
                 figures.errors += discarded.errors
                 figures.warm = ProcessFigures.of(daemon.proc.pid)
+            elif figures.half is None:
+                figures.half = ProcessFigures.of(daemon.proc.pid)
         figures.end = ProcessFigures.of(daemon.proc.pid)
         figures.alive = daemon.proc.poll() is None
         left = api.get_host_info(daemon.name)
