@@ -36,6 +36,16 @@ _UNDEFINE_FLAG_SETS = (
 # What libvirt answers when asked to stop a guest that is not running.
 _ALREADY_STOPPED = frozenset({libvirt.VIR_ERR_OPERATION_INVALID,
                               libvirt.VIR_ERR_NO_DOMAIN})
+def started_meanwhile(dom: libvirt.virDomain) -> bool:
+    """Whether a start that failed found the guest running: an earlier start
+    of it finished in between. A build retried after its agent was killed
+    while libvirtd was starting the guest finds it not active yet, and
+    running by the time its own start arrives (found by the crash loop on
+    QEMU, which calls it an invalid operation; the test driver an internal
+    error: the guest's state is what tells)."""
+    return bool(dom.isActive())
+
+
 # What a hypervisor driver answers to flags it does not know.
 _UNSUPPORTED = frozenset({libvirt.VIR_ERR_INVALID_ARG,
                           libvirt.VIR_ERR_NO_SUPPORT,
@@ -61,8 +71,13 @@ class GuestManager:
 
         def define_and_start(conn: libvirt.virConnect) -> None:
             dom = conn.defineXML(xml)
-            if not dom.isActive():
+            if dom.isActive():
+                return
+            try:
                 dom.create()
+            except libvirt.libvirtError:
+                if not started_meanwhile(dom):
+                    raise
         self._conn.call(define_and_start)
 
     def update_guest(self, guest: GuestSpec) -> None:

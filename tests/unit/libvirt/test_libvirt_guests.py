@@ -118,6 +118,53 @@ def test_spawn_is_idempotent(guests, conn, host):
     assert conn.call(lambda c: c.numOfDefinedDomains()) == 0
 
 
+class StartedByAnEarlierCall:
+    """The domain as a retried build sees it while libvirtd still carries
+    out the killed agent's start: not active when asked, running by the
+    time the retry's own start arrives (which libvirt then refuses)."""
+
+    def __init__(self, dom):
+        self._dom = dom
+        self._asked = False
+
+    def isActive(self):
+        if not self._asked:
+            self._asked = True
+            return False
+        return self._dom.isActive()
+
+    def create(self):
+        self._dom.create()  # the earlier call's start completes first
+        return self._dom.create()
+
+    def __getattr__(self, name):
+        return getattr(self._dom, name)
+
+
+def test_bug_a_build_retried_while_libvirtd_finished_the_first_start(
+        guests, conn, host, monkeypatch):
+    """Found by the crash loop on QEMU: a build retried after its agent was
+    killed during the start answered InternalError "domain is already
+    running"."""
+    call = conn.call
+
+    class Defining:
+        def __init__(self, c):
+            self._c = c
+
+        def defineXML(self, xml):
+            return StartedByAnEarlierCall(self._c.defineXML(xml))
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+    monkeypatch.setattr(conn, "call", lambda fn: call(lambda c: fn(Defining(c))))
+    guests.spawn(spec(host))
+    monkeypatch.undo()
+    assert running(guests, INSTANCE)
+    assert list(guests.list_guests()) == [INSTANCE]
+
+
 def test_spawn_starts_a_stopped_guest(guests, conn, host):
     guests.spawn(spec(host))
     conn.call(lambda c: c.lookupByUUIDString(INSTANCE).destroy())
