@@ -61,7 +61,9 @@ from agent.cmd.common import load_config
 from agent.cmd.manage import audit_report
 from agent.evacuation import evacuation_migration_uuid, spec_from_allocations
 from agent.evacuator import Evacuator
-from agent.exception import AgentError, ClaimFailed, InvalidRequest, PlacementError
+from agent.exception import (AgentError, ClaimFailed, InvalidRequest,
+                             LiveMigrationOutcomeUnknown, LiveMigrationRefused,
+                             PlacementError)
 from agent.heartbeat import Heartbeat
 from agent.messaging import messaging
 from agent.placement import PlacementClient
@@ -607,8 +609,8 @@ class CrashLoop:
 
     def op_live_migrate(self) -> str:
         """Through rpcapi's helper, with a kill of either side aimed at it;
-        when a kill interrupted it, the conductor finishes the same
-        migration step by step."""
+        when a kill interrupted it, the conductor runs the same migration
+        again until it ends."""
         instance = self.pick()
         held = self.held[instance]
         source, dest = held.host, self.other(held.host)
@@ -622,7 +624,7 @@ class CrashLoop:
             try:
                 done.set_result(live_migrate_instance(
                     self.helper_api, self.placement, instance, source, dest, held.spec,
-                    allocations, migration_uuid=migration))
+                    allocations, migration_uuid=migration, outcome_wait=60))
             except BaseException as e:  # noqa: BLE001
                 done.set_exception(e)
 
@@ -657,28 +659,44 @@ class CrashLoop:
 
     def _resume_live_migration(self, instance, held, source, dest, migration,
                                allocations) -> str:
-        """The same migration again, each step answered: the destination's
-        check (its claim, or the one it made before the kill), the source's
-        migration (a retry finds the guest gone when it had moved), the
-        destination's settling, the allocations."""
-        if not self.move_to(instance, migration, allocations):
-            return "live migration refused (no room in Placement)"
-        try:
-            claimed = self.call(dest, "check_can_live_migrate_destination", migration,
-                                instance, held.spec, allocations)
-        except InvalidRequest as e:
-            if "reverted" not in str(e):
-                raise
-            # The helper rolled the destination back before it failed: the
-            # migration failed, and the guest stayed on the source.
-            self.swap_back(migration, instance)
-            return "live migration rolled back (by rpcapi)"
-        self.call(source, "live_migrate", migration, instance,
-                  {"claimed": claimed["claimed"], "migration_uri": claimed["migration_uri"]})
-        view = self.call(dest, "post_live_migration_at_destination", migration, instance)
-        _write_allocations(self.placement, migration, migration, {}, "MIGRATION")
-        self.held[instance] = Held(dest, instance_ids(view), held.spec, allocations)
-        return "live migration (resumed)"
+        """As a conductor (or ``ctl live-migrate --migration``) does after a
+        run that ended without a verdict: the same migration run again,
+        until it ends one way or the other. A rerun resumes: it settles a
+        move the source has done, asks after one under way, and undoes
+        what an earlier run left of one the source rolled back (then says
+        so with the source's refusal)."""
+        for _ in range(20):
+            self.ensure_up()
+            try:
+                view = live_migrate_instance(self.helper_api, self.placement, instance,
+                                             source, dest, held.spec, allocations,
+                                             migration_uuid=migration, outcome_wait=60)
+            except (messaging.MessagingTimeout, LiveMigrationOutcomeUnknown) as e:
+                self.note(f"  live migration {migration[:8]} run again: "
+                          f"{type(e).__name__}")
+                self.figures.retries += 1
+                continue
+            except (InvalidRequest, LiveMigrationRefused, ClaimFailed) as e:
+                self.note(f"  live migration {migration[:8]} ended: {type(e).__name__} "
+                          f"{str(e)[:150]}")
+                return self._rolled_back(instance, held, source, migration,
+                                         "live migration rolled back (after a kill)")
+            self.held[instance] = Held(dest, instance_ids(view), held.spec, allocations)
+            return "live migration (resumed)"
+        raise Violation(f"{instance}: live migration {migration} had no outcome after "
+                        "20 runs")
+
+    def _rolled_back(self, instance, held, source, migration, outcome: str) -> str:
+        """The move ended without moving: the guest runs on at the source
+        with the devices it had, the migration holds nothing."""
+        view = self.call(source, "get_instance", instance, may_kill=False)
+        if instance_ids(view) != held.ids:
+            raise Violation(f"{instance}: a rolled-back live migration changed its "
+                            f"devices on the source: {view}")
+        if self.allocations_of(migration):
+            raise Violation(f"{instance}: rolled-back live migration {migration} "
+                            "still holds allocations")
+        return outcome
 
     def op_live_migration_rollback(self) -> str:
         """The destination claims, then the conductor gives up (as nova does
@@ -699,11 +717,8 @@ class CrashLoop:
         else:
             self.call(dest, "rollback_live_migration_at_destination", migration, instance)
         self.swap_back(migration, instance)
-        view = self.call(source, "get_instance", instance, may_kill=False)
-        if instance_ids(view) != held.ids:
-            raise Violation(f"{instance}: a rolled-back live migration changed its "
-                            "devices on the source")
-        return "live migration rolled back"
+        return self._rolled_back(instance, held, source, migration,
+                                 "live migration rolled back")
 
     def op_evacuate(self) -> str:
         """The source dies (agent killed, guests stopped); its instances are
