@@ -287,7 +287,14 @@ class FuzzedAgent:
         return HostFacts(inventories, instances, [migration], self.daemon.name)
 
     def store_hash(self) -> str:
-        return hashlib.sha256(self.daemon.store_dump().encode()).hexdigest()
+        dump = self.daemon.store_dump()
+        self._dumps = (getattr(self, "_dumps", (dump, dump))[1], dump)
+        return hashlib.sha256(dump.encode()).hexdigest()
+
+    def store_change(self) -> str:
+        """The rows that differ between the last two dumps, for a report."""
+        before, after = (set(d.splitlines()) for d in self._dumps)
+        return (f"gone {sorted(before - after)[:5]}, new {sorted(after - before)[:5]}")
 
     def send(self, call: Call):
         prepared = self.client.prepare(server=self.daemon.name, version=call.version)
@@ -317,7 +324,8 @@ class FuzzedAgent:
         assert self.daemon.proc.poll() is None, "the daemon died"
         if outcome is Outcome.REFUSED:
             after = self.store_hash()
-            assert after == self.dump_hash, f"a refused {call.method} changed the store"
+            assert after == self.dump_hash, (
+                f"a refused {call.method} changed the store: {self.store_change()}")
         else:
             after = self.settled_store_hash()
         self.dump_hash = after
