@@ -20,8 +20,8 @@ from typing import Callable
 
 from agent import state
 from agent.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
-from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationState,
-                               Owner)
+from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MigrationState, MoveKind, Owner)
 from agent.evacuation import evacuated_away
 from drivers.base import DeviceKind, ForeignGuest, GuestState, device_resources
 
@@ -213,11 +213,32 @@ def live_migration_never_started(p: Pass, uuid: str) -> bool:
     return True
 
 
+def resize_awaiting_its_end(p: Pass, uuid: str) -> Migration | None:
+    """A cross-host resize that brought the instance here and that the
+    conductor has not confirmed or reverted yet, as this host knows it."""
+    return next((m for m in p.migrations.values()
+                 if m.instance_uuid == uuid and m.kind is MoveKind.RESIZE
+                 and m.role is MigrationRole.DESTINATION
+                 and m.state is MigrationState.FINISHED), None)
+
+
 def assignment_without_guest(p: Pass, uuid: str) -> bool:
     """Devices held by an instance with no guest here and no move: given
-    back once unchanged for the grace period, reported until then."""
+    back once unchanged for the grace period, reported until then. The
+    destination of a resize not confirmed or reverted yet keeps them
+    whatever the time: its revert destroys the guest before it records the
+    revert, so a destination killed in between has no guest, and giving
+    the instance up would forget the move the conductor's revert, sent
+    again, names ("no such move on this host"); the revert or confirm
+    settles it."""
     if not p.claimed(uuid) or uuid in p.guests or uuid in p.open_moves:
         return False
+    resize = resize_awaiting_its_end(p, uuid)
+    if resize is not None:
+        p.report.add("assignment_without_guest", uuid,
+                     f"devices held by an instance that has no guest here; kept for "
+                     f"its resize {resize.uuid}, which is not confirmed or reverted yet")
+        return True
     waited = p.now - p.changed_at.get(uuid, p.now - p.grace)
     if waited < p.grace:
         p.report.add("assignment_without_guest", uuid,

@@ -206,6 +206,31 @@ def test_assignment_without_guest(w):
     assert instance not in w.instances()
 
 
+def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w):
+    """Found by reading after the crash loop's source-side case: a
+    cross-host resize's destination destroys its guest, then records the
+    revert. Killed in between and back after the grace period (a revert
+    comes minutes or hours after the resize), it gave the guestless
+    instance up and forgot the move, and the conductor's revert_resize sent
+    again was answered "no such move on this host"."""
+    instance, migration = new_uuid(), new_uuid()
+    w.manager.prep_resize(migration, instance, spec(), w.allocations(VF))
+    w.manager.finish_resize(migration, instance)
+    w.driver.destroy(instance)  # revert_resize, killed before its record
+    w.restart()
+    time.sleep(0.01)
+
+    report = reconcile(w.manager, None, at_start=True, grace=0.001)
+    assert [(f.kind, f.fixed) for f in report.findings] == [
+        ("assignment_without_guest", False)], report.as_dict()
+    assert instance in w.instances() and migration in w.migrations()
+
+    assert w.manager.revert_resize(migration, instance)["instance"] is None  # again
+    assert instance not in w.instances()
+    assert not [a for a in w.live() if a.instance_uuid == instance]
+    assert w.migrations()[migration].state is MigrationState.REVERTED
+
+
 def test_guest_devices_differ_on_a_stopped_guest_is_redefined(w):
     instance = built(w)
     w.driver.power_off(instance)
