@@ -26,7 +26,8 @@ from kombu.exceptions import OperationalError
 from agent import broker
 from agent.claim_model import MigrationState
 from agent.dependencies import describe
-from agent.exception import (GenerationConflict, InvalidRequest, LiveMigrationFailed,
+from agent.exception import (AgentError, CallFailed, GenerationConflict, InvalidRequest,
+                             LiveMigrationFailed,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              MoveInProgress, NoSuchInstance, VersionCapped)
 from agent.messaging import TOPIC, messaging, transport
@@ -377,11 +378,14 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
             # An earlier run lost the source's answer; the guest left it.
             return _settle(api, placement, instance_uuid, destination, migration)
     swapped = claimed = None
+    claim_asked = False
 
-    def roll_back() -> None:
+    def roll_back(claim_unanswered: bool = False) -> None:
         if claimed is not None:
             api.rollback_live_migration_at_destination(destination, migration,
                                                        instance_uuid)
+        elif claim_unanswered:
+            _give_back_unanswered_claim(api, instance_uuid, destination, migration)
         # The allocations return before the source ends the move: a source
         # restarting in between must find the instance's allocations on its
         # own providers or the move still open, never neither (it would take
@@ -394,10 +398,11 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
     try:
         swapped = _swap_once(placement, instance_uuid, migration)
         _write_allocations(placement, instance_uuid, migration, allocations)
+        claim_asked = True
         claimed = api.check_can_live_migrate_destination(
             destination, migration, instance_uuid, spec, allocations)
-    except Exception:
-        roll_back()
+    except Exception as e:
+        roll_back(claim_unanswered=claim_asked and answer_lost(e))
         raise
     step, answer = _ask_source(api, instance_uuid, source, migration,
                                {"claimed": claimed["claimed"],
@@ -412,6 +417,28 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
         raise LiveMigrationOutcomeUnknown(instance_uuid, migration, source, destination,
                                           " ".join(last.split())[:300]) from None
     return _settle(api, placement, instance_uuid, destination, migration)
+
+
+def answer_lost(error: Exception) -> bool:
+    """Whether a call that raised ``error`` may have done its work: no
+    answer came (a timeout, the broker), or the agent failed while at it
+    (CallFailed: its store, an unforeseen error). Its refusals did nothing."""
+    return not isinstance(error, AgentError) or isinstance(error, CallFailed)
+
+
+def _give_back_unanswered_claim(api: ComputeAgentAPI, instance_uuid: str,
+                                destination: str, migration: str) -> None:
+    """The destination's claim may have been made with its answer lost: its
+    rollback, asked once. A destination that never heard of the move
+    refuses, which is as good; one that does not answer keeps the claim
+    (the safe side: a rerun of the same migration gives it back), said in
+    one line."""
+    answer = answer_of(lambda: api.rollback_live_migration_at_destination(
+        destination, migration, instance_uuid))
+    if isinstance(answer, Exception) and not isinstance(answer, REFUSED_BEFORE_MOVING):
+        LOG.warning("Live migration %s of instance %s: the claim at %s may stay until "
+                    "the migration is run again (%s)", migration, instance_uuid,
+                    destination, type(answer).__name__)
 
 
 def _ask_source(api: ComputeAgentAPI, instance_uuid: str, source: str, migration: str,

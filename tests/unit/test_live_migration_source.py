@@ -10,6 +10,7 @@ import pytest
 from agent.claim_model import MigrationRole, MigrationState, MoveKind
 from agent.exception import (InvalidRequest, LiveMigrationFailed, LiveMigrationRefused,
                              MoveInProgress, NoSuchInstance)
+from agent.messaging import messaging
 from agent.rpcapi import live_migrate_instance
 from drivers.fake import FakeNetwork
 from tests.functional.claims_world import make_world, new_uuid, spec
@@ -153,9 +154,13 @@ def test_the_endpoint_refuses_this_host_as_the_destination():
 class Conductor:
     """Placement's consumers and the agents' calls, in one journal."""
 
-    def __init__(self, fail: str | None = None, cap_14: bool = True):
+    def __init__(self, fail: str | None = None, cap_14: bool = True,
+                 lost: str | None = None):
+        """``fail``: the method that answers a failure; ``lost``: the one
+        whose answer is lost (a timeout), its work maybe done."""
         self.journal: list[str] = []
         self.fail = fail
+        self.lost = lost
         self.cap_14 = cap_14
         self.consumers = {"inst": {"allocations": {"src-rp": {"resources": {"VGPU": 1}}},
                                    "project_id": "p", "user_id": "u",
@@ -180,6 +185,8 @@ class Conductor:
             self.journal.append(f"{host}: {method}")
             if method == self.fail:
                 raise LiveMigrationFailed("inst", "mig", "failed", "it broke")
+            if method == self.lost:
+                raise messaging.MessagingTimeout("no reply")
             # As the agents answer: the source's record, the source's
             # migration, the destination's claim and its instance.
             return {"state": {"check_can_live_migrate_source": "announced",
@@ -223,6 +230,19 @@ def test_on_failure_the_allocations_return_before_the_source_ends_the_move():
     refused = run(Conductor(fail="check_can_live_migrate_destination"))
     assert refused[-3:] == [RETURNED, "A: rollback_live_migration_at_source", "raised"]
     assert "B: rollback_live_migration_at_destination" not in refused
+
+
+def test_a_claim_whose_answer_is_lost_is_given_back_at_the_destination():
+    """The destination may have claimed before its answer was lost: asked
+    to give it back (a refusal, as above, claimed nothing)."""
+    conductor = Conductor(lost="check_can_live_migrate_destination")
+    with pytest.raises(messaging.MessagingTimeout):
+        live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
+                              {"dst-rp": {"resources": {"VGPU": 1}}}, "mig")
+    assert conductor.journal[-4:] == [
+        "B: check_can_live_migrate_destination",
+        "B: rollback_live_migration_at_destination", RETURNED,
+        "A: rollback_live_migration_at_source"]
 
 
 def test_a_conductor_capped_below_1_4_skips_the_source_steps():
