@@ -387,7 +387,7 @@ class ComputeManager:
             self._prepare_incoming(migration_uuid, instance_uuid,
                                    [guest_device(a) for a in claimed])
         except Exception:
-            self._give_back_incoming(migration_uuid)
+            self._give_back_incoming(migration_uuid, withdraw=known is None)
             raise
         return {"migration_uuid": migration_uuid,
                 "devices": [{"assignment_id": a.id, "kind": a.kind.value,
@@ -417,10 +417,14 @@ class ComputeManager:
         if refusals:
             raise LiveMigrationRefused(instance_uuid, "destination", refusals)
 
-    def _give_back_incoming(self, migration_uuid: str) -> None:
+    def _give_back_incoming(self, migration_uuid: str, withdraw: bool = False) -> None:
         """The destination's claim released, and the mdevs made for it
-        removed; the guest never ran here."""
-        self.tracker.revert_move(migration_uuid)
+        removed; the guest never ran here. ``withdraw``: the claim was made
+        by the call now refused, which leaves no record of it."""
+        if withdraw:
+            self.tracker.withdraw_move(migration_uuid)
+        else:
+            self.tracker.revert_move(migration_uuid)
         with self._lock:
             created = self._created_mdevs.pop(migration_uuid, [])
         for mdev in created:

@@ -511,6 +511,10 @@ def realign_assignments_sql(rows: list[Assignment]) -> Statement:
              for a in rows])
 
 
+def delete_migration_sql(uuid: str) -> Statement:
+    return ("DELETE FROM migrations WHERE uuid = ?", [(uuid,)])
+
+
 def put_migration_sql(m: Migration) -> Statement:
     return ("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
             [(m.uuid, m.instance_uuid, m.kind.value, m.role.value, m.state.value,

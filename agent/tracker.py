@@ -101,15 +101,17 @@ class Tracker:
 
     def _change(self, rows: list[Assignment], instances: dict | None = None,
                 migration: Migration | None = None, forget_instance: str | None = None,
-                new_rows: list[Assignment] = (), forget_moves: bool = False
-                ) -> Decision:
+                new_rows: list[Assignment] = (), forget_moves: bool = False,
+                withdrawn_move: str | None = None) -> Decision:
         """Apply changes to the in-memory view now; return the decision
-        that writes them and can undo them."""
+        that writes them and can undo them. ``withdrawn_move``: one move's
+        record forgotten (the others of its instance kept)."""
         before_rows = [self._live[a.id] for a in rows if a.id in self._live]
         touched = set(instances or ()) | ({forget_instance} - {None})
         before_instances = {k: self._instances.get(k) for k in touched}
         forgotten = [u for u, m in self._migrations.items()
                      if m.instance_uuid == forget_instance] if forget_moves else []
+        forgotten += [withdrawn_move] if withdrawn_move in self._migrations else []
         moves_touched = set(forgotten) | ({migration.uuid} if migration else set())
         before_moves = {k: self._migrations.get(k) for k in moves_touched}
         self._index(list(new_rows) + list(rows))
@@ -134,6 +136,8 @@ class Tracker:
             write.append(state.put_migration_sql(migration))
         if forget_instance:
             write.extend(state.delete_instance_sql(forget_instance, forget_moves))
+        if withdrawn_move:
+            write.append(state.delete_migration_sql(withdrawn_move))
 
         def undo():
             # Run by the store's writer when the write fails. Only what this
@@ -438,6 +442,24 @@ class Tracker:
                              _with_state(m, MigrationState.REVERTED),
                              forget_instance=m.instance_uuid if gone else None)
             d.result = returned
+            return d
+
+        return self._move_step(migration_uuid, step)
+
+    def withdraw_move(self, migration_uuid) -> list[Assignment]:
+        """A destination's claim refused within the call that made it (the
+        live migration's pre-check): its devices, its record and the
+        instance it brought go, so the store is as before the call, as for
+        any refused call. A later ask of the same move starts afresh."""
+        def step(m: Migration) -> Decision:
+            if m.role is not MigrationRole.DESTINATION or m.state is not MigrationState.ACTIVE:
+                raise InvalidRequest("migration_uuid", m.uuid,
+                                     "only a destination's open claim is withdrawn")
+            released = [a.with_(state=AssignmentState.RELEASED)
+                        for a in self._rows_of(m.instance_uuid, Owner.INSTANCE, m.uuid)]
+            d = self._change(released, forget_instance=m.instance_uuid,
+                             withdrawn_move=m.uuid)
+            d.result = released
             return d
 
         return self._move_step(migration_uuid, step)

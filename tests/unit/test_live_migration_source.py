@@ -77,6 +77,22 @@ def test_the_source_refuses_before_recording_anything(hosts):
     assert a.store.dump() == before
 
 
+def test_fuzz_bug_a_destination_refused_by_its_pre_check_keeps_no_record(hosts):
+    """Found by tools/reliability (fuzz, RPC): check_can_live_migrate_
+    destination claimed, then refused a plain VF in its pre-check and gave
+    the claim back, but left the move's record (reverted) in the store: a
+    refused call changed it. Now the store is as before, and the same move
+    asked again is refused the same way."""
+    b = hosts["B"]
+    before = b.store.dump()
+    migration, instance = new_uuid(), new_uuid()
+    for _ in range(2):
+        with pytest.raises(LiveMigrationRefused, match="destination vf"):
+            destination_answer(b, migration, instance, VF)
+        assert b.store.dump() == before
+    assert migration not in b.migrations() and not b.live()
+
+
 def test_an_announced_move_starts_at_live_migrate_and_completes(hosts):
     a, b = hosts["A"], hosts["B"]
     instance, migration = built(a), new_uuid()
