@@ -65,11 +65,16 @@ def _run(minutes: float, workdir: Path) -> list[dict]:
         agent = FuzzedAgent(workdir / "agent", placement.url)
         try:
             timed("RPC payloads", calls(agent.facts), agent.check)
+            meanwhile = agent.changed_meanwhile
         finally:
             agent.close()
     finally:
         placement.stop()
     rows = [t.row() for t in tallies]
+    rpc = next(r for r in rows if r["scenario"] == "fuzz RPC payloads")
+    rpc["notes"] += (f"; {len(meanwhile)} store changes during refused calls naming "
+                     "none of their UUIDs")
+    rpc["problems"] = rpc["problems"] + [f"not the call's: {m}" for m in meanwhile[:5]]
     total = sum(t.inputs for t in tallies)
     rows.append({"scenario": "fuzz, all surfaces", "seconds": sum(t.seconds for t in tallies),
                  "ops": total, "faults": 0,
