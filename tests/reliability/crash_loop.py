@@ -681,6 +681,13 @@ class CrashLoop:
                           f"{str(e)[:150]}")
                 return self._rolled_back(instance, held, source, migration,
                                          "live migration rolled back (after a kill)")
+            except PlacementError as e:
+                if "Unable to" not in str(e):
+                    raise
+                # The rerun's own allocation write found no room (the swap
+                # undone by the helper): rolled back like a refusal.
+                return self._rolled_back(instance, held, source, migration,
+                                         "live migration refused (no room in Placement)")
             self.held[instance] = Held(dest, instance_ids(view), held.spec, allocations)
             return "live migration (resumed)"
         raise Violation(f"{instance}: live migration {migration} had no outcome after "
