@@ -357,8 +357,8 @@ def test_bug_14_lost_answer_of_live_migrate_leaves_the_destination_its_claim(clo
         assert done["arrived"]["running"]
 
         # The guest runs once, on B, with B's claim settled; A holds nothing.
-        assert a.domain(instance) is None
-        assert b.domain(instance).isActive()
+        assert a.daemon.domain(instance) is None
+        assert b.daemon.domain(instance).isActive()
         info = cloud.api.get_host_info(a.name)
         assert (info["instances"], info["assignments"]) == (0, 0)
         on_b = cloud.api.get_instance(b.name, instance)
