@@ -279,8 +279,7 @@ class FuzzedAgent:
             raise
         self.store = self.store_rows()
         # Store changes seen during refused calls that name none of their
-        # UUIDs (another writer's; a long run met one: a live migration's
-        # destination record, reverted, no call had named): kept to be shown.
+        # UUIDs (another writer's): kept to be shown, not blamed on the call.
         self.changed_meanwhile: list[str] = []
 
     def _setup(self) -> HostFacts:
@@ -363,9 +362,7 @@ class FuzzedAgent:
         """The store's rows once they stopped changing for ``quiet`` seconds.
         A call taken may go on after its answer (an accepted rebuild builds
         its guest and settles its move in the background: two more commits),
-        and a refused call that comes next must not be blamed for them (long
-        runs did: an unknown method "changed" the store, and did not when
-        hypothesis tried it again)."""
+        and a refused call that comes next must not be blamed for them."""
         deadline = time.monotonic() + limit
         last = self.store_rows()
         while time.monotonic() < deadline:
