@@ -614,6 +614,11 @@ class CrashLoop:
         instance = self.pick()
         held = self.held[instance]
         source, dest = held.host, self.other(held.host)
+        if not self.call(source, "get_instance", instance, may_kill=False)["running"]:
+            # An evacuation that found no room left it on its source,
+            # stopped: a conductor live-migrates running guests only (the
+            # source refuses the others, rightly).
+            return "live migration not tried (guest stopped)"
         migration = str(uuid.uuid4())
         allocations = self.like(held, dest)
         victim = (self.rng.choice(self.names) if self.rng.random() < self.kill_rate
@@ -700,6 +705,9 @@ class CrashLoop:
         if instance_ids(view) != held.ids:
             raise Violation(f"{instance}: a rolled-back live migration changed its "
                             f"devices on the source: {view}")
+        if not view["running"]:
+            raise Violation(f"{instance}: its guest ran on the source before a live "
+                            f"migration that was rolled back, and runs no more: {view}")
         if self.allocations_of(migration):
             raise Violation(f"{instance}: rolled-back live migration {migration} "
                             "still holds allocations")
