@@ -3,82 +3,28 @@
     compute-agent --config-file F          run until SIGTERM
     compute-agent --config-file F --once   run one update cycle and exit,
                                            with a one-line summary
+
+This module is the entry point and imports nothing but the standard library:
+SIGHUP's default action ends a process, a SIGHUP can come as soon as the
+process exists (logrotate, a ``kill -HUP`` right after a start), and the
+daemon's own modules take half a second or more to import. So the handler is
+installed first and the daemon (agent.cmd.daemon) is imported after it.
+Only the interpreter's own start-up (tens of milliseconds) comes before; under
+systemd (Type=notify) a reload waits for READY=1 anyway.
 """
 from __future__ import annotations
 
-import gc
 import signal
 import sys
-import time
+from typing import TYPE_CHECKING
 
-from oslo_config import cfg
-from oslo_log import log as logging
-
-from agent import state_lock
-from agent.broker import quiet_reconnect_lines
-from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
-                              load_config, print_output, setup_logging,
-                              tolerate_closed_stdout)
-from agent.exception import ConfigError
-from agent.heartbeat import make_server as heartbeat_server
-from agent.rpc import make_server
-from agent.service import Agent, CycleOutcome
-from agent.state import StoreError
-from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
-from agent.store_check import StoreRefused
-from agent.supervisor import EXIT_THREAD_DIED, Supervisor
-from agent.systemd import notify, watchdog_from_environment
-
-LOG = logging.getLogger(__name__)
-
-PROG = "compute-agent"
-HELP = CommandHelp(
-    prog=PROG, usage=f"{PROG} --config-file F [--once]",
-    description="The compute-node agent: keeps this host's resource-provider tree "
-    "in Placement, claims the host's devices for instances and serves its RPC "
-    "API until SIGTERM; --once runs one update cycle and exits.")
-
-cli_opts = [
-    cfg.BoolOpt("once", default=False,
-                help="Run exactly one update cycle, then exit: one line on stdout "
-                     "saying what it did, exit 0; on failure the line, with the "
-                     "reason, on stderr, exit 1."),
-]
-
-
-def once_summary(outcome: CycleOutcome, requests: int, seconds: float) -> str:
-    """What one cycle did, in one line."""
-    cost = f"{requests} Placement requests, {seconds:.2f} s"
-    if not outcome.ok:
-        return f"cycle failed ({cost}): {outcome.reason}"
-    result = outcome.result
-    return (f"cycle ok: {len(result.tree)} providers in Placement, "
-            f"{result.writes} writes, {len(result.warnings)} warnings, {cost}")
-
-
-def run_once(agent: Agent) -> int:
-    """One cycle, its summary; 0 when it succeeded."""
-    started = time.monotonic()
-    agent.driver.init_host()
-    try:
-        outcome = agent.run_cycle()
-    finally:
-        agent.driver.cleanup()
-    line = once_summary(outcome, agent.sync.client.requests_sent,
-                        time.monotonic() - started)
-    if not outcome.ok:
-        print(f"{PROG}: {line}", file=sys.stderr)
-        return 1
-    print_output(line)
-    return 0
+if TYPE_CHECKING:
+    from agent.service import Agent
 
 
 class ReloadSignal:
-    """SIGHUP asks the agent to drop its Placement cache. It can come as
-    soon as the process exists (logrotate, a ``kill -HUP`` right after a
-    start), and its default action would end the daemon: so main catches
-    it before anything slow, notes it until the agent exists, and hands it
-    to the agent then."""
+    """SIGHUP asks the agent to drop its Placement cache. One that comes
+    before the agent exists is noted and handed to the agent once it does."""
 
     def __init__(self) -> None:
         self._agent: Agent | None = None
@@ -93,89 +39,23 @@ class ReloadSignal:
         else:
             self._agent.drop_cache()
 
-    def deliver_to(self, agent: Agent) -> None:
+    def deliver_to(self, agent: Agent) -> bool:
         """From now on SIGHUP drops ``agent``'s cache; one that came
-        earlier drops it now."""
+        earlier drops it now, and the answer is True."""
         self._agent = agent
-        if self._early:
-            self._early = False
-            LOG.info("SIGHUP during start-up: the first cycle reads Placement afresh")
-            agent.drop_cache()
+        if not self._early:
+            return False
+        self._early = False
+        agent.drop_cache()
+        return True
 
 
 def main(argv=None) -> int:
     reload_signal = ReloadSignal()
     reload_signal.install()
-    tolerate_closed_stdout()
-    try:
-        conf = load_config(sys.argv[1:] if argv is None else argv, cli_opts,
-                           placement_required=True, command_help=HELP)
-        setup_logging(conf)
-    except ConfigError as e:
-        return exit_config_error(e)
-    # Every option's value at debug level, as OpenStack services log them;
-    # secret ones (passwords, transport_url) as "****".
-    conf.log_opt_values(LOG, logging.DEBUG)
-    # The broker's outage is the loop's one line each way (agent/broker.py).
-    quiet_reconnect_lines()
-    try:
-        # Held until the process ends: before anything in the state
-        # directory is read, so two agents never serve one store.
-        state_lock.acquire(conf.state_path)
-        agent = Agent.from_conf(conf)
-    except ConfigError as e:
-        return exit_config_error(e)
-    except (StateDirectoryInUse, StateDirectoryUnusable, StoreRefused, StoreError) as e:
-        return exit_store_error(e)
-    reload_signal.deliver_to(agent)
-    if conf.once:
-        return run_once(agent)
-
-    supervisor = Supervisor()
-    supervisor.install()
-
-    def on_term(signum, frame):
-        LOG.info("Signal %d: stopping", signum)
-        supervisor.request_stop()
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    try:
-        agent.start(watchdog_from_environment())
-    except ConfigError as e:  # [metrics] listen cannot be served
-        agent.stop()
-        return exit_config_error(e)
-    heartbeat = heartbeat_server(conf, agent)
-    heartbeat.start()
-    server = make_server(conf, agent)
-    server.start()
-    # What start-up made (modules, config, the host's pools, the store's
-    # rows) lives as long as the process: keep it out of the collector's
-    # full passes, each of which would stall every call in flight (about
-    # 40 ms for 70,000 objects on a 2-vCPU host).
-    gc.freeze()
-    if not supervisor.wake.is_set():
-        # Start-up reconciliation is done and RPC's queue is declared; not
-        # when a signal or a thread's death came during start-up.
-        notify("READY=1")
-        LOG.info("compute-agent running as host %s", conf.host)
-    supervisor.wait()
-    if supervisor.deaths:
-        supervisor.exit_unless_stopped_in_time()
-    else:
-        notify("STOPPING=1")
-    # Calls in flight finish before the store closes.
-    # Both stop listening at once; each waits out its own poll.
-    server.stop()
-    heartbeat.stop()
-    server.wait()
-    heartbeat.wait()
-    agent.stop()
-    if supervisor.deaths:
-        supervisor.report()  # any that died on the way out
-        return EXIT_THREAD_DIED
-    LOG.info("compute-agent stopped")
-    return 0
+    # Imported only now, on purpose: see the module's docstring.
+    from agent.cmd import daemon
+    return daemon.main(reload_signal, argv)
 
 
 if __name__ == "__main__":

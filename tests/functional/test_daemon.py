@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,9 +24,9 @@ def run(command: str, conf: Path, *args, timeout=60) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=timeout)
 
 
-def start_daemon(conf: Path, log: Path) -> subprocess.Popen:
+def start_daemon(conf: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([str(BIN / "compute-agent"), "--config-file", str(conf)],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
 
 
 def test_once_registers_the_host_and_manage_shows_it(tmp_path, placement):
@@ -120,6 +121,53 @@ def test_sighup_drops_the_placement_cache(tmp_path, placement):
         wait_for(lambda: any("/inventories" in r for r in placement.requests_since(mark)))
         wait_for(lambda: "Placement cache dropped" in log.read_text())
     finally:
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+# Put on the daemon's PYTHONPATH: holds the import of oslo_messaging (one of
+# the daemon's heavy modules, imported at start) until the test says go, so
+# that a signal surely comes while the daemon imports its modules.
+HOLD_AN_IMPORT = """
+import os, sys, time
+
+class HoldImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "oslo_messaging":
+            sys.meta_path.remove(self)
+            open(os.environ["HOLD_MARK"], "w").close()
+            deadline = time.monotonic() + 30
+            while not os.path.exists(os.environ["HOLD_GO"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return None
+
+sys.meta_path.insert(0, HoldImport())
+"""
+
+
+def test_bug_sighup_while_the_daemon_imports_its_modules_ended_it(tmp_path, placement):
+    """The SIGHUP handler was installed by main, after half a second or more
+    of imports; a SIGHUP in that time ended the daemon."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_AN_IMPORT)
+    mark, go = tmp_path / "importing", tmp_path / "go"
+    conf = write_conf(tmp_path, placement.url, "sighup-importing", HOST,
+                      DEFAULT={"update_interval": 3600})
+    log = tmp_path / "agent.log"
+    env = {**os.environ, "PYTHONPATH": str(hook), "HOLD_MARK": str(mark),
+           "HOLD_GO": str(go)}
+    proc = start_daemon(conf, log, env)
+    try:
+        wait_for(lambda: mark.exists() or proc.poll() is not None)
+        proc.send_signal(signal.SIGHUP)
+        go.touch()
+        wait_for(lambda: "compute-agent running as host" in log.read_text()
+                 or proc.poll() is not None)
+        assert proc.poll() is None, f"exit {proc.returncode}: {log.read_text()}"
+        assert "SIGHUP during start-up" in log.read_text()
+    finally:
+        go.touch()
         proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
 

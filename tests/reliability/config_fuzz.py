@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from agent.cmd.agent import cli_opts
+from agent.cmd.daemon import cli_opts
 from agent.cmd.common import load_config
 from agent.config_check import registered_options
 from agent.exception import ConfigError

@@ -12,7 +12,7 @@ import pytest
 
 from agent import rpc_schemas
 from agent.cmd import common, ctl
-from agent.cmd.agent import once_summary
+from agent.cmd.daemon import once_summary
 from agent.exception import InvalidRequest
 from agent.provider_tree import Provider, ProviderTree
 from agent.service import CycleOutcome

@@ -267,7 +267,7 @@ def measure_startup(workdir: Path) -> list[dict]:
 
 def run(workdir: Path) -> list[dict]:
     host = Host(4, 64, 2, 512)
-    gc.freeze()  # as the daemon does once started (agent/cmd/agent.py)
+    gc.freeze()  # as the daemon does once started (agent/cmd/daemon.py)
     results = [measure_claims(workdir, host, n) for n in CLAIMERS]
     one, many = results[0], results[-1]
     for r in results:
