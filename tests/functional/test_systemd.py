@@ -236,7 +236,7 @@ def test_a_dying_update_thread_takes_the_daemon_down(tmp_path, placement, notify
     assert notify_socket.times("STOPPING=1") == []
 
 
-# oslo.messaging's poll loop, the RPC server's listener thread, fails at
+# oslo.messaging's poll loop, each RPC server's listener thread, fails at
 # once. The orderly stop then waits forever for that thread: the daemon
 # must exit all the same.
 DYING_LISTENER = """
@@ -261,8 +261,11 @@ def test_a_dying_rpc_listener_takes_the_daemon_down(tmp_path, placement, notify_
         assert proc.wait(30) == 1
     finally:
         stop_daemon(proc)
+    # The agent runs two RPC servers (calls and heartbeats), and both
+    # listeners are broken: one death or both may be told before the exit.
     died = [line for line in log.read_text().splitlines() if " died: " in line]
-    assert len(died) == 1, log.read_text()
-    assert "(failing_runner) died: RuntimeError: listener broke" in died[0]
+    assert 1 <= len(died) <= 2, log.read_text()
+    assert all("(failing_runner) died: RuntimeError: listener broke" in line
+               for line in died), log.read_text()
     assert "Not stopped 5 s after a thread's death: exiting now" in log.read_text()
     assert notify_socket.times("STOPPING=1") == []
