@@ -15,9 +15,12 @@ the same uuids.
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
 import uuid as uuid_lib
+from contextlib import contextmanager
 from enum import Enum
 from typing import Callable
 
@@ -62,10 +65,50 @@ class BrokerUnreachable(messaging.MessagingTimeout):
     timeout: a timeout like any other to a caller, which retries."""
 
 
+class OutstandingCalls:
+    """The calls one or more clients have sent and not had answered, for a
+    caller's watchdog: how long the oldest has waited, or, with none
+    outstanding, how long since the last answer. A command that makes many
+    calls (an evacuation) is stuck only when one call outlives its timeout,
+    not when the calls together take longer than one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._started: dict[int, float] = {}
+        self._last_answer = time.monotonic()
+
+    @contextmanager
+    def one(self):
+        with self._lock:
+            call = next(self._ids)
+            self._started[call] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._started[call]
+                self._last_answer = time.monotonic()
+
+    def waiting_for(self) -> float:
+        """Seconds since the oldest outstanding call was sent, or, with
+        none outstanding, since the last answer (or since this began)."""
+        with self._lock:
+            since = min(self._started.values(), default=self._last_answer)
+        return time.monotonic() - since
+
+    def any(self) -> bool:
+        with self._lock:
+            return bool(self._started)
+
+
 class ComputeAgentAPI:
-    def __init__(self, conf, timeout: float = 60):
-        """``conf`` has the agent's options registered (agent.config)."""
+    def __init__(self, conf, timeout: float = 60,
+                 outstanding: OutstandingCalls | None = None):
+        """``conf`` has the agent's options registered (agent.config).
+        ``outstanding`` is shared by clients one watchdog looks after."""
         self.timeout = timeout
+        self.outstanding = outstanding or OutstandingCalls()
         self._conf = conf
         # A client's first call opens the connection its answers come back
         # on, with no bound on its attempts: until then each call asks the
@@ -89,7 +132,11 @@ class ComputeAgentAPI:
         """Send ``method``, which appeared in API ``version``."""
         if not self.client.can_send_version(version):
             raise VersionCapped(method, version, self.client.version_cap)
-        timeout = timeout or self.timeout
+        with self.outstanding.one():
+            return self._send(host, method, version, timeout or self.timeout, payload)
+
+    def _send(self, host: str, method: str, version: str, timeout: float,
+              payload: dict):
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()

@@ -55,12 +55,13 @@ from agent.live_migrator import LiveMigrator
 from agent.messaging import messaging
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import tree_lines
-from agent.rpcapi import BrokerUnreachable, ComputeAgentAPI
+from agent.rpcapi import BrokerUnreachable, ComputeAgentAPI, OutstandingCalls
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
 # oslo.messaging retries an unreachable broker forever, before the call's
-# own timeout starts: past --timeout plus this, we stop waiting.
+# own timeout starts: once one call has waited --timeout plus this, we stop
+# waiting.
 BROKER_GRACE = 5.0
 # oslo.messaging's reply listener sees that it is stopped only between two
 # waits on the broker's socket, each up to heartbeat_timeout_threshold /
@@ -164,7 +165,8 @@ POLL_TIMEOUT = 2.0
 
 def _evacuator(api, conf) -> Evacuator:
     return Evacuator(PlacementClient(adapter_from_conf(conf)), api, Heartbeat(conf),
-                     ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT)))
+                     ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT),
+                                     outstanding=api.outstanding))
 
 
 def _when(epoch: float | None) -> str:
@@ -461,6 +463,16 @@ def shorten_reply_polls(conf: cfg.ConfigOpts) -> None:
             group="oslo_messaging_rabbit")
 
 
+def wait_while_answered(worker: threading.Thread, outstanding: OutstandingCalls,
+                        stuck_after: float) -> None:
+    """Until ``worker`` ends, or has waited ``stuck_after`` seconds for one
+    answer (or, between calls, for the next call to go). Watched call by
+    call: the calls of an evacuation together may take far longer than
+    --timeout, each within it."""
+    while worker.is_alive() and outstanding.waiting_for() <= stuck_after:
+        worker.join(REPLY_POLL)
+
+
 def first_line(error: Exception) -> str:
     """A remote error's str() carries the agent's traceback after the
     message: the operator gets the message."""
@@ -493,13 +505,17 @@ def main(argv=None) -> int:
 
     worker = threading.Thread(target=call, name="rpc-call", daemon=True)
     worker.start()
-    worker.join(conf.timeout + BROKER_GRACE)
+    stuck_after = conf.timeout + BROKER_GRACE
+    wait_while_answered(worker, api.outstanding, stuck_after)
     error = outcome.get("error")
+    if worker.is_alive() and api.outstanding.any():
+        return fail(f"the message broker did not answer within {stuck_after:g}s: is "
+                    "it running, and is [DEFAULT] transport_url right? (see --debug)"
+                    + resume_hint(args), as_json)
     if worker.is_alive():
-        return fail(f"the message broker did not answer within "
-                    f"{conf.timeout + BROKER_GRACE:g}s: is it running, and is "
-                    "[DEFAULT] transport_url right? (see --debug)" + resume_hint(args),
-                    as_json)
+        return fail(f"Placement did not answer within {stuck_after:g}s: is it running, "
+                    "and is the [placement] section right? (see --debug)"
+                    + resume_hint(args), as_json)
     api.close()
     if isinstance(error, BrokerUnreachable):
         return fail(f"the message broker did not answer within {conf.timeout:g}s: is it "

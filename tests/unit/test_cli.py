@@ -5,6 +5,7 @@ commands as subprocesses: tests/functional/test_cli.py.)"""
 from __future__ import annotations
 
 import json
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from agent.cmd import common, ctl
 from agent.cmd.daemon import once_summary
 from agent.exception import InvalidRequest
 from agent.provider_tree import Provider, ProviderTree
+from agent.rpcapi import OutstandingCalls
 from agent.service import CycleOutcome
 from agent.tree_sync import SyncResult
 
@@ -98,3 +100,52 @@ def test_once_summary_of_a_failed_cycle_gives_the_reason():
     assert once_summary(outcome, 1, 2.0) == (
         "cycle failed (1 Placement requests, 2.00 s): "
         "Placement unavailable, cycle abandoned: refused")
+
+
+# --- ctl's watchdog: call by call ---------------------------------------------
+
+def calls_of(seconds: float, count: int) -> ctl.Command:
+    """A conductor's command that makes ``count`` calls of ``seconds`` each,
+    one after the other, and says how many it made."""
+    def call(api, args, conf):
+        for _ in range(count):
+            with api.outstanding.one():
+                time.sleep(seconds)
+        return {"calls": count}
+    return ctl.Command("test", call, conductor=True)
+
+
+def run_ctl(tmp_path, monkeypatch, command: ctl.Command, timeout: float) -> int:
+    conf = tmp_path / "ctl.conf"
+    conf.write_text("[DEFAULT]\ntransport_url = rabbit://guest:guest@127.0.0.1:1/\n")
+    monkeypatch.setitem(ctl.COMMANDS, "hosts", command)
+    monkeypatch.setattr(ctl, "BROKER_GRACE", 0.5)
+    return ctl.main(["--config-file", str(conf), "--timeout", str(timeout),
+                     "hosts", "--json"])
+
+
+def test_bug_an_evacuation_longer_than_its_timeout_was_called_a_broker_failure(
+        tmp_path, monkeypatch, capsys):
+    """ctl waited --timeout plus 5 s for the whole command: an evacuation
+    whose calls each answered within --timeout, together later, ended in
+    "the message broker did not answer" and its outcomes were lost."""
+    assert run_ctl(tmp_path, monkeypatch, calls_of(0.5, 4), timeout=1) == 0
+    assert json.loads(capsys.readouterr().out) == {"calls": 4}
+
+
+def test_a_call_that_outlives_its_timeout_is_still_given_up(tmp_path, monkeypatch,
+                                                             capsys):
+    started = time.monotonic()
+    assert run_ctl(tmp_path, monkeypatch, calls_of(30, 1), timeout=1) == 1
+    assert time.monotonic() - started < 10
+    assert json.loads(capsys.readouterr().out)["error"].startswith(
+        "the message broker did not answer within 1.5s")
+
+
+def test_outstanding_calls_measure_the_oldest_call_then_the_last_answer():
+    outstanding = OutstandingCalls()
+    with outstanding.one():
+        time.sleep(0.2)
+        with outstanding.one():
+            assert outstanding.any() and outstanding.waiting_for() >= 0.2
+    assert not outstanding.any() and outstanding.waiting_for() < 0.1
