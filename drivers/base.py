@@ -423,6 +423,14 @@ class ComputeDriver(abc.ABC):
         still runs here as before and the destination holds nothing."""
 
     @abc.abstractmethod
+    def migrating_out(self, instance_uuid: str) -> bool:
+        """Whether the hypervisor is migrating the guest to another host
+        right now. A migration can outlive the process that started it
+        (libvirt's peer-to-peer migrations run inside libvirtd): an agent
+        restarted mid-way finds its own still going. False for a guest
+        that is not here."""
+
+    @abc.abstractmethod
     def migration_uri(self) -> str:
         """Where a source's hypervisor reaches this one to migrate a guest
         here (libvirt: the destination libvirtd's URI)."""

@@ -490,6 +490,11 @@ class FakeDriver(ComputeDriver):
         with self._held(write=True):
             self.guests.pop(instance_uuid, None)
 
+    def migrating_out(self, instance_uuid: str) -> bool:
+        # Its migrations are one step, inside the call that makes them:
+        # none outlives its caller.
+        return False
+
     def migration_uri(self) -> str:
         return self.uri
 

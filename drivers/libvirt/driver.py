@@ -144,6 +144,9 @@ class LibvirtDriver(ComputeDriver):
                                      f"{instance_uuid} to {dest_uri}: {e}") from None
         self._guests.live_migrate(instance_uuid, dest_uri, dest_xml)
 
+    def migrating_out(self, instance_uuid: str) -> bool:
+        return self._guests.migrating_out(instance_uuid)
+
     def migration_uri(self) -> str:
         return (self._conf.libvirt.live_migration_uri
                 or default_migration_uri(self._conf.libvirt.connection_uri,

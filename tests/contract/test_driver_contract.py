@@ -445,6 +445,20 @@ def test_live_migration_moves_the_running_guest_to_the_destinations_devices(pair
     assert a.instance_uuid not in pair.source.list_guests()
 
 
+def test_no_migration_is_reported_out_of_a_guest_at_rest_or_of_one_moved(pair):
+    """migrating_out tells a restarted agent whether the migration it left
+    still runs; a guest at rest, one moved away and one never here have
+    none. (One under way, which only QEMU can hold: test_live_migration_libvirt.)"""
+    a, b = pair.guests()
+    pair.source.spawn(a)
+    assert not pair.source.migrating_out(a.instance_uuid)
+    assert not pair.dest.migrating_out(a.instance_uuid)
+    pair.source.live_migrate(a.instance_uuid, pair.dest_uri, target(a, b))
+    assert not pair.source.migrating_out(a.instance_uuid)
+    assert not pair.dest.migrating_out(a.instance_uuid)
+    assert not pair.source.migrating_out(str(uuid.uuid4()))
+
+
 def test_live_migration_of_a_guest_not_running_here_is_refused(pair):
     a, b = pair.guests()
     pair.source.spawn(a)

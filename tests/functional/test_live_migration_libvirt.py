@@ -180,3 +180,48 @@ def test_a_destination_that_cannot_start_the_guest_refuses_and_a_keeps_it(hosts)
                                         target(a, b_missing))
     assert caught.value.cause is MigrationFailure.ABORTED
     assert_runs_on_a_only(hosts, a)
+
+
+def test_a_migration_under_way_is_seen_by_a_new_connection_and_not_started_twice(
+        tmp_path, hosts):
+    """What a restarted agent finds: a driver of its own (a new connection)
+    sees the migration an earlier one started still running, and a second
+    migration is refused with the outcome unknown (it may still take the
+    guest away), never as "no running guest"."""
+    a, b = hosts.spawn_on_a()
+    moves = target(a, b)
+    restarted = libvirt_driver(tmp_path / "restarted", hosts.daemons["a"].uri,
+                               tmp_path / "a" / "sys")
+    assert not restarted.migrating_out(a.instance_uuid)
+    conn = libvirt.open(hosts.daemons["a"].uri)
+    dom = conn.lookupByUUIDString(a.instance_uuid)
+    dom.migrateSetMaxSpeed(1, 0)
+    incoming: list[int] = []
+    mover = threading.Thread(target=hosts.drivers["a"].live_migrate,
+                             args=(a.instance_uuid, hosts.daemons["b"].uri, moves))
+    mover.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (hosts.daemons["b"].domain(a.instance_uuid) is not None
+                   and dom.jobStats().get("memory_processed", 0) > 0):
+            assert mover.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        # Held mid-way: B's QEMU stopped, the transfer waits for it.
+        incoming.append(hosts.daemons["b"].qemu_pid(domain_name(a.instance_uuid)))
+        os.kill(incoming[0], signal.SIGSTOP)
+        assert restarted.migrating_out(a.instance_uuid)
+        with pytest.raises(LiveMigrationError) as caught:
+            restarted.live_migrate(a.instance_uuid, hosts.daemons["b"].uri, moves)
+        assert caught.value.cause is MigrationFailure.OUTCOME_UNKNOWN, caught.value
+        assert "another migration job" in str(caught.value)
+    finally:
+        if incoming:
+            os.kill(incoming[0], signal.SIGCONT)
+        mover.join(120)
+        conn.close()
+        restarted.cleanup()
+    assert not mover.is_alive()
+    # Once it has ended, the guest is B's and A has no migration of it.
+    assert hosts.drivers["b"].guest_state(a.instance_uuid).running
+    assert not hosts.drivers["a"].migrating_out(a.instance_uuid)
+    assert not hosts.drivers["b"].migrating_out(a.instance_uuid)
