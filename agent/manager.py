@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from agent.claim_model import (Assignment, Migration, MigrationRole, MigrationState,
@@ -28,6 +29,10 @@ from drivers.migration import (ClaimedDevice, InvalidMigrationTarget,
                                LiveMigrationTarget, pair_devices)
 
 LOG = logging.getLogger(__name__)
+
+# How often a resumed live migration looks whether the hypervisor still runs
+# the migration this agent started before a restart.
+EARLIER_MIGRATION_POLL_SECONDS = 0.5
 
 
 def in_guest(a: Assignment) -> bool:
@@ -485,6 +490,8 @@ class ComputeManager:
             raise LiveMigrationRefused(instance_uuid, "source", refusals)
         self.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
                                        instance_uuid)
+        if resumed:
+            self._wait_for_earlier_migration(migration_uuid, instance_uuid)
         # A move an earlier call of ours left open (the agent restarted
         # mid-way) whose guest has left already needs no migration.
         if not (resumed and self.driver.guest_state(instance_uuid) is None):
@@ -502,6 +509,21 @@ class ComputeManager:
                 "still here")
         self._release_devices(self.tracker.confirm_move(migration_uuid))
         return {"migration_uuid": migration_uuid, "state": "migrated"}
+
+    def _wait_for_earlier_migration(self, migration_uuid: str, instance_uuid: str
+                                    ) -> None:
+        """The migration an earlier process of this agent started may still
+        run: libvirt carries a peer-to-peer migration on after its caller
+        died. Migrating again meanwhile is refused ("another migration job
+        is already running"), which says nothing of where the guest ends
+        up: its end is waited for, then the guest's place tells."""
+        if not self.driver.migrating_out(instance_uuid):
+            return
+        LOG.info("Live migration %s of instance %s: resumed while the hypervisor still "
+                 "runs the migration started before this agent's restart; waiting for "
+                 "it to end", migration_uuid, instance_uuid)
+        while self.driver.migrating_out(instance_uuid):
+            time.sleep(EARLIER_MIGRATION_POLL_SECONDS)
 
     def _target(self, migration_uuid: str, instance_uuid: str, destination: dict
                 ) -> tuple[LiveMigrationTarget, str]:

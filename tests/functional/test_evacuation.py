@@ -58,7 +58,7 @@ class QemuAgent:
             directory, placement_url, self.name, host_dict=None,
             DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(directory / "sys"),
                      "transport_url": BROKER, "service_down_time": DOWN_AFTER},
-            libvirt={"connection_uri": daemon.uri,
+            libvirt={"connection_uri": daemon.uri, "live_migration_uri": daemon.uri,
                      "instances_path": str(directory / "instances")})
         self.log = directory / "agent.log"
         self.proc: subprocess.Popen | None = None
