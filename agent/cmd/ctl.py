@@ -443,7 +443,7 @@ def add_parsers(subparsers) -> None:
 
 cli_opts = [
     cfg.FloatOpt("timeout", default=DEFAULT_TIMEOUT, min=0.1, max=86400,
-                 help="Seconds to wait for the agent's answer."),
+                 help="Seconds to wait for each of the agents' answers."),
     cfg.SubCommandOpt("command", handler=add_parsers, title="commands"),
 ]
 
