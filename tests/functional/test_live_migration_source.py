@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -113,11 +114,11 @@ class Cloud:
     def allocated_on(self, consumer: str) -> set[str]:
         return set(self.placement.get_consumer_allocations(consumer)["allocations"])
 
-    def ctl(self, *args) -> subprocess.CompletedProcess:
+    def ctl(self, *args, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "agent.cmd.ctl", "--config-file",
-             str(Path(self.a.conf.config_file[0])), "--timeout", "30", *args],
-            capture_output=True, text=True, timeout=60)
+             str(Path(self.a.conf.config_file[0])), "--timeout", str(timeout), *args],
+            capture_output=True, text=True, timeout=120)
 
     def close(self) -> None:
         self.api.close()
@@ -133,6 +134,9 @@ def cloud(tmp_path, placement, services):
 
 
 CLEAN = {"consistent": True, "findings": [], "unknown": []}
+# A migration that takes longer than ctl's --timeout plus its 5 s grace.
+CTL_TIMEOUT = 3
+SLOW_MIGRATION_SECONDS = 12
 
 
 def error_line(done: subprocess.CompletedProcess) -> str:
@@ -190,6 +194,32 @@ def test_ctl_live_migrate_moves_the_instance_and_refuses_what_cannot_move(cloud)
         f"--target: {a.name} is the instance's host already")
     unknown = cloud.ctl("live-migrate", instance, "--target", "no-such-host")
     assert error_line(unknown) == "--target: no-such-host is no compute host in Placement"
+
+
+def test_ctl_live_migrate_waits_out_a_migration_longer_than_its_timeout(cloud):
+    """--timeout bounds each answer: a migration that takes longer is asked
+    after (the conductor's outcome wait) until the source says it is done,
+    not given up at --timeout plus 5 s with the move left open."""
+    a, b = cloud.a, cloud.b
+    instance = cloud.build_on_a()
+    migrate = a.driver.live_migrate
+
+    def slow(*args, **kwargs):
+        time.sleep(SLOW_MIGRATION_SECONDS)
+        migrate(*args, **kwargs)
+    a.driver.live_migrate = slow
+    try:
+        done = cloud.ctl("live-migrate", instance, "--target", b.name, "--json",
+                         timeout=CTL_TIMEOUT)
+    finally:
+        del a.driver.live_migrate
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    answer = json.loads(done.stdout)
+    assert answer["running"] and answer["destination"] == b.name
+    assert b.driver.guest_is_running(instance) and instance not in a.driver.guests
+    assert cloud.allocated_on(instance) <= b.providers(cloud.url)
+    assert cloud.allocated_on(answer["migration"]) == set()
+    assert a.audit() == CLEAN and b.audit() == CLEAN
 
 
 @pytest.mark.parametrize("outcome", ["completes", "rolls back"])
