@@ -8,8 +8,8 @@ Errors arrive as the agent's own types (agent.exception): InvalidRequest,
 NoSuchInstance, ClaimFailed, MoveInProgress, StoreUnavailable and
 InternalError. A call newer than the client's version cap is refused here,
 before it is sent, with VersionCapped. A call that gets no answer within
-its timeout raises oslo.messaging's MessagingTimeout, also while the
-broker cannot be reached (BrokerUnreachable, a MessagingTimeout): the
+its timeout raises oslo.messaging's MessagingTimeout (NoAnswer, naming the
+host), also while the broker cannot be reached (BrokerUnreachable): the
 call may or may not have been done, and every call is safe to retry with
 the same uuids.
 """
@@ -63,6 +63,15 @@ NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
 class BrokerUnreachable(messaging.MessagingTimeout):
     """The request could not be handed to the broker within the call's
     timeout: a timeout like any other to a caller, which retries."""
+
+
+class NoAnswer(messaging.MessagingTimeout):
+    """The call was sent and no answer came within its timeout: the agent
+    may or may not have done it. Names the host and the method."""
+
+    def __init__(self, host: str, method: str, timeout: float):
+        super().__init__(f"{method} to {host}: no answer within {timeout:g}s")
+        self.host = host
 
 
 class OutstandingCalls:
@@ -147,6 +156,8 @@ class ComputeAgentAPI:
                     server=host, version=version, timeout=max(left, RESEND_PAUSE_SECONDS))
                 try:
                     return prepared.call({}, method, **payload)
+                except messaging.MessagingTimeout:
+                    raise NoAnswer(host, method, timeout) from None
                 finally:
                     self._answers_connected = True
             except NOT_SENT as e:

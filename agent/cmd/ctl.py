@@ -55,7 +55,7 @@ from agent.live_migrator import LiveMigrator
 from agent.messaging import messaging
 from agent.placement import PlacementClient, adapter_from_conf
 from agent.provider_tree import tree_lines
-from agent.rpcapi import BrokerUnreachable, ComputeAgentAPI, OutstandingCalls
+from agent.rpcapi import BrokerUnreachable, ComputeAgentAPI, NoAnswer, OutstandingCalls
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
@@ -522,7 +522,8 @@ def main(argv=None) -> int:
                     "running, and is [DEFAULT] transport_url right? (see --debug)"
                     + resume_hint(args), as_json)
     if isinstance(error, messaging.MessagingTimeout):
-        return fail(f"no answer from {args.agent_host} within {conf.timeout:g}s: the "
+        host = error.host if isinstance(error, NoAnswer) else args.agent_host
+        return fail(f"no answer from {host} within {conf.timeout:g}s: the "
                     "host may be down, or its compute-agent not running or not "
                     "connected to this broker" + resume_hint(args), as_json)
     if isinstance(error, (AgentError, messaging.MessagingException)):

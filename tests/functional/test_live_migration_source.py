@@ -222,6 +222,38 @@ def test_ctl_live_migrate_waits_out_a_migration_longer_than_its_timeout(cloud):
     assert a.audit() == CLEAN and b.audit() == CLEAN
 
 
+def test_ctl_live_migrate_from_a_source_that_does_not_answer_moves_nothing(cloud):
+    """The source's agent is down: ctl says so in one line naming the
+    migration; nothing changed in Placement or on either host (at most the
+    source recorded the move as announced, if only its answer was lost).
+    Run again with --migration once the source is back, the move goes."""
+    a, b = cloud.a, cloud.b
+    instance = cloud.build_on_a()
+    held = cloud.allocated_on(instance)
+    a.stop()
+    try:
+        down = cloud.ctl("live-migrate", instance, "--target", b.name, timeout=2)
+    finally:
+        a.start()
+    line = error_line(down)
+    assert line.startswith(f"no answer from {a.name} within 2s: the host may be down"), \
+        line
+    migration = line.rsplit("--migration ", 1)[1].split()[0]
+    assert cloud.allocated_on(instance) == held
+    assert cloud.allocated_on(migration) == set()
+    assert a.driver.guest_is_running(instance)
+    assert not b.agent.manager.tracker.knows(instance)
+    assert a.audit() == CLEAN and b.audit() == CLEAN
+
+    again = cloud.ctl("live-migrate", instance, "--target", b.name,
+                      "--migration", migration, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["migration"] == migration
+    assert b.driver.guest_is_running(instance) and instance not in a.driver.guests
+    assert cloud.allocated_on(instance) <= b.providers(cloud.url)
+    assert a.audit() == CLEAN and b.audit() == CLEAN
+
+
 @pytest.mark.parametrize("outcome", ["completes", "rolls back"])
 def test_a_source_restarted_after_the_swap_keeps_its_guest(cloud, outcome):
     """The conductor's steps by hand, the source's agent restarted between
