@@ -83,6 +83,8 @@ READY = "compute-agent running as host"
 # How long a call may take before its daemon is taken for hung (a live
 # migration of a QEMU guest takes a few seconds).
 CALL_TIMEOUT = 30
+# What a live migration (or its rollback) of a guest that does not run is.
+NOT_TRIED_STOPPED = "live migration not tried (guest stopped)"
 
 
 class Violation(AssertionError):
@@ -614,11 +616,8 @@ class CrashLoop:
         instance = self.pick()
         held = self.held[instance]
         source, dest = held.host, self.other(held.host)
-        if not self.call(source, "get_instance", instance, may_kill=False)["running"]:
-            # An evacuation that found no room left it on its source,
-            # stopped: a conductor live-migrates running guests only (the
-            # source refuses the others, rightly).
-            return "live migration not tried (guest stopped)"
+        if not self.runs(instance, source):
+            return NOT_TRIED_STOPPED
         migration = str(uuid.uuid4())
         allocations = self.like(held, dest)
         victim = (self.rng.choice(self.names) if self.rng.random() < self.kill_rate
@@ -661,6 +660,13 @@ class CrashLoop:
         self.figures.retries += 1
         return self._resume_live_migration(instance, held, source, dest, migration,
                                            allocations)
+
+    def runs(self, instance: str, source: str) -> bool:
+        """Whether the instance's guest runs on its host. An evacuation that
+        found no room leaves an instance on its dead source, its guest
+        stopped: a conductor live-migrates running guests only (the source
+        refuses the others, rightly)."""
+        return self.call(source, "get_instance", instance, may_kill=False)["running"]
 
     def _resume_live_migration(self, instance, held, source, dest, migration,
                                allocations) -> str:
@@ -720,6 +726,8 @@ class CrashLoop:
         instance = self.pick()
         held = self.held[instance]
         source, dest = held.host, self.other(held.host)
+        if not self.runs(instance, source):
+            return NOT_TRIED_STOPPED
         migration = str(uuid.uuid4())
         allocations = self.rng.choice(self._mixes[dest])
         if not self.move_to(instance, migration, allocations):

@@ -4,8 +4,9 @@ the guests are real and outlive every SIGKILL of their agent. Builds,
 deletes, resizes on one host and across, live migrations (QEMU really
 moves the guest) and their rollbacks, and an evacuation, with kills aimed
 at calls in flight and at start-up; every invariant checked after every
-operation. `tools/reliability --only crash_loop` runs it for minutes, most
-of them on the fake driver with a state file (many more kills a minute)."""
+operation. `tools/reliability --only crash_loop_qemu` runs it for minutes;
+`--only crash_loop` on the fake driver with a state file (many more kills
+a minute)."""
 from __future__ import annotations
 
 from tests.reliability.crash_loop import CrashLoop, QemuHypervisors

@@ -3,48 +3,44 @@ conductor following nova's protocol drives two agent daemons through
 builds, deletes, resizes, live migrations and evacuations while it SIGKILLs
 them, in flight and at start-up, and checks after every operation that no
 acknowledged assignment was lost, none is held twice, and store, guests and
-Placement agree (the audit). Two rows: most of the time on the fake driver
-with a state file (the hypervisor outlives the agent; a restart takes well
-under a second, so the kills count in the thousands), the rest on the
+Placement agree (the audit). This case runs it on the fake driver with a state
+file (the hypervisor outlives the agent; a restart takes well under a
+second, so the kills count in the thousands); crash_loop_qemu on the
 libvirt driver over two private libvirtds with QEMU/KVM (real guests, real
-live migrations), one seed per round of at most ``ROUND`` seconds."""
+live migrations). One seed per round of at most ``ROUND`` seconds."""
 from __future__ import annotations
 
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from agent.testing.local_placement import LocalPlacement
-from tests.functional.private_services import private_libvirtd_pair
-from tests.reliability.crash_loop import (CrashLoop, FakeHypervisors, QemuHypervisors,
-                                          Violation)
+from tests.reliability.crash_loop import CrashLoop, FakeHypervisors, Violation
 
 NAME = "crash_loop"
-QEMU_SHARE = 0.25  # of the minutes, on real QEMU guests
 ROUND = 120  # seconds: each round a fresh pair of hosts and a new seed
 TOP = Path(__file__).resolve().parents[2]
 
 
 def run(minutes: float, workdir: Path) -> list[dict]:
+    with services(workdir) as placement_url:
+        return [rounds("fake driver, state file", minutes * 60, workdir / "fake",
+                       placement_url, lambda root: FakeHypervisors())]
+
+
+@contextmanager
+def services(workdir: Path) -> Iterator[str]:
+    """The machine's RabbitMQ and libvirtd running; a Placement of the
+    case's own, its URL."""
     subprocess.run([str(TOP / "tools" / "services")], check=True,
                    stdout=subprocess.DEVNULL, timeout=300)
     placement = LocalPlacement(workdir / "placement").start()
     try:
-        qemu_seconds = minutes * 60 * QEMU_SHARE
-        rows = [rounds("fake driver, state file", minutes * 60 - qemu_seconds,
-                       workdir / "fake", placement.url, lambda root: FakeHypervisors())]
-        daemons = private_libvirtd_pair(workdir / "libvirtd")
-        try:
-            for daemon in daemons:
-                daemon.start()
-            rows.append(rounds("libvirt driver, QEMU/KVM", qemu_seconds, workdir / "qemu",
-                               placement.url, lambda root: QemuHypervisors(daemons)))
-        finally:
-            for daemon in daemons:
-                daemon.close()
+        yield placement.url
     finally:
         placement.stop()
-    return rows
 
 
 def rounds(label: str, seconds: float, root: Path, placement_url: str, hypervisors) -> dict:
