@@ -7,7 +7,7 @@ import pytest
 
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.private_services import (PrivateLibvirtd, PrivateRabbitMQ,
-                                               private_libvirtd_pair)
+                                               running_libvirtd_pair)
 
 
 @pytest.fixture(scope="session")
@@ -54,14 +54,8 @@ def two_private_libvirtds(tmp_path_factory):
     live-migrates between: distinct host UUIDs, their own directories and
     migration ports. Shared by the module's tests (a start is 1-8 s); they
     are gone, with their guests, after it."""
-    pair = private_libvirtd_pair(tmp_path_factory.mktemp("libvirtd-pair"))
-    try:
-        for daemon in pair:
-            daemon.start()
+    with running_libvirtd_pair(tmp_path_factory.mktemp("libvirtd-pair")) as pair:
         yield pair
-    finally:
-        for daemon in pair:
-            daemon.close()
 
 
 @pytest.fixture

@@ -11,7 +11,9 @@ import subprocess
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import libvirt
 
@@ -158,6 +160,20 @@ def private_libvirtd_pair(root: Path) -> tuple[PrivateLibvirtd, PrivateLibvirtd]
     return tuple(PrivateLibvirtd(root / name, host_uuid=str(uuid.uuid4()),
                                  migration_ports=ports)
                  for name, ports in zip("ab", MIGRATION_PORTS))
+
+
+@contextmanager
+def running_libvirtd_pair(root: Path) -> Iterator[tuple[PrivateLibvirtd, PrivateLibvirtd]]:
+    """Two private libvirtds started, and closed (their guests destroyed)
+    after."""
+    pair = private_libvirtd_pair(root)
+    try:
+        for daemon in pair:
+            daemon.start()
+        yield pair
+    finally:
+        for daemon in pair:
+            daemon.close()
 
 
 class PrivateRabbitMQ:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.functional.private_services import private_libvirtd_pair
+from tests.functional.private_services import running_libvirtd_pair
 from tests.reliability.crash_loop import QemuHypervisors
 from tools.reliability_cases.crash_loop import rounds, services
 
@@ -14,13 +14,7 @@ NAME = "crash_loop_qemu"
 
 
 def run(minutes: float, workdir: Path) -> list[dict]:
-    with services(workdir) as placement_url:
-        daemons = private_libvirtd_pair(workdir / "libvirtd")
-        try:
-            for daemon in daemons:
-                daemon.start()
-            return [rounds("libvirt driver, QEMU/KVM", minutes * 60, workdir / "qemu",
-                           placement_url, lambda root: QemuHypervisors(daemons))]
-        finally:
-            for daemon in daemons:
-                daemon.close()
+    with services(workdir) as placement_url, \
+            running_libvirtd_pair(workdir / "libvirtd") as daemons:
+        return [rounds("libvirt driver, QEMU/KVM", minutes * 60, workdir / "qemu",
+                       placement_url, lambda root: QemuHypervisors(daemons))]
