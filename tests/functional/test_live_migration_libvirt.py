@@ -131,14 +131,31 @@ def test_a_running_guest_moves_live_to_b_and_runs_there_on_bs_devices(hosts):
     assert took < 20
 
 
+def slowed_on_a(hosts: Hosts, instance: str) -> tuple[libvirt.virConnect,
+                                                      libvirt.virDomain]:
+    """The guest's domain on A, its migrations slowed to 1 MiB/s (through
+    libvirt, not the driver) so that a transfer is still under way when the
+    test acts; the connection is the caller's to close."""
+    conn = libvirt.open(hosts.daemons["a"].uri)
+    dom = conn.lookupByUUIDString(instance)
+    dom.migrateSetMaxSpeed(1, 0)
+    return conn, dom
+
+
+def wait_until_mid_way(hosts: Hosts, dom: libvirt.virDomain,
+                       mover: threading.Thread) -> None:
+    """Until B's QEMU is up and A has sent some of the memory."""
+    deadline = time.monotonic() + 30
+    while not (hosts.daemons["b"].domain(dom.UUIDString()) is not None
+               and dom.jobStats().get("memory_processed", 0) > 0):
+        assert mover.is_alive() and time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):
     a, b = hosts.spawn_on_a()
     moves = target(a, b)
-    # Slowed to 1 MiB/s (through libvirt, not the driver) so the transfer
-    # is still under way when B's QEMU is killed.
-    conn = libvirt.open(hosts.daemons["a"].uri)
-    dom = conn.lookupByUUIDString(a.instance_uuid)
-    dom.migrateSetMaxSpeed(1, 0)
+    conn, dom = slowed_on_a(hosts, a.instance_uuid)
     raised: list[Exception] = []
 
     def migrate() -> None:
@@ -151,12 +168,7 @@ def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):
     mover = threading.Thread(target=migrate)
     mover.start()
     try:
-        deadline = time.monotonic() + 30
-        # Mid-way: B's QEMU is up and A has sent some of the memory.
-        while not (hosts.daemons["b"].domain(a.instance_uuid) is not None
-                   and dom.jobStats().get("memory_processed", 0) > 0):
-            assert mover.is_alive() and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until_mid_way(hosts, dom, mover)
         os.kill(hosts.daemons["b"].qemu_pid(domain_name(a.instance_uuid)),
                 signal.SIGKILL)
     finally:
@@ -193,19 +205,13 @@ def test_a_migration_under_way_is_seen_by_a_new_connection_and_not_started_twice
     restarted = libvirt_driver(tmp_path / "restarted", hosts.daemons["a"].uri,
                                tmp_path / "a" / "sys")
     assert not restarted.migrating_out(a.instance_uuid)
-    conn = libvirt.open(hosts.daemons["a"].uri)
-    dom = conn.lookupByUUIDString(a.instance_uuid)
-    dom.migrateSetMaxSpeed(1, 0)
+    conn, dom = slowed_on_a(hosts, a.instance_uuid)
     incoming: list[int] = []
     mover = threading.Thread(target=hosts.drivers["a"].live_migrate,
                              args=(a.instance_uuid, hosts.daemons["b"].uri, moves))
     mover.start()
     try:
-        deadline = time.monotonic() + 30
-        while not (hosts.daemons["b"].domain(a.instance_uuid) is not None
-                   and dom.jobStats().get("memory_processed", 0) > 0):
-            assert mover.is_alive() and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until_mid_way(hosts, dom, mover)
         # Held mid-way: B's QEMU stopped, the transfer waits for it.
         incoming.append(hosts.daemons["b"].qemu_pid(domain_name(a.instance_uuid)))
         os.kill(incoming[0], signal.SIGSTOP)
