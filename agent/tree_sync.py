@@ -175,9 +175,17 @@ class TreeSync:
                        for r in self.client.get_tree(self.root_uuid)}
         for op in ops:
             before = self.cache.get(op.uuid)
+            LOG.info("Placement: %s", pt.describe(op, before))
+            if op.uuid not in generations:
+                # Deleted by another writer between the two calls: not
+                # cached, so the next cycle creates it again.
+                LOG.warning("Placement: provider %s (%s) was deleted by another writer "
+                            "right after its inventory was written; it is created "
+                            "again", before.name, op.uuid)
+                self.cache.remove(op.uuid)
+                continue
             self.cache.replace(replace(before, inventories=op.inventories,
                                        generation=generations[op.uuid]))
-            LOG.info("Placement: %s", pt.describe(op, before))
         return 2
 
     def _set_inventories(self, ops: list[pt.SetInventories],

@@ -136,6 +136,40 @@ def test_several_inventory_changes_go_in_one_reshaper_post(tmp_path, placement):
     assert len(placement.requests_since(mark)) == 1
 
 
+def test_bug_a_provider_deleted_right_after_a_reshape_failed_the_cycle(
+        tmp_path, placement):
+    """Another writer deleted a provider between the reshaper's POST and the
+    GET of the generations after it: the cycle ended in a KeyError
+    traceback (found by the Placement-faults test, which deletes providers
+    behind the agent's back). The provider is created again by the next
+    cycle."""
+    agent = standard_agent(tmp_path, placement)
+    agent.update_provider_tree()
+    h = agent.policy.host
+    vfs = tree_of(agent, placement)[f"{h}_0000:3B:00.0"]["uuid"]
+    host = copy.deepcopy(HOST)
+    host["disk_gb"] = 150
+    host["pci_devices"][0]["vfs"]["count"] = 6
+    agent.driver.set_host(host)
+    reshape = agent.sync.client.reshape
+
+    def reshape_then_deleted(inventories):
+        reshape(inventories)
+        assert requests.delete(f"{placement.url}/resource_providers/{vfs}",
+                               headers=HEADERS, timeout=10).status_code == 204
+    agent.sync.client.reshape = reshape_then_deleted
+    try:
+        agent.update_provider_tree()
+    finally:
+        agent.sync.client.reshape = reshape
+    assert f"{h}_0000:3B:00.0" not in tree_of(agent, placement)
+
+    agent.update_provider_tree()
+    tree = tree_of(agent, placement)
+    assert totals(tree[f"{h}_0000:3B:00.0"]) == {"CUSTOM_PCI_8086_154C": 6}
+    assert totals(tree[h]) == {"DISK_GB": 150}
+
+
 def meddle_with_traits(placement, provider: dict) -> None:
     """Someone else replaces the provider's traits: the agent's go, one of
     their own comes."""
