@@ -124,7 +124,7 @@ default_opts = [
         min=1,
         max=3600,
         help="A host is down when its agent has not answered a heartbeat "
-        "request within this many seconds (agent/heartbeat.py). The agent "
+        "request within this many seconds (agent/rpc/heartbeat.py). The agent "
         "answers heartbeats on a topic and threads of their own, never "
         "behind claims or Placement, so a busy host still answers in "
         "milliseconds; an evacuation's destination refuses to rebuild the "

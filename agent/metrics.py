@@ -25,7 +25,7 @@ What is served, all named ``compute_agent_*``:
   time.
 - ``lock_wait_seconds`` (histogram): how long each tracker operation
   waited before its decision ran under the tracker's lock: queued in the
-  store's writer (agent/group_commit.py), then for the lock itself.
+  store's writer (agent/store/writer.py), then for the lock itself.
 - ``reconcile_findings_total{rule,outcome}``: each finding of each
   reconciliation pass, ``outcome`` fixed or reported.
 - ``device_unhealthy{device,reason}`` (gauge): 1 for each reason a device
@@ -47,10 +47,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 
-from agent.claim_model import MoveKind
+from agent.claims.model import MoveKind
 from agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
                              MoveInProgress)
-from agent.group_commit import StoreError
+from agent.store.writer import StoreError
 
 LOG = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ PREFIX = "compute_agent"
 
 
 class CycleResult(str, enum.Enum):
-    """How an update_provider_tree cycle ended (agent/service.py run_cycle)."""
+    """How an update_provider_tree cycle ended (agent/daemon/service.py run_cycle)."""
 
     OK = "ok"
     HYPERVISOR_UNAVAILABLE = "hypervisor_unavailable"
@@ -222,7 +222,7 @@ class Metrics:
         self.lock_wait.observe(time.perf_counter() - since)
 
     def findings(self, findings: Iterable) -> None:
-        """A reconciliation pass's findings (agent/reconcile.py Finding)."""
+        """A reconciliation pass's findings (agent/compute/reconcile.py Finding)."""
         for f in findings:
             self.reconcile_findings.labels(f.kind, "fixed" if f.fixed else "reported").inc()
 

@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agent.service import Agent
+    from agent.daemon.service import Agent
 
 
 class ReloadSignal:

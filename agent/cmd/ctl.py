@@ -44,18 +44,18 @@ from typing import Callable
 
 from oslo_config import cfg
 
-from agent import rpc_schemas
+from agent.rpc import schemas as rpc_schemas
 from agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
                               load_config, print_output, report_error, setup_logging,
                               tolerate_closed_stdout)
-from agent.evacuator import DEFAULT_PARALLEL, Evacuator
+from agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
 from agent.exception import AgentError, ConfigError
-from agent.heartbeat import Heartbeat
-from agent.live_migrator import LiveMigrator
+from agent.rpc.heartbeat import Heartbeat
+from agent.conductor.live_migration import LiveMigrator
 from agent.messaging import messaging
-from agent.placement import PlacementClient, adapter_from_conf
-from agent.provider_tree import tree_lines
-from agent.rpcapi import BrokerUnreachable, ComputeAgentAPI, NoAnswer, OutstandingCalls
+from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.tree.provider_tree import tree_lines
+from agent.rpc.client import BrokerUnreachable, ComputeAgentAPI, NoAnswer, OutstandingCalls
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0

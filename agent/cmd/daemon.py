@@ -11,21 +11,21 @@ import time
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from agent import state_lock
-from agent.broker import quiet_reconnect_lines
+from agent.store import lock as state_lock
+from agent.rpc.broker import quiet_reconnect_lines
 from agent.cmd.agent import ReloadSignal
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
 from agent.exception import ConfigError
-from agent.heartbeat import make_server as heartbeat_server
-from agent.rpc import make_server
-from agent.service import Agent, CycleOutcome
-from agent.state import StoreError
-from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
-from agent.store_check import StoreRefused
-from agent.supervisor import EXIT_THREAD_DIED, Supervisor
-from agent.systemd import notify, watchdog_from_environment
+from agent.rpc.heartbeat import make_server as heartbeat_server
+from agent.rpc.server import make_server
+from agent.daemon.service import Agent, CycleOutcome
+from agent.store.store import StoreError
+from agent.store.lock import StateDirectoryInUse, StateDirectoryUnusable
+from agent.store.check import StoreRefused
+from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
+from agent.daemon.systemd import notify, watchdog_from_environment
 
 LOG = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     # Every option's value at debug level, as OpenStack services log them;
     # secret ones (passwords, transport_url) as "****".
     conf.log_opt_values(LOG, logging.DEBUG)
-    # The broker's outage is the loop's one line each way (agent/broker.py).
+    # The broker's outage is the loop's one line each way (agent/rpc/broker.py).
     quiet_reconnect_lines()
     try:
         # Held until the process ends: before anything in the state

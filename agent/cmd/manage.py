@@ -3,7 +3,7 @@
     compute-agent-manage --config-file F tree [--json]
         The tree the agent would report now beside Placement's, what
         differs, and each class the host is unhealed for with the consumers
-        that hold it (agent/tree_report.py). Read-only, beside a running
+        that hold it (agent/reports/tree.py). Read-only, beside a running
         agent. Exit 0 in step, 1 differences or unhealed, 2 when the store,
         the hypervisor or Placement could not be read.
     compute-agent-manage --config-file F audit [--json]
@@ -14,13 +14,13 @@
     compute-agent-manage --config-file F status [--json]
         Whether libvirt, Keystone, Placement and the message broker answer
         now, the store's schema and integrity, the age of the last
-        successful cycle, unhealed classes and the audit (agent/status.py
+        successful cycle, unhealed classes and the audit (agent/reports/status.py
         judges). Read-only, beside a running agent. Exit 0 healthy, 1
         warnings, 2 broken.
     compute-agent-manage --config-file F rebuild-store (--dry-run | --yes)
         With the agent stopped and its store lost (missing or empty): make
         it again from the guests' metadata and Placement's allocations
-        (agent/store_rebuild.py says what that covers). Refuses, writing
+        (agent/store/rebuild.py says what that covers). Refuses, writing
         nothing, when anything cannot be mapped; never touches a store
         that is there. Exit 1 when refused, 2 when the agent runs.
     compute-agent-manage --config-file F heal [--dry-run] [--json] [--yes]
@@ -49,25 +49,28 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent import heal as heal_rules
-from agent import node_identity, state, state_lock, status_probes
-from agent import status as status_rules
+from agent.heal import rules as heal_rules
+from agent.store import node_identity
+from agent.store import store as state
+from agent.store import lock as state_lock
+from agent.reports import probes as status_probes
+from agent.reports import status as status_rules
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
-from agent.device_health import UnhealthyProvider, unhealthy_providers
+from agent.health.rules import UnhealthyProvider, unhealthy_providers
 from agent.exception import AgentError, ConfigError
-from agent.host_tree import build_tree
-from agent.placement import PlacementClient, adapter_from_conf
-from agent.policy import tree_policy_from_conf
-from agent.provider_tree import adopt_uuids, tree_as_dicts, tree_lines
-from agent.reconcile import Report
-from agent.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
-from agent.state_lock import StateDirectoryInUse, StateDirectoryUnusable
-from agent.store_check import StoreFile
-from agent.store_rebuild import RebuildRefused, RebuiltStore, plan_rebuild
-from agent.tree_report import TreeReport, Verdict
-from agent.tree_report import compare as compare_trees
+from agent.tree.host_tree import build_tree
+from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.tree.policy import tree_policy_from_conf
+from agent.tree.provider_tree import adopt_uuids, tree_as_dicts, tree_lines
+from agent.compute.reconcile import Report
+from agent.daemon.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
+from agent.store.lock import StateDirectoryInUse, StateDirectoryUnusable
+from agent.store.check import StoreFile
+from agent.store.rebuild import RebuildRefused, RebuiltStore, plan_rebuild
+from agent.reports.tree import TreeReport, Verdict
+from agent.reports.tree import compare as compare_trees
 from drivers.base import DriverUnavailable
 
 PROG = "compute-agent-manage"
@@ -315,7 +318,7 @@ def _describe_rebuild(rebuilt: RebuiltStore) -> list[str]:
 
 
 def heal(conf: cfg.ConfigOpts) -> int:
-    from agent.healer import run_heal
+    from agent.heal.run import run_heal
 
     args = conf.command
     interactive = sys.stdin.isatty() and sys.stderr.isatty()

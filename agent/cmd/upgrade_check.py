@@ -27,14 +27,15 @@ from oslo_config import cfg
 from oslo_upgradecheck import upgradecheck
 from oslo_upgradecheck.upgradecheck import Code, Result
 
-from agent import node_identity, state
-from agent.claim_model import Migration
+from agent.store import node_identity
+from agent.store import store as state
+from agent.claims.model import Migration
 from agent.cmd.manage import read_beside_agent, tree_report
 from agent.exception import AgentError
-from agent.group_commit import StoreError
-from agent.service import STORE_FILE
-from agent.store_check import StoreFile
-from agent.tree_report import UnhealedClass
+from agent.store.writer import StoreError
+from agent.daemon.service import STORE_FILE
+from agent.store.check import StoreFile
+from agent.reports.tree import UnhealedClass
 from drivers.base import DriverUnavailable
 
 # An exception escaping a check: oslo.upgradecheck's code for it, apart

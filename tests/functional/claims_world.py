@@ -15,17 +15,17 @@ from pathlib import Path
 
 import os_resource_classes as orc
 
-from agent import state
-from agent.device_spec import parse_specs
-from agent.host_tree import (MdevTypePolicy, TreePolicy, build_tree,
+from agent.store import store as state
+from agent.tree.device_spec import parse_specs
+from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree,
                              gpu_provider_name, numa_provider_name,
                              pci_provider_name, pmem_provider_name,
                              pmem_resource_class)
-from agent.manager import ComputeManager
-from agent.reconcile import reconcile
-from agent.service import pools_by_uuid
-from agent.state import Store
-from agent.tracker import Tracker
+from agent.compute.manager import ComputeManager
+from agent.compute.reconcile import reconcile
+from agent.daemon.service import pools_by_uuid
+from agent.store.store import Store
+from agent.compute.tracker import Tracker
 from drivers.fake import FakeDriver, FakeNetwork
 
 PF = "0000:81:00.0"

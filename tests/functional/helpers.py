@@ -10,8 +10,8 @@ import requests
 import yaml
 
 from agent.cmd.common import load_config
-from agent.heal import capacity
-from agent.service import Agent
+from agent.heal.rules import capacity
+from agent.daemon.service import Agent
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
            "OpenStack-API-Version": "placement 1.39"}
@@ -121,7 +121,7 @@ def failed_cycles(state_path: Path, dependency: str = "Placement") -> int:
     """How many cycles in a row a running agent has found ``dependency``
     down, from the record it rewrites after each cycle (the log says so
     once, not each cycle)."""
-    from agent import cycle_record
+    from agent.daemon import cycle_record
     from agent.dependencies import Dependency
     record = cycle_record.read(cycle_record.path_in(state_path))
     state = record.dependencies.get(Dependency(dependency)) if record else None

@@ -1,5 +1,5 @@
 """Reconciliation reads a provider's allocations from a real Placement only
-where they may have changed (agent/allocation_view.py), counted at the HTTP
+where they may have changed (agent/placement/allocations.py), counted at the HTTP
 level as Placement saw them."""
 from __future__ import annotations
 

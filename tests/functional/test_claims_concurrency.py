@@ -15,7 +15,7 @@ import uuid as uuid_lib
 
 import pytest
 
-from agent.claim_model import AssignmentState
+from agent.claims.model import AssignmentState
 from agent.exception import ClaimFailed, InvalidRequest
 from drivers.base import DeviceKind
 from tests.functional.claims_world import (host_dict, make_world, new_uuid, spec)

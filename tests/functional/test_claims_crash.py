@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.claim_model import AssignmentState, Owner
+from agent.claims.model import AssignmentState, Owner
 from agent.exception import ClaimFailed
-from agent.reconcile import reconcile
+from agent.compute.reconcile import reconcile
 from drivers.base import DeviceKind
 from drivers.fake import FakeDriver
 from tests.functional.claims_world import PMEM_RC, host_dict, make_world, new_uuid, spec

@@ -38,11 +38,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
-from agent.claim_model import AssignmentState, MigrationState, Owner
+from agent.claims.model import AssignmentState, MigrationState, Owner
 from agent.exception import ClaimFailed, MoveInProgress
 from drivers.base import DeviceKind
 from drivers.fake import FakeNetwork
-from agent.reconcile import reconcile
+from agent.compute.reconcile import reconcile
 from tests.functional.claims_world import (PMEM_RC, World, make_world, new_uuid,
                                            spec)
 

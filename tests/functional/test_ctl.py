@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.rpc_versions import VERSION
+from agent.rpc.versions import VERSION
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import put_allocations, unallocate, wait_for, write_conf
 

@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from agent import node_identity
+from agent.store import node_identity
 from agent.testing.fault_proxy import Fault, FaultProxy
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import wait_for, write_conf

@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 
-from agent.device_health import Fault
+from agent.health.rules import Fault
 from agent.exception import ClaimFailed
-from agent.ownership import UNHEALTHY_TRAIT
+from agent.tree.ownership import UNHEALTHY_TRAIT
 from drivers.fake_sysfs import vf_address
 from tests.functional.helpers import get, put_allocations, wait_for
 from tests.functional.libvirt_host import DEVICE_SPECS, GPU, NIC0, PF, Host

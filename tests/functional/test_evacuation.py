@@ -27,8 +27,8 @@ import libvirt
 import pytest
 
 from agent.cmd.common import load_config
-from agent.evacuation import evacuation_migration_uuid
-from agent.rpcapi import ComputeAgentAPI
+from agent.moves.evacuation import evacuation_migration_uuid
+from agent.rpc.client import ComputeAgentAPI
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 

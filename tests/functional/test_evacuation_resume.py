@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 
 from agent.cmd.common import load_config
-from agent.evacuation import evacuation_migration_uuid
-from agent.evacuator import Evacuator
+from agent.moves.evacuation import evacuation_migration_uuid
+from agent.conductor.evacuation import Evacuator
 from agent.exception import NoSuchInstance
-from agent.heartbeat import Heartbeat
-from agent.placement import PlacementClient, adapter_from_conf
-from agent.rpcapi import ComputeAgentAPI, live_migrate_instance
+from agent.rpc.heartbeat import Heartbeat
+from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
@@ -152,7 +152,7 @@ def ctl(conf: Path, *args) -> subprocess.CompletedProcess:
 CTL_STOPPED_BEFORE_SECOND_CALL = """
 import sys, threading, time
 from agent.cmd import ctl
-from agent.rpcapi import ComputeAgentAPI, live_migrate_instance
+from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
 mark = sys.argv[1]
 calls = []
 real = ComputeAgentAPI.rebuild_instance

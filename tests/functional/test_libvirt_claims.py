@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from agent.claim_model import AssignmentState, Owner
+from agent.claims.model import AssignmentState, Owner
 from agent.cmd.common import load_config
-from agent.manager import ComputeManager
-from agent.service import Agent
-from agent.state import Store
-from agent.tracker import Tracker
+from agent.compute.manager import ComputeManager
+from agent.daemon.service import Agent
+from agent.store.store import Store
+from agent.compute.tracker import Tracker
 from tests.functional.helpers import put_allocations, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
 

@@ -28,13 +28,13 @@ import pytest
 import requests
 from keystoneauth1 import adapter, session
 
-from agent import rpc
+from agent.rpc import server as rpc
 from agent.cmd.common import load_config
 from agent.exception import ClaimFailed, LiveMigrationFailed, LiveMigrationRefused
-from agent.placement import PlacementClient
-from agent.placement_auth import NoAuth2
-from agent.rpcapi import ComputeAgentAPI, live_migrate_instance
-from agent.service import Agent
+from agent.placement.client import PlacementClient
+from agent.placement.auth import NoAuth2
+from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
+from agent.daemon.service import Agent
 from drivers.fake import FakeNetwork
 from drivers.libvirt.guest_xml import domain_name
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec

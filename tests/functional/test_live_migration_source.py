@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 from keystoneauth1 import adapter, session
 
-from agent import rpc, service
-from agent.claim_model import MigrationState
+from agent.rpc import server as rpc
+from agent.daemon import service
+from agent.claims.model import MigrationState
 from agent.cmd.common import load_config
-from agent.placement import PlacementClient
-from agent.placement_auth import NoAuth2
-from agent.rpcapi import ComputeAgentAPI, _write_allocations, move_allocations
-from agent.service import Agent
+from agent.placement.client import PlacementClient
+from agent.placement.auth import NoAuth2
+from agent.rpc.client import ComputeAgentAPI, _write_allocations, move_allocations
+from agent.daemon.service import Agent
 from drivers.fake import FakeDriver, FakeNetwork
 from tests.functional.helpers import placement_tree, put_allocations, write_conf
 

@@ -7,7 +7,7 @@ import logging
 import requests
 
 from agent.cmd.common import load_config
-from agent.service import Agent
+from agent.daemon.service import Agent
 from tests.functional.helpers import HEADERS, get, make_agent, placement_tree, write_conf
 
 HOST = {
@@ -25,7 +25,7 @@ POLICY = {
                             '"resource_class": "SRIOV_NET_VF"}']},
     "devices": {"enabled_mdev_types": "nvidia-222"},
 }
-TRAITS_LOGGER = "agent.tree_sync"
+TRAITS_LOGGER = "agent.placement.sync"
 
 
 def tree_of(agent, placement):

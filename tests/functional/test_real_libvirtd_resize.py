@@ -16,10 +16,10 @@ import libvirt
 import pytest
 from lxml import etree
 
-from agent.claim_model import Owner
+from agent.claims.model import Owner
 from agent.cmd.common import load_config
 from agent.exception import DevicesInUse
-from agent.service import Agent
+from agent.daemon.service import Agent
 from drivers.base import DeviceKind
 from tests.functional.helpers import placement_tree, write_conf
 

@@ -24,9 +24,9 @@ from agent.exception import (ClaimFailed, InvalidRequest, LiveMigrationRefused,
                              NoSuchInstance,
                              StoreUnavailable, VersionCapped)
 from agent.messaging import messaging
-from agent.placement import PlacementClient
-from agent.placement_auth import NoAuth2
-from agent.rpcapi import ComputeAgentAPI, move_allocations
+from agent.placement.client import PlacementClient
+from agent.placement.auth import NoAuth2
+from agent.rpc.client import ComputeAgentAPI, move_allocations
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.libvirt_host import GPU, PF, Host
 

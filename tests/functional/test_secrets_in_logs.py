@@ -5,7 +5,7 @@ talking to the machine's RabbitMQ, with every option logged at start."""
 from __future__ import annotations
 
 from agent.cmd.common import load_config
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpc.client import ComputeAgentAPI
 from agent.testing.local_placement import free_port
 from tests.functional.keystone_standin import KeystoneStandin
 from tests.functional.test_rpc import AgentDaemon

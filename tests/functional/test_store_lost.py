@@ -18,7 +18,7 @@ from pathlib import Path
 from lxml import etree
 
 from agent.cmd.common import load_config
-from agent.service import Agent
+from agent.daemon.service import Agent
 from tests.functional.helpers import put_allocations, unallocate, wait_for, write_conf
 from tests.functional.test_ctl import HOST, PF, RABBIT, VF_SPEC, ctl
 from tests.functional.test_daemon import run

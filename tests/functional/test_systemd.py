@@ -200,7 +200,7 @@ def test_a_loop_stalled_on_a_hung_placement_stops_the_pings_until_it_answers(
 DYING_LOOP = """
 import sys
 from agent.cmd import agent
-from agent.service import Agent
+from agent.daemon.service import Agent
 
 waits = []
 wait = Agent._wait_for_next_cycle

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import requests
 
-from agent import state_lock
+from agent.store import lock as state_lock
 from tests.functional.helpers import HEADERS, get
 from tests.functional.test_heal import GUESTS, PMEM, agent_in_mode, flat_host_with_guests
 

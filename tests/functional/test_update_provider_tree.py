@@ -9,7 +9,7 @@ from uuid import uuid4
 import requests
 
 from agent.cmd.common import load_config
-from agent.service import Agent
+from agent.daemon.service import Agent
 from tests.functional.helpers import (HEADERS, allocate, make_agent, placement_tree,
                                       totals, unallocate, wait_for)
 

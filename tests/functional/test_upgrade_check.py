@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.healer import run_heal
+from agent.heal.run import run_heal
 from tests.functional.test_heal import PMEM, flat_host_with_guests
 
 

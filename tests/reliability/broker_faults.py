@@ -27,7 +27,7 @@ from pathlib import Path
 from agent.cmd.common import load_config
 from agent.exception import NoSuchInstance
 from agent.messaging import messaging
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.private_services import PrivateRabbitMQ
 from tests.functional.test_rpc import SPEC, AgentDaemon
@@ -85,7 +85,7 @@ class BrokerAgent(AgentDaemon):
                               since)
 
     def record(self) -> dict:
-        """The update loop's record (agent/cycle_record.py)."""
+        """The update loop's record (agent/daemon/cycle_record.py)."""
         return json.loads((Path(self.host.dir) / "state" / "last_cycle.json").read_text())
 
     def broker_in_record(self) -> dict:

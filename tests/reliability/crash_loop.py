@@ -59,18 +59,18 @@ from keystoneauth1 import adapter, session
 
 from agent.cmd.common import load_config
 from agent.cmd.manage import audit_report
-from agent.evacuation import evacuation_migration_uuid, spec_from_allocations
-from agent.evacuator import Evacuator
+from agent.moves.evacuation import evacuation_migration_uuid, spec_from_allocations
+from agent.conductor.evacuation import Evacuator
 from agent.exception import (AgentError, ClaimFailed, InvalidRequest,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              PlacementError)
-from agent.heartbeat import Heartbeat
+from agent.rpc.heartbeat import Heartbeat
 from agent.messaging import messaging
-from agent.placement import PlacementClient
-from agent.placement_auth import NoAuth2
-from agent.rpcapi import (ComputeAgentAPI, _write_allocations, live_migrate_instance,
+from agent.placement.client import PlacementClient
+from agent.placement.auth import NoAuth2
+from agent.rpc.client import (ComputeAgentAPI, _write_allocations, live_migrate_instance,
                           move_allocations)
-from agent.service import Agent
+from agent.daemon.service import Agent
 from drivers.fake import FakeDriver
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.claims_world import GPU, MDEV_TYPE, PF, host_dict

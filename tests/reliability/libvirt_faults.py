@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.cmd.common import load_config
 from agent.dependencies import Dependency, DependencyState, Health
-from agent.service import Agent
+from agent.daemon.service import Agent
 from tests.functional.helpers import put_allocations, wait_for, write_conf
 from tests.functional.private_services import PrivateLibvirtd
 

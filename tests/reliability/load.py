@@ -26,7 +26,7 @@ from pathlib import Path
 from tests.functional.libvirt_host import DEVICE_SPECS, Host
 from tests.functional.test_rpc import BROKER, AgentDaemon
 from agent.cmd.common import load_config
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpc.client import ComputeAgentAPI
 
 PFS = ("0000:81:00.0", "0000:82:00.0")
 SPEC = {"name": "load", "vcpus": 1, "memory_mb": 256}

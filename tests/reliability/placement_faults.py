@@ -25,7 +25,7 @@ from pathlib import Path
 
 import requests
 
-from agent import node_identity
+from agent.store import node_identity
 from agent.testing.fault_proxy import Fault, FaultProxy
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import HEADERS, get

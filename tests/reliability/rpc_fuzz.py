@@ -1,6 +1,6 @@
 """Fuzzed RPC calls through the real broker to a real agent daemon.
 
-The payloads come from each method's JSON schema (agent/rpc_schemas.py,
+The payloads come from each method's JSON schema (agent/rpc/schemas.py,
 which the endpoint's methods carry): valid-shaped ones, drawing uuids,
 providers and resource classes from what the host really has so that
 some calls are taken, then edited: keys dropped or added, values made
@@ -40,9 +40,9 @@ from agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidReque
                              LiveMigrationFailed, LiveMigrationRefused, MoveInProgress,
                              NoSuchInstance, SourceHostUp)
 from agent.messaging import TOPIC, messaging, transport
-from agent.rpc import ComputeAgentEndpoint
-from agent.rpc_versions import VERSION
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpc.server import ComputeAgentEndpoint
+from agent.rpc.versions import VERSION
+from agent.rpc.client import ComputeAgentAPI
 from oslo_messaging._utils import version_is_compatible
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon

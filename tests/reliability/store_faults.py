@@ -19,11 +19,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import node_identity
+from agent.store import node_identity
 from agent.cmd.common import load_config
 from agent.exception import StoreUnavailable
 from agent.messaging import messaging
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import (
     placement_tree,
     put_allocations,

@@ -94,7 +94,7 @@ def test_libvirtd_stopping_in_the_middle_of_a_build(agent, private_libvirtd, cap
     assert isinstance(build_with_libvirtd_stopping(agent, private_libvirtd, instance, wanted),
                       DriverUnavailable)
     claimed = held(agent.manager.get_instance(instance))
-    assert [r.getMessage() for r in caplog.records if r.name == "agent.manager"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "agent.compute.manager"] == [
         f"Spawning {instance} failed (cannot connect to libvirt at {private_libvirtd.uri}: "
         f"Failed to connect socket to '{private_libvirtd.socket}': No such file or "
         "directory); the hypervisor cannot say whether its guest exists: its claim stays "

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from agent.cmd.common import load_config
-from agent.service import Agent
+from agent.daemon.service import Agent
 from tests.functional.helpers import write_conf
 from tests.functional.test_store_lost import HOST
 from tests.reliability.store_faults import (

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from agent.adoption import AdoptionRefused, plan_adoption
-from agent.claim_model import AssignmentState, Owner
-from agent.claims import Pool, Slot
+from agent.store.adoption import AdoptionRefused, plan_adoption
+from agent.claims.model import AssignmentState, Owner
+from agent.claims.choice import Pool, Slot
 from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, HostResource,
                           HostResourceKind)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.allocation_view import AllocationView, ProviderRead, needs_reading
+from agent.placement.allocations import AllocationView, ProviderRead, needs_reading
 from agent.exception import PlacementUnavailable
 
 ROOT, CELL = "root", "cell"

@@ -1,4 +1,4 @@
-"""agent/broker.py: the broker's state from the loop's probe, one line each
+"""agent/rpc/broker.py: the broker's state from the loop's probe, one line each
 way; the rabbit driver's reconnection lines demoted to DEBUG, its other
 lines left alone; the probe's findings in a few words."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import logging
 import pytest
 from amqp.exceptions import AccessRefused
 
-from agent import broker
+from agent.rpc import broker
 from agent.dependencies import Dependencies, Dependency, Health
-from agent.status import Probe, Unknown
+from agent.reports.status import Probe, Unknown
 
 URL = "rabbit://127.0.0.1:5672/"
 DOWN = Probe(Dependency.BROKER, URL, "did not answer (connection refused)")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent import config_check as cc
-from agent import state
+from agent.cmd import config_check as cc
+from agent.store import store as state
 from agent.cmd.common import load_config
 from agent.exception import ConfigError
-from agent.group_commit import StoreError
+from agent.store.writer import StoreError
 
 GOOD = {
     cc.absolute_path: ["/var/lib/compute-agent"],

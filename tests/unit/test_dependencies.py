@@ -7,11 +7,11 @@ import logging
 import pytest
 from keystoneauth1 import exceptions as ks_exc
 
-from agent import cycle_record
+from agent.daemon import cycle_record
 from agent.dependencies import (LINE_LIMIT, Dependencies, Dependency, DependencyState,
                                 Health, answered, failed, reached_before)
 from agent.exception import KeystoneUnavailable, PlacementUnavailable
-from agent.placement import PlacementClient, connection_problem, keystone_problem
+from agent.placement.client import PlacementClient, connection_problem, keystone_problem
 
 URL = "http://127.0.0.1:8778"
 # What urllib3 says, inside keystoneauth's ConnectFailure, for a port that

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from agent.device_health import (CORRECTABLE_WINDOW_S, DeviceVerdict, Fault,
+from agent.health.rules import (CORRECTABLE_WINDOW_S, DeviceVerdict, Fault,
                                  HealthJudge, apply_health, link_down,
                                  unhealthy_providers, watched_devices)
-from agent.device_spec import parse_specs
-from agent.host_tree import MdevTypePolicy, TreePolicy, build_tree
-from agent.ownership import UNHEALTHY_TRAIT
+from agent.tree.device_spec import parse_specs
+from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
+from agent.tree.ownership import UNHEALTHY_TRAIT
 from drivers.base import NetLink, PciHealthSignals
 from drivers.fake import host_from_dict
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from agent.device_spec import first_match, parse_spec, parse_specs
+from agent.tree.device_spec import first_match, parse_spec, parse_specs
 from agent.exception import ConfigError
 from drivers.base import PciDevice, PciKind
 

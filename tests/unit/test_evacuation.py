@@ -1,17 +1,17 @@
-"""The evacuation rules both ends share (agent/evacuation.py), pure."""
+"""The evacuation rules both ends share (agent/moves/evacuation.py), pure."""
 from __future__ import annotations
 
 import uuid
 
 import pytest
 
-from agent.claim_model import Migration, MigrationRole, MigrationState, MoveKind
-from agent.evacuation import (DestinationRecord, SourceProvider, candidate_root,
+from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
+from agent.moves.evacuation import (DestinationRecord, SourceProvider, candidate_root,
                               destination_record, evacuated_away,
                               evacuation_name_free_again,
                               evacuation_migration_uuid, evacuation_request,
                               interrupted_evacuations, spec_from_allocations)
-from agent.evacuator import lost_a_race
+from agent.conductor.evacuation import lost_a_race
 from agent.exception import GenerationConflict, PlacementError
 
 ROOT, CELL0, CELL1, PF1, GPU0, LOOSE = (str(uuid.uuid4()) for _ in range(6))

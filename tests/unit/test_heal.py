@@ -7,12 +7,12 @@ from collections import defaultdict
 
 import pytest
 
-from agent.claims import Pool, Slot
-from agent.device_spec import parse_specs
-from agent.heal import Consumer, HealRefused, capacity, hold_unhealed, plan_heal
-from agent.host_tree import TreeMode
-from agent.provider_tree import Provider, ProviderTree, inventory
-from agent.state import Assignment, Migration
+from agent.claims.choice import Pool, Slot
+from agent.tree.device_spec import parse_specs
+from agent.heal.rules import Consumer, HealRefused, capacity, hold_unhealed, plan_heal
+from agent.tree.host_tree import TreeMode
+from agent.tree.provider_tree import Provider, ProviderTree, inventory
+from agent.store.store import Assignment, Migration
 from drivers.base import DeviceKind
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"
@@ -145,7 +145,7 @@ MODE_GUESTS = {
 
 
 def mode_tree(mode):
-    from agent.host_tree import MdevTypePolicy, TreePolicy, build_tree
+    from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
     from drivers.fake import host_from_dict
 
     return build_tree(host_from_dict(MODE_HOST), TreePolicy(
@@ -159,7 +159,7 @@ def mode_tree(mode):
 def placed(mode, tree: ProviderTree, built) -> dict:
     """consumer -> (allocations by provider uuid, assignments) as the
     agent's claims in ``mode`` leave them."""
-    from agent.host_tree import compute_on_cells, numa_provider_name
+    from agent.tree.host_tree import compute_on_cells, numa_provider_name
 
     uuid_of = {p.name: p.uuid for p in tree}
     device_pool = {(pool.kind, s.device_id): pool for pool in built.pools
@@ -211,8 +211,8 @@ def offered_by_class(tree: ProviderTree) -> dict[str, int]:
 def switch(old_mode, new_mode):
     """(Placement's tree in ``old_mode``, the consumers and the store's
     rows there, the ``new_mode`` model with Placement's UUIDs, its pools)."""
-    from agent.provider_tree import adopt_uuids
-    from agent.service import pools_by_uuid
+    from agent.tree.provider_tree import adopt_uuids
+    from agent.daemon.service import pools_by_uuid
 
     current = as_placement_has_it(mode_tree(old_mode).tree)
     old = placed(old_mode, current, mode_tree(old_mode))

@@ -7,11 +7,11 @@ import json
 import logging
 import threading
 
-from agent.device_health import Fault
-from agent.device_spec import parse_specs
-from agent.health_watch import HealthWatch
-from agent.host_tree import TreePolicy, build_tree
-from agent.ownership import UNHEALTHY_TRAIT
+from agent.health.rules import Fault
+from agent.tree.device_spec import parse_specs
+from agent.health.watch import HealthWatch
+from agent.tree.host_tree import TreePolicy, build_tree
+from agent.tree.ownership import UNHEALTHY_TRAIT
 from drivers.base import PciHealthSignals
 from drivers.fake import FakeDriver
 
@@ -58,7 +58,7 @@ def test_a_device_bad_at_the_first_cycle_is_never_offered():
 
 
 def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
-    caplog.set_level(logging.INFO, logger="agent.health_watch")
+    caplog.set_level(logging.INFO, logger="agent.health.watch")
     fake, wakes = driver(), Wakes()
     watch = HealthWatch(fake, 1.0, 100, wakes)
     assert nic_reserved(cycle(watch, fake)) == 0
@@ -89,7 +89,7 @@ def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
 
 
 def test_a_device_no_longer_allowlisted_is_no_longer_watched(caplog):
-    caplog.set_level(logging.INFO, logger="agent.health_watch")
+    caplog.set_level(logging.INFO, logger="agent.health.watch")
     fake = driver()
     watch = HealthWatch(fake, 1.0, 100, Wakes())
     fake.set_device_health(dead(NIC))

@@ -1,4 +1,4 @@
-"""The heartbeat's verdicts and the destination's fence (agent/heartbeat.py)."""
+"""The heartbeat's verdicts and the destination's fence (agent/rpc/heartbeat.py)."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from agent.exception import SourceHostUp
-from agent.heartbeat import HostState, SourceFence, judge
+from agent.rpc.heartbeat import HostState, SourceFence, judge
 
 
 class Beats:

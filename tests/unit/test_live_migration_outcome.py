@@ -13,7 +13,7 @@ from agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              MoveInProgress, NoSuchInstance, StoreUnavailable,
                              VersionCapped)
-from agent.rpcapi import (BrokerUnreachable, MoveOutcome, NextStep,
+from agent.rpc.client import (BrokerUnreachable, MoveOutcome, NextStep,
                           live_migrate_instance, live_migrate_outcome, next_step)
 from tests.unit.test_live_migration_source import (DESTINATION_ALLOCATIONS, SWAP,
                                                    Conductor, spec)

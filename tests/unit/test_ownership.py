@@ -1,7 +1,7 @@
 """What the agent owns in Placement: others' traits and an operator's
 reserved on device inventories survive every diff."""
-from agent import ownership
-from agent.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
+from agent.tree import ownership
+from agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
                                  SetInventories, SetTraits, UpdateProvider, describe, diff,
                                  inventory)
 

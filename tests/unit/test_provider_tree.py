@@ -5,8 +5,8 @@ import uuid
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.ownership import AGENT_RESERVED_CLASSES, agent_owns_trait
-from agent.provider_tree import (CreateProvider, DeleteProvider, Provider,
+from agent.tree.ownership import AGENT_RESERVED_CLASSES, agent_owns_trait
+from agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider,
                                  ProviderTree, SetAggregates, SetInventories,
                                  SetTraits, UpdateProvider, adopt_uuids, diff,
                                  inventory, normalized_inventories,

@@ -1,10 +1,10 @@
-"""The store follows Placement after a reshape (agent/realign.py), without
+"""The store follows Placement after a reshape (agent/heal/realign.py), without
 Placement."""
 from __future__ import annotations
 
-from agent.claim_model import Assignment, AssignmentState, Owner
-from agent.claims import Pool, Slot
-from agent.realign import DeviceIndex, misplaced, realign
+from agent.claims.model import Assignment, AssignmentState, Owner
+from agent.claims.choice import Pool, Slot
+from agent.heal.realign import DeviceIndex, misplaced, realign
 from drivers.base import DeviceDetail, DeviceKind
 
 ROOT, CELL0, CELL1, PF, PMEM_FLAT, PMEM0, PMEM1, GPU = (

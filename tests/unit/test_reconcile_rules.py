@@ -1,4 +1,4 @@
-"""One test per reconcile rule (agent/reconcile.py), each named after it,
+"""One test per reconcile rule (agent/compute/reconcile.py), each named after it,
 on a host world with the fake driver (which passes the driver contract)."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from agent import reconcile as rules
-from agent.claim_model import AssignmentState, MigrationState, MoveKind
-from agent.reconcile import reconcile
+from agent.compute import reconcile as rules
+from agent.claims.model import AssignmentState, MigrationState, MoveKind
+from agent.compute.reconcile import reconcile
 from drivers.base import DeviceKind
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
 

@@ -10,17 +10,17 @@ import uuid
 
 import pytest
 
-from agent import rpc_schemas as schemas
-from agent import rpc_versions
+from agent.rpc import schemas
+from agent.rpc import versions as rpc_versions
 from agent.cmd.common import load_config
 from agent.exception import (InternalError, InvalidRequest, NoSuchInstance,
                              StoreUnavailable, VersionCapped)
 from agent.messaging import messaging
-from agent.rpc import ComputeAgentEndpoint, listed_instances
-from agent.rpcapi import ComputeAgentAPI
-from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+from agent.rpc.server import ComputeAgentEndpoint, listed_instances
+from agent.rpc.client import ComputeAgentAPI
+from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.state import StoreError
+from agent.store.store import StoreError
 from drivers.base import DeviceKind
 
 SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
@@ -236,7 +236,7 @@ def test_a_refused_payload_never_reaches_the_manager():
 
 
 def test_the_callers_errors_pass_as_they_are(caplog):
-    with pytest.raises(NoSuchInstance), caplog.at_level(logging.DEBUG, "agent.rpc"):
+    with pytest.raises(NoSuchInstance), caplog.at_level(logging.DEBUG, "agent.rpc.server"):
         endpoint(NoSuchInstance(INSTANCE)).get_instance({}, instance_uuid=INSTANCE)
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 

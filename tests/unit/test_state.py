@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from agent import state, state_lock
-from agent.provider_tree import Provider, inventory
-from agent.claim_model import (Assignment, AssignmentState, Migration, MigrationRole,
+from agent.store import store as state
+from agent.store import lock as state_lock
+from agent.tree.provider_tree import Provider, inventory
+from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.state import Store, StoreError, inspect_store
-from agent.store_check import StoreFile
+from agent.store.store import Store, StoreError, inspect_store
+from agent.store.check import StoreFile
 from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
 
@@ -634,7 +635,7 @@ def test_a_write_is_visible_to_a_fresh_connection_and_process_once_it_returns(st
 _WRITE_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from agent import state
+from agent.store import store as state
 s = state.Store(sys.argv[2])
 s.write(lambda c: state.run_statements(c, [state.put_instance_sql(sys.argv[3], {"survived": True})]))
 os.kill(os.getpid(), signal.SIGKILL)
@@ -707,7 +708,7 @@ def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
 def crash_after_a_write(path: Path) -> None:
     """A holder that writes one instance and dies without closing: the
     write is acknowledged and only in the write-ahead log."""
-    code = (f"from agent.state import Store, put_instance_sql; import os\n"
+    code = (f"from agent.store.store import Store, put_instance_sql; import os\n"
             f"s = Store({str(path)!r}, {ROOT_UUID!r})\n"
             f"s.write([put_instance_sql('a', {{'name': 'a'}})])\n"
             f"os._exit(0)\n")
@@ -761,7 +762,7 @@ def test_the_state_directory_has_one_holder(tmp_path):
     assert (tmp_path / "lock").stat().st_mode & 0o777 == 0o600
     # Another process: flock locks belong to the open file, so a second
     # open in this process would conflict the same way.
-    code = (f"from agent import state_lock\n"
+    code = (f"from agent.store import lock as state_lock\n"
             f"try:\n    state_lock.acquire({str(tmp_path)!r})\n"
             f"except state_lock.StateDirectoryInUse as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

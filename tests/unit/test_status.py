@@ -1,14 +1,14 @@
-"""agent/status.py: each rule, and the exit code as the worst check."""
+"""agent/reports/status.py: each rule, and the exit code as the worst check."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 
-from agent import status
-from agent.cycle_record import CycleRecord
+from agent.reports import status
+from agent.daemon.cycle_record import CycleRecord
 from agent.dependencies import Dependency, DependencyState, Health
-from agent.status import Level, Probe, StatusFacts, StoreHealth, Unknown, judge
+from agent.reports.status import Level, Probe, StatusFacts, StoreHealth, Unknown, judge
 
 NOW = 10_000.0
 PLACEMENT = "http://127.0.0.1:8778"
@@ -130,7 +130,7 @@ def test_unhealed_and_audit_findings_are_warnings_and_unknown_is_never_ok():
 
 
 def test_a_device_out_of_scheduling_is_a_warning_naming_it_and_unknown_is_never_ok():
-    from agent.device_health import Fault, UnhealthyProvider
+    from agent.health.rules import Fault, UnhealthyProvider
     assert level_of(status.device_health, healthy()) is Level.OK
     bad = UnhealthyProvider("h_0000:81:00.0", frozenset({Fault.AER_NONFATAL}),
                             (("CUSTOM_PCI_8086_154C", 1, 4),))

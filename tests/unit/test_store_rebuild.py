@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from agent.claims import Pool, Slot
-from agent.store_rebuild import RebuildRefused, plan_rebuild
+from agent.claims.choice import Pool, Slot
+from agent.store.rebuild import RebuildRefused, plan_rebuild
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from drivers.libvirt.guest_xml import build_domain_xml, parse_guest
 

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from agent import systemd
-from agent.supervisor import Supervisor
+from agent.daemon import systemd
+from agent.daemon.supervisor import Supervisor
 
 
 @pytest.fixture

@@ -3,12 +3,12 @@ import uuid
 
 import pytest
 
-from agent import state
-from agent.claims import Pool, Slot
+from agent.store import store as state
+from agent.claims.choice import Pool, Slot
 from agent.exception import ClaimFailed
-from agent.manager import describe, guest_spec
-from agent.state import Store
-from agent.tracker import Tracker
+from agent.compute.manager import describe, guest_spec
+from agent.store.store import Store
+from agent.compute.tracker import Tracker
 from drivers.base import DeviceDetail, DeviceKind
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"

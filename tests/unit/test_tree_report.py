@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from agent.heal import hold_unhealed
-from agent.provider_tree import Provider, ProviderTree, inventory
-from agent.tree_report import (FieldDifference, Holder, Presence, Verdict, compare,
+from agent.heal.rules import hold_unhealed
+from agent.tree.provider_tree import Provider, ProviderTree, inventory
+from agent.reports.tree import (FieldDifference, Holder, Presence, Verdict, compare,
                                usages)
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"

@@ -29,12 +29,12 @@ import time
 import uuid
 from pathlib import Path
 
-from agent import state
-from agent.claim_model import AssignmentState
-from agent.device_spec import parse_specs
-from agent.host_tree import MdevTypePolicy, TreePolicy, build_tree
-from agent.service import STORE_FILE, pools_by_uuid
-from agent.tracker import Tracker
+from agent.store import store as state
+from agent.claims.model import AssignmentState
+from agent.tree.device_spec import parse_specs
+from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
+from agent.daemon.service import STORE_FILE, pools_by_uuid
+from agent.compute.tracker import Tracker
 from drivers.fake import FakeDriver
 from tools.benchmarks.common import device_host, percentile
 

@@ -30,7 +30,7 @@ from typing import Callable
 import requests
 
 from agent.cmd.common import load_config
-from agent.service import Agent
+from agent.daemon.service import Agent
 from agent.testing.local_placement import LocalPlacement
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.sysfs import SysfsReader

@@ -1,5 +1,5 @@
 """Evacuation of 100 instances from a down host: what ``compute-agent-ctl
-evacuate`` does (agent/evacuator.py), run here against two compute-agent
+evacuate`` does (agent/conductor/evacuation.py), run here against two compute-agent
 daemons (fake driver, durable stores) over the real RabbitMQ and the real
 Placement.
 
@@ -24,10 +24,10 @@ from collections import Counter
 from pathlib import Path
 
 from agent.cmd.common import load_config
-from agent.evacuator import DEFAULT_PARALLEL, Evacuator
-from agent.heartbeat import Heartbeat
-from agent.placement import PlacementClient, adapter_from_conf
-from agent.rpcapi import ComputeAgentAPI
+from agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
+from agent.rpc.heartbeat import Heartbeat
+from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.rpc.client import ComputeAgentAPI
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import get, put_allocations, write_conf
 from tools.benchmarks.common import device_host

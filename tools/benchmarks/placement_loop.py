@@ -13,16 +13,16 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.host_tree import TreePolicy
-from agent.device_spec import parse_specs
-from agent.placement import PlacementClient
-from agent.placement_auth import NoAuth2
-from agent.manager import ComputeManager
-from agent.service import STORE_FILE, Agent
-from agent.state import Store
-from agent.tracker import Tracker
+from agent.tree.host_tree import TreePolicy
+from agent.tree.device_spec import parse_specs
+from agent.placement.client import PlacementClient
+from agent.placement.auth import NoAuth2
+from agent.compute.manager import ComputeManager
+from agent.daemon.service import STORE_FILE, Agent
+from agent.store.store import Store
+from agent.compute.tracker import Tracker
 from agent.testing.local_placement import LocalPlacement
-from agent.tree_sync import TreeSync
+from agent.placement.sync import TreeSync
 from drivers.fake import FakeDriver
 from keystoneauth1 import adapter, session
 

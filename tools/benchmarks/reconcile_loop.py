@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.service import Agent
+from agent.daemon.service import Agent
 from agent.testing.local_placement import LocalPlacement
 from tools.benchmarks.placement_loop import fake_host, make_agent
 

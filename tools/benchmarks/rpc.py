@@ -30,7 +30,7 @@ from pathlib import Path
 
 from agent.cmd.common import load_config
 from agent.messaging import messaging
-from agent.rpcapi import ComputeAgentAPI
+from agent.rpc.client import ComputeAgentAPI
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import write_conf
 from tools.benchmarks.common import device_host, percentile

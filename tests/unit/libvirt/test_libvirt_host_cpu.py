@@ -5,7 +5,7 @@ import logging
 import libvirt
 import pytest
 
-from agent.cpu_traits import cpu_feature_traits
+from agent.tree.cpu_traits import cpu_feature_traits
 from drivers.libvirt import capabilities
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.host_cpu import HostCpuFeatures

@@ -1,0 +1,265 @@
+"""Claims, pure: what can be assigned behind each provider, how a claim
+request is checked, and which concrete devices it gets.
+
+No I/O and no locks here: the tracker calls ``choose`` under its lock with
+the set of devices that live assignments hold.
+"""
+from __future__ import annotations
+
+import random
+import uuid as uuid_lib
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Mapping
+
+import os_resource_classes as orc
+
+from agent.exception import ClaimFailed, InvalidRequest
+from drivers.base import DeviceDetail, DeviceKind
+
+MAX_AMOUNT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One device that can be assigned whole."""
+
+    device_id: str
+    numa_node: int | None = None
+    size_bytes: int = 0
+    dev_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What stands behind one resource class of one provider.
+
+    Exclusive pools hand out slots (a VF, a namespace, a pinned CPU, an
+    mdev). Counted pools (VCPU, MEMORY_MB, DISK_GB) only record amounts:
+    Placement already bounds them, and the guest needs just the cell."""
+
+    provider_name: str
+    resource_class: str
+    kind: DeviceKind
+    capacity: int
+    slots: tuple[Slot, ...] = ()
+    numa_node: int | None = None
+    # MDEV pools: the parent GPU and type, to create mdevs beyond the slots.
+    mdev_parent: str | None = None
+    mdev_type: str | None = None
+    # Devices out of service for their health (agent/health/rules.py):
+    # slots never chosen, and an MDEV pool whose parent is here creates no
+    # mdev. Whoever holds one keeps it.
+    unhealthy: frozenset[str] = frozenset()
+
+    @property
+    def exclusive(self) -> bool:
+        return not self.kind.counted
+
+    @cached_property
+    def ordered_slots(self) -> tuple[Slot, ...]:
+        """The slots by device id: the order choices are made in."""
+        return tuple(sorted(self.slots, key=lambda s: s.device_id))
+
+
+@dataclass(frozen=True)
+class Choice:
+    provider_uuid: str
+    resource_class: str
+    kind: DeviceKind
+    device_id: str
+    amount: int = 1
+    detail: DeviceDetail = DeviceDetail()
+
+
+def slot_detail(pool: Pool, slot: Slot) -> DeviceDetail:
+    """What a guest definition needs of a device besides its id."""
+    return DeviceDetail(slot.numa_node, slot.size_bytes or None, slot.dev_path,
+                        pool.mdev_parent, pool.mdev_type)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    provider_uuid: str
+    resource_class: str
+    amount: int
+
+
+def parse_allocations(allocations, pools: Mapping[str, Mapping[str, Pool]],
+                      field_name: str = "allocations") -> list[Wanted]:
+    """Check a consumer's allocations (Placement's shape) against our pools.
+    Raises InvalidRequest naming the field and the value."""
+    if not isinstance(allocations, dict) or not allocations:
+        raise InvalidRequest(field_name, allocations, "must be a non-empty object "
+                             "of provider uuid -> {resources: {class: amount}}")
+    wanted = []
+    for provider, body in sorted(allocations.items()):
+        where = f"{field_name}.{provider}"
+        if provider not in pools:
+            raise InvalidRequest(where, provider, "not a resource provider of this host")
+        resources = body.get("resources") if isinstance(body, dict) else None
+        if not isinstance(resources, dict) or not resources:
+            raise InvalidRequest(f"{where}.resources", resources,
+                                 "must be a non-empty object of class -> amount")
+        for rc, amount in sorted(resources.items()):
+            if not isinstance(rc, str) or not (rc in orc.STANDARDS or orc.is_custom(rc)):
+                raise InvalidRequest(f"{where}.resources", rc, "unknown resource class")
+            pool = pools[provider].get(rc)
+            if pool is None:
+                raise InvalidRequest(f"{where}.resources.{rc}", rc,
+                                     "this provider has no inventory of that class")
+            if (not isinstance(amount, int) or isinstance(amount, bool)
+                    or not 0 < amount <= MAX_AMOUNT):
+                raise InvalidRequest(f"{where}.resources.{rc}", amount,
+                                     "must be a whole number from 1")
+            if amount > pool.capacity:
+                raise InvalidRequest(f"{where}.resources.{rc}", amount,
+                                     f"more than the provider's {pool.capacity}")
+            wanted.append(Wanted(provider, rc, amount))
+    return wanted
+
+
+def device_identity(kind: DeviceKind, device_id: str) -> tuple[str, str]:
+    """What makes a device one device on this host, whatever provider or
+    class it was claimed under (a NIC whose class changed, a device whose
+    provider moved with the tree mode): its PCI address, whole device or
+    VF alike; its mdev UUID; its namespace; its CPU number."""
+    return ("pci" if kind in (DeviceKind.PCI, DeviceKind.VF) else kind.value, device_id)
+
+
+@dataclass
+class HeldDevices:
+    """Devices held by live assignments: each by its identity on the host,
+    which is what makes it exclusive, and per (provider uuid, class), which
+    is what a pool has given out."""
+
+    by_pool: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    devices: set[tuple[str, str]] = field(default_factory=set)
+
+    def held(self, provider_uuid: str, rc: str) -> set[str]:
+        return self.by_pool.setdefault((provider_uuid, rc), set())
+
+    def is_held(self, kind: DeviceKind, device_id: str) -> bool:
+        return device_identity(kind, device_id) in self.devices
+
+    def take(self, choices: list[Choice]) -> None:
+        for c in choices:
+            if not c.kind.counted:
+                self.held(c.provider_uuid, c.resource_class).add(c.device_id)
+                self.devices.add(device_identity(c.kind, c.device_id))
+
+    def give_back(self, items) -> None:
+        """``items``: anything with provider_uuid, resource_class, kind and
+        device_id (choices or assignments)."""
+        for c in items:
+            if not c.kind.counted:
+                self.held(c.provider_uuid, c.resource_class).discard(c.device_id)
+                self.devices.discard(device_identity(c.kind, c.device_id))
+
+
+def new_mdev_uuid() -> str:
+    # From the process's PRNG (seeded from the OS, reseeded at fork): an
+    # mdev's name needs to be unique on this host, not secret, and
+    # os.urandom would drop the GIL inside the tracker's lock, so that
+    # 32 claimers queue on it.
+    return str(uuid_lib.UUID(int=random.getrandbits(128), version=4))
+
+
+def counted_device_id(pool: Pool) -> str:
+    """The device id every claim from a counted pool records: its NUMA
+    cell, or "host" for amounts of no cell."""
+    return "host" if pool.numa_node is None else str(pool.numa_node)
+
+
+def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
+                 earlier: set[str], prefer_numa: int | None) -> list[Choice]:
+    """``earlier``: devices of this pool chosen earlier in the same claim."""
+    if not pool.exclusive:
+        return [Choice(provider_uuid, pool.resource_class, pool.kind,
+                       counted_device_id(pool), amount, DeviceDetail(pool.numa_node))]
+    # NUMA-local first, then the others; each in the order of device ids.
+    local: list[Slot] = []
+    others: list[Slot] = []
+    for s in pool.ordered_slots:
+        if (s.device_id not in earlier and s.device_id not in pool.unhealthy
+                and not held.is_held(pool.kind, s.device_id)):
+            (local if s.numa_node == prefer_numa else others).append(s)
+            if len(local) == amount:
+                break
+    chosen = [Choice(provider_uuid, pool.resource_class, pool.kind, s.device_id, 1,
+                     slot_detail(pool, s))
+              for s in (local + others)[:amount]]
+    # An mdev that does not exist yet is created, within the capacity
+    # Placement was told about; existing free ones always go first.
+    room = (pool.capacity - len(held.held(provider_uuid, pool.resource_class))
+            - len(earlier) - len(chosen))
+    while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0
+           and pool.mdev_parent not in pool.unhealthy):
+        chosen.append(Choice(provider_uuid, pool.resource_class, pool.kind,
+                             new_mdev_uuid(), 1,
+                             DeviceDetail(pool.numa_node, mdev_parent=pool.mdev_parent,
+                                          mdev_type=pool.mdev_type)))
+        room -= 1
+    if len(chosen) < amount:
+        raise ClaimFailed(provider_uuid, pool.resource_class, amount, len(chosen))
+    return chosen
+
+
+def instance_cell(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]]
+                  ) -> int | None:
+    """The cell the instance's CPUs and memory come from; failing that, the
+    cell of any device it asked for."""
+    located = [pools[w.provider_uuid][w.resource_class] for w in wanted]
+    located = [p for p in located if p.numa_node is not None]
+    compute = [p for p in located if p.kind in (DeviceKind.NUMA, DeviceKind.PCPU)]
+    return next((p.numa_node for p in compute + located), None)
+
+
+def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
+           held: HeldDevices, prefer_numa: int | None = None) -> list[Choice]:
+    """Concrete devices for every wanted amount, or ClaimFailed naming the
+    first resource that cannot be met. ``held`` is not changed."""
+    if prefer_numa is None:
+        prefer_numa = instance_cell(wanted, pools)
+    out: list[Choice] = []
+    for w in wanted:
+        pool = pools[w.provider_uuid][w.resource_class]
+        # Rare: the same pool named twice.
+        earlier = {c.device_id for c in out
+                   if (c.provider_uuid, c.resource_class) == (w.provider_uuid,
+                                                              w.resource_class)}
+        out.extend(_choose_from(pool, w.provider_uuid, w.amount, held, earlier,
+                                prefer_numa))
+    return out
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What the agent needs to know of an instance besides its devices."""
+
+    name: str
+    vcpus: int
+    memory_mb: int
+
+    LIMITS = {"vcpus": 4096, "memory_mb": 1 << 24}
+
+    @classmethod
+    def from_payload(cls, payload, field_name: str = "spec") -> "InstanceSpec":
+        if not isinstance(payload, dict):
+            raise InvalidRequest(field_name, payload, "must be an object")
+        name = payload.get("name")
+        if not isinstance(name, str) or not 0 < len(name) <= 255 or not name.isprintable():
+            raise InvalidRequest(f"{field_name}.name", name,
+                                 "must be 1 to 255 printable characters")
+        values = {}
+        for key, limit in cls.LIMITS.items():
+            value = payload.get(key)
+            if (not isinstance(value, int) or isinstance(value, bool)
+                    or not 0 < value <= limit):
+                raise InvalidRequest(f"{field_name}.{key}", value,
+                                     f"must be a whole number from 1 to {limit}")
+            values[key] = value
+        return cls(name, **values)
+
+    def to_payload(self) -> dict:
+        return {"name": self.name, "vcpus": self.vcpus, "memory_mb": self.memory_mb}

@@ -1,0 +1,71 @@
+"""What the running agent's update loop last did, for readers that must not
+take the state directory's lock (``compute-agent-manage status``).
+
+After every cycle the agent replaces ``<state_path>/last_cycle.json``
+(mode 0600, atomically): when the latest cycle ended, when the latest
+successful one did, and each dependency's state with its failure counters.
+A file rather than the store: written every cycle (every second in tests)
+it would add a store transaction per cycle, and a reader of a corrupt
+store still learns how the loop fares.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.store.atomic_file import write_private
+from agent.dependencies import Dependency, DependencyState
+
+FILENAME = "last_cycle.json"
+
+
+class RecordUnreadable(Exception):
+    """The file is there but is not a cycle record; the message names it."""
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    pid: int
+    # Wall-clock times (time.time()).
+    last_cycle_at: float
+    last_success_at: float | None
+    # The latest cycle's failure, one line; "" when it succeeded.
+    last_problem: str = ""
+    dependencies: dict[Dependency, DependencyState] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"pid": self.pid, "last_cycle_at": self.last_cycle_at,
+                "last_success_at": self.last_success_at,
+                "last_problem": self.last_problem,
+                "dependencies": [s.as_dict() for s in self.dependencies.values()]}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "CycleRecord":
+        states = [DependencyState.from_dict(d) for d in doc["dependencies"]]
+        return cls(doc["pid"], doc["last_cycle_at"], doc["last_success_at"],
+                   doc["last_problem"], {s.dependency: s for s in states})
+
+
+def path_in(state_path: str | Path) -> Path:
+    return Path(state_path) / FILENAME
+
+
+def write(path: Path, record: CycleRecord) -> None:
+    write_private(path, json.dumps(record.as_dict(), sort_keys=True) + "\n")
+
+
+def read(path: Path) -> CycleRecord | None:
+    """The record, None when no cycle has ended here yet. Raises
+    RecordUnreadable naming the file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise RecordUnreadable(f"{path}: cannot be read: {e.strerror}") from None
+    try:
+        return CycleRecord.from_dict(json.loads(text))
+    except (ValueError, KeyError, TypeError) as e:
+        raise RecordUnreadable(f"{path}: not a cycle record ({type(e).__name__}: "
+                               f"{e})") from None

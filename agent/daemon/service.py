@@ -1,0 +1,663 @@
+"""The agent process: the periodic update_provider_tree loop, which pings
+systemd's watchdog while it is healthy. Native threads only (no eventlet)."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from oslo_config import cfg
+
+from agent.rpc import broker
+from agent.daemon import cycle_record
+from agent.store import node_identity
+from agent.store import store as state
+from agent.store import check as store_check
+from agent.store.adoption import AdoptionRefused, plan_adoption
+from agent.placement.allocations import AllocationView
+from agent.claims.model import Migration
+from agent.claims.choice import Pool
+from agent.dependencies import Dependencies, Dependency, Health, describe
+from agent.moves.evacuation import evacuation_migration_uuid
+from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
+                             PlacementError, PlacementUnavailable)
+from agent.health.watch import HealthWatch
+from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
+from agent.compute.manager import ComputeManager
+from agent.metrics import CycleResult, Metrics
+from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.tree.provider_tree import Provider, ProviderTree
+from agent.tree.policy import tree_policy_from_conf
+from agent.compute.reconcile import Report, reconcile
+from agent.rpc.client import move_allocations
+from agent.reports.status import Probe, Unknown
+from agent.daemon.systemd import Watchdog
+from agent.compute.tracker import Tracker
+from agent.placement.sync import SyncResult, TreeSync
+from drivers.base import ComputeDriver, DriverUnavailable, ForeignGuest, HostInventory
+from drivers.host_data import InvalidHostData
+
+LOG = logging.getLogger(__name__)
+
+
+def load_driver(conf: cfg.ConfigOpts) -> ComputeDriver:
+    if conf.compute_driver == "fake":
+        from drivers.fake import FakeDriver
+        return FakeDriver.from_conf(conf)
+    from drivers.libvirt.driver import LibvirtDriver
+    return LibvirtDriver(conf)
+
+
+@dataclass
+class CycleOutcome:
+    ok: bool
+    reason: str = ""
+    result: SyncResult | None = None
+    kind: CycleResult = CycleResult.OK
+
+
+def unavailable_result(dependency: Dependency) -> CycleResult:
+    """How the metrics count a cycle a dependency stopped."""
+    return {Dependency.LIBVIRT: CycleResult.HYPERVISOR_UNAVAILABLE,
+            Dependency.KEYSTONE: CycleResult.KEYSTONE_UNAVAILABLE}.get(
+                dependency, CycleResult.PLACEMENT_UNAVAILABLE)
+
+
+STORE_FILE = "state.db"
+# The update loop asks the broker once a cycle (agent/rpc/broker.py): a broker
+# that accepts no connection (a black hole) delays the cycle this long.
+BROKER_PROBE_TIMEOUT_SECONDS = 5
+UPDATE_THREAD = "update-provider-tree"
+
+
+def pools_by_uuid(built: BuiltTree, names: dict[str, str]
+                  ) -> dict[str, dict[str, Pool]]:
+    """Key the pools by the UUIDs Placement uses for their providers."""
+    out: dict[str, dict[str, Pool]] = {}
+    for pool in built.pools:
+        uuid = (names.get(pool.provider_name)
+                or built.tree.by_name(pool.provider_name).uuid)
+        out.setdefault(uuid, {})[pool.resource_class] = pool
+    return out
+
+
+def saved_view(store: state.Store) -> ProviderTree:
+    """The view of Placement an earlier run saved; an empty one when it
+    does not form a tree (Placement is then read afresh)."""
+    try:
+        return ProviderTree.parents_first(store.read(state.placement_view))
+    except ValueError as e:
+        LOG.warning("Saved view of Placement unusable, reading it afresh: %s", e)
+        return ProviderTree()
+
+
+def tree_allocations(client: PlacementClient, root_uuid: str
+                     ) -> dict[str, dict[str, dict[str, int]]]:
+    """consumer uuid -> provider uuid -> resources, over every provider
+    that Placement has in the tree of ``root_uuid``."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for provider in client.get_tree(root_uuid):
+        for consumer, body in client.get_provider_allocations(provider["uuid"]).items():
+            out.setdefault(consumer, {})[provider["uuid"]] = dict(body["resources"])
+    return out
+
+
+@dataclass
+class HostReading:
+    """What the hypervisor and Placement answered at start-up; None where
+    they did not."""
+
+    facts: store_check.HostFacts
+    foreign: dict[str, ForeignGuest] | None = None
+    allocations: dict[str, dict[str, dict[str, int]]] | None = None
+
+
+def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
+               compute_id_existed: bool) -> HostReading:
+    """Ask the hypervisor for our guests and others', and, for a root that
+    existed before, Placement for the allocations on its tree. What does
+    not answer stays unknown (None)."""
+    why: list[str] = []
+    guests: frozenset[str] | None = None
+    foreign: dict[str, ForeignGuest] | None = None
+    try:
+        guests = frozenset(driver.list_guests())
+        foreign = driver.list_foreign_guests()
+    except DriverUnavailable as e:
+        why.append(f"the hypervisor did not answer ({e})")
+    except InvalidHostData as e:
+        why.append(f"a guest's definition cannot be read ({e})")
+    allocations = None
+    if compute_id_existed:
+        try:
+            allocations = tree_allocations(client, root_uuid)
+        except (PlacementUnavailable, PlacementError) as e:
+            why.append(f"Placement's allocations are unknown ({e})")
+    facts = store_check.HostFacts(
+        root_uuid, compute_id_existed, guests,
+        None if allocations is None else {c: set(on) for c, on in allocations.items()},
+        "; ".join(why), None if foreign is None else frozenset(foreign))
+    return HostReading(facts, foreign, allocations)
+
+
+def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDriver,
+          client: PlacementClient, policy: TreePolicy) -> None:
+    """Import the foreign guests' devices as their instances' assignments
+    (agent/store/adoption.py) and create the store holding them, or raise
+    StoreRefused listing every problem, writing nothing."""
+    try:
+        built = build_tree(driver.get_host_inventory(), policy)
+        names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
+        plan = plan_adoption(reading.foreign, reading.allocations,
+                             pools_by_uuid(built, names), driver.boot_id(),
+                             state.new_assignment_id)
+    except DriverUnavailable as e:
+        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+                                       f"be adopted: the hypervisor did not answer "
+                                       f"({e})") from None
+    except (PlacementUnavailable, PlacementError) as e:
+        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+                                       f"be adopted: {e}") from None
+    except AdoptionRefused as e:
+        raise store_check.StoreRefused("\n".join(
+            [f"store {path} is missing and the host's guests cannot be adopted; "
+             "nothing was written:"] + e.problems)) from None
+    for line in plan.skipped:
+        LOG.warning("Adoption: %s", line)
+    store = plan.store
+    state.create_filled(path, root_uuid, store.instances, store.assignments)
+    for uuid, spec in sorted(store.instances.items()):
+        held = [a for a in store.assignments if a.instance_uuid == uuid]
+        LOG.info("Adopted instance %s (%s): %s", uuid, spec["name"], ", ".join(
+            f"{a.resource_class} {a.amount}"
+            + ("" if a.kind.counted else f" {a.kind.value} {a.device_id}")
+            for a in held) or "nothing on this host")
+    LOG.info("Adopted this host: %d instances, %d assignments, in store %s",
+             len(store.instances), len(store.assignments), path)
+
+
+def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
+               driver: ComputeDriver, client: PlacementClient,
+               holder: bool = True, policy: TreePolicy | None = None) -> state.Store:
+    """The store, once judged this host's (store_check): opened, created
+    for a new host, or created holding the guests of the host it adopts
+    (``policy`` needed then). Raises StoreRefused with the line(s) that say
+    why not. ``holder``: the caller holds the state directory's lock
+    (state_lock); any other caller gets the store read-only, and never a
+    new one."""
+    facts = state.inspect_store(path)
+    reading = (host_facts(driver, client, root_uuid, compute_id_existed)
+               if store_check.needs_host_facts(facts)
+               else HostReading(store_check.HostFacts(root_uuid, compute_id_existed,
+                                                      None, None)))
+    judgement = store_check.judge(facts, reading.facts)
+    if judgement.verdict is store_check.Verdict.REFUSE:
+        raise store_check.StoreRefused(judgement.reason)
+    if judgement.verdict in (store_check.Verdict.CREATE, store_check.Verdict.ADOPT):
+        if not holder:
+            raise store_check.StoreRefused(f"store {path} is {facts.file.value}: "
+                                           "the agent has not run on this host yet")
+    if judgement.verdict is store_check.Verdict.CREATE:
+        LOG.info("New host: creating store %s", path)
+    if judgement.verdict is store_check.Verdict.ADOPT:
+        LOG.info("Adopting this host: %d guests defined by another manager, no "
+                 "store yet", len(reading.foreign))
+        adopt(path, root_uuid, reading, driver, client, policy)
+    if not holder:
+        return state.Store(path, read_only=True)
+    return state.Store(path, root_uuid)
+
+
+def _last_success_recorded(path: Path | None) -> float | None:
+    """When the last successful cycle of an earlier run ended, so that a
+    restart does not forget it; None when unknown."""
+    try:
+        record = cycle_record.read(path) if path is not None else None
+    except cycle_record.RecordUnreadable as e:
+        LOG.warning("%s: starting a new record", e)
+        return None
+    return None if record is None else record.last_success_at
+
+
+class Agent:
+    def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
+                 interval: float = 60, jitter: float = 0,
+                 manager: ComputeManager | None = None, reconcile_interval: int = 10,
+                 orphan_grace_period: float = 0,
+                 live_migration_announced_timeout: float = 600,
+                 allocation_refresh_interval: float = 300,
+                 heal_on_startup: bool = False, metrics: Metrics | None = None,
+                 metrics_listen: str | None = None,
+                 health_poll_interval: float = 1.0,
+                 health_correctable_per_minute: int = 100,
+                 record_path: Path | None = None,
+                 broker_probe: Callable[[], Probe | Unknown] | None = None):
+        self.driver = driver
+        self.policy = policy
+        self.sync = sync
+        self.interval = interval
+        self.jitter = jitter
+        self.manager = manager
+        self.reconcile_interval = reconcile_interval
+        self.orphan_grace_period = orphan_grace_period
+        self.live_migration_announced_timeout = live_migration_announced_timeout
+        self.heal_on_startup = heal_on_startup
+        # Served on metrics_listen (host:port) from start() to stop().
+        self.metrics = metrics or Metrics()
+        self.metrics_listen = metrics_listen
+        if manager is not None:
+            self.metrics.watch_assignments(manager.tracker.held_by_class)
+        self.allocations = AllocationView(sync.client, allocation_refresh_interval)
+        # The view of Placement the last reconciliation used: while it is
+        # still the cache, no cycle has read the tree since.
+        self._reconciled_view: ProviderTree | None = None
+        self._drop_allocations = threading.Event()
+        self._cycles = 0
+        # Placement's view after the last cycle that reached it, for RPC
+        # readers: replaced whole, never changed in place.
+        self.last_tree = ProviderTree()
+        # Placement's view as last saved: a restart trusts each provider in
+        # it until its generation moves.
+        saved = saved_view(manager.tracker.store) if manager else ProviderTree()
+        sync.restore(saved.copy())
+        self._saved_view = saved.depth_first()
+        self._view_saved = True
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+        self._drop_cache = threading.Event()
+        self._thread: threading.Thread | None = None
+        driver.register_change_listener(self._wake.set)
+        self.health = HealthWatch(driver, health_poll_interval,
+                                  health_correctable_per_minute, self._wake.set,
+                                  report=self.metrics.set_device_health)
+        # What each cycle asks, in order: the hypervisor, then Keystone
+        # (when the auth plugin uses it) for a token, then Placement.
+        self.dependencies = Dependencies()
+        self.cycle_path = ((Dependency.LIBVIRT,)
+                           + ((Dependency.KEYSTONE,) if sync.client.keystone_url else ())
+                           + (Dependency.PLACEMENT,))
+        # <state_path>/last_cycle.json, for status (agent/daemon/cycle_record.py).
+        self.record_path = record_path
+        self._last_success_at = _last_success_recorded(record_path)
+        self._record_failing = False
+        # Asked by the loop before each cycle; None: no broker to watch.
+        self.broker_probe = broker_probe
+
+    @classmethod
+    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
+        """Raises ConfigError for a bad value, StoreRefused when the store
+        is not to be served from (store_check). Asks the hypervisor and
+        Placement only when the store is missing or empty. ``holder``: the
+        caller holds the state directory's lock (state_lock), and may
+        write there; otherwise it only reads."""
+        conf.set_default("timeout", 30, group="placement")
+        compute_id = node_identity.load(conf.state_path)
+        if compute_id is None and not holder:
+            raise store_check.StoreRefused(
+                f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
+                "the agent has not run on this host yet")
+        metrics = Metrics()
+        client = PlacementClient(adapter_from_conf(conf), metrics)
+        driver = load_driver(conf)
+        # The first write to the state directory: after every read of the
+        # config (agent.config_check has checked it all by now).
+        root_uuid = compute_id or node_identity.load_or_create(conf.state_path)
+        policy = tree_policy_from_conf(conf, root_uuid)
+        host = conf.host
+        sync = TreeSync(client, root_uuid,
+                        owned=lambda p: p.name == host or p.name.startswith(host + "_"))
+        store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
+                           compute_id is not None, driver, client, holder, policy)
+        manager = ComputeManager(Tracker(store, driver.boot_id(), metrics), driver,
+                                 conf.devices.remove_released_mdevs,
+                                 policy.device_specs)
+        return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
+                   manager, conf.reconcile_interval, conf.orphan_grace_period,
+                   conf.live_migration_announced_timeout,
+                   conf.allocation_refresh_interval, conf.heal.on_startup,
+                   metrics, conf.metrics.listen,
+                   conf.devices.health_poll_interval,
+                   conf.devices.health_correctable_errors_per_minute,
+                   cycle_record.path_in(conf.state_path) if holder else None,
+                   functools.partial(broker.probe, conf, BROKER_PROBE_TIMEOUT_SECONDS))
+
+    def build_model(self, inventory: HostInventory) -> BuiltTree:
+        """The tree to report for ``inventory``: the policy's, with the
+        devices found unhealthy taken out of scheduling. Every reader that
+        compares with Placement (a cycle, heal, manage tree) builds it
+        here, so none takes the agent's own health marks for drift."""
+        return self.health.apply(build_tree(inventory, self.policy), inventory)
+
+    def update_provider_tree(self) -> SyncResult:
+        """One cycle: discover, build the desired tree, sync it."""
+        if self._drop_cache.is_set():
+            self._drop_cache.clear()
+            self.sync.invalidate()
+            LOG.info("Placement cache dropped")
+        built = self.build_model(self.driver.get_host_inventory())
+        for warning in built.warnings:
+            LOG.warning("%s", warning)
+        try:
+            result = self.sync.sync(built.tree)
+            self.last_tree = self.sync.cache.copy()
+            self._save_view(self.last_tree.depth_first())
+        finally:
+            # Claims work from the host's devices even when Placement does
+            # not answer, with the provider UUIDs it last showed us.
+            if self.manager is not None:
+                self.manager.tracker.set_pools(pools_by_uuid(
+                    built, {p.name: p.uuid for p in self._saved_view}))
+        LOG.debug("update_provider_tree: %d providers, %d writes",
+                  len(built.tree), result.writes)
+        return result
+
+    def _save_view(self, view: list[Provider]) -> None:
+        """Keep Placement's view in the store for the next start. It is a
+        cache: a store that cannot be written costs the saved copy, not
+        the cycle, and the next cycle tries again."""
+        if self.manager is not None and (view != self._saved_view
+                                         or not self._view_saved):
+            try:
+                self.manager.tracker.store.write(state.put_placement_view_sql(view))
+                self._view_saved = True
+            except state.StoreError as e:
+                self._view_saved = False
+                LOG.warning("Placement's view not saved; the next cycle tries "
+                            "again: %s", e)
+        self._saved_view = view
+
+    def _generations(self) -> dict[str, int]:
+        """Our providers' generations: from the latest cycle's read of the
+        tree, or, when no cycle has read it since the last reconciliation
+        (they failed), from a read of our own (one request): generations
+        no newer than those a reconciliation already used would hide a
+        change."""
+        view = self.sync.cache
+        if view is self._reconciled_view:
+            return {row["uuid"]: row["generation"]
+                    for row in self.sync.client.get_tree(self.sync.root_uuid)}
+        self._reconciled_view = view
+        return {p.uuid: p.generation for p in view}
+
+    def reconcile(self, at_start: bool, fix: bool = True) -> Report:
+        """Compare store, guests and Placement; Placement's part is left out
+        when it does not answer. Placement's allocations are read only on
+        the providers where they may have changed (AllocationView)."""
+        if self._drop_allocations.is_set():
+            self._drop_allocations.clear()
+            self.allocations.clear()
+        self.allocations.touch(self.manager.tracker.take_touched_providers())
+        level, why = logging.WARNING, "Placement's tree is not read yet"
+        try:
+            allocations = self.allocations.consumers(self._generations(),
+                                                     self.sync.root_uuid)
+        except DependencyUnavailable as e:
+            allocations, why = None, str(e)
+            # The cycle before said it went away, once.
+            if self.dependencies.snapshot()[e.dependency].health is Health.DOWN:
+                level = logging.DEBUG
+        except PlacementError as e:
+            allocations, why = None, str(e)
+        if allocations is None:
+            # Outside the except clauses: oslo.log would append the exception.
+            LOG.log(level, "Reconciling without Placement's allocations: %s", why)
+        elsewhere = (self._allocations_elsewhere(allocations)
+                     if at_start and allocations is not None else None)
+        holds = frozenset(
+            u for u in self.manager.tracker.snapshot()[0] if allocations is not None
+            and evacuation_migration_uuid(u, self.sync.root_uuid) in allocations)
+        report = reconcile(self.manager, allocations, at_start, fix,
+                           grace=self.orphan_grace_period, elsewhere=elsewhere,
+                           drop_evacuation_hold=self._drop_evacuation_hold,
+                           evacuation_holds=holds,
+                           announced_timeout=self.live_migration_announced_timeout,
+                           end_announced_move=self._end_announced_move)
+        self.metrics.findings(report.findings)
+        return report
+
+    def _our_providers(self) -> set[str]:
+        return {p.uuid for p in self.sync.cache}
+
+    def _allocations_elsewhere(self, allocations: dict[str, set[str]]
+                               ) -> dict[str, set[str]] | None:
+        """For each instance of ours with no allocation on our providers, the
+        providers (not ours) that hold its allocations: one read per such
+        instance, none in the steady state. None when Placement fails."""
+        ours = self._our_providers()
+        instances, _, _ = self.manager.tracker.snapshot()
+        out: dict[str, set[str]] = {}
+        try:
+            for uuid in sorted(set(instances) - set(allocations)):
+                held = self.sync.client.get_consumer_allocations(uuid)["allocations"]
+                out[uuid] = set(held) - ours
+        except (PlacementUnavailable, PlacementError) as e:
+            LOG.warning("Evacuated instances not looked for: %s", e)
+            return None
+        return out
+
+    def _drop_evacuation_hold(self, instance_uuid: str) -> None:
+        """The evacuation's migration consumer held this host's share of the
+        instance (allocation swap) until its guest here was gone: dropped,
+        when all it holds is on our providers."""
+        migration = evacuation_migration_uuid(instance_uuid, self.sync.root_uuid)
+        held = self.sync.client.get_consumer_allocations(migration)["allocations"]
+        if held and set(held) <= self._our_providers():
+            self.sync.client.delete_consumer_allocations(migration)
+            # A deletion moves no generation: read these providers again.
+            self.allocations.touch(set(held))
+            LOG.info("Evacuation %s of instance %s: its hold on this host's "
+                     "providers dropped", migration, instance_uuid)
+
+    def _end_announced_move(self, move: Migration) -> None:
+        """A live migration announced here that its conductor left: the
+        migration's allocations, when all on our providers, go back to the
+        instance (undoing the conductor's swap), then the move is rolled
+        back here. Allocations elsewhere are not ours to move: refused."""
+        client = self.sync.client
+        held = client.get_consumer_allocations(move.uuid)["allocations"]
+        if held and not set(held) <= self._our_providers():
+            raise AgentError(f"migration {move.uuid} holds allocations on providers "
+                             "of another host; left to the conductor")
+        if held:
+            move_allocations(client, move.uuid, move.instance_uuid, "INSTANCE")
+            self.allocations.touch(set(held))
+        self.manager.rollback_live_migration_at_source(move.uuid, move.instance_uuid)
+        LOG.info("Live migration %s of instance %s never started; its conductor "
+                 "is taken for gone: allocations returned, move ended", move.uuid,
+                 move.instance_uuid)
+
+    def run_cycle(self) -> CycleOutcome:
+        """A cycle that never raises, timed and counted by result (metrics)
+        and recorded (record_path). A dependency that goes away or comes
+        back is one line each way (agent/dependencies.py); every other
+        failure is one line, and the next cycle tries again."""
+        started = time.monotonic()
+        outcome = self._cycle()
+        self.metrics.cycle_done(time.monotonic() - started, outcome.kind)
+        if outcome.ok:
+            self._last_success_at = time.time()
+        self._record(outcome)
+        return outcome
+
+    def _cycle(self) -> CycleOutcome:
+        # Lines are logged after the except clauses: oslo.log would append
+        # the exception being handled to them.
+        unavailable: tuple[Dependency, str, str] | None = None
+        try:
+            outcome = CycleOutcome(True, result=self.update_provider_tree())
+        except DriverUnavailable as e:
+            unavailable = (Dependency.LIBVIRT, e.where, e.problem)
+        except DependencyUnavailable as e:
+            unavailable = (e.dependency, e.url, e.problem)
+        except ConfigError as e:
+            outcome = CycleOutcome(False, f"configuration error, cycle skipped: {e}",
+                                   kind=CycleResult.CONFIG_ERROR)
+        except (PlacementError, AgentError) as e:
+            outcome = CycleOutcome(False, f"cycle failed: {e}", kind=CycleResult.FAILED)
+        except Exception as e:  # the loop must outlive any bug in a cycle
+            LOG.exception("update_provider_tree failed")
+            return CycleOutcome(False, f"unexpected error: {type(e).__name__}: {e}",
+                                kind=CycleResult.UNEXPECTED_ERROR)
+        if unavailable is not None:
+            self.dependencies.observe_path(self.cycle_path, *unavailable)
+            return CycleOutcome(False, describe(*unavailable),
+                                kind=unavailable_result(unavailable[0]))
+        if outcome.ok:
+            client = self.sync.client
+            self.dependencies.observe_path(self.cycle_path, urls={
+                Dependency.KEYSTONE: client.keystone_url or "",
+                Dependency.PLACEMENT: client.url})
+        else:
+            LOG.warning("%s", outcome.reason)
+        return outcome
+
+    def _record(self, outcome: CycleOutcome) -> None:
+        if self.record_path is None:
+            return
+        record = cycle_record.CycleRecord(
+            os.getpid(), time.time(), self._last_success_at,
+            "" if outcome.ok else outcome.reason, self.dependencies.snapshot())
+        try:
+            cycle_record.write(self.record_path, record)
+        except OSError as e:
+            if not self._record_failing:
+                LOG.warning("Cannot record the cycle in %s: %s", self.record_path,
+                            e.strerror)
+            self._record_failing = True
+        else:
+            self._record_failing = False
+
+    def observe_broker(self) -> None:
+        """The broker asked, its state moved (one line each way); the
+        cycle's record then carries it."""
+        if self.broker_probe is not None:
+            broker.observe(self.dependencies, self.broker_probe())
+
+    def drop_cache(self) -> None:
+        self._drop_cache.set()
+        self._drop_allocations.set()
+        self._wake.set()
+
+    def _loop(self, watchdog: Watchdog | None) -> None:
+        while True:
+            self._wait_for_next_cycle(self.interval + random.uniform(0, self.jitter),
+                                      watchdog)
+            if self.stopping.is_set():
+                return
+            # Cleared before the cycle: a change seen during it wakes the
+            # next one at once.
+            self._wake.clear()
+            self.observe_broker()
+            self.run_cycle()
+            self._cycles += 1
+            if self.manager is not None:
+                self._resume_rebuilds_safely()
+            if self.manager is not None and self._cycles % self.reconcile_interval == 0:
+                self._reconcile_safely(at_start=False)
+
+    def _wait_for_next_cycle(self, seconds: float, watchdog: Watchdog | None) -> None:
+        """Sleep until the next cycle is due or something wakes the loop.
+        A loop that waits is healthy: it pings the watchdog as it goes, so
+        only a cycle that does not end stops the pings."""
+        if watchdog is None:
+            self._wake.wait(seconds)
+            return
+        due = time.monotonic() + seconds
+        while True:
+            watchdog.ping()
+            left = due - time.monotonic()
+            if left <= 0 or self._wake.wait(min(left, watchdog.interval)):
+                return
+
+    def _resume_rebuilds_safely(self) -> None:
+        """Every cycle: the evacuations accepted here that no thread builds
+        (a spawn failed, say) are built; in memory until there is one."""
+        try:
+            self.manager.resume_rebuilds()
+        except Exception:  # the loop must outlive any bug in a resume
+            LOG.exception("Resuming evacuations failed")
+
+    def _reconcile_safely(self, at_start: bool) -> None:
+        unavailable = None
+        try:
+            self.reconcile(at_start)
+        except DriverUnavailable as e:
+            unavailable = e
+        except Exception:  # reconciling must not take the agent down
+            LOG.exception("Reconciliation failed")
+        if unavailable is not None:
+            # Without the guests there is nothing to compare: the next pass
+            # does it. The cycle before has said libvirt went away, once.
+            down = self.dependencies.snapshot()[Dependency.LIBVIRT].health is Health.DOWN
+            LOG.log(logging.DEBUG if down else logging.WARNING,
+                    "Reconciliation skipped: %s", unavailable)
+
+    def _heal_safely(self) -> None:
+        """[heal] on_startup: one heal before RPC is served; a refusal or a
+        failure leaves the host reserved until healed, and running."""
+        from agent.heal.run import run_heal  # heal plans with pools_by_uuid
+        try:
+            run_heal(self)
+        except AgentError as e:
+            LOG.warning("Heal at start-up not done: %s", e)
+        except Exception:  # start-up must outlive any bug in heal
+            LOG.exception("Heal at start-up failed")
+
+    def _align_store_safely(self) -> None:
+        """The store's rows follow the allocations a heal moved, should that
+        heal have been killed before it wrote them (agent/heal/realign.py)."""
+        from agent.heal.run import align_store
+        from agent.heal.realign import DeviceIndex
+        try:
+            align_store(self, DeviceIndex(self.manager.tracker.pools()))
+        except (PlacementUnavailable, PlacementError) as e:
+            LOG.warning("Store not aligned with Placement at start-up: %s", e)
+        except Exception:  # start-up must outlive any bug here
+            LOG.exception("Aligning the store with Placement failed")
+
+    def start(self, watchdog: Watchdog | None = None) -> None:
+        """Serve metrics (when [metrics] listen is set: a ConfigError when
+        it cannot be bound), connect, run a first cycle, align the store
+        with Placement and reconcile what a previous run left, then keep
+        the loop going in its thread, pinging ``watchdog`` while it is
+        healthy."""
+        if self.metrics_listen:
+            self.metrics.serve(self.metrics_listen)
+        self.driver.init_host()
+        if self.heal_on_startup:
+            self._heal_safely()
+        self.observe_broker()
+        self.run_cycle()
+        self._cycles = 1
+        if self.manager is not None:
+            self._align_store_safely()
+            self._reconcile_safely(at_start=True)
+        self._thread = threading.Thread(target=self._loop, args=(watchdog,),
+                                        name=UPDATE_THREAD, daemon=True)
+        self._thread.start()
+        self.health.start()
+
+    def stop(self, timeout: float = 60) -> None:
+        """Let a cycle in flight finish (its Placement calls time out on
+        their own), then release the driver."""
+        self.stopping.set()
+        self._wake.set()
+        self.health.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.metrics.stop()
+        self.driver.cleanup()
+        if self.manager is not None:
+            try:
+                self.manager.tracker.store.close()
+            except state.StoreError as e:
+                # Everything acknowledged is on disk already; only the mark
+                # of a clean stop is missing.
+                LOG.warning("Store not marked closed; the next start treats it "
+                            "as after a crash: %s", e)

@@ -1,0 +1,119 @@
+"""The daemon is never half alive: a thread that dies of an exception (the
+update loop, the RPC server's listener, any other) wakes the main thread,
+which takes the whole process down with a non-zero exit so that systemd
+restarts it (Restart=on-failure), instead of answering RPC while no longer
+reporting to Placement."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+LOG = logging.getLogger(__name__)
+
+# The exit status of a daemon that lost a thread: a failure, for systemd.
+EXIT_THREAD_DIED = 1
+# After a thread's death, how long the orderly stop may take (calls in
+# flight finishing) before the process exits all the same.
+STOP_AFTER_DEATH_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class ThreadDeath:
+    thread: str
+    error: str  # the exception and where it was raised, on one line
+
+
+# Frames from here are the project's own: the place a reader looks first.
+PROJECT_TOP = Path(__file__).resolve().parents[2]
+
+
+def _in_project(frame: traceback.FrameSummary) -> bool:
+    return Path(frame.filename).resolve().is_relative_to(PROJECT_TOP)
+
+
+def _frame(frame: traceback.FrameSummary) -> str:
+    path = Path(frame.filename).resolve()
+    if path.is_relative_to(PROJECT_TOP):
+        path = path.relative_to(PROJECT_TOP)
+    return f"{path}:{frame.lineno} in {frame.name}"
+
+
+def describe(args: threading.ExceptHookArgs) -> str:
+    """The exception and where it was raised, on one line, e.g.
+    ``OverflowError: timestamp out of range (.../threading.py:331 in wait,
+    from agent/daemon/service.py:307 in _wait_for_next_cycle)``: the innermost
+    frame, and the project's innermost when that is another."""
+    error = traceback.format_exception_only(args.exc_type, args.exc_value)[-1].strip()
+    frames = traceback.extract_tb(args.exc_traceback)
+    if not frames:
+        return error
+    where = [_frame(frames[-1])]
+    ours = [f for f in frames if _in_project(f)]
+    if ours and ours[-1] is not frames[-1]:
+        where.append(f"from {_frame(ours[-1])}")
+    return f"{error} ({', '.join(where)})"
+
+
+class Supervisor:
+    """The main thread waits on ``wake``: set by a stop request (SIGTERM)
+    or by a thread's death, which ``deaths`` then records."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.deaths: list[ThreadDeath] = []
+        self._reported = 0
+
+    def install(self) -> None:
+        """From now on an uncaught exception in any thread is this
+        process's end (SystemExit included: the thread is gone all the
+        same)."""
+        threading.excepthook = self._on_thread_death
+
+    def _on_thread_death(self, args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else "unknown"
+        LOG.debug("Thread %s died", name,
+                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+        self.deaths.append(ThreadDeath(name, describe(args)))
+        self.wake.set()
+
+    def request_stop(self) -> None:
+        """A signal's handler: the main thread stops the daemon in order."""
+        self.wake.set()
+
+    def wait(self) -> None:
+        """Until a stop request or a thread's death."""
+        # Slices, so that a signal's handler always gets to run.
+        while not self.wake.wait(3600):
+            pass
+        self.report()
+
+    def exit_unless_stopped_in_time(self) -> None:
+        """The orderly stop after a thread's death may wait forever on the
+        dead thread (oslo.messaging's server.stop() waits for its listener
+        to say it stopped): give it STOP_AFTER_DEATH_SECONDS, then exit. A
+        crash is what the agent is built to survive: nothing it
+        acknowledged is lost."""
+        timer = threading.Timer(STOP_AFTER_DEATH_SECONDS, self._exit_now)
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def _exit_now() -> None:
+        LOG.warning("Not stopped %d s after a thread's death: exiting now",
+                    STOP_AFTER_DEATH_SECONDS)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXIT_THREAD_DIED)
+
+    def report(self) -> None:
+        """One line for each death not told yet. Told from the main thread:
+        logged by the dying thread, inside its except clause, the line
+        would get the error a second time from oslo.log."""
+        for death in self.deaths[self._reported:]:
+            LOG.error("Thread %s died: %s; the agent exits so that it is restarted",
+                      death.thread, death.error)
+        self._reported = len(self.deaths)

@@ -1,0 +1,85 @@
+"""Which consumers hold allocations on our providers, read from Placement
+only where something could have changed them.
+
+Placement moves a provider's generation when allocations are written on
+it, but not when they are deleted (``DELETE /allocations/{consumer}``), nor
+on the provider a ``PUT /allocations/{consumer}`` moves a consumer away
+from (an evacuation, a migration's confirm). So a provider's allocations
+are read again when its generation moved since they were read, when a local
+claim or release touched it (the conductor writes allocations just before
+it asks us to claim), or when the last read is older than the refresh
+interval: the bound within which a deletion is seen.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from agent.placement.client import PlacementClient
+
+
+@dataclass(frozen=True)
+class ProviderRead:
+    """One provider's allocations as last read: its generation in the tree
+    read before (never newer than the allocations read, so a change in
+    between is read again next time) and when."""
+
+    generation: int
+    consumers: frozenset[str]
+    read_at: float
+
+
+def needs_reading(last: ProviderRead | None, generation: int, touched: bool,
+                  now: float, refresh_interval: float) -> bool:
+    """Whether a provider's allocations may differ from those last read."""
+    return (last is None or touched or last.generation != generation
+            or now - last.read_at >= refresh_interval)
+
+
+class AllocationView:
+    def __init__(self, client: PlacementClient, refresh_interval: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.client = client
+        self.refresh_interval = refresh_interval
+        self.clock = clock
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every read (SIGHUP): the next answer reads every provider."""
+        self._reads: dict[str, ProviderRead] = {}
+        # Touched by a claim or release and not read since: kept across a
+        # failed reconcile, so no hint is lost.
+        self._touched: set[str] = set()
+
+    def touch(self, providers: set[str]) -> None:
+        """Claims or releases changed assignments on these providers."""
+        self._touched |= providers
+
+    def consumers(self, generations: Mapping[str, int], root_uuid: str
+                  ) -> dict[str, set[str]] | None:
+        """consumer uuid -> which of our providers it holds allocations on,
+        for the providers of ``generations`` (uuid -> generation, from a
+        read of our tree). None (unknown) when that read lacks our root: no
+        providers read is not "no allocations". Raises PlacementUnavailable
+        or PlacementError when a provider that needs reading cannot be read;
+        what was read before then is kept."""
+        if root_uuid not in generations:
+            return None
+        for gone in set(self._reads) - set(generations):
+            del self._reads[gone]
+        # A provider not in the tree has nothing to read; when it appears,
+        # it is read as new.
+        self._touched &= generations.keys()
+        for uuid, generation in generations.items():
+            now = self.clock()
+            if needs_reading(self._reads.get(uuid), generation, uuid in self._touched,
+                             now, self.refresh_interval):
+                consumers = frozenset(self.client.get_provider_allocations(uuid))
+                self._reads[uuid] = ProviderRead(generation, consumers, now)
+                self._touched.discard(uuid)
+        out: dict[str, set[str]] = {}
+        for uuid, read in self._reads.items():
+            for consumer in read.consumers:
+                out.setdefault(consumer, set()).add(uuid)
+        return out

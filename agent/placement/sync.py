@@ -1,0 +1,261 @@
+"""Keep Placement in step with a desired provider tree, with the fewest calls.
+
+The cache is the agent's view of Placement: every provider of our tree with
+its generation, inventories and traits, as last read or written. A cycle
+starts with one ``GET /resource_providers?in_tree=<root>``; a provider whose
+generation has not moved is known to match the cache and is not read again.
+So a cycle in which nothing changed costs exactly one request.
+
+Every write that changes something is one INFO line naming the provider
+and what changed; a cycle that changes nothing logs nothing at INFO.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from agent.tree import provider_tree as pt
+from agent.exception import GenerationConflict, PlacementError
+from agent.placement.client import PlacementClient
+from agent.heal.hold import UnhealedHold
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class SyncResult:
+    writes: int = 0
+    warnings: list[str] = field(default_factory=list)
+    # The tree as it now stands in Placement, with the UUIDs it uses.
+    tree: pt.ProviderTree | None = None
+
+
+class TreeSync:
+    def __init__(self, client: PlacementClient, root_uuid: str,
+                 owned: Callable[[pt.Provider], bool] = lambda p: True,
+                 attempts: int = 4, backoff: float = 0.1,
+                 kept_retry_seconds: float = 300):
+        self.client = client
+        # Deleting allocations does not move a provider's generation, so a
+        # kept provider is also retried after this long.
+        self.kept_retry_seconds = kept_retry_seconds
+        self.root_uuid = root_uuid
+        self.owned = owned
+        self.attempts = attempts
+        self.backoff = backoff
+        self.unhealed = UnhealedHold(client, kept_retry_seconds)
+        self.invalidate()
+
+    def restore(self, view: pt.ProviderTree) -> None:
+        """Start from a view saved by an earlier run: its providers are
+        trusted as long as their generation has not moved."""
+        self.cache = view
+
+    def invalidate(self) -> None:
+        """Forget everything learnt from Placement (SIGHUP)."""
+        self.cache = pt.ProviderTree()
+        self._known_names: set[str] = set()
+        # uuid -> (generation, monotonic time) when Placement refused to
+        # delete it.
+        self._kept: dict[str, tuple[int, float]] = {}
+
+    # --- reading --------------------------------------------------------
+
+    def _read_provider(self, uuid: str, name: str, parent: str | None) -> pt.Provider:
+        for _ in range(self.attempts):
+            inv_gen, invs = self.client.get_inventories(uuid)
+            trait_gen, traits = self.client.get_traits(uuid)
+            if inv_gen == trait_gen:
+                return pt.Provider(uuid, name, parent, invs, traits, None, inv_gen)
+        raise GenerationConflict(f"provider {name} kept changing while read")
+
+    def refresh(self) -> None:
+        """One GET for the tree; read only providers whose generation moved."""
+        providers = []
+        for row in self.client.get_tree(self.root_uuid):
+            cached = self.cache.get(row["uuid"])
+            if (cached is not None and cached.generation == row["generation"]
+                    and cached.name == row["name"]
+                    and cached.parent_uuid == row["parent_provider_uuid"]):
+                providers.append(cached)
+            else:
+                providers.append(self._read_provider(row["uuid"], row["name"],
+                                                     row["parent_provider_uuid"]))
+        self.cache = pt.ProviderTree.parents_first(providers)
+
+    # --- writing --------------------------------------------------------
+
+    def _ensure_names(self, ops: list[pt.Operation]) -> int:
+        """Create the custom names the operations add to a provider; those
+        it already holds exist."""
+        names = set()
+        for op in ops:
+            current = self.cache.get(getattr(op, "uuid", None))
+            if isinstance(op, pt.SetInventories):
+                held = set(current.inventories) if current else set()
+                names |= {("rc", rc) for rc in set(op.inventories) - held
+                          if rc.startswith("CUSTOM_")}
+            elif isinstance(op, pt.SetTraits):
+                held = current.traits if current else frozenset()
+                names |= {("trait", t) for t in op.traits - held
+                          if t.startswith("CUSTOM_")}
+        calls = 0
+        for kind, name in sorted(names - self._known_names):
+            if kind == "rc":
+                self.client.ensure_resource_class(name)
+            else:
+                self.client.ensure_trait(name)
+            self._known_names.add((kind, name))
+            calls += 1
+        return calls
+
+    def _do(self, op: pt.Operation) -> None:
+        before = None if isinstance(op, pt.CreateProvider) else self.cache.get(op.uuid)
+        self._apply(op, before)
+        LOG.info("Placement: %s", pt.describe(op, before))
+
+    def _apply(self, op: pt.Operation, current: pt.Provider | None) -> None:
+        c, cache = self.client, self.cache
+        if isinstance(op, pt.CreateProvider):
+            p = op.provider
+            gen = c.create_provider(p.uuid, p.name, p.parent_uuid)
+            cache.add(pt.Provider(p.uuid, p.name, p.parent_uuid, generation=gen))
+            return
+        if isinstance(op, pt.UpdateProvider):
+            gen = c.update_provider(op.uuid, op.name, op.parent_uuid)
+            cache.replace(replace(current, name=op.name, parent_uuid=op.parent_uuid,
+                                  generation=gen))
+        elif isinstance(op, pt.SetTraits):
+            gen = c.set_traits(op.uuid, current.generation, op.traits)
+            cache.replace(replace(current, traits=op.traits, generation=gen))
+        elif isinstance(op, pt.SetAggregates):
+            gen = c.set_aggregates(op.uuid, current.generation, op.aggregates)
+            cache.replace(replace(current, aggregates=op.aggregates, generation=gen))
+        elif isinstance(op, pt.SetInventories):
+            gen = c.set_inventories(op.uuid, current.generation, op.inventories)
+            cache.replace(replace(current, inventories=op.inventories, generation=gen))
+        elif isinstance(op, pt.DeleteProvider):
+            c.delete_provider(op.uuid)
+            cache.remove(op.uuid)
+
+    def _write(self, op: pt.Operation, desired: pt.ProviderTree) -> int:
+        """Apply one operation; on a lost race, re-read that provider and
+        redo whatever is still needed, with backoff and jitter."""
+        for attempt in range(self.attempts):
+            try:
+                self._do(op)
+                return attempt + 1
+            except GenerationConflict:
+                if attempt == self.attempts - 1:
+                    raise
+                time.sleep(self.backoff * 2 ** attempt * random.uniform(0.5, 1.5))
+                if isinstance(op, pt.CreateProvider):
+                    continue  # nothing to re-read: the provider is not there yet
+                old = self.cache.get(op.uuid)
+                fresh = self._read_provider(old.uuid, old.name, old.parent_uuid)
+                self.cache.replace(fresh)
+                target = desired.get(op.uuid)
+                redo = [o for o in pt.provider_diff(fresh, target,
+                                                    pt.reported_traits(desired))
+                        if type(o) is type(op)] if target else [op]
+                if not redo:
+                    return attempt + 1
+                op = redo[0]
+        raise AssertionError("unreachable")
+
+    def _reshape(self, ops: list[pt.SetInventories]) -> int:
+        """Many inventories in one atomic call, then one GET for the
+        generations that Placement does not return."""
+        self.client.reshape({op.uuid: (self.cache.get(op.uuid).generation,
+                                       op.inventories) for op in ops})
+        generations = {r["uuid"]: r["generation"]
+                       for r in self.client.get_tree(self.root_uuid)}
+        for op in ops:
+            before = self.cache.get(op.uuid)
+            LOG.info("Placement: %s", pt.describe(op, before))
+            if op.uuid not in generations:
+                # Deleted by another writer between the two calls: not
+                # cached, so the next cycle creates it again.
+                LOG.warning("Placement: provider %s (%s) was deleted by another writer "
+                            "right after its inventory was written; it is created "
+                            "again", before.name, op.uuid)
+                self.cache.remove(op.uuid)
+                continue
+            self.cache.replace(replace(before, inventories=op.inventories,
+                                       generation=generations[op.uuid]))
+        return 2
+
+    def _set_inventories(self, ops: list[pt.SetInventories],
+                         desired: pt.ProviderTree, result: SyncResult) -> None:
+        if len(ops) > 1:
+            try:
+                result.writes += self._reshape(ops)
+                return
+            except PlacementError as e:
+                # One provider's refusal (inventory in use, no service
+                # role) must not hold back the others: go one by one.
+                LOG.info("Reshaper refused a batch of %d inventories (%s); "
+                         "writing them one by one", len(ops), e)
+                result.writes += 1
+        for op in ops:
+            try:
+                result.writes += self._write(op, desired)
+            except GenerationConflict:
+                raise
+            except PlacementError as e:
+                result.warnings.append(f"inventory of {self.cache.get(op.uuid).name} "
+                                       f"not updated: {e}")
+
+    def _delete(self, op: pt.DeleteProvider, result: SyncResult) -> None:
+        current = self.cache.get(op.uuid)
+        generation, refused_at = self._kept.get(op.uuid, (None, 0.0))
+        if (generation == current.generation
+                and time.monotonic() - refused_at < self.kept_retry_seconds):
+            return  # refused before, and too little has moved since
+        try:
+            self._do(op)
+            result.writes += 1
+            self._kept.pop(op.uuid, None)
+            return
+        except GenerationConflict:
+            raise
+        except PlacementError as e:
+            result.writes += 1
+            result.warnings.append(
+                f"provider {op.name} is gone from the host but Placement keeps "
+                f"it ({e.code or e.status}); it stays, fully reserved, until "
+                "its allocations are removed")
+        reserved = {rc: {**rec, "reserved": rec["total"]}
+                    for rc, rec in current.inventories.items()}
+        if reserved != current.inventories:
+            result.writes += self._write(pt.SetInventories(op.uuid, reserved),
+                                         pt.ProviderTree())
+        self._kept[op.uuid] = (self.cache.get(op.uuid).generation, time.monotonic())
+
+    def sync(self, desired: pt.ProviderTree) -> SyncResult:
+        """Make Placement show ``desired``. Raises PlacementUnavailable when
+        Placement cannot be reached; whatever was written stays cached."""
+        self.refresh()
+        desired = self.unhealed.hold(self.cache, pt.adopt_uuids(desired, self.cache),
+                                     self.owned)
+        for uuid in list(self._kept):
+            if uuid in desired:
+                del self._kept[uuid]
+        ops = pt.diff(self.cache, desired, self.owned)
+        result = SyncResult(tree=desired)
+        result.writes += self._ensure_names(ops)
+        inventory_ops = [op for op in ops if isinstance(op, pt.SetInventories)]
+        for op in ops:
+            if isinstance(op, (pt.CreateProvider, pt.UpdateProvider,
+                               pt.SetTraits, pt.SetAggregates)):
+                result.writes += self._write(op, desired)
+        self._set_inventories(inventory_ops, desired, result)
+        for op in ops:
+            if isinstance(op, pt.DeleteProvider):
+                self._delete(op, result)
+        for w in result.warnings:
+            LOG.warning("%s", w)
+        return result

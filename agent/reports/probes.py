@@ -1,0 +1,108 @@
+"""The facts ``compute-agent-manage status`` judges (agent/reports/status.py), read
+from the host beside a running agent: every read here is read-only and
+takes no lock. Each dependency is asked with one cheap real request."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from oslo_config import cfg
+
+from agent.rpc import broker as broker_probe
+from agent.daemon import cycle_record
+from agent.store import store as state
+from agent.dependencies import Dependency
+from agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
+from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.reports.status import Probe, StoreHealth, Unknown
+from agent.store.check import StoreFile
+from drivers.base import DriverUnavailable
+
+# A probe waits this long for an answer: status is run by hand and by
+# monitoring, which should not hang on a dead service.
+PROBE_TIMEOUT_SECONDS = 10
+# Integrity problems listed at most (the first names the damage).
+INTEGRITY_ROWS = 20
+
+
+def hypervisor(conf: cfg.ConfigOpts) -> Probe | None:
+    """libvirt asked for its version; None with the fake driver."""
+    if conf.compute_driver != "libvirt":
+        return None
+    from agent.daemon.service import load_driver
+
+    uri = conf.libvirt.connection_uri
+    driver = load_driver(conf)
+    try:
+        driver.init_host()
+    except DriverUnavailable as e:
+        return Probe(Dependency.LIBVIRT, e.where or uri, e.problem)
+    except Exception as e:  # noqa: BLE001 - any failure is this probe's finding
+        return Probe(Dependency.LIBVIRT, uri, f"failed ({type(e).__name__}: {e})")
+    finally:
+        driver.cleanup()
+    return Probe(Dependency.LIBVIRT, uri)
+
+
+def placement(conf: cfg.ConfigOpts, root_uuid: str | None
+              ) -> tuple[Probe | None, Probe | Unknown]:
+    """(Keystone, Placement): Keystone is asked for a token and Placement's
+    endpoint (when the auth plugin uses it), then Placement for the
+    host's tree (one authenticated GET) or, on a host that has no root
+    provider yet, its versions."""
+    conf.set_default("timeout", PROBE_TIMEOUT_SECONDS, group="placement")
+    client = PlacementClient(adapter_from_conf(conf))
+    keystone_probe = None
+    try:
+        client.endpoint()
+    except KeystoneUnavailable as e:
+        return (Probe(Dependency.KEYSTONE, e.url, e.problem),
+                Unknown("not asked: Keystone gave no token or endpoint"))
+    if client.keystone_url:
+        keystone_probe = Probe(Dependency.KEYSTONE, client.keystone_url)
+    try:
+        version = client.negotiate()
+        if root_uuid is not None:
+            client.get_tree(root_uuid)
+    except PlacementUnavailable as e:
+        return keystone_probe, Probe(e.dependency, e.url, e.problem)
+    except AgentError as e:  # refused (4xx), or too old
+        return keystone_probe, Probe(Dependency.PLACEMENT, client.url, f"refused: {e}")
+    return keystone_probe, Probe(Dependency.PLACEMENT, client.url,
+                                 detail=f"microversion {version}")
+
+
+def broker(conf: cfg.ConfigOpts) -> Probe | Unknown:
+    """The probe the running agent makes every cycle (agent/rpc/broker.py)."""
+    return broker_probe.probe(conf, PROBE_TIMEOUT_SECONDS)
+
+
+def store(path: Path) -> StoreHealth:
+    """The store opened read-only, beside the agent that writes it: its
+    schema version and SQLite's full integrity check."""
+    try:
+        found = state.inspect_store(path)
+    except state.StoreError as e:
+        return StoreHealth(str(path), str(e).removeprefix(f"store {path}: "))
+    if found.file in (StoreFile.ABSENT, StoreFile.EMPTY):
+        return StoreHealth(str(path), f"{found.file.value}: the agent has not run here")
+    if found.file is not StoreFile.VALID:
+        return StoreHealth(str(path), f"{found.file.value}: {found.detail}")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            version = state.schema_version(conn)
+            rows = tuple(r[0] for r in conn.execute(
+                f"PRAGMA integrity_check({INTEGRITY_ROWS})"))
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        return StoreHealth(str(path), f"corrupt: {type(e).__name__}: {e}")
+    return StoreHealth(str(path), None, version, rows)
+
+
+def last_cycle(state_path: str) -> cycle_record.CycleRecord | None | Unknown:
+    try:
+        return cycle_record.read(cycle_record.path_in(state_path))
+    except cycle_record.RecordUnreadable as e:
+        return Unknown(str(e))

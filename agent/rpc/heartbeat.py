@@ -1,0 +1,161 @@
+"""Service heartbeat: whether a host's agent is up.
+
+A host is **up** when its agent answers a heartbeat request within
+``[DEFAULT] service_down_time`` seconds, and **down** when it has not
+answered for that long. The request is an RPC call to the host on a topic
+of its own (``compute-agent-heartbeat``), served by an RPC server of its
+own: its own queue and its own threads, never behind claims, rebuilds or
+Placement calls on the main topic, and it touches neither the store nor
+Placement. So a host that is merely slow (busy with 64 rebuilds, its
+Placement far away) still answers in milliseconds, while a dead agent's
+request waits in its queue until the deadline passes.
+
+Why a call, not a periodic report: we have no database for a report to
+land in. Placement could hold one only by changing a provider (a trait,
+an aggregate) every few seconds, which moves its generation and makes
+every scheduler's claim on that host retry. A fanout of periodic reports
+would reach every agent from every agent. A call costs nothing while
+nobody asks, and the two who ask (a conductor or compute-agent-ctl before
+an evacuation, and the evacuation's destination before it accepts) ask
+right when they need the answer.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from agent.exception import SourceHostUp
+from agent.messaging import messaging, transport
+
+TOPIC = "compute-agent-heartbeat"
+# How long the destination trusts a source found down. Short: the source
+# checks for evacuated instances only when it starts, so a source back
+# within this window could miss one that a later rebuild takes.
+DOWN_VERDICT_SECONDS = 60.0
+VERSION = "1.3"  # agent/rpc/versions.py: report_alive appeared in 1.3
+
+
+class HostState(str, enum.Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """One host, as one heartbeat request found it."""
+
+    host: str
+    state: HostState
+    checked_at: float  # epoch seconds
+    # What the agent answered (report_alive), None when it did not.
+    report: dict | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.state is HostState.UP
+
+
+def judge(host: str, answer: dict | None, checked_at: float) -> Liveness:
+    """An answer, whatever it says, is a live agent; no answer within the
+    deadline is a down one."""
+    return Liveness(host, HostState.UP if answer is not None else HostState.DOWN,
+                    checked_at, answer)
+
+
+class HeartbeatEndpoint:
+    """Served on TOPIC by every agent."""
+
+    target = messaging.Target(version=VERSION)
+
+    def __init__(self, agent, started_at: float):
+        self._agent = agent
+        self._started_at = started_at
+
+    @messaging.expose
+    def report_alive(self, ctxt) -> dict:
+        """Since 1.3. This agent is alive: its host, its clock, since when
+        it runs, and how many instances it holds (in memory: no store)."""
+        return {"host": self._agent.policy.host, "time": time.time(),
+                "started_at": self._started_at,
+                "instances": self._agent.manager.tracker.instance_count()}
+
+
+def make_server(conf, agent):
+    """The heartbeat's own RPC server; start it before the main one, so a
+    host that serves claims is never taken for down."""
+    target = messaging.Target(topic=TOPIC, server=conf.host)
+    return messaging.get_rpc_server(transport(conf), target,
+                                    [HeartbeatEndpoint(agent, time.time())],
+                                    access_policy=messaging.ExplicitRPCAccessPolicy)
+
+
+class Heartbeat:
+    """Asks hosts whether they are alive; ``down_after`` is
+    service_down_time."""
+
+    def __init__(self, conf, down_after: float | None = None):
+        self.down_after = float(down_after or conf.service_down_time)
+        self._client = messaging.get_rpc_client(
+            transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
+            timeout=self.down_after)
+
+    def close(self) -> None:
+        self._client.transport.cleanup()
+
+    def check(self, host: str) -> Liveness:
+        checked_at = time.time()
+        try:
+            answer = self._client.prepare(server=host).call({}, "report_alive")
+        except messaging.MessagingTimeout:
+            answer = None
+        return judge(host, answer, checked_at)
+
+    def check_many(self, hosts: list[str]) -> dict[str, Liveness]:
+        """Every host at once: the whole check takes at most one deadline."""
+        if not hosts:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+            return dict(zip(hosts, pool.map(self.check, hosts)))
+
+
+class SourceFence:
+    """The evacuation destination's check that the source is down (its own
+    connection to the broker, opened at the first check), asked
+    once per source however many rebuilds arrive together: the first asks,
+    the others wait for its answer. A down verdict stands for
+    DOWN_VERDICT_SECONDS, so that an evacuation's hundred rebuilds wait
+    out the deadline once, not once per ``down_after``; an up one is never
+    reused."""
+
+    def __init__(self, conf):
+        self._conf = conf
+        self._heartbeat: Heartbeat | None = None  # made at the first check
+        self._lock = threading.Lock()
+        self._asking: dict[str, threading.Lock] = {}
+        self._down_at: dict[str, float] = {}
+
+    def require_down(self, host: str) -> None:
+        """Return when ``host`` is down; raise SourceHostUp when it answers."""
+        with self._lock:
+            asking = self._asking.setdefault(host, threading.Lock())
+            if self._heartbeat is None:
+                self._heartbeat = Heartbeat(self._conf)
+            heartbeat = self._heartbeat
+        with asking:
+            seen = self._down_at.get(host)
+            if seen is not None and time.monotonic() - seen < DOWN_VERDICT_SECONDS:
+                return
+            found = heartbeat.check(host)
+            if found.up:
+                self._down_at.pop(host, None)
+                raise SourceHostUp(host, heartbeat.down_after)
+            self._down_at[host] = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._heartbeat is not None:
+                self._heartbeat.close()
+                self._heartbeat = None

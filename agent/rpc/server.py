@@ -1,0 +1,279 @@
+"""The RPC server conductors call: topic ``compute-agent``, server = this
+host, oslo.messaging's default (threading) executor.
+
+Each call is one method of ComputeAgentEndpoint, marked with the API
+version it appeared in; agent/rpc/versions.py is the ledger of versions
+and says how they may change. Only the marked methods are served: the
+endpoint's own attributes are not calls.
+
+A call's payload is checked whole before the manager is asked anything
+(agent/rpc/schemas.py): its shape, its schema, uuids made lower case, the
+move's two uuids told apart. Every method that changes state is idempotent
+on the instance and migration uuids, so a conductor may retry after a
+timeout. Every error a call raises is one of agent.exception's, which the
+caller gets as the same type: its own mistakes as they are, a failing
+store as StoreUnavailable, and anything else, logged here once with its
+traceback, as InternalError.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+import threading
+from enum import Enum
+
+from agent.rpc import schemas
+from agent.rpc import versions as rpc_versions
+from agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
+from agent.rpc.heartbeat import SourceFence
+from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
+from agent.tree.provider_tree import tree_as_dicts
+from agent.rpc.versions import VERSION
+from agent.claims.model import Assignment, AssignmentState, Migration
+from agent.store.store import StoreError
+
+LOG = logging.getLogger(__name__)
+# What the caller is told of an error it cannot act on; the log has all.
+REASON_LENGTH = 200
+
+
+def short(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= REASON_LENGTH else text[:REASON_LENGTH - 3] + "..."
+
+
+def rpc_method(since: str, schema: dict):
+    """Serve the decorated endpoint method as an RPC call that appeared in
+    API version ``since``, its payload checked against ``schema`` (and
+    made canonical) before the method runs."""
+    rpc_versions.known(since)
+    checker = schemas.validator(schema)
+
+    def serve_as_call(method):
+        name = method.__name__
+
+        # AgentError is the caller's to see, not logged as our failure.
+        @messaging.expected_exceptions(AgentError)
+        def serve(self, ctxt, **payload):
+            try:
+                arguments = schemas.checked(checker, payload)
+                LOG.debug("RPC %s", name)
+                return method(self, ctxt, **arguments)
+            except AgentError:
+                raise
+            except (StoreError, sqlite3.Error) as e:
+                LOG.error("RPC %s: the store failed: %s", name, short(e))
+                raise StoreUnavailable(name, short(e)) from None
+            except Exception as e:  # noqa: BLE001 - answered as a declared type
+                LOG.exception("RPC %s failed", name)
+                raise InternalError(name, short(e)) from None
+
+        served = messaging.expose(functools.wraps(method)(serve))
+        served.since = since
+        served.schema = schema
+        return served
+
+    return serve_as_call
+
+
+class InstanceState(str, Enum):
+    BUILDING = "building"  # claimed; its guest not yet started
+    ACTIVE = "active"
+    MOVING = "moving"  # in a move that is still open on this host
+
+
+def listed_instances(instances: dict[str, dict], live: list[Assignment],
+                     migrations: dict[str, Migration]) -> list[dict]:
+    """Each instance this host holds, by uuid, with its state."""
+    building = {a.instance_uuid for a in live
+                if a.state is AssignmentState.CLAIMING and a.migration_uuid is None}
+    moving = {m.instance_uuid: m.uuid for m in migrations.values() if m.open}
+    out = []
+    for uuid in sorted(instances):
+        state = (InstanceState.MOVING if uuid in moving
+                 else InstanceState.BUILDING if uuid in building
+                 else InstanceState.ACTIVE)
+        out.append({"uuid": uuid, "name": instances[uuid]["name"],
+                    "state": state.value, "migration_uuid": moving.get(uuid)})
+    return out
+
+
+class ComputeAgentEndpoint:
+    target = messaging.Target(version=VERSION)
+
+    def __init__(self, agent, fence=None):
+        self._agent = agent
+        # agent.heartbeat.SourceFence: an evacuation's source must be down.
+        self._fence = fence
+
+    # --- views ----------------------------------------------------------
+
+    @rpc_method("1.0", schemas.NOTHING)
+    def get_host_info(self, ctxt) -> dict:
+        """Since 1.0. This host, its root provider, the API version it
+        serves, and how many instances and assignments it holds."""
+        instances, live, _ = self._agent.manager.tracker.snapshot()
+        return {"host": self._agent.policy.host, "root_uuid": self._agent.policy.root_uuid,
+                "rpc_version": VERSION, "instances": len(instances),
+                "assignments": len(live), "providers": len(self._agent.last_tree)}
+
+    @rpc_method("1.0", schemas.NOTHING)
+    def get_provider_tree(self, ctxt) -> list[dict]:
+        """Since 1.0. The provider tree as the agent last saw it in
+        Placement, by Placement's field names; ``parent_uuid``, 1.0's name
+        for ``parent_provider_uuid``, stays for the clients that read it."""
+        return [{**p, "parent_uuid": p["parent_provider_uuid"]}
+                for p in tree_as_dicts(self._agent.last_tree)]
+
+    @rpc_method("1.0", schemas.INSTANCE)
+    def get_instance(self, ctxt, instance_uuid) -> dict:
+        """Since 1.0. An instance: spec, assignments, moves, its guest."""
+        return self._agent.manager.get_instance(instance_uuid)
+
+    @rpc_method("1.1", schemas.NOTHING)
+    def list_instances(self, ctxt) -> list[dict]:
+        """Since 1.1. Every instance this host holds, with its state."""
+        return listed_instances(*self._agent.manager.tracker.snapshot())
+
+    # --- build and delete -----------------------------------------------
+
+    @rpc_method("1.0", schemas.CLAIM)
+    def build_instance(self, ctxt, instance_uuid, spec, allocations) -> dict:
+        """Since 1.0. Claim devices for a new instance, define and start
+        its guest."""
+        return self._agent.manager.build_instance(instance_uuid, spec, allocations)
+
+    @rpc_method("1.0", schemas.INSTANCE)
+    def delete_instance(self, ctxt, instance_uuid) -> dict:
+        """Since 1.0. Remove the guest and give its devices back."""
+        return self._agent.manager.delete_instance(instance_uuid)
+
+    # --- resize and cold migration --------------------------------------
+
+    @rpc_method("1.0", schemas.MOVE_CLAIM)
+    def prep_resize(self, ctxt, migration_uuid, instance_uuid, spec, allocations) -> dict:
+        """Since 1.0. Destination: claim the new flavor's devices."""
+        return self._agent.manager.prep_resize(migration_uuid, instance_uuid, spec,
+                                               allocations)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def resize_instance(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Source: the migration takes over the instance's
+        devices."""
+        return self._agent.manager.resize_instance(migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def finish_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Destination: the guest gets its new devices."""
+        return self._agent.manager.finish_resize(migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def confirm_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Source: give back the old devices."""
+        return self._agent.manager.confirm_resize(migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def revert_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+        """Since 1.0. Either side: new devices back, old ones to the
+        instance."""
+        return self._agent.manager.revert_resize(migration_uuid, instance_uuid)
+
+    # --- live migration -------------------------------------------------
+
+    @rpc_method("1.4", schemas.SOURCE_CHECK)
+    def check_can_live_migrate_source(self, ctxt, migration_uuid, instance_uuid,
+                                      destination_host) -> dict:
+        """Since 1.4. Source, first of all steps, before the conductor swaps
+        the allocations: refuse what cannot move from here, else record the
+        move as announced (on disk before the answer)."""
+        if destination_host == self._agent.policy.host:
+            raise InvalidRequest("destination_host", destination_host,
+                                 "is this host; a live migration moves the "
+                                 "instance to another")
+        return self._agent.manager.check_can_live_migrate_source(
+            migration_uuid, instance_uuid, destination_host)
+
+    @rpc_method("1.4", schemas.MOVE)
+    def rollback_live_migration_at_source(self, ctxt, migration_uuid,
+                                          instance_uuid) -> dict:
+        """Since 1.4. Source: end the move; the guest runs on here with its
+        devices. Refused once the guest has left."""
+        return self._agent.manager.rollback_live_migration_at_source(
+            migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE_CLAIM)
+    def check_can_live_migrate_destination(self, ctxt, migration_uuid, instance_uuid,
+                                           spec, allocations) -> dict:
+        """Since 1.0. Destination: claim, run the pre-check, create the
+        claimed mdevs; answer the devices claimed. Since 1.2 the answer
+        also has ``claimed`` and ``migration_uri``, live_migrate's
+        ``destination``; a pre-check refusal is LiveMigrationRefused."""
+        return self._agent.manager.check_can_live_migrate_destination(
+            migration_uuid, instance_uuid, spec, allocations)
+
+    @rpc_method("1.2", schemas.LIVE_MIGRATE)
+    def live_migrate(self, ctxt, migration_uuid, instance_uuid, destination=None) -> dict:
+        """Since 1.2. Source: ``destination`` is the destination's answer;
+        the source migrates the running guest to its claimed devices and
+        gives its own back once it is gone. 1.0's form, without
+        ``destination``, only moved records: it is refused, naming the
+        field. LiveMigrationFailed when
+        the hypervisor's migration fails (the guest stays here)."""
+        return self._agent.manager.live_migrate(migration_uuid, instance_uuid,
+                                                destination)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def post_live_migration_at_destination(self, ctxt, migration_uuid,
+                                           instance_uuid) -> dict:
+        """Since 1.0. Destination: the guest runs here; the move is
+        settled."""
+        return self._agent.manager.post_live_migration_at_destination(
+            migration_uuid, instance_uuid)
+
+    @rpc_method("1.0", schemas.MOVE)
+    def rollback_live_migration_at_destination(self, ctxt, migration_uuid,
+                                               instance_uuid) -> dict:
+        """Since 1.0. Destination: give back what the check claimed."""
+        return self._agent.manager.rollback_live_migration_at_destination(
+            migration_uuid, instance_uuid)
+
+    # --- evacuation -----------------------------------------------------
+
+    @rpc_method("1.0", schemas.REBUILD)
+    def rebuild_instance(self, ctxt, migration_uuid, instance_uuid, spec,
+                         allocations, source_host=None, force=False) -> dict:
+        """Since 1.0. Destination of an evacuation: claim, build, settle,
+        then answer. From 1.3, with ``source_host``: refused while the
+        source's agent answers a heartbeat (unless ``force``); answered as
+        soon as the move and the claim are on disk, from when on this host
+        alone owns the rebuild, which goes on here (safe to cast)."""
+        manager = self._agent.manager
+        if source_host is None:
+            return manager.rebuild_instance(migration_uuid, instance_uuid, spec,
+                                            allocations)
+        fence = None if force or self._fence is None else (
+            lambda: self._fence.require_down(source_host))
+        accepted = manager.accept_rebuild(migration_uuid, instance_uuid, spec,
+                                          allocations, fence)
+        threading.Thread(target=self._rebuild, args=(migration_uuid,), daemon=True,
+                         name=f"rebuild-{migration_uuid[:8]}").start()
+        return accepted
+
+    def _rebuild(self, migration_uuid: str) -> None:
+        try:
+            self._agent.manager.finish_rebuild(migration_uuid)
+        except Exception as e:  # noqa: BLE001 - the update loop resumes it
+            LOG.warning("Evacuation %s: the rebuild failed, resumed at the next "
+                        "cycle: %s", migration_uuid, short(e))
+
+
+def make_server(conf, agent):
+    """The server; ``start()`` it beside the update loop, ``stop()`` and
+    ``wait()`` on the way out."""
+    allow_deep_messages()
+    target = messaging.Target(topic=TOPIC, server=conf.host)
+    fence = SourceFence(conf)
+    return messaging.get_rpc_server(
+        transport(conf), target, [ComputeAgentEndpoint(agent, fence)],
+        access_policy=messaging.ExplicitRPCAccessPolicy)

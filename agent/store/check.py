@@ -1,0 +1,181 @@
+"""At start: may the agent serve claims from its store?
+
+A store that is missing is not a new host. The store is the only record
+of which device each instance holds; Placement counts devices but does not
+name them, and a guest names its devices only while it exists. So a store
+that is missing, empty or behind (its write-ahead log lost) while guests
+of ours run, or while consumers hold allocations on our providers, would
+hand those devices out again. That is a lost store: the agent refuses to
+serve, says so in one line, and ``compute-agent-manage rebuild-store``
+rebuilds it.
+
+One missing store is not lost: a host that nova-compute ran until today,
+whose compute_id the agent found, runs nova's guests (no metadata of
+ours, no guest of ours) and has no store of ours yet. That host is
+adopted (agent/store/adoption.py) before anything is served.
+
+Pure: the facts are gathered by the caller (agent/daemon/service.py); the rules
+are here, one named function each, applied in order by ``judge``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from agent.exception import AgentError
+
+REBUILD_HINT = "run 'compute-agent-manage rebuild-store' to rebuild it"
+
+
+class StoreFile(str, enum.Enum):
+    """What is at the store's path, as state.inspect_store found it."""
+
+    ABSENT = "missing"
+    EMPTY = "empty"  # zero bytes, or a database without a single table
+    VALID = "valid"
+    CORRUPT = "corrupt"  # not a database, fails its check, or not ours
+
+
+@dataclass(frozen=True)
+class StoreFacts:
+    path: str
+    file: StoreFile
+    detail: str = ""  # why it is CORRUPT
+    # It was last opened by an agent that did not close it, and its
+    # write-ahead log, which held every write since, is gone.
+    wal_lost: bool = False
+    root_uuid: str | None = None  # the root provider it was created for
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What else on the host remembers the store's contents."""
+
+    root_uuid: str
+    # compute_id was there before this start; when it was not, the root
+    # provider's UUID is new and nothing can hold allocations on it.
+    compute_id_existed: bool
+    # Instance uuids of the guests that carry our metadata; None when the
+    # hypervisor could not be asked.
+    guests: frozenset[str] | None
+    # consumer uuid -> our providers it holds allocations on; None when
+    # Placement could not be asked (never read as "none").
+    allocations: dict[str, set[str]] | None
+    why_unknown: str = ""  # what failed, when guests or allocations is None
+    # Instance uuids of the guests someone else defined (nova's); None when
+    # the hypervisor could not be asked.
+    foreign_guests: frozenset[str] | None = frozenset()
+
+
+class Verdict(enum.Enum):
+    OPEN = "open"  # the store is this host's: serve from it
+    CREATE = "create"  # a new host: create an empty store
+    REFUSE = "refuse"  # lost, corrupt or not ours: serve nothing
+    ADOPT = "adopt"  # a host nova-compute ran: import its guests, then serve
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reason: str = ""  # one line naming the file, when REFUSE
+
+
+class StoreRefused(AgentError):
+    """The store cannot be served from; the message is the one line."""
+
+
+def needs_host_facts(store: StoreFacts) -> bool:
+    """Only a store with nothing in it raises the question of what it lost."""
+    return store.file in (StoreFile.ABSENT, StoreFile.EMPTY)
+
+
+def corrupt_store(store: StoreFacts) -> Judgement | None:
+    if store.file is StoreFile.CORRUPT:
+        return Judgement(Verdict.REFUSE,
+                         f"store {store.path} is unusable ({store.detail}); move it "
+                         f"aside and {REBUILD_HINT}")
+    return None
+
+
+def lost_write_ahead_log(store: StoreFacts) -> Judgement | None:
+    if store.file is StoreFile.VALID and store.wal_lost:
+        return Judgement(Verdict.REFUSE,
+                         f"store {store.path} was not closed cleanly and its "
+                         f"write-ahead log {store.path}-wal is missing: its latest "
+                         f"writes are lost; move it aside and {REBUILD_HINT}")
+    return None
+
+
+def store_of_another_root(store: StoreFacts, host: HostFacts | None) -> Judgement | None:
+    if (store.file is StoreFile.VALID and host is not None and store.root_uuid
+            and store.root_uuid != host.root_uuid):
+        return Judgement(Verdict.REFUSE,
+                         f"store {store.path} belongs to root provider "
+                         f"{store.root_uuid}, but compute_id names {host.root_uuid}")
+    return None
+
+
+def lost_store(store: StoreFacts, host: HostFacts) -> Judgement | None:
+    """Nothing in the store, but the host remembers instances."""
+    what = f"store {store.path} is {store.file.value}"
+    if host.guests:
+        example = sorted(host.guests)[0]
+        return Judgement(Verdict.REFUSE,
+                         f"{what} but {len(host.guests)} guest(s) of ours are defined "
+                         f"here (e.g. {example}): the store is lost; {REBUILD_HINT}")
+    # While the guests are unknown the allocations may be nova's, on a
+    # host to adopt: cannot_tell says so.
+    if (host.compute_id_existed and host.allocations and host.guests is not None
+            and host.foreign_guests is not None):
+        example = sorted(host.allocations)[0]
+        return Judgement(Verdict.REFUSE,
+                         f"{what} but {len(host.allocations)} consumer(s) hold "
+                         f"allocations on root provider {host.root_uuid}'s tree in "
+                         f"Placement (e.g. {example}): the store is lost; {REBUILD_HINT}")
+    return None
+
+
+def host_to_adopt(store: StoreFacts, host: HostFacts) -> Judgement | None:
+    """No store at all (an empty one was ours), a root that existed before
+    (nova's compute_id), no guest of ours and guests of someone else's:
+    a host nova-compute ran. Needs every fact known: the plan reads
+    Placement's allocations."""
+    if (store.file is StoreFile.ABSENT and host.compute_id_existed
+            and host.guests is not None and not host.guests
+            and host.allocations is not None and host.foreign_guests):
+        return Judgement(Verdict.ADOPT)
+    return None
+
+
+def cannot_tell(store: StoreFacts, host: HostFacts) -> Judgement | None:
+    """Unknown is never empty: without the guests, or without Placement
+    for a root that existed before, a new host cannot be told from a
+    lost store."""
+    if (host.guests is None or host.foreign_guests is None
+            or (host.compute_id_existed and host.allocations is None)):
+        return Judgement(Verdict.REFUSE,
+                         f"store {store.path} is {store.file.value} and a new host "
+                         f"cannot be told from a lost store: {host.why_unknown}; "
+                         "start again once it answers")
+    return None
+
+
+def judge(store: StoreFacts, host: HostFacts | None) -> Judgement:
+    """``host`` is needed when ``needs_host_facts(store)``; otherwise it is
+    optional and only checks the store's root."""
+    for rule in (corrupt_store, lost_write_ahead_log):
+        found = rule(store)
+        if found:
+            return found
+    found = store_of_another_root(store, host)
+    if found:
+        return found
+    if store.file is StoreFile.VALID:
+        return Judgement(Verdict.OPEN)
+    if host is None:
+        raise ValueError(f"{store.path} is {store.file.value}: host facts are needed")
+    for rule in (host_to_adopt, lost_store, cannot_tell):
+        found = rule(store, host)
+        if found:
+            return found
+    return Judgement(Verdict.CREATE)

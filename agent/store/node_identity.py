@@ -1,0 +1,36 @@
+"""The compute node's UUID, which is the root provider's UUID.
+
+It is kept in ``<state_path>/compute_id``, the file and format nova-compute
+uses, so an agent given a nova host's state path adopts its providers."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from agent.store.atomic_file import write_private
+from agent.exception import ConfigError
+
+FILENAME = "compute_id"
+
+
+def load(state_path: str) -> str | None:
+    """The recorded UUID, or None when there is none yet."""
+    path = Path(state_path) / FILENAME
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise ConfigError(f"{path}: not a UUID (value: {text[:80]!r})") from None
+
+
+def load_or_create(state_path: str) -> str:
+    return load(state_path) or _create(Path(state_path) / FILENAME)
+
+
+def _create(path: Path) -> str:
+    node_uuid = str(uuid.uuid4())
+    write_private(path, node_uuid + "\n")
+    return node_uuid

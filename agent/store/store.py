@@ -1,0 +1,570 @@
+"""The durable local store: instances, device assignments and migrations.
+
+SQLite in WAL mode with ``synchronous=FULL``: a write returns only once it
+is on disk. Writes go through one writer thread that group-commits them
+(agent/store/writer.py), so 32 claimers share one fsync instead of queueing
+for 32.
+
+The database itself refuses a device held by two live assignments (a
+partial unique index), whatever the code above it does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
+                               MigrationState, MoveKind, Owner)
+# Decision, StoreError and run_statements belong to the store's API too.
+from agent.store.writer import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
+                                StoreError, run_statements)
+from agent.tree.provider_tree import Provider
+from agent.store.check import StoreFacts, StoreFile
+from drivers.base import DeviceDetail, DeviceKind
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 5
+
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE instances (
+    uuid TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE migrations (
+    uuid TEXT PRIMARY KEY,
+    instance_uuid TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('resize', 'live_migration', 'evacuation')),
+    role TEXT NOT NULL CHECK (role IN ('source', 'destination', 'both')),
+    state TEXT NOT NULL CHECK (state IN ('active', 'finished', 'confirmed', 'reverted')),
+    old_spec TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE assignments (
+    id TEXT PRIMARY KEY,
+    consumer_uuid TEXT NOT NULL,
+    instance_uuid TEXT NOT NULL,
+    owner TEXT NOT NULL CHECK (owner IN ('instance', 'migration')),
+    migration_uuid TEXT,
+    resource_class TEXT NOT NULL,
+    provider_uuid TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    device_id TEXT NOT NULL,
+    amount INTEGER NOT NULL CHECK (amount > 0),
+    detail TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('claiming', 'claimed', 'released')),
+    boot_id TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE UNIQUE INDEX assignments_one_live_holder
+    ON assignments (provider_uuid, resource_class, device_id)
+    WHERE state != 'released' AND kind != 'numa';
+CREATE INDEX assignments_live_by_instance
+    ON assignments (instance_uuid) WHERE state != 'released';
+"""
+
+# v2: the provider names and UUIDs last seen in Placement, so that claims
+# still resolve providers when Placement cannot be reached at start-up.
+_V2 = """
+CREATE TABLE providers (name TEXT PRIMARY KEY, uuid TEXT NOT NULL);
+"""
+
+# v3: the whole of Placement's view of our tree as last synced, generations
+# included, so that a restart reads again only the providers whose
+# generation moved meanwhile. It holds the names v2 kept.
+_V3 = """
+CREATE TABLE placement_view (
+    uuid TEXT PRIMARY KEY,
+    parent_uuid TEXT,
+    name TEXT NOT NULL,
+    generation INTEGER,
+    inventories TEXT NOT NULL,
+    traits TEXT NOT NULL,
+    aggregates TEXT
+);
+INSERT INTO placement_view SELECT uuid, NULL, name, NULL, '{}', '[]', NULL FROM providers;
+DROP TABLE providers;
+"""
+
+# v4: the host's own resources (DISK_GB; CPUs and memory of a host without
+# NUMA providers) get a kind of their own. v1-v3 recorded them as kind
+# 'numa' with device 'host'. Like 'numa', many live rows share the device.
+_V4 = """
+DROP INDEX assignments_one_live_holder;
+UPDATE assignments SET kind = 'host_resources' WHERE kind = 'numa' AND device_id = 'host';
+-- A device is one device whatever provider or class it was claimed under
+-- (agent/claims/choice.py device_identity): a PCI address whole or as a VF.
+CREATE UNIQUE INDEX assignments_one_live_holder
+    ON assignments (CASE WHEN kind IN ('pci', 'vf') THEN 'pci' ELSE kind END, device_id)
+    WHERE state != 'released' AND kind NOT IN ('numa', 'host_resources');
+"""
+
+# v5: a live migration's source records the move when it is announced
+# (state 'announced'), before the conductor swaps the allocations. SQLite
+# cannot change a CHECK constraint: the table is copied into a new one.
+_V5 = """
+CREATE TABLE migrations_v5 (
+    uuid TEXT PRIMARY KEY,
+    instance_uuid TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('resize', 'live_migration', 'evacuation')),
+    role TEXT NOT NULL CHECK (role IN ('source', 'destination', 'both')),
+    state TEXT NOT NULL CHECK (state IN ('announced', 'active', 'finished',
+                                         'confirmed', 'reverted')),
+    old_spec TEXT,
+    updated_at REAL NOT NULL
+);
+INSERT INTO migrations_v5 SELECT * FROM migrations;
+DROP TABLE migrations;
+ALTER TABLE migrations_v5 RENAME TO migrations;
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
+
+
+def new_assignment_id() -> str:
+    """A UUID led by the time in milliseconds (RFC 9562's version 7). New
+    rows then land at the right edge of the assignments' b-trees, so a
+    group commit dirties a few pages rather than one or more per row. The
+    rest is from the process's PRNG, like claims.new_mdev_uuid, and for
+    the same reason: it is drawn inside the tracker's lock."""
+    value = (time.time_ns() // 1_000_000) << 80 | random.getrandbits(80)
+    value = value & ~(0xF << 76) | 0x7 << 76  # version
+    value = value & ~(0x3 << 62) | 0x2 << 62  # variant
+    # Formatted here: uuid.UUID would check again what was just built, at
+    # twice the cost, and this runs four times a claim in the writer thread.
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _row_to_assignment(row: sqlite3.Row) -> Assignment:
+    try:
+        detail = DeviceDetail.from_json(row["detail"])
+    except ValueError as e:
+        raise StoreError(f"assignment {row['id']}: {e}") from None
+    return Assignment(row["id"], row["consumer_uuid"], row["instance_uuid"],
+                      Owner(row["owner"]), row["migration_uuid"], row["resource_class"],
+                      row["provider_uuid"], DeviceKind(row["kind"]), row["device_id"],
+                      row["amount"], AssignmentState(row["state"]), row["boot_id"],
+                      detail)
+
+
+def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
+    if read_only:
+        # Cannot checkpoint either, so never removes a write-ahead log
+        # that inspect_store must still find.
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False, timeout=30)
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                               timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA synchronous=FULL")
+    return conn
+
+
+def create_private(path: Path) -> None:
+    """Create the file 0600 before SQLite opens it (and tighten one that
+    exists); SQLite gives its WAL and shared-memory files the same mode."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
+    if not has_meta:
+        return 0
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _check_version(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    current = schema_version(conn)
+    if current > target:
+        raise StoreError(f"schema version {current} is newer than this "
+                         f"agent's {target}; refusing to downgrade")
+    return current
+
+
+def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Apply forward migrations, each in its own transaction."""
+    current = _check_version(conn, target)
+    for version in range(current + 1, target + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[version].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                         (str(version),))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return target
+
+
+# Meta keys the agent that holds the state directory writes (Store opened
+# with ``root_uuid``). Plain meta rows: the table is there since v1.
+ROOT_UUID = "root_uuid"  # the root provider the store was created for
+# "open" from the moment the holder opened the store (checkpointed into
+# the database file itself) until it closed it; "closed" after.
+IN_USE = "in_use"
+
+
+def wal_path(path: Path) -> Path:
+    return Path(f"{path}-wal")
+
+
+def inspect_store(path: Path) -> StoreFacts:
+    """What is at ``path``, told apart without writing anything of ours.
+    Call it holding the state directory's lock, before opening the store."""
+    try:
+        wal_there = wal_path(path).exists()
+        info = path.stat()
+    except FileNotFoundError:
+        return StoreFacts(str(path), StoreFile.ABSENT)
+    except OSError as e:
+        raise StoreError(f"store {path}: cannot be opened: {e.strerror}") from None
+    openable(path, info)
+    size = info.st_size
+    if size == 0 and not wal_there:
+        return StoreFacts(str(path), StoreFile.EMPTY)
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return _inspect(conn, path, wal_there)
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        if not damaged(e):
+            raise _unreadable(path, e) from None
+        return StoreFacts(str(path), StoreFile.CORRUPT, f"{type(e).__name__}: {e}")
+
+
+def stored_schema_version(path: Path) -> int:
+    """The schema version of the store at ``path``, whatever it is (newer
+    than this code's included), read without writing: beside a running
+    agent too."""
+    try:
+        conn = _connect(path, read_only=True)
+        try:
+            return schema_version(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise _named(path, e) from None
+
+
+# SQLite's primary result codes that say the file itself is damaged, or is
+# not a database. Any other error (disk I/O, full, read-only, cannot open)
+# is the file system's, and says nothing about the store.
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+
+def damaged(e: sqlite3.Error) -> bool:
+    return getattr(e, "sqlite_errorcode", 0) & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
+def _unreadable(path: Path, e: sqlite3.Error) -> StoreError:
+    """A sound store its file system keeps us from reading: never called
+    corrupt, which would send the operator to rebuild it."""
+    full = os.statvfs(path.parent).f_bavail == 0
+    return StoreError(f"store {path}: cannot be read: {type(e).__name__}: {e}"
+                      + ("; its file system is full" if full else ""))
+
+
+def openable(path: Path, info: os.stat_result) -> None:
+    """A store the agent can open: a regular file it may read and write.
+    Raises StoreError naming the file, so that SQLite's 'disk I/O error'
+    never stands for a directory or a permission."""
+    if not stat.S_ISREG(info.st_mode):
+        raise StoreError(f"store {path}: cannot be opened: not a regular file")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise StoreError(f"store {path}: cannot be opened: permission denied "
+                         f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})")
+
+
+def _inspect(conn: sqlite3.Connection, path: Path, wal_there: bool) -> StoreFacts:
+    check = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
+    if check != ["ok"]:
+        return StoreFacts(str(path), StoreFile.CORRUPT,
+                          "integrity check: " + "; ".join(check))
+    tables = {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        return StoreFacts(str(path), StoreFile.EMPTY)
+    if "meta" not in tables or not schema_version(conn):
+        return StoreFacts(str(path), StoreFile.CORRUPT,
+                          f"not a compute-agent store: tables {sorted(tables)}")
+    meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    return StoreFacts(str(path), StoreFile.VALID,
+                      wal_lost=meta.get(IN_USE) == "open" and not wal_there,
+                      root_uuid=meta.get(ROOT_UUID))
+
+
+def _named(path: Path, e: sqlite3.Error) -> StoreError:
+    return StoreError(f"store {path}: {type(e).__name__}: {e}")
+
+
+class Store:
+    def __init__(self, path: str | Path, root_uuid: str | None = None,
+                 read_only: bool = False):
+        """Open (creating if need be) the store at ``path``. The agent that
+        holds the state directory passes ``root_uuid``: the store then
+        records it, and marks itself in use until ``close`` (inspect_store
+        reads both at the next start). Any other process opens it
+        ``read_only``: it creates, migrates and writes nothing."""
+        self.path = Path(path)
+        self._holder = root_uuid is not None
+        self._read_only = read_only
+        self._closed = False
+        try:
+            if not read_only:
+                create_private(self.path)
+            self._writer = _connect(self.path, read_only)
+        except sqlite3.Error as e:
+            raise _named(self.path, e) from None
+        except OSError as e:
+            raise StoreError(f"store {self.path}: {e.strerror}") from None
+        try:
+            if read_only:
+                _check_version(self._writer)
+            else:
+                migrate(self._writer)
+            if self._holder:
+                self._mark_in_use(root_uuid)
+        except sqlite3.Error as e:
+            self._writer.close()
+            raise _named(self.path, e) from None
+        except StoreError as e:
+            self._writer.close()
+            raise StoreError(f"store {self.path}: {e}") from None
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._commits = GroupCommitter(self._writer, f"store {self.path}")
+        if read_only:
+            self._commits.close()  # every write is refused, naming the store
+
+    def _mark_in_use(self, root_uuid: str) -> None:
+        """Record the root (first time only) and that the store is open,
+        then checkpoint: the mark must be in the database file itself, so
+        that a write-ahead log lost later is seen as lost."""
+        self._writer.execute("BEGIN IMMEDIATE")
+        self._writer.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                             (ROOT_UUID, root_uuid))
+        self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, 'open')", (IN_USE,))
+        self._writer.execute("COMMIT")
+        self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # --- writing --------------------------------------------------------
+
+    def submit(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> Job:
+        """Queue ``work`` (a function of the connection, or statements) to
+        run in a transaction. ``wait()`` on the job returns once it is on
+        disk. A job that fails is rolled back alone, and its ``wait()``
+        raises the error."""
+        return self._commits.submit(Job(work))
+
+    def submit_decision(self, key: str, decide: Callable[[], Decision]) -> Job:
+        """Queue ``decide`` to run in the writer thread, at most one per
+        ``key`` per transaction; ``wait()`` returns its result once its
+        write is on disk (group_commit explains why it runs there)."""
+        return self._commits.submit(Job(decide=decide, key=key))
+
+    def write(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> T:
+        """Submit ``work`` and wait until it is on disk."""
+        return self.submit(work).wait()
+
+    # --- reading --------------------------------------------------------
+
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on a consistent snapshot, from this thread's own
+        connection (WAL lets readers run beside the writer)."""
+        try:
+            conn = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = _connect(self.path, self._read_only)
+                self._local.conn = conn
+                with self._readers_lock:
+                    self._readers.append(conn)
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise _named(self.path, e) from None
+
+    def dump(self) -> str:
+        """Every row, sorted: two stores with the same rows dump alike."""
+        return self.read(lambda c: "\n".join(sorted(c.iterdump())))
+
+    def close(self) -> None:
+        """Finish what was queued, then refuse further writes. Closing
+        again does nothing."""
+        self._commits.close()
+        try:
+            if self._holder and not self._closed:
+                self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, 'closed')",
+                                     (IN_USE,))
+        except sqlite3.Error as e:
+            raise _named(self.path, e) from None
+        finally:
+            self._close_connections()
+
+    def _close_connections(self) -> None:
+        self._closed = True
+        self._writer.close()
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+
+
+def create_filled(path: Path, root_uuid: str, instances: dict[str, dict],
+                  rows: list[Assignment]) -> None:
+    """Create the store at ``path`` holding these instances and their
+    assignments (a rebuild's, an adoption's), whole or not at all: written
+    in one transaction to a file beside it, closed, then renamed into
+    place. A crash never leaves a store that looks new but lacks them."""
+    temporary = path.with_name(path.name + ".new")
+    for leftover in (temporary, wal_path(temporary), Path(f"{temporary}-shm")):
+        leftover.unlink(missing_ok=True)  # an earlier attempt's, never served
+    store = Store(temporary, root_uuid)
+    try:
+        store.write([put_instance_sql(u, spec) for u, spec in sorted(instances.items())]
+                    + [insert_assignments_sql(rows)])
+    finally:
+        store.close()
+    os.rename(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself on disk
+    finally:
+        os.close(directory)
+
+
+# --- statements, run inside write() or read() -------------------------------
+
+# Made once: json.dumps with any option builds a new encoder every call.
+_to_json = json.JSONEncoder(sort_keys=True).encode
+
+
+def put_instance_sql(uuid: str, spec: dict) -> Statement:
+    return ("INSERT OR REPLACE INTO instances VALUES (?, ?, ?)",
+            [(uuid, _to_json(spec), time.time())])
+
+
+def delete_instance_sql(uuid: str, moves_too: bool) -> list[Statement]:
+    """Forget an instance and its released assignments. Its moves stay when
+    it only left this host, so that a retried confirm still finds them."""
+    out = [("DELETE FROM instances WHERE uuid = ?", [(uuid,)]),
+           ("DELETE FROM assignments WHERE instance_uuid = ? AND state = 'released'",
+            [(uuid,)])]
+    if moves_too:
+        out.append(("DELETE FROM migrations WHERE instance_uuid = ?", [(uuid,)]))
+    return out
+
+
+def insert_assignments_sql(rows: list[Assignment]) -> Statement:
+    now = time.time()
+    return ("INSERT INTO assignments VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [(a.id, a.consumer_uuid, a.instance_uuid, a.owner.value, a.migration_uuid,
+              a.resource_class, a.provider_uuid, a.kind.value, a.device_id, a.amount,
+              a.detail.to_json(), a.state.value, a.boot_id, now)
+             for a in rows])
+
+
+def update_assignments_sql(rows: list[Assignment]) -> Statement:
+    """Write back owner, consumer, migration, state and boot of rows."""
+    now = time.time()
+    return ("UPDATE assignments SET consumer_uuid=?, owner=?, migration_uuid=?, "
+            "state=?, boot_id=?, updated_at=? WHERE id=?",
+            [(a.consumer_uuid, a.owner.value, a.migration_uuid, a.state.value, a.boot_id,
+              now, a.id)
+             for a in rows])
+
+
+def realign_assignments_sql(rows: list[Assignment]) -> Statement:
+    """Write back where rows sit: provider, class, kind, device and detail
+    (heal moved their allocations; agent/heal/realign.py)."""
+    now = time.time()
+    return ("UPDATE assignments SET provider_uuid=?, resource_class=?, kind=?, "
+            "device_id=?, detail=?, updated_at=? WHERE id=?",
+            [(a.provider_uuid, a.resource_class, a.kind.value, a.device_id,
+              a.detail.to_json(), now, a.id)
+             for a in rows])
+
+
+def delete_migration_sql(uuid: str) -> Statement:
+    return ("DELETE FROM migrations WHERE uuid = ?", [(uuid,)])
+
+
+def put_migration_sql(m: Migration) -> Statement:
+    return ("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
+            [(m.uuid, m.instance_uuid, m.kind.value, m.role.value, m.state.value,
+              None if m.old_spec is None else _to_json(m.old_spec),
+              time.time())])
+
+
+def live_assignments(conn: sqlite3.Connection) -> list[Assignment]:
+    return [_row_to_assignment(r) for r in conn.execute(
+        "SELECT * FROM assignments WHERE state != 'released' ORDER BY id")]
+
+
+def instances(conn: sqlite3.Connection) -> dict[str, dict]:
+    return {r["uuid"]: json.loads(r["spec"])
+            for r in conn.execute("SELECT uuid, spec FROM instances")}
+
+
+def migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
+    return {r["uuid"]: Migration(r["uuid"], r["instance_uuid"], MoveKind(r["kind"]),
+                                 MigrationRole(r["role"]), MigrationState(r["state"]),
+                                 json.loads(r["old_spec"]) if r["old_spec"] else None)
+            for r in conn.execute("SELECT * FROM migrations")}
+
+
+def migrations_changed_at(conn: sqlite3.Connection) -> dict[str, float]:
+    """migration uuid -> when its record last changed (epoch s)."""
+    return dict(conn.execute("SELECT uuid, updated_at FROM migrations").fetchall())
+
+
+def live_changed_at(conn: sqlite3.Connection) -> dict[str, float]:
+    """instance uuid -> when its live assignments last changed (epoch s)."""
+    return dict(conn.execute(
+        "SELECT instance_uuid, max(updated_at) FROM assignments "
+        "WHERE state != 'released' GROUP BY instance_uuid").fetchall())
+
+
+def placement_view(conn: sqlite3.Connection) -> list[Provider]:
+    """The providers as Placement showed them after the last sync."""
+    return [Provider(r["uuid"], r["name"], r["parent_uuid"], json.loads(r["inventories"]),
+                     frozenset(json.loads(r["traits"])),
+                     None if r["aggregates"] is None
+                     else frozenset(json.loads(r["aggregates"])),
+                     r["generation"])
+            for r in conn.execute("SELECT * FROM placement_view ORDER BY uuid")]
+
+
+def put_placement_view_sql(providers: list[Provider]) -> list[Statement]:
+    return [("DELETE FROM placement_view", [()]),
+            ("INSERT INTO placement_view VALUES (?,?,?,?,?,?,?)",
+             [(p.uuid, p.parent_uuid, p.name, p.generation,
+               _to_json(p.inventories), json.dumps(sorted(p.traits)),
+               None if p.aggregates is None else json.dumps(sorted(p.aggregates)))
+              for p in providers])]

@@ -1,0 +1,419 @@
+"""Build the desired provider tree from a host inventory (pure).
+
+This is where operator policy meets what the driver found: the PCI
+allowlist, enabled mdev types, pmem labels, CPU sets, reservations and the
+tree mode. Names follow nova's wherever nova has one, so a host that
+nova-compute registered can be adopted in place.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import os_resource_classes as orc
+import os_traits
+
+from agent.claims.choice import Pool, Slot
+from agent.tree.cpu_traits import cpu_feature_traits
+from agent.tree.device_spec import DeviceSpec, first_match
+from agent.exception import ConfigError
+from agent.tree.provider_tree import Provider, ProviderTree, inventory
+from compute_common.pci_address import node_device_name
+from drivers.base import (DeviceKind, HostInventory, MdevParent, MdevType, PciDevice,
+                          PciKind)
+
+
+@dataclass(frozen=True)
+class MdevTypePolicy:
+    type_id: str
+    resource_class: str = orc.VGPU
+    # None: every GPU that offers the type.
+    addresses: frozenset[str] | None = None
+
+
+class TreeMode(enum.Enum):
+    """The shape of the tree: where compute inventory goes and where a
+    device provider hangs (the two rules below), as
+    ``[compute] provider_tree_mode`` names them."""
+
+    # nova's: everything on the root, devices directly under it.
+    FLAT = "flat"
+    # NUMA cells carry VCPU, PCPU and MEMORY_MB; devices under their cell.
+    NESTED = "nested"
+    # Compute on the root, so one class is never split across cells (a
+    # flavor bigger than a cell fits); the cells still stand, with
+    # HW_NUMA_ROOT, to hold the devices, so same_subtree still ties
+    # devices to one cell.
+    NUMA_DEVICES = "numa_devices"
+
+
+def compute_on_cells(mode: TreeMode) -> bool:
+    """Where compute inventory goes: VCPU, PCPU and MEMORY_MB on the NUMA
+    cells' providers (True) or on the root (False). DISK_GB is always the
+    root's."""
+    return mode is TreeMode.NESTED
+
+
+def devices_under_cells(mode: TreeMode) -> bool:
+    """Where a device provider hangs: under its NUMA cell's provider (True)
+    or directly under the root (False). The cells stand as providers
+    exactly when something goes under them."""
+    return mode in (TreeMode.NESTED, TreeMode.NUMA_DEVICES)
+
+
+@dataclass(frozen=True)
+class TreePolicy:
+    host: str
+    root_uuid: str
+    mode: TreeMode = TreeMode.NESTED
+    dedicated_cpus: frozenset[int] | None = None
+    shared_cpus: frozenset[int] | None = None
+    reserved_memory_mb: int = 0
+    reserved_disk_mb: int = 0
+    cpu_allocation_ratio: float = 4.0
+    ram_allocation_ratio: float = 1.0
+    disk_allocation_ratio: float = 1.0
+    device_specs: tuple[DeviceSpec, ...] = ()
+    mdev_types: tuple[MdevTypePolicy, ...] = ()
+    # label -> namespace names
+    pmem_labels: tuple[tuple[str, frozenset[str]], ...] = ()
+    # On the root, so that a scheduler that asks for it (nova's does, with
+    # root_required) keeps placing on this host.
+    owner_trait: str = os_traits.OWNER_NOVA
+
+
+@dataclass
+class BuiltTree:
+    tree: ProviderTree
+    warnings: list[str] = field(default_factory=list)
+    # What stands behind each provider's inventory, for claims.
+    pools: list[Pool] = field(default_factory=list)
+
+
+def child_uuid(root_uuid: str, name: str) -> str:
+    """Stable across restarts and known before creation, which the
+    reshaper needs."""
+    return str(uuid.uuid5(uuid.UUID(root_uuid), name))
+
+
+def pci_provider_name(host: str, address: str) -> str:
+    return f"{host}_{address.upper()}"
+
+
+def gpu_provider_name(host: str, address: str) -> str:
+    """nova's: the host and the GPU's libvirt node-device name."""
+    return f"{host}_{node_device_name(address)}"
+
+
+def numa_provider_name(host: str, cell_id: int) -> str:
+    return f"{host}_numa_{cell_id}"
+
+
+def pmem_provider_name(host: str, label: str, cell_id: int | None) -> str:
+    suffix = "" if cell_id is None else f"_numa_{cell_id}"
+    return f"{host}_pmem_{label}{suffix}"
+
+
+def mdev_type_trait(type_id: str) -> str:
+    return os_traits.normalize_name(f"MDEV_TYPE_{type_id}")
+
+
+def pmem_resource_class(label: str) -> str:
+    return orc.normalize_name(f"PMEM_NAMESPACE_{label}")
+
+
+def pci_resource_class(device: PciDevice, spec: DeviceSpec) -> str:
+    """The spec's class, or nova's default: CUSTOM_PCI_<VENDOR>_<PRODUCT>
+    of the device itself (of a VF for VFs), so nova's flavors and PCI
+    aliases find it."""
+    return spec.resource_class or orc.normalize_name(
+        f"PCI_{device.vendor_id}_{device.product_id}")
+
+
+def physnet_trait(physical_network: str) -> str:
+    return os_traits.normalize_name(f"PHYSNET_{physical_network}")
+
+
+def pci_traits(spec: DeviceSpec) -> frozenset[str]:
+    """The traits of an allowlisted device's (or its VFs') provider."""
+    physnet = ({physnet_trait(spec.physical_network)}
+               if spec.physical_network else set())
+    migratable = {os_traits.HW_PCI_LIVE_MIGRATABLE} if spec.live_migratable else set()
+    return frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits | physnet | migratable
+
+
+def root_traits(inv: HostInventory, policy: TreePolicy) -> frozenset[str]:
+    """The standard traits a scheduler relies on: a compute node, its
+    owner, and what its CPU can do."""
+    return (frozenset({os_traits.COMPUTE_NODE, policy.owner_trait})
+            | cpu_feature_traits(inv.cpu_features))
+
+
+class _Builder:
+    def __init__(self, inv: HostInventory, policy: TreePolicy):
+        self.inv = inv
+        self.policy = policy
+        self.tree = ProviderTree()
+        self.warnings: list[str] = []
+        self.cells = {c.id: c for c in inv.numa_cells}
+        self.pools: list[Pool] = []
+        # Decided once for the whole host; each step below reads them.
+        self.shared_cpus, self.dedicated_cpus = self.cpu_split()
+        self.allowlisted = {d.address: s for d in inv.pci_devices
+                            if (s := first_match(policy.device_specs, d)) is not None}
+
+    def add(self, name: str, parent: Provider, inventories=None,
+            traits=frozenset()) -> Provider:
+        existing = self.tree.by_name(name)
+        if existing is not None:
+            existing.inventories.update(inventories or {})
+            existing.traits = existing.traits | traits
+            return existing
+        p = Provider(uuid=child_uuid(self.policy.root_uuid, name), name=name,
+                     parent_uuid=parent.uuid, inventories=dict(inventories or {}),
+                     traits=frozenset(traits))
+        self.tree.add(p)
+        return p
+
+    def parent_for(self, numa_node: int | None, what: str) -> Provider:
+        """The provider a device of ``numa_node`` hangs under."""
+        if not devices_under_cells(self.policy.mode) or numa_node is None:
+            return self.root
+        if numa_node not in self.cells:
+            self.warnings.append(f"{what}: numa_node: cell {numa_node} is not "
+                                 "among the host's cells; placed under the root")
+            return self.root
+        return self.tree.get(child_uuid(self.policy.root_uuid,
+                                        numa_provider_name(self.policy.host,
+                                                           numa_node)))
+
+    # --- compute --------------------------------------------------------
+
+    def cpu_split(self) -> tuple[frozenset[int], frozenset[int]]:
+        """(shared, dedicated) host CPUs."""
+        p, host_cpus = self.policy, self.inv.cpus
+        for option, cpus in (("[compute] cpu_dedicated_set", p.dedicated_cpus),
+                             ("[compute] cpu_shared_set", p.shared_cpus)):
+            if cpus and not cpus <= host_cpus:
+                raise ConfigError(f"{option}: CPUs {sorted(cpus - host_cpus)} "
+                                  "are not on this host")
+        if p.dedicated_cpus and p.shared_cpus and p.dedicated_cpus & p.shared_cpus:
+            raise ConfigError(
+                "[compute] cpu_dedicated_set and cpu_shared_set overlap on CPUs "
+                f"{sorted(p.dedicated_cpus & p.shared_cpus)}")
+        if p.dedicated_cpus is None:
+            shared = p.shared_cpus if p.shared_cpus is not None else host_cpus
+            return shared, frozenset()
+        return p.shared_cpus or frozenset(), p.dedicated_cpus
+
+    def cell_of_cpu(self, cpu: int) -> int | None:
+        return next((c.id for c in self.inv.numa_cells if cpu in c.cpus), None)
+
+    def compute_inventory(self, provider_name: str, numa_node: int | None,
+                          cpus: frozenset[int], memory_mb: int,
+                          reserve_memory: bool) -> dict:
+        p = self.policy
+        out = {}
+        pinned = sorted(cpus & self.dedicated_cpus)
+        if pinned:
+            # Each pinned CPU keeps its cell, on the root too, so that a
+            # claim still prefers the cell of the instance's devices.
+            self.pools.append(Pool(provider_name, orc.PCPU, DeviceKind.PCPU,
+                                   len(pinned), tuple(Slot(str(c), self.cell_of_cpu(c))
+                                                      for c in pinned), numa_node))
+            out[orc.PCPU] = inventory(len(pinned))
+        if cpus & self.shared_cpus:
+            out[orc.VCPU] = inventory(len(cpus & self.shared_cpus),
+                                      allocation_ratio=p.cpu_allocation_ratio)
+        if memory_mb > 0:
+            reserved = min(p.reserved_memory_mb, memory_mb) if reserve_memory else 0
+            out[orc.MEMORY_MB] = inventory(memory_mb, reserved=reserved,
+                                           allocation_ratio=p.ram_allocation_ratio)
+        self.counted(provider_name, numa_node, out, skip=(orc.PCPU,))
+        return out
+
+    def counted(self, provider_name: str, numa_node: int | None, invs: dict,
+                skip=()) -> None:
+        for rc, rec in invs.items():
+            if rc not in skip:
+                kind = (DeviceKind.HOST_RESOURCES if numa_node is None
+                        else DeviceKind.NUMA)
+                self.pools.append(Pool(provider_name, rc, kind, rec["total"],
+                                       numa_node=numa_node))
+
+    def build_root(self) -> None:
+        p, inv = self.policy, self.inv
+        invs = {}
+        if inv.disk_gb > 0:
+            invs[orc.DISK_GB] = inventory(
+                inv.disk_gb,
+                reserved=min(inv.disk_gb, math.ceil(p.reserved_disk_mb / 1024)),
+                allocation_ratio=p.disk_allocation_ratio)
+        if inv.disk_gb > 0:
+            self.counted(p.host, None, invs)
+        if not compute_on_cells(p.mode) or not inv.numa_cells:
+            invs.update(self.compute_inventory(p.host, None, inv.cpus,
+                                               inv.memory_mb, True))
+        self.root = Provider(uuid=p.root_uuid, name=p.host, inventories=invs,
+                             traits=root_traits(inv, p))
+        self.tree.add(self.root)
+
+    def build_cells(self) -> None:
+        mode = self.policy.mode
+        if not devices_under_cells(mode):
+            return
+        cells = sorted(self.inv.numa_cells, key=lambda c: c.id)
+        # A memory-less cell has no MEMORY_MB to hold the reservation.
+        reserving = next((c.id for c in cells if c.memory_mb > 0), None)
+        for cell in cells:
+            name = numa_provider_name(self.policy.host, cell.id)
+            invs = (self.compute_inventory(name, cell.id, cell.cpus, cell.memory_mb,
+                                           cell.id == reserving)
+                    if compute_on_cells(mode) else {})
+            self.add(name, self.root, invs, frozenset({os_traits.HW_NUMA_ROOT}))
+
+    # --- PCI ------------------------------------------------------------
+
+    def build_pci(self) -> None:
+        devices = {d.address: d for d in self.inv.pci_devices}
+        matched = self.allowlisted
+        vf_slots: dict[str, dict[str, list[Slot]]] = defaultdict(lambda: defaultdict(list))
+        vf_traits: dict[str, set[str]] = defaultdict(set)
+        for address, spec in sorted(matched.items()):
+            device = devices[address]
+            if device.kind is PciKind.VF and device.parent_address:
+                pf_spec = matched.get(device.parent_address)
+                if pf_spec is not None:
+                    raise ConfigError(
+                        f"[pci] device_spec: PF {device.parent_address} and its "
+                        f"VF {address} are both allowlisted, by {pf_spec.text} "
+                        f"and {spec.text}; allowlist one or the other")
+                vf_slots[device.parent_address][pci_resource_class(device, spec)].append(
+                    Slot(address, device.numa_node))
+                vf_traits[device.parent_address] |= pci_traits(spec)
+                continue
+            rc = pci_resource_class(device, spec)
+            name = pci_provider_name(self.policy.host, address)
+            self.pools.append(Pool(name, rc, DeviceKind.PCI, 1,
+                                   (Slot(address, device.numa_node),),
+                                   device.numa_node))
+            self.add(name,
+                     self.parent_for(device.numa_node, address),
+                     {rc: inventory(1)}, pci_traits(spec))
+        for pf_address, by_rc in sorted(vf_slots.items()):
+            pf = devices.get(pf_address)
+            numa = pf.numa_node if pf else next(iter(by_rc.values()))[0].numa_node
+            name = pci_provider_name(self.policy.host, pf_address)
+            for rc, slots in by_rc.items():
+                self.pools.append(Pool(name, rc, DeviceKind.VF, len(slots),
+                                       tuple(slots), numa))
+            self.add(name, self.parent_for(numa, pf_address),
+                     {rc: inventory(len(slots)) for rc, slots in by_rc.items()},
+                     vf_traits[pf_address])
+
+    # --- vGPU -----------------------------------------------------------
+
+    def mdev_policy_for(self, parent: MdevParent) -> MdevTypePolicy | None:
+        offered = {t.id for t in parent.types}
+        for tp in self.policy.mdev_types:
+            if tp.type_id in offered and (tp.addresses is None
+                                          or parent.address in tp.addresses):
+                return tp
+        return None
+
+    def vf_vgpus(self, parent: MdevParent, mdev_type: MdevType) -> int:
+        """How many vGPUs of ``mdev_type`` a GPU's SR-IOV VF accounts for:
+        a VF hosts at most one vGPU, so 0 or 1.
+
+        It holds one when an mdev of the type sits on it. In NVIDIA's
+        vendor-specific VFIO layout no mdev exists: the VF itself becomes
+        the vGPU once its current_vgpu_type is set, and the driver then
+        reports that type as the VF's only type, with no instance left. That
+        is one used instance, which must stay in the total (a VF that can
+        no longer create anything would otherwise drop out of the tree while
+        an instance uses it)."""
+        on_vf = [m for m in self.inv.mdevs
+                 if m.parent_address == parent.address]
+        if any(m.type_id == mdev_type.id for m in on_vf):
+            return 1
+        if on_vf:
+            return 0  # it holds a vGPU of another type
+        if mdev_type.available_instances > 0:
+            return 1
+        return 1 if parent.types == (mdev_type,) else 0
+
+    def build_vgpu(self) -> None:
+        vfs = {d.address for d in self.inv.pci_devices
+               if d.kind is PciKind.VF}
+        for parent in sorted(self.inv.mdev_parents, key=lambda g: g.address):
+            tp = self.mdev_policy_for(parent)
+            if tp is None:
+                continue
+            if parent.address in self.allowlisted:
+                raise ConfigError(
+                    f"GPU {parent.address} is both in [pci] device_spec and in "
+                    f"[mdev_{tp.type_id}]; a device is passed through whole "
+                    "or split into mdevs, not both")
+            mdev_type = next(t for t in parent.types if t.id == tp.type_id)
+            existing = sorted(m.uuid for m in self.inv.mdevs
+                              if m.parent_address == parent.address
+                              and m.type_id == tp.type_id)
+            if parent.address in vfs:
+                total = self.vf_vgpus(parent, mdev_type)
+            else:
+                total = mdev_type.available_instances + len(existing)
+            if total <= 0:
+                continue
+            name = gpu_provider_name(self.policy.host, parent.address)
+            self.pools.append(Pool(name, tp.resource_class, DeviceKind.MDEV, total,
+                                   tuple(Slot(u, parent.numa_node) for u in existing),
+                                   parent.numa_node, parent.address, tp.type_id))
+            self.add(name,
+                     self.parent_for(parent.numa_node, parent.address),
+                     {tp.resource_class: inventory(total)},
+                     frozenset({mdev_type_trait(tp.type_id)}))
+
+    # --- vPMEM ----------------------------------------------------------
+
+    def build_pmem(self) -> None:
+        by_name = {ns.name: ns for ns in self.inv.pmem_namespaces}
+        owner: dict[str, str] = {}
+        groups: dict[tuple[str, int | None], list[Slot]] = defaultdict(list)
+        for label, names in self.policy.pmem_labels:
+            for name in sorted(names):
+                if name in owner:
+                    raise ConfigError(f"[pmem] namespaces: {name} is under both "
+                                      f"{owner[name]} and {label}")
+                owner[name] = label
+                ns = by_name.get(name)
+                if ns is None:
+                    self.warnings.append(f"pmem namespace {name}: name: not "
+                                         "found on this host; not reported")
+                    continue
+                cell = ns.numa_node if (devices_under_cells(self.policy.mode)
+                                        and ns.numa_node in self.cells) else None
+                groups[(label, cell)].append(Slot(
+                    name, ns.numa_node, ns.size_bytes,
+                    f"/dev/{ns.dev}" if ns.dev else None))
+        for (label, cell), slots in sorted(groups.items(),
+                                           key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+            name = pmem_provider_name(self.policy.host, label, cell)
+            rc = pmem_resource_class(label)
+            self.pools.append(Pool(name, rc, DeviceKind.PMEM, len(slots),
+                                   tuple(slots), cell))
+            self.add(name, self.parent_for(cell, f"pmem {label}"),
+                     {rc: inventory(len(slots))})
+
+
+def build_tree(inv: HostInventory, policy: TreePolicy) -> BuiltTree:
+    """Raises ConfigError when the policy contradicts itself on this host."""
+    b = _Builder(inv, policy)
+    b.build_root()
+    b.build_cells()
+    b.build_pci()
+    b.build_vgpu()
+    b.build_pmem()
+    return BuiltTree(b.tree, b.warnings, b.pools)
