@@ -32,6 +32,24 @@ class Dependency(str, enum.Enum):
     BROKER = "the message broker"
 
 
+@dataclass(frozen=True)
+class Unknown:
+    """A fact that could not be read, and why."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One dependency asked now. ``problem``: None when it answered, else
+    what went wrong as a verb phrase; ``detail``: what it said it is."""
+
+    dependency: Dependency
+    url: str
+    problem: str | None = None
+    detail: str = ""
+
+
 class Health(str, enum.Enum):
     UNKNOWN = "unknown"  # not observed yet
     UP = "up"

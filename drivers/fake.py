@@ -46,11 +46,11 @@ import yaml
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
-                          GuestDevice, GuestSpec, GuestState, HostInventory,
-                          LiveMigrationError, device_resources, Mdev, MdevError,
-                          MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
+from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
+                          GuestState, HostInventory, LiveMigrationError, device_resources, Mdev,
+                          MdevError, MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
                           PciHealthSignals, PciKind, PmemNamespace)
+from drivers.driver import ComputeDriver
 from drivers.fake_sysfs import vf_address
 from drivers.migration import InvalidMigrationTarget, LiveMigrationTarget, moved_guest
 

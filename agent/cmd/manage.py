@@ -44,33 +44,34 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Callable, TypeVar
 from pathlib import Path
 
 from oslo_config import cfg
 
-from agent.heal import rules as heal_rules
 from agent.store import node_identity
 from agent.store import store as state
 from agent.store import lock as state_lock
 from agent.reports import probes as status_probes
+from agent.reports.probes import read_beside_agent, tree_report
 from agent.reports import status as status_rules
+from agent.cmd import upgrade_check
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
+from agent.dependencies import Unknown
 from agent.health.rules import UnhealthyProvider, unhealthy_providers
 from agent.exception import AgentError, ConfigError
 from agent.tree.host_tree import build_tree
 from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.tree.policy import tree_policy_from_conf
-from agent.tree.provider_tree import adopt_uuids, tree_as_dicts, tree_lines
+from agent.tree.provider_tree import tree_as_dicts, tree_lines
 from agent.compute.reconcile import Report
-from agent.daemon.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
+from agent.daemon.service import STORE_FILE, Agent, load_driver
+from agent.placement.allocations import tree_allocations
 from agent.store.lock import StateDirectoryInUse, StateDirectoryUnusable
 from agent.store.check import StoreFile
 from agent.store.rebuild import RebuildRefused, RebuiltStore, plan_rebuild
-from agent.reports.tree import TreeReport, Verdict
-from agent.reports.tree import compare as compare_trees
+from agent.reports.tree import Verdict
 from drivers.base import DriverUnavailable
 
 PROG = "compute-agent-manage"
@@ -81,42 +82,6 @@ HELP = CommandHelp(
     "agent), rebuild a lost store, heal stranded allocations (the agent "
     "stopped). The commands are listed after the options; 'COMMAND --help' "
     "says what each takes.")
-
-
-def tree_report(agent: Agent) -> TreeReport:
-    """Placement's tree (one GET, and the providers whose generation moved
-    since the agent saved its view), the model built from what the driver
-    finds now, and the allocations of each provider the model takes a
-    class off."""
-    sync = agent.sync
-    sync.refresh()
-    placement = sync.cache
-    try:
-        inventory = agent.driver.get_host_inventory()
-    except DriverUnavailable as e:
-        raise AgentError(f"the hypervisor did not answer: {e}") from None
-    model = adopt_uuids(agent.build_model(inventory).tree, placement)
-    allocations = {uuid: sync.client.get_provider_allocations(uuid)
-                   for uuid in heal_rules.moving(placement, model, sync.owned)}
-    instances, _, _ = agent.manager.tracker.snapshot()
-    return compare_trees(placement, model, allocations, sync.owned,
-                         {u: spec.get("name") for u, spec in instances.items()})
-
-
-T = TypeVar("T")
-
-
-def read_beside_agent(conf: cfg.ConfigOpts, read: Callable[[Agent], T]) -> T:
-    """``read(agent)`` on an agent opened read-only, beside a running one
-    (no lock, nothing created, nothing written to Placement), its driver
-    and store closed after. Raises what opening or reading raises."""
-    agent = Agent.from_conf(conf, holder=False)
-    try:
-        agent.driver.init_host()
-        return read(agent)
-    finally:
-        agent.driver.cleanup()
-        agent.manager.tracker.store.close()
 
 
 def tree(conf: cfg.ConfigOpts) -> int:
@@ -231,19 +196,19 @@ def status(conf: cfg.ConfigOpts) -> int:
 def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
     root_uuid = node_identity.load(conf.state_path)
     keystone, placement = status_probes.placement(conf, root_uuid)
-    unhealed: tuple[str, ...] | status_rules.Unknown
-    unhealthy: tuple[UnhealthyProvider, ...] | status_rules.Unknown
+    unhealed: tuple[str, ...] | Unknown
+    unhealthy: tuple[UnhealthyProvider, ...] | Unknown
     try:
         report_of_tree, report = read_beside_agent(
             conf, lambda agent: (tree_report(agent), audit_report(agent)))
         unhealed = tuple(sorted({u.resource_class for u in report_of_tree.unhealed}))
         unhealthy = tuple(unhealthy_providers(report_of_tree.placement))
-        audit_found = (status_rules.Unknown("; ".join(report.unknown))
+        audit_found = (Unknown("; ".join(report.unknown))
                        if report.unknown else
                        tuple(f"{f.kind} {f.subject}: {f.detail}"
                              for f in report.findings if not f.fixed))
     except (AgentError, state.StoreError, DriverUnavailable) as e:
-        unhealed = audit_found = unhealthy = status_rules.Unknown(
+        unhealed = audit_found = unhealthy = Unknown(
             str(e).splitlines()[0])
     return status_rules.StatusFacts(
         now=time.time(), cycle_seconds=conf.update_interval + conf.update_jitter,
@@ -302,7 +267,7 @@ def _plan_from_host(conf: cfg.ConfigOpts, driver, client: PlacementClient,
         raise RebuildRefused(unreadable)
     names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
     return plan_rebuild(guests, tree_allocations(client, root_uuid),
-                        pools_by_uuid(built, names), driver.boot_id(),
+                        built.pools_by_uuid(names), driver.boot_id(),
                         state.new_assignment_id)
 
 
@@ -394,7 +359,6 @@ def main(argv=None) -> int:
         if conf.command.name == "heal":
             return heal(conf)
         if conf.command.name == "upgrade-check":
-            from agent.cmd import upgrade_check  # it reads the tree as 'tree' does
             return upgrade_check.run(conf)
         return tree(conf)
     except (StateDirectoryInUse, StateDirectoryUnusable, state.StoreError) as e:

@@ -30,7 +30,7 @@ from oslo_upgradecheck.upgradecheck import Code, Result
 from agent.store import node_identity
 from agent.store import store as state
 from agent.claims.model import Migration
-from agent.cmd.manage import read_beside_agent, tree_report
+from agent.reports.probes import read_beside_agent, tree_report
 from agent.exception import AgentError
 from agent.store.writer import StoreError
 from agent.daemon.service import STORE_FILE

@@ -22,9 +22,9 @@ from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
 from agent.moves.live_migration import (live_migratable_devices, mdev_refusals,
                                    mdev_type_refusals, pci_refusals)
 from agent.compute.tracker import Tracker, check_uuid
-from drivers.base import (ComputeDriver, DeviceKind, DriverUnavailable, GuestDevice,
-                          GuestSpec, GuestState, LiveMigrationError, MigrationFailure,
-                          device_resources)
+from drivers.base import (DeviceKind, DriverUnavailable, GuestDevice, GuestSpec, GuestState,
+                          LiveMigrationError, MigrationFailure, device_resources)
+from drivers.driver import ComputeDriver
 from drivers.migration import (ClaimedDevice, InvalidMigrationTarget,
                                LiveMigrationTarget, pair_devices)
 

@@ -38,8 +38,10 @@ from agent.moves.evacuation import (DestinationRecord, InterruptedEvacuation, So
 from agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
 from agent.rpc.heartbeat import Heartbeat, Liveness
 from agent.messaging import messaging
+from agent.placement.allocations import tree_allocations
 from agent.placement.client import PlacementClient
-from agent.rpc.client import ComputeAgentAPI, move_allocations
+from agent.placement.allocations import move_allocations
+from agent.rpc.client import ComputeAgentAPI
 from agent.conductor.source_tree import read_device_traits, read_source_tree
 
 
@@ -132,15 +134,6 @@ class Evacuator:
         return {p["uuid"]: p["name"] for p in
                 self.placement.get_providers(required=os_traits.COMPUTE_NODE)}
 
-    def consumers_on(self, root_uuid: str) -> dict[str, dict[str, dict[str, int]]]:
-        """consumer -> provider -> resources, over the tree of ``root_uuid``."""
-        out: dict[str, dict[str, dict[str, int]]] = {}
-        for p in self.placement.get_tree(root_uuid):
-            for consumer, body in self.placement.get_provider_allocations(
-                    p["uuid"]).items():
-                out.setdefault(consumer, {})[p["uuid"]] = dict(body["resources"])
-        return out
-
     def hosts(self) -> list[dict]:
         """Every compute host: up or down by its heartbeat, when it last
         answered, and its instances (its own count when up; when down, the
@@ -162,7 +155,7 @@ class Evacuator:
         """The instance consumers on a tree: an evacuation's migration
         consumers stay on a down source until it returns, and are not its
         instances any more. One read per consumer, only for down hosts."""
-        consumers = sorted(self.consumers_on(root_uuid))
+        consumers = sorted(tree_allocations(self.placement, root_uuid))
         if not consumers:
             return 0
         with ThreadPoolExecutor(max_workers=min(8, len(consumers))) as pool:
@@ -215,7 +208,7 @@ class Evacuator:
                         progress(outcome)
             collect([partial(self._evacuate_one, run, instance, allocations, migrations)
                      for instance, allocations in
-                     sorted(self.consumers_on(run.source_root).items())])
+                     sorted(tree_allocations(self.placement, run.source_root).items())])
             if migrations:
                 collect([partial(self._resume_one, run, found)
                          for found in self._interrupted(run, migrations)])
@@ -317,7 +310,7 @@ class Evacuator:
         host, read from Placement: every other host's consumers, matched to
         the migration consumers the source still has. Asked only when the
         source has some; every host, whatever --target says now."""
-        consumers = {root: self.consumers_on(root) for root in run.roots
+        consumers = {root: tree_allocations(self.placement, root) for root in run.roots
                      if root != run.source_root}
         return interrupted_evacuations(run.source_root, migrations, consumers)
 

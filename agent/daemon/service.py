@@ -20,13 +20,14 @@ from agent.store import node_identity
 from agent.store import store as state
 from agent.store import check as store_check
 from agent.store.adoption import AdoptionRefused, plan_adoption
-from agent.placement.allocations import AllocationView
+from agent.placement.allocations import AllocationView, tree_allocations
 from agent.claims.model import Migration
-from agent.claims.choice import Pool
-from agent.dependencies import Dependencies, Dependency, Health, describe
+from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown, describe
 from agent.moves.evacuation import evacuation_migration_uuid
 from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
                              PlacementError, PlacementUnavailable)
+from agent.heal.realign import DeviceIndex
+from agent.heal.run import align_store, run_heal
 from agent.health.watch import HealthWatch
 from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.compute.manager import ComputeManager
@@ -35,12 +36,12 @@ from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.tree.provider_tree import Provider, ProviderTree
 from agent.tree.policy import tree_policy_from_conf
 from agent.compute.reconcile import Report, reconcile
-from agent.rpc.client import move_allocations
-from agent.reports.status import Probe, Unknown
+from agent.placement.allocations import move_allocations
 from agent.daemon.systemd import Watchdog
 from agent.compute.tracker import Tracker
 from agent.placement.sync import SyncResult, TreeSync
-from drivers.base import ComputeDriver, DriverUnavailable, ForeignGuest, HostInventory
+from drivers.base import DriverUnavailable, ForeignGuest, HostInventory
+from drivers.driver import ComputeDriver
 from drivers.host_data import InvalidHostData
 
 LOG = logging.getLogger(__name__)
@@ -76,17 +77,6 @@ BROKER_PROBE_TIMEOUT_SECONDS = 5
 UPDATE_THREAD = "update-provider-tree"
 
 
-def pools_by_uuid(built: BuiltTree, names: dict[str, str]
-                  ) -> dict[str, dict[str, Pool]]:
-    """Key the pools by the UUIDs Placement uses for their providers."""
-    out: dict[str, dict[str, Pool]] = {}
-    for pool in built.pools:
-        uuid = (names.get(pool.provider_name)
-                or built.tree.by_name(pool.provider_name).uuid)
-        out.setdefault(uuid, {})[pool.resource_class] = pool
-    return out
-
-
 def saved_view(store: state.Store) -> ProviderTree:
     """The view of Placement an earlier run saved; an empty one when it
     does not form a tree (Placement is then read afresh)."""
@@ -95,17 +85,6 @@ def saved_view(store: state.Store) -> ProviderTree:
     except ValueError as e:
         LOG.warning("Saved view of Placement unusable, reading it afresh: %s", e)
         return ProviderTree()
-
-
-def tree_allocations(client: PlacementClient, root_uuid: str
-                     ) -> dict[str, dict[str, dict[str, int]]]:
-    """consumer uuid -> provider uuid -> resources, over every provider
-    that Placement has in the tree of ``root_uuid``."""
-    out: dict[str, dict[str, dict[str, int]]] = {}
-    for provider in client.get_tree(root_uuid):
-        for consumer, body in client.get_provider_allocations(provider["uuid"]).items():
-            out.setdefault(consumer, {})[provider["uuid"]] = dict(body["resources"])
-    return out
 
 
 @dataclass
@@ -155,7 +134,7 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
         built = build_tree(driver.get_host_inventory(), policy)
         names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
         plan = plan_adoption(reading.foreign, reading.allocations,
-                             pools_by_uuid(built, names), driver.boot_id(),
+                             built.pools_by_uuid(names), driver.boot_id(),
                              state.new_assignment_id)
     except DriverUnavailable as e:
         raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
@@ -351,8 +330,7 @@ class Agent:
             # Claims work from the host's devices even when Placement does
             # not answer, with the provider UUIDs it last showed us.
             if self.manager is not None:
-                self.manager.tracker.set_pools(pools_by_uuid(
-                    built, {p.name: p.uuid for p in self._saved_view}))
+                self.manager.tracker.set_pools(built.pools_by_uuid({p.name: p.uuid for p in self._saved_view}))
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
@@ -601,7 +579,6 @@ class Agent:
     def _heal_safely(self) -> None:
         """[heal] on_startup: one heal before RPC is served; a refusal or a
         failure leaves the host reserved until healed, and running."""
-        from agent.heal.run import run_heal  # heal plans with pools_by_uuid
         try:
             run_heal(self)
         except AgentError as e:
@@ -612,8 +589,6 @@ class Agent:
     def _align_store_safely(self) -> None:
         """The store's rows follow the allocations a heal moved, should that
         heal have been killed before it wrote them (agent/heal/realign.py)."""
-        from agent.heal.run import align_store
-        from agent.heal.realign import DeviceIndex
         try:
             align_store(self, DeviceIndex(self.manager.tracker.pools()))
         except (PlacementUnavailable, PlacementError) as e:

@@ -33,7 +33,7 @@ import os_traits
 from agent.claims.choice import Pool
 from agent.exception import AgentError
 from agent.tree.provider_tree import Provider, ProviderTree
-from agent.store.store import Assignment, Migration
+from agent.claims.model import Assignment, Migration
 from drivers.base import DeviceKind
 
 # provider uuid -> resource class -> amount used (or allocated)

@@ -19,19 +19,36 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from agent.heal import rules as heal
 from agent.claims.choice import Pool
+from agent.compute.manager import ComputeManager
 from agent.exception import AgentError, GenerationConflict
+from agent.placement.allocations import tree_allocations
 from agent.placement.client import PlacementClient
 from agent.tree.provider_tree import ProviderTree, adopt_uuids
 from agent.heal.realign import Allocations, DeviceIndex, Realignment, misplaced, realign
-
-if TYPE_CHECKING:
-    from agent.daemon.service import Agent
+from agent.placement.sync import TreeSync
+from agent.tree.host_tree import BuiltTree
+from drivers.base import HostInventory
+from drivers.driver import ComputeDriver
 
 LOG = logging.getLogger(__name__)
+
+
+class HealedAgent(Protocol):
+    """What heal needs of the agent (agent/daemon/service.py's Agent, which
+    runs heal at start and for 'compute-agent-manage heal')."""
+
+    sync: TreeSync
+    driver: ComputeDriver
+    manager: ComputeManager
+
+    def build_model(self, inventory: HostInventory) -> BuiltTree: ...
+
+    def update_provider_tree(self) -> object: ...
+
 
 ATTEMPTS = 4
 READERS = 8
@@ -70,18 +87,16 @@ def read_consumers(client: PlacementClient, uuids: list[str]) -> dict[str, heal.
         return {uuid: consumer_from(uuid, doc) for uuid, doc in zip(uuids, docs)}
 
 
-def read_model(agent: "Agent") -> Model:
+def read_model(agent: HealedAgent) -> Model:
     """Placement's tree read afresh, and the model built beside it."""
-    from agent.daemon.service import pools_by_uuid  # the service starts heal too
-
     agent.sync.refresh()
     current = agent.sync.cache
     built = agent.build_model(agent.driver.get_host_inventory())
     model = adopt_uuids(built.tree, current)
-    return Model(current, model, pools_by_uuid(built, {p.name: p.uuid for p in model}))
+    return Model(current, model, built.pools_by_uuid({p.name: p.uuid for p in model}))
 
 
-def make_plan(agent: "Agent", model: Model,
+def make_plan(agent: HealedAgent, model: Model,
               progress: Callable[[str], None] = lambda line: None) -> heal.Plan:
     """Plan from ``model``, reading the consumers it moves; HealRefused
     names a consumer that cannot be moved."""
@@ -99,15 +114,13 @@ def make_plan(agent: "Agent", model: Model,
                           assignments, migrations.values(), sync.owned)
 
 
-def align_store(agent: "Agent", index: DeviceIndex,
+def align_store(agent: HealedAgent, index: DeviceIndex,
                 allocations: Allocations | None = None) -> Realignment:
     """Move the store's rows to where Placement holds their allocations
     (agent/heal/realign.py), in one transaction. ``allocations``: consumer ->
     provider -> class -> amount, as a reshape just set them; read from
     Placement's tree when not given, and only when some row is not where
     the model puts it."""
-    from agent.daemon.service import tree_allocations  # the service aligns at start
-
     tracker = agent.manager.tracker
     if not index.pools:  # no cycle has built the model: unknown, not empty
         return Realignment()
@@ -127,7 +140,7 @@ def align_store(agent: "Agent", index: DeviceIndex,
     return result
 
 
-def run_heal(agent: "Agent", dry_run: bool = False,
+def run_heal(agent: HealedAgent, dry_run: bool = False,
              confirm: Callable[[heal.Plan], bool] = lambda plan: True,
              attempts: int = ATTEMPTS,
              progress: Callable[[str], None] = lambda line: None) -> HealResult:

@@ -19,7 +19,8 @@ from typing import Callable, Collection
 from agent.health.rules import (DeviceVerdict, HealthJudge, HealthSnapshot,
                                   apply_health, watched_devices)
 from agent.tree.host_tree import BuiltTree
-from drivers.base import ComputeDriver, HostInventory
+from drivers.base import HostInventory
+from drivers.driver import ComputeDriver
 
 LOG = logging.getLogger(__name__)
 

@@ -1,5 +1,8 @@
-"""Which consumers hold allocations on our providers, read from Placement
-only where something could have changed them.
+"""Allocations in Placement: which consumers hold allocations on our
+providers, read only where something could have changed them
+(AllocationView); every consumer's on a tree, read afresh
+(tree_allocations); and one consumer's moved to another in one request,
+nova's allocation swap (move_allocations).
 
 Placement moves a provider's generation when allocations are written on
 it, but not when they are deleted (``DELETE /allocations/{consumer}``), nor
@@ -16,7 +19,22 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from agent.exception import GenerationConflict
 from agent.placement.client import PlacementClient
+
+# consumer uuid -> provider uuid -> resource class -> amount
+TreeAllocations = dict[str, dict[str, dict[str, int]]]
+
+
+def tree_allocations(client: PlacementClient, root_uuid: str) -> TreeAllocations:
+    """Every consumer's allocations over the providers Placement has in the
+    tree of ``root_uuid``, read afresh: one GET for the tree and one per
+    provider."""
+    out: TreeAllocations = {}
+    for provider in client.get_tree(root_uuid):
+        for consumer, body in client.get_provider_allocations(provider["uuid"]).items():
+            out.setdefault(consumer, {})[provider["uuid"]] = dict(body["resources"])
+    return out
 
 
 @dataclass(frozen=True)
@@ -83,3 +101,39 @@ class AllocationView:
             for consumer in read.consumers:
                 out.setdefault(consumer, set()).add(uuid)
         return out
+
+
+def move_allocations(placement: PlacementClient, source_consumer: str,
+                     target_consumer: str, target_type: str = "MIGRATION",
+                     attempts: int = 4, replacement: dict | None = None) -> dict:
+    """Move every allocation of one consumer to another in one
+    ``POST /allocations``, guarded by both consumer generations: the
+    instance's to its migration when a move starts (nova's allocation swap),
+    and the migration's back to the instance on revert. Returns what moved.
+    ``replacement``: the allocations the source consumer holds instead, in
+    the same request (an evacuation's destination), none by default.
+    """
+    for attempt in range(attempts):
+        source = placement.get_consumer_allocations(source_consumer)
+        target = placement.get_consumer_allocations(target_consumer)
+        moving = {rp: {"resources": a["resources"]}
+                  for rp, a in source["allocations"].items()}
+        body = {
+            source_consumer: {
+                "allocations": replacement or {}, "project_id": source["project_id"],
+                "user_id": source["user_id"],
+                "consumer_generation": source["consumer_generation"],
+                "consumer_type": source.get("consumer_type", "INSTANCE")},
+            target_consumer: {
+                "allocations": moving, "project_id": source["project_id"],
+                "user_id": source["user_id"],
+                "consumer_generation": target.get("consumer_generation"),
+                "consumer_type": target_type},
+        }
+        try:
+            placement.post_allocations(body)
+            return moving
+        except GenerationConflict:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

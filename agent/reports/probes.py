@@ -1,21 +1,28 @@
-"""The facts ``compute-agent-manage status`` judges (agent/reports/status.py), read
-from the host beside a running agent: every read here is read-only and
+"""The facts the operator reports judge (``compute-agent-manage status``:
+agent/reports/status.py; ``tree`` and ``upgrade-check``: agent/reports/tree.py),
+read from the host beside a running agent: every read here is read-only and
 takes no lock. Each dependency is asked with one cheap real request."""
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from oslo_config import cfg
 
 from agent.rpc import broker as broker_probe
 from agent.daemon import cycle_record
 from agent.store import store as state
-from agent.dependencies import Dependency
+from agent.dependencies import Dependency, Probe, Unknown
 from agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
+from agent.daemon.service import Agent, load_driver
+from agent.heal import rules as heal_rules
 from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.reports.status import Probe, StoreHealth, Unknown
+from agent.reports.status import StoreHealth
+from agent.reports.tree import TreeReport
+from agent.reports.tree import compare as compare_trees
 from agent.store.check import StoreFile
+from agent.tree.provider_tree import adopt_uuids
 from drivers.base import DriverUnavailable
 
 # A probe waits this long for an answer: status is run by hand and by
@@ -29,8 +36,6 @@ def hypervisor(conf: cfg.ConfigOpts) -> Probe | None:
     """libvirt asked for its version; None with the fake driver."""
     if conf.compute_driver != "libvirt":
         return None
-    from agent.daemon.service import load_driver
-
     uri = conf.libvirt.connection_uri
     driver = load_driver(conf)
     try:
@@ -106,3 +111,39 @@ def last_cycle(state_path: str) -> cycle_record.CycleRecord | None | Unknown:
         return cycle_record.read(cycle_record.path_in(state_path))
     except cycle_record.RecordUnreadable as e:
         return Unknown(str(e))
+
+
+def tree_report(agent: Agent) -> TreeReport:
+    """Placement's tree (one GET, and the providers whose generation moved
+    since the agent saved its view), the model built from what the driver
+    finds now, and the allocations of each provider the model takes a
+    class off."""
+    sync = agent.sync
+    sync.refresh()
+    placement = sync.cache
+    try:
+        inventory = agent.driver.get_host_inventory()
+    except DriverUnavailable as e:
+        raise AgentError(f"the hypervisor did not answer: {e}") from None
+    model = adopt_uuids(agent.build_model(inventory).tree, placement)
+    allocations = {uuid: sync.client.get_provider_allocations(uuid)
+                   for uuid in heal_rules.moving(placement, model, sync.owned)}
+    instances, _, _ = agent.manager.tracker.snapshot()
+    return compare_trees(placement, model, allocations, sync.owned,
+                         {u: spec.get("name") for u, spec in instances.items()})
+
+
+T = TypeVar("T")
+
+
+def read_beside_agent(conf: cfg.ConfigOpts, read: Callable[[Agent], T]) -> T:
+    """``read(agent)`` on an agent opened read-only, beside a running one
+    (no lock, nothing created, nothing written to Placement), its driver
+    and store closed after. Raises what opening or reading raises."""
+    agent = Agent.from_conf(conf, holder=False)
+    try:
+        agent.driver.init_host()
+        return read(agent)
+    finally:
+        agent.driver.cleanup()
+        agent.manager.tracker.store.close()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from agent.daemon.cycle_record import CycleRecord
-from agent.dependencies import Dependency, Health, describe
+from agent.dependencies import Health, Probe, Unknown, describe
 from agent.health.rules import UnhealthyProvider
 
 # A cycle ends every update_interval (plus jitter) seconds. The record is
@@ -35,24 +35,6 @@ class Level(enum.IntEnum):
 
 
 STATUS_WORDS = {Level.OK: "healthy", Level.WARNING: "warnings", Level.BROKEN: "broken"}
-
-
-@dataclass(frozen=True)
-class Unknown:
-    """A fact that could not be read, and why."""
-
-    why: str
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One dependency asked now. ``problem``: None when it answered, else
-    what went wrong as a verb phrase; ``detail``: what it said it is."""
-
-    dependency: Dependency
-    url: str
-    problem: str | None = None
-    detail: str = ""
 
 
 @dataclass(frozen=True)

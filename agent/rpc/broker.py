@@ -20,9 +20,8 @@ import logging
 import kombu
 from oslo_config import cfg
 
-from agent.dependencies import Dependencies, Dependency
+from agent.dependencies import Dependencies, Dependency, Probe, Unknown
 from agent.messaging import messaging
-from agent.reports.status import Probe, Unknown
 
 # oslo.messaging's rabbit driver reaches these when the URL names no host.
 RABBIT_DEFAULT = ("localhost", 5672)

@@ -22,8 +22,7 @@ from agent.tree.device_spec import DeviceSpec, first_match
 from agent.exception import ConfigError
 from agent.tree.provider_tree import Provider, ProviderTree, inventory
 from compute_common.pci_address import node_device_name
-from drivers.base import (DeviceKind, HostInventory, MdevParent, MdevType, PciDevice,
-                          PciKind)
+from drivers.base import DeviceKind, HostInventory, MdevParent, MdevType, PciDevice, PciKind
 
 
 @dataclass(frozen=True)
@@ -91,6 +90,16 @@ class BuiltTree:
     warnings: list[str] = field(default_factory=list)
     # What stands behind each provider's inventory, for claims.
     pools: list[Pool] = field(default_factory=list)
+
+    def pools_by_uuid(self, names: dict[str, str]) -> dict[str, dict[str, Pool]]:
+        """The pools keyed by the UUIDs Placement uses for their providers:
+        ``names`` maps a provider's name to its UUID there, and a provider
+        not named keeps the UUID the model gave it."""
+        out: dict[str, dict[str, Pool]] = {}
+        for pool in self.pools:
+            uuid = names.get(pool.provider_name) or self.tree.by_name(pool.provider_name).uuid
+            out.setdefault(uuid, {})[pool.resource_class] = pool
+        return out
 
 
 def child_uuid(root_uuid: str, name: str) -> str:

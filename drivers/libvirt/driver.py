@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import libvirt
 
-from drivers.base import (
-    ComputeDriver, ForeignGuest, GuestSpec, GuestState, HostInventory, LiveMigrationError,
-    Mdev, MdevParent, MigrationFailure, PciDevice, PciHealthSignals, PciKind)
+from drivers.base import (ForeignGuest, GuestSpec, GuestState, HostInventory, LiveMigrationError,
+                          Mdev, MdevParent, MigrationFailure, PciDevice, PciHealthSignals, PciKind)
+from drivers.driver import ComputeDriver
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.host_data import InvalidHostData

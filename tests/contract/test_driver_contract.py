@@ -25,10 +25,10 @@ from typing import Callable
 import pytest
 
 from agent.cmd.common import load_config
-from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
-                          GuestDevice, GuestSpec, HostResource, HostResourceKind,
-                          LiveMigrationError, MdevError, MigrationFailure,
-                          device_resources)
+from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
+                          HostResource, HostResourceKind, LiveMigrationError, MdevError,
+                          MigrationFailure, device_resources)
+from drivers.driver import ComputeDriver
 from drivers.fake import FakeDriver, FakeNetwork
 from drivers.migration import DeviceMove, LiveMigrationTarget
 from drivers.fake_sysfs import SysfsBuilder

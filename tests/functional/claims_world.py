@@ -23,7 +23,6 @@ from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree,
                              pmem_resource_class)
 from agent.compute.manager import ComputeManager
 from agent.compute.reconcile import reconcile
-from agent.daemon.service import pools_by_uuid
 from agent.store.store import Store
 from agent.compute.tracker import Tracker
 from drivers.fake import FakeDriver, FakeNetwork
@@ -79,7 +78,7 @@ class World:
         built = build_tree(self.driver.get_host_inventory(), self.policy)
         assert not built.warnings, built.warnings
         self.names = {p.name: p.uuid for p in built.tree}
-        return pools_by_uuid(built, {})
+        return built.pools_by_uuid({})
 
     def start(self) -> "World":
         self.store = Store(self.path)

@@ -30,7 +30,8 @@ from agent.conductor.evacuation import Evacuator
 from agent.exception import NoSuchInstance
 from agent.rpc.heartbeat import Heartbeat
 from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
+from agent.conductor.live_migration import live_migrate_instance
+from agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
@@ -152,7 +153,8 @@ def ctl(conf: Path, *args) -> subprocess.CompletedProcess:
 CTL_STOPPED_BEFORE_SECOND_CALL = """
 import sys, threading, time
 from agent.cmd import ctl
-from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
+from agent.conductor.live_migration import live_migrate_instance
+from agent.rpc.client import ComputeAgentAPI
 mark = sys.argv[1]
 calls = []
 real = ComputeAgentAPI.rebuild_instance

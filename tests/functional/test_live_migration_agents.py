@@ -33,7 +33,8 @@ from agent.cmd.common import load_config
 from agent.exception import ClaimFailed, LiveMigrationFailed, LiveMigrationRefused
 from agent.placement.client import PlacementClient
 from agent.placement.auth import NoAuth2
-from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
+from agent.conductor.live_migration import live_migrate_instance
+from agent.rpc.client import ComputeAgentAPI
 from agent.daemon.service import Agent
 from drivers.fake import FakeNetwork
 from drivers.libvirt.guest_xml import domain_name

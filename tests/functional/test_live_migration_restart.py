@@ -23,7 +23,8 @@ from keystoneauth1 import adapter, session
 from agent.cmd.common import load_config
 from agent.placement.client import PlacementClient
 from agent.placement.auth import NoAuth2
-from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
+from agent.conductor.live_migration import live_migrate_instance
+from agent.rpc.client import ComputeAgentAPI
 from drivers.libvirt.guest_xml import domain_name
 from tests.functional.helpers import put_allocations, wait_for
 from tests.functional.test_evacuation import (SPEC, allocations_of, command,  # noqa: F401

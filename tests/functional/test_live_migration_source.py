@@ -23,7 +23,9 @@ from agent.claims.model import MigrationState
 from agent.cmd.common import load_config
 from agent.placement.client import PlacementClient
 from agent.placement.auth import NoAuth2
-from agent.rpc.client import ComputeAgentAPI, _write_allocations, move_allocations
+from agent.conductor.live_migration import _write_allocations
+from agent.placement.allocations import move_allocations
+from agent.rpc.client import ComputeAgentAPI
 from agent.daemon.service import Agent
 from drivers.fake import FakeDriver, FakeNetwork
 from tests.functional.helpers import placement_tree, put_allocations, write_conf

@@ -27,7 +27,7 @@ from agent.tree.host_tree import (TreeMode, build_tree, compute_on_cells, device
                              gpu_provider_name, numa_provider_name, pci_provider_name,
                              pmem_provider_name)
 from agent.tree.policy import tree_policy_from_conf
-from agent.daemon.service import Agent, pools_by_uuid
+from agent.daemon.service import Agent
 from tests.functional.helpers import (assert_never_more_than_physical, get, offered,
                                       placement_tree, put_allocations, used,
                                       write_conf)
@@ -153,7 +153,7 @@ class Switch:
         tree = self.tree()
         names = {node["uuid"]: n for n, node in tree.items()}
         built = build_tree(self.agent.driver.get_host_inventory(), self.agent.policy)
-        pools = pools_by_uuid(built, {n: node["uuid"] for n, node in tree.items()})
+        pools = built.pools_by_uuid({n: node["uuid"] for n, node in tree.items()})
         where = {(pool.kind, s.device_id): (rp, rc, s.numa_node)
                  for rp, by_rc in pools.items() for rc, pool in by_rc.items()
                  for s in pool.slots}

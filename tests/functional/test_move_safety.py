@@ -21,7 +21,7 @@ import pytest
 from lxml import etree
 
 from agent.exception import InvalidRequest
-from agent.rpc.client import move_allocations
+from agent.placement.allocations import move_allocations
 from tests.functional.helpers import failed_cycles, wait_for
 from tests.functional.test_rpc import (BIGGER, BROKER, SPEC, AgentDaemon,  # noqa: F401
                                        build, conductor, devices)

@@ -68,8 +68,9 @@ from agent.rpc.heartbeat import Heartbeat
 from agent.messaging import messaging
 from agent.placement.client import PlacementClient
 from agent.placement.auth import NoAuth2
-from agent.rpc.client import (ComputeAgentAPI, _write_allocations, live_migrate_instance,
-                          move_allocations)
+from agent.conductor.live_migration import _write_allocations, live_migrate_instance
+from agent.placement.allocations import move_allocations
+from agent.rpc.client import ComputeAgentAPI
 from agent.daemon.service import Agent
 from drivers.fake import FakeDriver
 from drivers.fake_sysfs import SysfsBuilder

@@ -10,7 +10,7 @@ from amqp.exceptions import AccessRefused
 
 from agent.rpc import broker
 from agent.dependencies import Dependencies, Dependency, Health
-from agent.reports.status import Probe, Unknown
+from agent.dependencies import Probe, Unknown
 
 URL = "rabbit://127.0.0.1:5672/"
 DOWN = Probe(Dependency.BROKER, URL, "did not answer (connection refused)")

@@ -12,7 +12,7 @@ from agent.tree.device_spec import parse_specs
 from agent.heal.rules import Consumer, HealRefused, capacity, hold_unhealed, plan_heal
 from agent.tree.host_tree import TreeMode
 from agent.tree.provider_tree import Provider, ProviderTree, inventory
-from agent.store.store import Assignment, Migration
+from agent.claims.model import Assignment, Migration
 from drivers.base import DeviceKind
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"
@@ -212,13 +212,12 @@ def switch(old_mode, new_mode):
     """(Placement's tree in ``old_mode``, the consumers and the store's
     rows there, the ``new_mode`` model with Placement's UUIDs, its pools)."""
     from agent.tree.provider_tree import adopt_uuids
-    from agent.daemon.service import pools_by_uuid
 
     current = as_placement_has_it(mode_tree(old_mode).tree)
     old = placed(old_mode, current, mode_tree(old_mode))
     built = mode_tree(new_mode)
     model = adopt_uuids(built.tree, current)
-    pools = pools_by_uuid(built, {p.name: p.uuid for p in model})
+    pools = built.pools_by_uuid({p.name: p.uuid for p in model})
     consumers = {c: consumer(c, allocations) for c, (allocations, _) in old.items()}
     rows = [r for _, rs in old.values() for r in rs]
     return current, consumers, rows, model, pools

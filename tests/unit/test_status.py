@@ -8,7 +8,8 @@ import pytest
 from agent.reports import status
 from agent.daemon.cycle_record import CycleRecord
 from agent.dependencies import Dependency, DependencyState, Health
-from agent.reports.status import Level, Probe, StatusFacts, StoreHealth, Unknown, judge
+from agent.dependencies import Probe, Unknown
+from agent.reports.status import Level, StatusFacts, StoreHealth, judge
 
 NOW = 10_000.0
 PLACEMENT = "http://127.0.0.1:8778"

@@ -33,7 +33,7 @@ from agent.store import store as state
 from agent.claims.model import AssignmentState
 from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
-from agent.daemon.service import STORE_FILE, pools_by_uuid
+from agent.daemon.service import STORE_FILE
 from agent.compute.tracker import Tracker
 from drivers.fake import FakeDriver
 from tools.benchmarks.common import device_host, percentile
@@ -71,7 +71,7 @@ class Host:
 
     def build_pools(self):
         built = build_tree(self.driver.get_host_inventory(), self.policy)
-        return pools_by_uuid(built, {})
+        return built.pools_by_uuid({})
 
     def allocations(self, n: int) -> dict:
         pf = self.pfs[n % len(self.pfs)]

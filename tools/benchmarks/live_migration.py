@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 
-from agent.rpc.client import move_allocations
+from agent.placement.allocations import move_allocations
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import HEADERS
 from tests.functional.private_services import private_libvirtd_pair
