@@ -27,6 +27,7 @@ from agent.moves.evacuation import evacuation_migration_uuid
 from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
                              PlacementError, PlacementUnavailable)
 from agent.heal.realign import DeviceIndex
+from agent.heal.hold import UnhealedHold
 from agent.heal.run import align_store, run_heal
 from agent.health.watch import HealthWatch
 from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
@@ -204,35 +205,63 @@ def _last_success_recorded(path: Path | None) -> float | None:
     return None if record is None else record.last_success_at
 
 
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the operator's config sets for the running agent, read in one
+    place (``from_conf``); the defaults are the options' defaults."""
+
+    update_interval: float = 60
+    update_jitter: float = 0
+    # Reconcile every this many cycles.
+    reconcile_interval: int = 10
+    orphan_grace_period: float = 0
+    live_migration_announced_timeout: float = 600
+    heal_on_startup: bool = False
+    # host:port the metrics are served on; None: not served.
+    metrics_listen: str | None = None
+    health_poll_interval: float = 1.0
+    health_correctable_per_minute: int = 100
+    # <state_path>/last_cycle.json, for status (agent/daemon/cycle_record.py);
+    # None: not recorded (an agent opened beside a running one).
+    record_path: Path | None = None
+
+    @classmethod
+    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool) -> "AgentSettings":
+        return cls(
+            update_interval=conf.update_interval, update_jitter=conf.update_jitter,
+            reconcile_interval=conf.reconcile_interval,
+            orphan_grace_period=conf.orphan_grace_period,
+            live_migration_announced_timeout=conf.live_migration_announced_timeout,
+            heal_on_startup=conf.heal.on_startup, metrics_listen=conf.metrics.listen,
+            health_poll_interval=conf.devices.health_poll_interval,
+            health_correctable_per_minute=conf.devices.health_correctable_errors_per_minute,
+            record_path=cycle_record.path_in(conf.state_path) if holder else None)
+
+
+def placement_sync(client: PlacementClient, root_uuid: str, owned: Callable[[Provider], bool],
+                   allocation_refresh_interval: float) -> tuple[TreeSync, AllocationView]:
+    """The cycle's sync and the one view of allocations it shares with the
+    loop: the heal rule's hold reads its usages there, and the loop the
+    consumers it reconciles."""
+    allocations = AllocationView(client, allocation_refresh_interval)
+    return TreeSync(client, root_uuid, UnhealedHold(allocations).hold, owned), allocations
+
+
 class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
-                 interval: float = 60, jitter: float = 0,
-                 manager: ComputeManager | None = None, reconcile_interval: int = 10,
-                 orphan_grace_period: float = 0,
-                 live_migration_announced_timeout: float = 600,
-                 allocation_refresh_interval: float = 300,
-                 heal_on_startup: bool = False, metrics: Metrics | None = None,
-                 metrics_listen: str | None = None,
-                 health_poll_interval: float = 1.0,
-                 health_correctable_per_minute: int = 100,
-                 record_path: Path | None = None,
+                 allocations: AllocationView, manager: ComputeManager | None = None,
+                 settings: AgentSettings = AgentSettings(), metrics: Metrics | None = None,
                  broker_probe: Callable[[], Probe | Unknown] | None = None):
         self.driver = driver
         self.policy = policy
         self.sync = sync
-        self.interval = interval
-        self.jitter = jitter
         self.manager = manager
-        self.reconcile_interval = reconcile_interval
-        self.orphan_grace_period = orphan_grace_period
-        self.live_migration_announced_timeout = live_migration_announced_timeout
-        self.heal_on_startup = heal_on_startup
+        self.settings = settings
         # Served on metrics_listen (host:port) from start() to stop().
         self.metrics = metrics or Metrics()
-        self.metrics_listen = metrics_listen
         if manager is not None:
             self.metrics.watch_assignments(manager.tracker.held_by_class)
-        self.allocations = AllocationView(sync.client, allocation_refresh_interval)
+        self.allocations = allocations
         # The view of Placement the last reconciliation used: while it is
         # still the cache, no cycle has read the tree since.
         self._reconciled_view: ProviderTree | None = None
@@ -252,8 +281,8 @@ class Agent:
         self._drop_cache = threading.Event()
         self._thread: threading.Thread | None = None
         driver.register_change_listener(self._wake.set)
-        self.health = HealthWatch(driver, health_poll_interval,
-                                  health_correctable_per_minute, self._wake.set,
+        self.health = HealthWatch(driver, settings.health_poll_interval,
+                                  settings.health_correctable_per_minute, self._wake.set,
                                   report=self.metrics.set_device_health)
         # What each cycle asks, in order: the hypervisor, then Keystone
         # (when the auth plugin uses it) for a token, then Placement.
@@ -261,9 +290,7 @@ class Agent:
         self.cycle_path = ((Dependency.LIBVIRT,)
                            + ((Dependency.KEYSTONE,) if sync.client.keystone_url else ())
                            + (Dependency.PLACEMENT,))
-        # <state_path>/last_cycle.json, for status (agent/daemon/cycle_record.py).
-        self.record_path = record_path
-        self._last_success_at = _last_success_recorded(record_path)
+        self._last_success_at = _last_success_recorded(settings.record_path)
         self._record_failing = False
         # Asked by the loop before each cycle; None: no broker to watch.
         self.broker_probe = broker_probe
@@ -289,21 +316,16 @@ class Agent:
         root_uuid = compute_id or node_identity.load_or_create(conf.state_path)
         policy = tree_policy_from_conf(conf, root_uuid)
         host = conf.host
-        sync = TreeSync(client, root_uuid,
-                        owned=lambda p: p.name == host or p.name.startswith(host + "_"))
+        sync, allocations = placement_sync(
+            client, root_uuid, lambda p: p.name == host or p.name.startswith(host + "_"),
+            conf.allocation_refresh_interval)
         store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
                            compute_id is not None, driver, client, holder, policy)
         manager = ComputeManager(Tracker(store, driver.boot_id(), metrics), driver,
                                  conf.devices.remove_released_mdevs,
                                  policy.device_specs)
-        return cls(driver, policy, sync, conf.update_interval, conf.update_jitter,
-                   manager, conf.reconcile_interval, conf.orphan_grace_period,
-                   conf.live_migration_announced_timeout,
-                   conf.allocation_refresh_interval, conf.heal.on_startup,
-                   metrics, conf.metrics.listen,
-                   conf.devices.health_poll_interval,
-                   conf.devices.health_correctable_errors_per_minute,
-                   cycle_record.path_in(conf.state_path) if holder else None,
+        return cls(driver, policy, sync, allocations, manager,
+                   AgentSettings.from_conf(conf, holder), metrics,
                    functools.partial(broker.probe, conf, BROKER_PROBE_TIMEOUT_SECONDS))
 
     def build_model(self, inventory: HostInventory) -> BuiltTree:
@@ -391,10 +413,10 @@ class Agent:
             u for u in self.manager.tracker.snapshot()[0] if allocations is not None
             and evacuation_migration_uuid(u, self.sync.root_uuid) in allocations)
         report = reconcile(self.manager, allocations, at_start, fix,
-                           grace=self.orphan_grace_period, elsewhere=elsewhere,
+                           grace=self.settings.orphan_grace_period, elsewhere=elsewhere,
                            drop_evacuation_hold=self._drop_evacuation_hold,
                            evacuation_holds=holds,
-                           announced_timeout=self.live_migration_announced_timeout,
+                           announced_timeout=self.settings.live_migration_announced_timeout,
                            end_announced_move=self._end_announced_move)
         self.metrics.findings(report.findings)
         return report
@@ -496,16 +518,16 @@ class Agent:
         return outcome
 
     def _record(self, outcome: CycleOutcome) -> None:
-        if self.record_path is None:
+        if self.settings.record_path is None:
             return
         record = cycle_record.CycleRecord(
             os.getpid(), time.time(), self._last_success_at,
             "" if outcome.ok else outcome.reason, self.dependencies.snapshot())
         try:
-            cycle_record.write(self.record_path, record)
+            cycle_record.write(self.settings.record_path, record)
         except OSError as e:
             if not self._record_failing:
-                LOG.warning("Cannot record the cycle in %s: %s", self.record_path,
+                LOG.warning("Cannot record the cycle in %s: %s", self.settings.record_path,
                             e.strerror)
             self._record_failing = True
         else:
@@ -524,7 +546,8 @@ class Agent:
 
     def _loop(self, watchdog: Watchdog | None) -> None:
         while True:
-            self._wait_for_next_cycle(self.interval + random.uniform(0, self.jitter),
+            self._wait_for_next_cycle(self.settings.update_interval
+                                      + random.uniform(0, self.settings.update_jitter),
                                       watchdog)
             if self.stopping.is_set():
                 return
@@ -536,7 +559,7 @@ class Agent:
             self._cycles += 1
             if self.manager is not None:
                 self._resume_rebuilds_safely()
-            if self.manager is not None and self._cycles % self.reconcile_interval == 0:
+            if self.manager is not None and self._cycles % self.settings.reconcile_interval == 0:
                 self._reconcile_safely(at_start=False)
 
     def _wait_for_next_cycle(self, seconds: float, watchdog: Watchdog | None) -> None:
@@ -602,10 +625,10 @@ class Agent:
         with Placement and reconcile what a previous run left, then keep
         the loop going in its thread, pinging ``watchdog`` while it is
         healthy."""
-        if self.metrics_listen:
-            self.metrics.serve(self.metrics_listen)
+        if self.settings.metrics_listen:
+            self.metrics.serve(self.settings.metrics_listen)
         self.driver.init_host()
-        if self.heal_on_startup:
+        if self.settings.heal_on_startup:
             self._heal_safely()
         self.observe_broker()
         self.run_cycle()

@@ -41,11 +41,24 @@ def tree_allocations(client: PlacementClient, root_uuid: str) -> TreeAllocations
 class ProviderRead:
     """One provider's allocations as last read: its generation in the tree
     read before (never newer than the allocations read, so a change in
-    between is read again next time) and when."""
+    between is read again next time), when, and each consumer's resources
+    there (consumer -> class -> amount)."""
 
     generation: int
-    consumers: frozenset[str]
+    allocations: Mapping[str, Mapping[str, int]]
     read_at: float
+
+    @property
+    def consumers(self) -> frozenset[str]:
+        return frozenset(self.allocations)
+
+    def usages(self) -> dict[str, int]:
+        """What the consumers use of each class, as Placement's usages."""
+        out: dict[str, int] = {}
+        for resources in self.allocations.values():
+            for resource_class, amount in resources.items():
+                out[resource_class] = out.get(resource_class, 0) + amount
+        return out
 
 
 def needs_reading(last: ProviderRead | None, generation: int, touched: bool,
@@ -90,17 +103,29 @@ class AllocationView:
         # it is read as new.
         self._touched &= generations.keys()
         for uuid, generation in generations.items():
-            now = self.clock()
-            if needs_reading(self._reads.get(uuid), generation, uuid in self._touched,
-                             now, self.refresh_interval):
-                consumers = frozenset(self.client.get_provider_allocations(uuid))
-                self._reads[uuid] = ProviderRead(generation, consumers, now)
-                self._touched.discard(uuid)
+            self._read(uuid, generation)
         out: dict[str, set[str]] = {}
         for uuid, read in self._reads.items():
             for consumer in read.consumers:
                 out.setdefault(consumer, set()).add(uuid)
         return out
+
+    def usages(self, uuid: str, generation: int) -> dict[str, int]:
+        """What the consumers on provider ``uuid`` use of each class, read
+        under the same rule as ``consumers``: a usage read earlier can only
+        be too high (a deletion not seen yet), never too low."""
+        return self._read(uuid, generation).usages()
+
+    def _read(self, uuid: str, generation: int) -> ProviderRead:
+        now = self.clock()
+        last = self._reads.get(uuid)
+        if last is None or needs_reading(last, generation, uuid in self._touched, now,
+                                         self.refresh_interval):
+            resources = {consumer: dict(body["resources"]) for consumer, body
+                         in self.client.get_provider_allocations(uuid).items()}
+            last = self._reads[uuid] = ProviderRead(generation, resources, now)
+            self._touched.discard(uuid)
+        return last
 
 
 def move_allocations(placement: PlacementClient, source_consumer: str,

@@ -246,11 +246,6 @@ class PlacementClient:
         return self._call("GET", f"/resource_providers/{uuid}/allocations"
                           )["allocations"]
 
-    def get_usages(self, uuid: str) -> tuple[int, dict[str, int]]:
-        """(the provider's generation, class -> amount allocated)"""
-        doc = self._call("GET", f"/resource_providers/{uuid}/usages")
-        return doc["resource_provider_generation"], doc["usages"]
-
     # --- consumers (the conductor's side) --------------------------------
 
     def get_consumer_allocations(self, consumer: str) -> dict:

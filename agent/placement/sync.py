@@ -20,9 +20,15 @@ from typing import Callable
 from agent.tree import provider_tree as pt
 from agent.exception import GenerationConflict, PlacementError
 from agent.placement.client import PlacementClient
-from agent.heal.hold import UnhealedHold
 
 LOG = logging.getLogger(__name__)
+
+
+# What may be reported of a model now, given Placement's tree and what we
+# own: the heal rule's hold (agent/heal/hold.py), which keeps new providers
+# reserved while consumers still hold their classes elsewhere.
+Hold = Callable[[pt.ProviderTree, pt.ProviderTree, Callable[[pt.Provider], bool]],
+                pt.ProviderTree]
 
 
 @dataclass
@@ -34,7 +40,7 @@ class SyncResult:
 
 
 class TreeSync:
-    def __init__(self, client: PlacementClient, root_uuid: str,
+    def __init__(self, client: PlacementClient, root_uuid: str, hold: Hold,
                  owned: Callable[[pt.Provider], bool] = lambda p: True,
                  attempts: int = 4, backoff: float = 0.1,
                  kept_retry_seconds: float = 300):
@@ -46,7 +52,7 @@ class TreeSync:
         self.owned = owned
         self.attempts = attempts
         self.backoff = backoff
-        self.unhealed = UnhealedHold(client, kept_retry_seconds)
+        self.hold = hold
         self.invalidate()
 
     def restore(self, view: pt.ProviderTree) -> None:
@@ -239,8 +245,7 @@ class TreeSync:
         """Make Placement show ``desired``. Raises PlacementUnavailable when
         Placement cannot be reached; whatever was written stays cached."""
         self.refresh()
-        desired = self.unhealed.hold(self.cache, pt.adopt_uuids(desired, self.cache),
-                                     self.owned)
+        desired = self.hold(self.cache, pt.adopt_uuids(desired, self.cache), self.owned)
         for uuid in list(self._kept):
             if uuid in desired:
                 del self._kept[uuid]

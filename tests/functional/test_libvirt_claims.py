@@ -9,6 +9,7 @@ real restart of the agent's connection.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import subprocess
 import sys
 import time
@@ -183,7 +184,7 @@ def test_audit_reports_a_guest_deleted_behind_the_agents_back(host):
     assert host.agent.manager.tracker.snapshot()[1] == held
     # Once the assignments have been unchanged for longer, fixing gives the
     # devices back.
-    host.agent.orphan_grace_period = 0.5
+    host.agent.settings = replace(host.agent.settings, orphan_grace_period=0.5)
     time.sleep(0.6)
     report = host.agent.reconcile(at_start=False, fix=False)
     assert [(f.kind, f.subject) for f in report.findings] == [

@@ -13,6 +13,7 @@ next cycle then reconnects and reads the new host.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import logging
 
 import pytest
@@ -195,7 +196,7 @@ def test_agent_thread_runs_on_the_libvirt_driver(host):
     """start()/stop() own the driver. start() itself runs the first cycle,
     so only a change made after it, reaching Placement with no cycle run by
     hand, shows that the loop's thread runs cycles."""
-    host.agent.interval = 0.2
+    host.agent.settings = replace(host.agent.settings, update_interval=0.2)
     host.agent.start()
     try:
         pf = host.p("0000:81:00.0")

@@ -7,6 +7,7 @@ subprocess. (A real QEMU guest's live migration between two libvirtds:
 test_live_migration_agents.py.)"""
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import subprocess
 import sys
@@ -315,7 +316,7 @@ def test_an_announced_move_its_conductor_left_is_ended_past_the_bound(cloud):
 
     within = a.agent.reconcile(at_start=False)
     assert within.findings == [] and cloud.allocated_on(migration)
-    a.agent.live_migration_announced_timeout = 0  # the bound has passed
+    a.agent.settings = replace(a.agent.settings, live_migration_announced_timeout=0)  # the bound has passed
     report = a.agent.reconcile(at_start=False)
     assert [(f.kind, f.fixed) for f in report.findings] == [
         ("live_migration_never_started", True)], report.as_dict()

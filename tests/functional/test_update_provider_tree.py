@@ -1,6 +1,7 @@
 """The update_provider_tree loop against a real Placement, fake driver."""
 from __future__ import annotations
 
+from dataclasses import replace
 import copy
 import logging
 import re
@@ -307,7 +308,7 @@ def test_a_write_that_loses_a_race_is_rewritten_after_a_fresh_read(
 def test_the_loop_survives_placement_going_away_and_catches_up(
         tmp_path, placement, caplog):
     agent = standard_agent(tmp_path, placement)
-    agent.interval = 0.2
+    agent.settings = replace(agent.settings, update_interval=0.2)
     agent.start()
     try:
         h = agent.policy.host

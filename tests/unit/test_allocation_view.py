@@ -1,5 +1,6 @@
 """AllocationView's rule for when a provider's allocations are read again,
-with a fake Placement client that counts the reads."""
+for the consumers the update loop reconciles and the usages the heal rule
+holds by, with a fake Placement client that counts the reads."""
 from __future__ import annotations
 
 import pytest
@@ -41,10 +42,10 @@ def setup():
 
 @pytest.mark.parametrize("last, generation, touched, now, expected", [
     (None, 1, False, 0.0, True),
-    (ProviderRead(1, frozenset(), 0.0), 1, False, 59.9, False),
-    (ProviderRead(1, frozenset(), 0.0), 2, False, 1.0, True),
-    (ProviderRead(1, frozenset(), 0.0), 1, True, 1.0, True),
-    (ProviderRead(1, frozenset(), 0.0), 1, False, 60.0, True),
+    (ProviderRead(1, {}, 0.0), 1, False, 59.9, False),
+    (ProviderRead(1, {}, 0.0), 2, False, 1.0, True),
+    (ProviderRead(1, {}, 0.0), 1, True, 1.0, True),
+    (ProviderRead(1, {}, 0.0), 1, False, 60.0, True),
 ])
 def test_needs_reading(last, generation, touched, now, expected):
     assert needs_reading(last, generation, touched, now, 60) is expected
@@ -58,14 +59,14 @@ def test_a_view_without_our_root_is_unknown_not_empty(setup):
 
 def test_unchanged_providers_are_not_read_again(setup):
     view, client, _ = setup
-    client.allocations[CELL] = {"c1": {}}
+    client.allocations[CELL] = {"c1": {"resources": {"VGPU": 1}}}
     assert view.consumers({ROOT: 1, CELL: 1}, ROOT) == {}
     assert client.reads == []
 
 
 def test_a_touch_survives_a_failed_read(setup):
     view, client, _ = setup
-    client.allocations[CELL] = {"c1": {}}
+    client.allocations[CELL] = {"c1": {"resources": {"VGPU": 1}}}
     view.touch({CELL})
     client.down = True
     with pytest.raises(PlacementUnavailable):
@@ -77,7 +78,7 @@ def test_a_touch_survives_a_failed_read(setup):
 
 def test_a_provider_gone_from_the_tree_takes_its_consumers_with_it(setup):
     view, client, _ = setup
-    client.allocations[CELL] = {"c1": {}}
+    client.allocations[CELL] = {"c1": {"resources": {"VGPU": 1}}}
     view.touch({CELL})
     assert view.consumers({ROOT: 1, CELL: 1}, ROOT) == {"c1": {CELL}}
     assert view.consumers({ROOT: 1}, ROOT) == {}
@@ -98,3 +99,23 @@ def test_clear_reads_every_provider_again(setup):
     view.clear()
     view.consumers({ROOT: 1, CELL: 1}, ROOT)
     assert sorted(client.reads) == [CELL, ROOT]
+
+
+def test_usages_sum_the_consumers_and_share_the_reads_of_consumers(setup):
+    view, client, _ = setup
+    client.allocations[CELL] = {"c1": {"resources": {"VGPU": 1, "CUSTOM_X": 2}},
+                                "c2": {"resources": {"VGPU": 3}}}
+    assert view.usages(CELL, 2) == {"VGPU": 4, "CUSTOM_X": 2}
+    assert client.reads == [CELL]
+    # The same generation: the hold and the loop share that one read.
+    assert view.consumers({ROOT: 1, CELL: 2}, ROOT) == {"c1": {CELL}, "c2": {CELL}}
+    assert view.usages(CELL, 2) == {"VGPU": 4, "CUSTOM_X": 2}
+    assert client.reads == [CELL]
+
+
+def test_usages_are_read_again_once_the_generation_moves(setup):
+    view, client, _ = setup
+    client.allocations[CELL] = {"c1": {"resources": {"VGPU": 1}}}
+    assert view.usages(CELL, 1) == {}  # as read by the fixture: none yet
+    assert view.usages(CELL, 2) == {"VGPU": 1}
+    assert client.reads == [CELL]

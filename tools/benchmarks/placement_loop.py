@@ -18,11 +18,10 @@ from agent.tree.device_spec import parse_specs
 from agent.placement.client import PlacementClient
 from agent.placement.auth import NoAuth2
 from agent.compute.manager import ComputeManager
-from agent.daemon.service import STORE_FILE, Agent
+from agent.daemon.service import STORE_FILE, Agent, placement_sync
 from agent.store.store import Store
 from agent.compute.tracker import Tracker
 from agent.testing.local_placement import LocalPlacement
-from agent.placement.sync import TreeSync
 from drivers.fake import FakeDriver
 from keystoneauth1 import adapter, session
 
@@ -47,11 +46,11 @@ def make_agent(url: str, host: dict, root_uuid: str, name: str, state_dir: Path,
                allocation_refresh_interval: float = 300) -> Agent:
     policy = TreePolicy(host=name, root_uuid=root_uuid,
                         device_specs=parse_specs(['{"vendor_id": "8086"}']))
-    return agent_on(url, host, policy, state_dir,
-                    allocation_refresh_interval=allocation_refresh_interval)
+    return agent_on(url, host, policy, state_dir, allocation_refresh_interval)
 
 
-def agent_on(url: str, host: dict, policy: TreePolicy, state_dir: Path, **options) -> Agent:
+def agent_on(url: str, host: dict, policy: TreePolicy, state_dir: Path,
+             allocation_refresh_interval: float = 300) -> Agent:
     """An agent on a fake host, with a store in ``state_dir``, synced into
     the Placement at ``url``."""
     ks = adapter.Adapter(session.Session(auth=NoAuth2(url), timeout=60),
@@ -61,8 +60,9 @@ def agent_on(url: str, host: dict, policy: TreePolicy, state_dir: Path, **option
     driver = FakeDriver(host)
     manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE), driver.boot_id()),
                              driver)
-    return Agent(driver, policy, TreeSync(PlacementClient(ks), policy.root_uuid, owned),
-                 manager=manager, **options)
+    sync, allocations = placement_sync(PlacementClient(ks), policy.root_uuid, owned,
+                                       allocation_refresh_interval)
+    return Agent(driver, policy, sync, allocations, manager)
 
 
 def first_cycle_requests(placement: LocalPlacement, agent: Agent) -> int:
