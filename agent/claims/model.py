@@ -1,4 +1,4 @@
-"""The claim model: who holds a device (an assignment) and the moves that
+"""The claim model (pure): who holds a device (an assignment) and the moves that
 pass devices between holders (migrations), with the closed sets of values
 each takes.
 

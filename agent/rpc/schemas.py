@@ -1,4 +1,4 @@
-"""What an RPC payload must be, checked whole before anything is read or
+"""What an RPC payload must be (pure rules), checked whole before anything is read or
 changed: its shape (how deep, how wide), its JSON schema, and the rules a
 schema cannot say. Every refusal is one InvalidRequest naming the field.
 """

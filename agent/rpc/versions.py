@@ -1,4 +1,4 @@
-"""The RPC API's versions, oldest first, each with what it added.
+"""The RPC API's versions, oldest first, each with what it added (pure).
 
 The rule that keeps a rolling upgrade working (N-1): a minor version only
 adds, a method or an optional argument, and the server answers every older

@@ -1,4 +1,4 @@
-"""The PCI allowlist: ``[pci] device_spec`` entries and how they match.
+"""The PCI allowlist: ``[pci] device_spec`` entries and how they match (pure).
 
 Each entry is a JSON object. Every key it sets must match:
 

@@ -1,28 +1,182 @@
-"""Which package may import which: drivers never import the agent, and the
-shared helpers in compute_common import neither, so the agent can use the
-drivers without the two depending on each other both ways."""
+"""The order of the packages, from the pure core up to the entry points
+(docs/architecture.md draws it): a module imports only from its own unit or
+from units before it, no two modules import each other however far round,
+a module marked pure imports nothing that does I/O, the conductor's side
+never imports the daemon, and drivers never import the agent.
+
+Every import counts: at module level, inside functions and under
+``if TYPE_CHECKING``, since each is a dependency a reader must follow."""
+from __future__ import annotations
+
 import ast
+import re
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+TOPS = ("agent", "drivers", "compute_common")
+
+# The declared order: a unit is a package of agent/ or one of the few
+# modules left directly in it. agent.testing stands apart (below).
+ORDER = (
+    "agent.dependencies", "agent.exception", "agent.messaging", "agent.config",
+    "agent.claims", "agent.tree", "agent.store", "agent.metrics", "agent.placement",
+    "agent.moves", "agent.compute", "agent.heal", "agent.health", "agent.rpc",
+    "agent.conductor", "agent.rpcapi", "agent.daemon", "agent.reports", "agent.cmd",
+)
+# Libraries that talk to the world: a pure module reaches none of them,
+# directly or through what it imports.
+IO_LIBRARIES = frozenset({"requests", "libvirt", "sqlite3", "oslo_messaging", "kombu",
+                          "keystoneauth1", "socket", "subprocess", "urllib", "http"})
 
 
-def imported_packages(package: str) -> dict[str, set[str]]:
-    """Each module file under ``package`` -> the top-level packages it
-    imports (absolute imports only; the code uses no relative ones)."""
+@cache
+def modules() -> dict[str, Path]:
     found = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
-        names = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(ROOT))] = names
+    for top in TOPS:
+        for path in (ROOT / top).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
     return found
+
+
+def _owner(name: str) -> str | None:
+    """The module of ours that ``name`` (a module or a name in one) is."""
+    while name and name not in modules():
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@cache
+def imports(module: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(the modules of ours ``module`` imports, the other top-level
+    packages it imports)."""
+    ours, others = set(), set()
+    for node in ast.walk(ast.parse(modules()[module].read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{module}: relative import"
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            owner = _owner(name)
+            if owner is None:
+                others.add(name.split(".")[0])
+            elif owner != module and not module.startswith(owner + "."):
+                ours.add(owner)
+    return frozenset(ours), frozenset(others)
+
+
+def reached(module: str) -> set[str]:
+    """Every module of ours that importing ``module`` imports."""
+    seen, todo = set(), [module]
+    while todo:
+        for target in imports(todo.pop())[0]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def unit(module: str) -> str | None:
+    return next((u for u in ORDER if module == u or module.startswith(u + ".")), None)
+
+
+def imports_running_back_up() -> list[str]:
+    found = []
+    for module in sorted(modules()):
+        here = unit(module)
+        for target in sorted(imports(module)[0]):
+            there = unit(target)
+            if here and there and ORDER.index(there) > ORDER.index(here):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def circles() -> list[list[str]]:
+    """The groups of modules that import each other, however far round."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in imports(module)[0]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(modules()):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def marked_pure(module: str) -> bool:
+    """Its docstring's first paragraph says it is pure."""
+    doc = ast.get_docstring(ast.parse(modules()[module].read_text())) or ""
+    return re.search(r"\bpure\b", doc.split("\n\n")[0], re.IGNORECASE) is not None
+
+
+def test_every_module_of_the_agent_is_in_a_declared_unit():
+    loose = [m for m in modules() if m.startswith("agent.") and unit(m) is None
+             and not m.startswith("agent.testing")]
+    assert loose == []
+
+
+def test_no_import_runs_back_up_the_declared_order():
+    assert imports_running_back_up() == []
+
+
+def test_no_modules_import_each_other():
+    assert circles() == []
+
+
+def test_the_core_is_marked_pure():
+    """The marks the next test relies on: losing one is a change to see."""
+    pure = {m for m in modules() if m.startswith("agent.") and marked_pure(m)}
+    assert {"agent.claims.model", "agent.claims.choice", "agent.tree.provider_tree",
+            "agent.tree.host_tree", "agent.heal.rules", "agent.heal.realign",
+            "agent.moves.evacuation", "agent.moves.live_migration",
+            "agent.health.rules", "agent.reports.status", "agent.reports.tree",
+            "agent.store.rebuild", "agent.store.adoption"} <= pure
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if marked_pure(m)))
+def test_a_pure_module_reaches_no_io_library(module):
+    reaching = {m: sorted(imports(m)[1] & IO_LIBRARIES)
+                for m in {module} | reached(module) if imports(m)[1] & IO_LIBRARIES}
+    assert reaching == {}
+
+
+def test_the_conductors_side_never_imports_the_daemon():
+    conductor = [m for m in modules() if unit(m) in ("agent.conductor", "agent.rpcapi")]
+    assert conductor
+    assert {m: sorted(d for d in reached(m) if unit(d) == "agent.daemon")
+            for m in conductor} == {m: [] for m in conductor}
+
+
+def test_the_testing_helpers_stand_apart_from_the_agent():
+    """agent.testing (a local Placement, a fault proxy) is for tests and
+    tools: the agent never imports it, and it imports none of the agent."""
+    testing = {m for m in modules() if m.startswith("agent.testing")}
+    assert {m for m in modules() if m not in testing
+            and imports(m)[0] & testing} == set()
+    assert {m for m in testing if imports(m)[0] - testing} == set()
 
 
 @pytest.mark.parametrize("package,forbidden", [
@@ -30,8 +184,27 @@ def imported_packages(package: str) -> dict[str, set[str]]:
     ("compute_common", {"agent", "drivers"}),
 ])
 def test_package_does_not_import(package, forbidden):
-    modules = imported_packages(package)
-    assert modules, f"no modules found under {package}"
-    offenders = {path: sorted(names & forbidden)
-                 for path, names in modules.items() if names & forbidden}
-    assert offenders == {}
+    own = [m for m in modules() if m.split(".")[0] == package]
+    assert own, f"no modules found under {package}"
+    offenders = {m: sorted(t for t in imports(m)[0] if t.split(".")[0] in forbidden)
+                 for m in own}
+    assert {m: found for m, found in offenders.items() if found} == {}
+
+
+def test_every_package_says_what_it_holds_and_may_import():
+    packages = [m for m, path in modules().items() if path.name == "__init__.py"
+                and m.startswith("agent")]
+    assert [p for p in packages if not ast.get_docstring(
+        ast.parse(modules()[p].read_text()))] == []
+
+
+def test_the_conductors_import_path_names_the_client_and_the_live_migration_run():
+    """agent.rpcapi is what conductors import (docs/architecture.md):
+    stable across the move of its parts into their packages."""
+    from agent import rpcapi
+    from agent.conductor.live_migration import live_migrate_instance
+    from agent.placement.allocations import move_allocations
+    from agent.rpc.client import ComputeAgentAPI
+    assert (rpcapi.ComputeAgentAPI, rpcapi.move_allocations,
+            rpcapi.live_migrate_instance) == (ComputeAgentAPI, move_allocations,
+                                              live_migrate_instance)
