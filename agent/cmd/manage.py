@@ -49,7 +49,8 @@ from pathlib import Path
 from oslo_config import cfg
 
 from agent.store import node_identity
-from agent.store import store as state
+from agent.store.store import (SCHEMA_VERSION, StoreError, create_filled, inspect_store,
+                               new_assignment_id)
 from agent.store import lock as state_lock
 from agent.reports import probes as status_probes
 from agent.reports.probes import read_beside_agent, tree_report
@@ -89,7 +90,7 @@ def tree(conf: cfg.ConfigOpts) -> int:
     created, nothing written to Placement."""
     try:
         report = read_beside_agent(conf, tree_report)
-    except (AgentError, state.StoreError, DriverUnavailable) as e:
+    except (AgentError, StoreError, DriverUnavailable) as e:
         return report_error(e, Verdict.UNKNOWN, conf.command.json, prefix="tree unknown: ")
     if conf.command.json:
         print_output(json.dumps(report.as_dict(), indent=2, sort_keys=True))
@@ -166,7 +167,7 @@ def audit(conf: cfg.ConfigOpts) -> int:
     """Read-only, beside a running agent: no lock, nothing created."""
     try:
         report = read_beside_agent(conf, audit_report)
-    except (AgentError, state.StoreError, DriverUnavailable) as e:
+    except (AgentError, StoreError, DriverUnavailable) as e:
         report = Report(unknown=[str(e)])
     if conf.command.json:
         print_output(json.dumps(report.as_dict(), indent=2, sort_keys=True))
@@ -207,12 +208,12 @@ def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
                        if report.unknown else
                        tuple(f"{f.kind} {f.subject}: {f.detail}"
                              for f in report.findings if not f.fixed))
-    except (AgentError, state.StoreError, DriverUnavailable) as e:
+    except (AgentError, StoreError, DriverUnavailable) as e:
         unhealed = audit_found = unhealthy = Unknown(
             str(e).splitlines()[0])
     return status_rules.StatusFacts(
         now=time.time(), cycle_seconds=conf.update_interval + conf.update_jitter,
-        code_schema_version=state.SCHEMA_VERSION,
+        code_schema_version=SCHEMA_VERSION,
         hypervisor=status_probes.hypervisor(conf), keystone=keystone,
         placement=placement, broker=status_probes.broker(conf),
         store=status_probes.store(Path(conf.state_path) / STORE_FILE),
@@ -228,7 +229,7 @@ def rebuild_store(conf: cfg.ConfigOpts) -> int:
     if root_uuid is None:
         raise AgentError(f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
                          "no root provider to rebuild the store for")
-    found = state.inspect_store(path)
+    found = inspect_store(path)
     if found.file is StoreFile.VALID:
         raise AgentError(f"store {path} is there and valid: it is never overwritten "
                          "(move it aside first if it is behind)")
@@ -246,7 +247,7 @@ def rebuild_store(conf: cfg.ConfigOpts) -> int:
     if conf.command.dry_run:
         print(f"dry run: {path} not written")
         return 0
-    state.create_filled(path, root_uuid, rebuilt.instances, rebuilt.assignments)
+    create_filled(path, root_uuid, rebuilt.instances, rebuilt.assignments)
     print(f"{path} rebuilt: {len(rebuilt.instances)} instances, "
           f"{len(rebuilt.assignments)} assignments")
     return 0
@@ -268,7 +269,7 @@ def _plan_from_host(conf: cfg.ConfigOpts, driver, client: PlacementClient,
     names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
     return plan_rebuild(guests, tree_allocations(client, root_uuid),
                         built.pools_by_uuid(names), driver.boot_id(),
-                        state.new_assignment_id)
+                        new_assignment_id)
 
 
 def _describe_rebuild(rebuilt: RebuiltStore) -> list[str]:
@@ -361,7 +362,7 @@ def main(argv=None) -> int:
         if conf.command.name == "upgrade-check":
             return upgrade_check.run(conf)
         return tree(conf)
-    except (StateDirectoryInUse, StateDirectoryUnusable, state.StoreError) as e:
+    except (StateDirectoryInUse, StateDirectoryUnusable, StoreError) as e:
         return exit_store_error(e, as_json)
     except AgentError as e:
         return report_error(e, 1, as_json, prefix="")

@@ -28,7 +28,8 @@ from oslo_upgradecheck import upgradecheck
 from oslo_upgradecheck.upgradecheck import Code, Result
 
 from agent.store import node_identity
-from agent.store import store as state
+from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_migrations, inspect_store,
+                               stored_schema_version)
 from agent.claims.model import Migration
 from agent.reports.probes import read_beside_agent, tree_report
 from agent.exception import AgentError
@@ -47,7 +48,7 @@ CHECK_BROKE = 255
 
 def schema_result(found: int, ours: int, migrations: Collection[int]) -> Result:
     """A store at schema ``found``, this code at ``ours`` with the steps in
-    ``migrations`` (version -> its migration, state.MIGRATIONS)."""
+    ``migrations`` (version -> its migration, MIGRATIONS)."""
     if found > ours:
         return Result(Code.FAILURE, f"the store's schema version {found} is newer "
                       f"than this version's {ours}: the agent would refuse to open "
@@ -104,7 +105,7 @@ class UpgradeChecks(upgradecheck.UpgradeCommands):
 
     def _store_file(self) -> StoreFile:
         """What is at the store's path; raises StoreError when unusable."""
-        facts = state.inspect_store(self.store_path)
+        facts = inspect_store(self.store_path)
         if facts.file is StoreFile.CORRUPT:
             raise StoreError(f"store {self.store_path} is unusable: {facts.detail}")
         return facts.file
@@ -114,10 +115,10 @@ class UpgradeChecks(upgradecheck.UpgradeCommands):
             if self._store_file() is not StoreFile.VALID:
                 return Result(Code.SUCCESS, f"no store yet at {self.store_path}: "
                               "this version creates it")
-            found = state.stored_schema_version(self.store_path)
+            found = stored_schema_version(self.store_path)
         except StoreError as e:
             return cannot_tell("the store", e)
-        return schema_result(found, state.SCHEMA_VERSION, state.MIGRATIONS)
+        return schema_result(found, SCHEMA_VERSION, MIGRATIONS)
 
     def check_unhealed(self) -> Result:
         conf = self.conf
@@ -134,9 +135,9 @@ class UpgradeChecks(upgradecheck.UpgradeCommands):
         try:
             if self._store_file() is not StoreFile.VALID:
                 return Result(Code.SUCCESS, "no store yet: no move")
-            store = state.Store(self.store_path, read_only=True)
+            store = Store(self.store_path, read_only=True)
             try:
-                migrations = store.read(state.migrations)
+                migrations = store.read(all_migrations)
             finally:
                 store.close()
         except StoreError as e:

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from agent.store import store as state
+from agent.store.store import live_changed_at, migrations_changed_at
 from agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
@@ -402,11 +402,11 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
     p = Pass(manager, Report(), fix, at_start, instances, rows,
              {m.instance_uuid: m for m in moves.values() if m.open}, dict(moves),
              {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
-             tracker.store.read(state.live_changed_at) if grace else {}, time.time(),
+             tracker.store.read(live_changed_at) if grace else {}, time.time(),
              frozenset(adopted), elsewhere, drop_evacuation_hold,
              {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())},
              evacuation_holds,
-             tracker.store.read(state.migrations_changed_at)
+             tracker.store.read(migrations_changed_at)
              if any(m.state is MigrationState.ANNOUNCED for m in moves.values()) else {},
              announced_timeout, end_announced_move)
     for uuid in sorted(instances):

@@ -23,7 +23,10 @@ import uuid as uuid_lib
 from collections import defaultdict
 from typing import Callable
 
-from agent.store import store as state
+from agent.store.store import (Statement, all_instances, all_migrations, delete_instance_sql,
+                               delete_migration_sql, insert_assignments_sql, live_assignments,
+                               new_assignment_id, put_instance_sql, put_migration_sql,
+                               realign_assignments_sql, update_assignments_sql)
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
 from agent.claims.choice import (HeldDevices, InstanceSpec, Pool, choose,
@@ -64,7 +67,7 @@ class Tracker:
 
     def _load(self) -> None:
         live, instances, migrations = self.store.read(
-            lambda c: (state.live_assignments(c), state.instances(c), state.migrations(c)))
+            lambda c: (live_assignments(c), all_instances(c), all_migrations(c)))
         self._instances = instances
         self._migrations = migrations
         self._index(live)
@@ -125,19 +128,19 @@ class Tracker:
         for uuid in forgotten:
             del self._migrations[uuid]
 
-        write: list[state.Statement] = []
+        write: list[Statement] = []
         for uuid, spec in (instances or {}).items():
-            write.append(state.put_instance_sql(uuid, spec))
+            write.append(put_instance_sql(uuid, spec))
         if new_rows:
-            write.append(state.insert_assignments_sql(list(new_rows)))
+            write.append(insert_assignments_sql(list(new_rows)))
         if rows:
-            write.append(state.update_assignments_sql(list(rows)))
+            write.append(update_assignments_sql(list(rows)))
         if migration:
-            write.append(state.put_migration_sql(migration))
+            write.append(put_migration_sql(migration))
         if forget_instance:
-            write.extend(state.delete_instance_sql(forget_instance, forget_moves))
+            write.extend(delete_instance_sql(forget_instance, forget_moves))
         if withdrawn_move:
-            write.append(state.delete_migration_sql(withdrawn_move))
+            write.append(delete_migration_sql(withdrawn_move))
 
         def undo():
             # Run by the store's writer when the write fails. Only what this
@@ -182,7 +185,7 @@ class Tracker:
     def _choose_rows(self, instance_uuid: str, allocations, consumer: str,
                      migration_uuid: str | None) -> list[Assignment]:
         wanted = parse_allocations(allocations, self._pools)
-        rows = [Assignment(state.new_assignment_id(), consumer, instance_uuid,
+        rows = [Assignment(new_assignment_id(), consumer, instance_uuid,
                            Owner.INSTANCE, migration_uuid, c.resource_class,
                            c.provider_uuid, c.kind, c.device_id, c.amount,
                            AssignmentState.CLAIMING, self.boot_id, c.detail)
@@ -267,7 +270,7 @@ class Tracker:
                     self._index([old for old, _ in done])
 
             return Decision([new for _, new in done],
-                            [state.realign_assignments_sql([new for _, new in done])],
+                            [realign_assignments_sql([new for _, new in done])],
                             undo)
 
         return self._run("realign", decide)

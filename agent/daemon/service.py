@@ -17,7 +17,8 @@ from oslo_config import cfg
 from agent.rpc import broker
 from agent.daemon import cycle_record
 from agent.store import node_identity
-from agent.store import store as state
+from agent.store.store import (Store, StoreError, create_filled, inspect_store, new_assignment_id,
+                               placement_view, put_placement_view_sql)
 from agent.store import check as store_check
 from agent.store.adoption import AdoptionRefused, plan_adoption
 from agent.placement.allocations import AllocationView, tree_allocations
@@ -78,11 +79,11 @@ BROKER_PROBE_TIMEOUT_SECONDS = 5
 UPDATE_THREAD = "update-provider-tree"
 
 
-def saved_view(store: state.Store) -> ProviderTree:
+def saved_view(store: Store) -> ProviderTree:
     """The view of Placement an earlier run saved; an empty one when it
     does not form a tree (Placement is then read afresh)."""
     try:
-        return ProviderTree.parents_first(store.read(state.placement_view))
+        return ProviderTree.parents_first(store.read(placement_view))
     except ValueError as e:
         LOG.warning("Saved view of Placement unusable, reading it afresh: %s", e)
         return ProviderTree()
@@ -136,7 +137,7 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
         names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
         plan = plan_adoption(reading.foreign, reading.allocations,
                              built.pools_by_uuid(names), driver.boot_id(),
-                             state.new_assignment_id)
+                             new_assignment_id)
     except DriverUnavailable as e:
         raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
                                        f"be adopted: the hypervisor did not answer "
@@ -151,7 +152,7 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
     for line in plan.skipped:
         LOG.warning("Adoption: %s", line)
     store = plan.store
-    state.create_filled(path, root_uuid, store.instances, store.assignments)
+    create_filled(path, root_uuid, store.instances, store.assignments)
     for uuid, spec in sorted(store.instances.items()):
         held = [a for a in store.assignments if a.instance_uuid == uuid]
         LOG.info("Adopted instance %s (%s): %s", uuid, spec["name"], ", ".join(
@@ -164,14 +165,14 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
 
 def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
                driver: ComputeDriver, client: PlacementClient,
-               holder: bool = True, policy: TreePolicy | None = None) -> state.Store:
+               holder: bool = True, policy: TreePolicy | None = None) -> Store:
     """The store, once judged this host's (store_check): opened, created
     for a new host, or created holding the guests of the host it adopts
     (``policy`` needed then). Raises StoreRefused with the line(s) that say
     why not. ``holder``: the caller holds the state directory's lock
     (state_lock); any other caller gets the store read-only, and never a
     new one."""
-    facts = state.inspect_store(path)
+    facts = inspect_store(path)
     reading = (host_facts(driver, client, root_uuid, compute_id_existed)
                if store_check.needs_host_facts(facts)
                else HostReading(store_check.HostFacts(root_uuid, compute_id_existed,
@@ -190,8 +191,8 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
                  "store yet", len(reading.foreign))
         adopt(path, root_uuid, reading, driver, client, policy)
     if not holder:
-        return state.Store(path, read_only=True)
-    return state.Store(path, root_uuid)
+        return Store(path, read_only=True)
+    return Store(path, root_uuid)
 
 
 def _last_success_recorded(path: Path | None) -> float | None:
@@ -364,9 +365,9 @@ class Agent:
         if self.manager is not None and (view != self._saved_view
                                          or not self._view_saved):
             try:
-                self.manager.tracker.store.write(state.put_placement_view_sql(view))
+                self.manager.tracker.store.write(put_placement_view_sql(view))
                 self._view_saved = True
-            except state.StoreError as e:
+            except StoreError as e:
                 self._view_saved = False
                 LOG.warning("Placement's view not saved; the next cycle tries "
                             "again: %s", e)
@@ -654,7 +655,7 @@ class Agent:
         if self.manager is not None:
             try:
                 self.manager.tracker.store.close()
-            except state.StoreError as e:
+            except StoreError as e:
                 # Everything acknowledged is on disk already; only the mark
                 # of a clean stop is missing.
                 LOG.warning("Store not marked closed; the next start treats it "

@@ -12,7 +12,7 @@ from oslo_config import cfg
 
 from agent.rpc import broker as broker_probe
 from agent.daemon import cycle_record
-from agent.store import store as state
+from agent.store.store import StoreError, inspect_store, schema_version
 from agent.dependencies import Dependency, Probe, Unknown
 from agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
 from agent.daemon.service import Agent, load_driver
@@ -86,8 +86,8 @@ def store(path: Path) -> StoreHealth:
     """The store opened read-only, beside the agent that writes it: its
     schema version and SQLite's full integrity check."""
     try:
-        found = state.inspect_store(path)
-    except state.StoreError as e:
+        found = inspect_store(path)
+    except StoreError as e:
         return StoreHealth(str(path), str(e).removeprefix(f"store {path}: "))
     if found.file in (StoreFile.ABSENT, StoreFile.EMPTY):
         return StoreHealth(str(path), f"{found.file.value}: the agent has not run here")
@@ -96,7 +96,7 @@ def store(path: Path) -> StoreHealth:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
         try:
-            version = state.schema_version(conn)
+            version = schema_version(conn)
             rows = tuple(r[0] for r in conn.execute(
                 f"PRAGMA integrity_check({INTEGRITY_ROWS})"))
         finally:

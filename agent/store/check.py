@@ -28,7 +28,7 @@ REBUILD_HINT = "run 'compute-agent-manage rebuild-store' to rebuild it"
 
 
 class StoreFile(str, enum.Enum):
-    """What is at the store's path, as state.inspect_store found it."""
+    """What is at the store's path, as inspect_store (agent/store/store.py) found it."""
 
     ABSENT = "missing"
     EMPTY = "empty"  # zero bytes, or a database without a single table

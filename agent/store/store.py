@@ -527,12 +527,12 @@ def live_assignments(conn: sqlite3.Connection) -> list[Assignment]:
         "SELECT * FROM assignments WHERE state != 'released' ORDER BY id")]
 
 
-def instances(conn: sqlite3.Connection) -> dict[str, dict]:
+def all_instances(conn: sqlite3.Connection) -> dict[str, dict]:
     return {r["uuid"]: json.loads(r["spec"])
             for r in conn.execute("SELECT uuid, spec FROM instances")}
 
 
-def migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
+def all_migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
     return {r["uuid"]: Migration(r["uuid"], r["instance_uuid"], MoveKind(r["kind"]),
                                  MigrationRole(r["role"]), MigrationState(r["state"]),
                                  json.loads(r["old_spec"]) if r["old_spec"] else None)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import os_resource_classes as orc
 
-from agent.store import store as state
+from agent.store.store import (Assignment, Migration, all_instances, all_migrations,
+                               live_assignments)
 from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree,
                              gpu_provider_name, numa_provider_name,
@@ -133,14 +134,14 @@ class World:
         """{"pf": {"SRIOV_NET_VF": 1}} -> Placement's shape, by uuid."""
         return {self.uuid(p): {"resources": dict(r)} for p, r in wanted.items() if r}
 
-    def live(self) -> list[state.Assignment]:
-        return self.store.read(state.live_assignments)
+    def live(self) -> list[Assignment]:
+        return self.store.read(live_assignments)
 
     def instances(self) -> dict[str, dict]:
-        return self.store.read(state.instances)
+        return self.store.read(all_instances)
 
-    def migrations(self) -> dict[str, state.Migration]:
-        return self.store.read(state.migrations)
+    def migrations(self) -> dict[str, Migration]:
+        return self.store.read(all_migrations)
 
     def existing_mdevs(self) -> set[str]:
         inv = self.driver.get_host_inventory()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.cmd import config_check as cc
-from agent.store import store as state
+from agent.store.store import inspect_store
 from agent.cmd.common import load_config
 from agent.exception import ConfigError
 from agent.store.writer import StoreError
@@ -216,7 +216,7 @@ def test_a_store_in_the_place_of_a_directory_is_named(tmp_path):
     (tmp_path / "state.db").mkdir()
     with pytest.raises(StoreError, match=r"store .*state.db: cannot be opened: not a "
                                          r"regular file"):
-        state.inspect_store(tmp_path / "state.db")
+        inspect_store(tmp_path / "state.db")
 
 
 def test_a_store_the_agent_may_not_read_is_named(tmp_path, monkeypatch):
@@ -225,4 +225,4 @@ def test_a_store_the_agent_may_not_read_is_named(tmp_path, monkeypatch):
     path.write_bytes(b"x")
     monkeypatch.setattr(os, "access", lambda p, mode: False)
     with pytest.raises(StoreError, match=r"state.db: cannot be opened: permission denied"):
-        state.inspect_store(path)
+        inspect_store(path)

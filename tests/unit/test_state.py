@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import store as state
+from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
+                               insert_assignments_sql, live_assignments, migrate, placement_view,
+                               put_instance_sql, put_migration_sql, put_placement_view_sql,
+                               run_statements, schema_version, update_assignments_sql)
 from agent.store import lock as state_lock
 from agent.tree.provider_tree import Provider, inventory
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.store.store import Store, StoreError, inspect_store
+from agent.store.store import StoreError, inspect_store
 from agent.store.check import StoreFile
 from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
@@ -60,8 +63,8 @@ def test_file_wal_and_shm_are_private_whatever_the_umask(tmp_path, umask):
         path = tmp_path / "new-dir" / "state.db"
         s = Store(path)
         try:
-            s.write(lambda c: state.run_statements(c, [state.put_instance_sql(str(uuid.uuid4()), {"name": "a"})]))
-            s.read(state.instances)  # a reader connection too
+            s.write(lambda c: run_statements(c, [put_instance_sql(str(uuid.uuid4()), {"name": "a"})]))
+            s.read(all_instances)  # a reader connection too
             wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
             assert wal.exists() and shm.exists()
             assert mode(path) == 0o600
@@ -93,18 +96,18 @@ def test_writer_and_reader_connections_are_wal_and_synchronous_full(store):
 # --- schema versions --------------------------------------------------------------
 
 def test_migrations_are_contiguous_up_to_the_current_version():
-    assert sorted(state.MIGRATIONS) == list(range(1, state.SCHEMA_VERSION + 1))
+    assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
 
 def test_new_store_is_at_the_current_version(store):
-    assert store.read(state.schema_version) == state.SCHEMA_VERSION
+    assert store.read(schema_version) == SCHEMA_VERSION
 
 
 def _make_v1(path: Path) -> dict:
     """A database as the version-1 agent left it, with a row in every table."""
     conn = sqlite3.connect(path, isolation_level=None)
-    assert state.migrate(conn, target=1) == 1
-    assert state.schema_version(conn) == 1
+    assert migrate(conn, target=1) == 1
+    assert schema_version(conn) == 1
     assert not conn.execute(
         "SELECT 1 FROM sqlite_master WHERE name='providers'").fetchone()
     inst = str(uuid.uuid4())
@@ -115,9 +118,9 @@ def _make_v1(path: Path) -> dict:
                        st=AssignmentState.CLAIMING),
             assignment(device="0000:81:10.1", instance=inst, st=AssignmentState.RELEASED)]
     conn.execute("BEGIN")
-    state.run_statements(conn, [state.put_instance_sql(inst, {"name": "old", "vcpus": 1, "memory_mb": 512})])
-    state.run_statements(conn, [state.insert_assignments_sql(rows)])
-    state.run_statements(conn, [state.put_migration_sql(Migration(
+    run_statements(conn, [put_instance_sql(inst, {"name": "old", "vcpus": 1, "memory_mb": 512})])
+    run_statements(conn, [insert_assignments_sql(rows)])
+    run_statements(conn, [put_migration_sql(Migration(
         mig, inst, MoveKind.RESIZE, MigrationRole.BOTH, MigrationState.ACTIVE,
         {"name": "old", "vcpus": 1, "memory_mb": 256}))])
     conn.execute("COMMIT")
@@ -130,14 +133,14 @@ def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
     made = _make_v1(path)
     s = Store(path)
     try:
-        assert s.read(state.schema_version) == state.SCHEMA_VERSION
-        live = s.read(state.live_assignments)
+        assert s.read(schema_version) == SCHEMA_VERSION
+        live = s.read(live_assignments)
         assert live == sorted([a for a in made["rows"] if a.state is not AssignmentState.RELEASED],
                               key=lambda a: a.id)
         assert [a.detail for a in live] == [DeviceDetail(numa_node=0)] * 2
-        assert s.read(state.instances) == {
+        assert s.read(all_instances) == {
             made["instance"]: {"name": "old", "vcpus": 1, "memory_mb": 512}}
-        m = s.read(state.migrations)[made["migration"]]
+        m = s.read(all_migrations)[made["migration"]]
         assert (m.kind, m.role, m.state, m.old_spec) == (
             MoveKind.RESIZE, MigrationRole.BOTH, MigrationState.ACTIVE,
             {"name": "old", "vcpus": 1, "memory_mb": 256})
@@ -146,19 +149,19 @@ def test_version_1_store_upgrades_on_open_and_keeps_its_rows(tmp_path):
         # v5: the migrations' table takes a live migration's announced state.
         announced = Migration(str(uuid.uuid4()), made["instance"], MoveKind.LIVE_MIGRATION,
                               MigrationRole.SOURCE, MigrationState.ANNOUNCED)
-        s.write([state.put_migration_sql(announced)])
-        assert s.read(state.migrations)[announced.uuid] == announced
+        s.write([put_migration_sql(announced)])
+        assert s.read(all_migrations)[announced.uuid] == announced
         # The later tables are there and usable.
-        s.write(state.put_placement_view_sql(VIEW))
-        assert s.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
+        s.write(put_placement_view_sql(VIEW))
+        assert s.read(placement_view) == sorted(VIEW, key=lambda p: p.uuid)
     finally:
         s.close()
     # And a second open is a no-op upgrade that keeps everything.
     s = Store(path)
     try:
-        assert s.read(state.schema_version) == state.SCHEMA_VERSION
-        assert s.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
-        assert len(s.read(state.live_assignments)) == 2
+        assert s.read(schema_version) == SCHEMA_VERSION
+        assert s.read(placement_view) == sorted(VIEW, key=lambda p: p.uuid)
+        assert len(s.read(live_assignments)) == 2
     finally:
         s.close()
 
@@ -168,13 +171,13 @@ def test_version_2_provider_names_become_the_placement_view(tmp_path):
     (so that the first refresh reads each of them again)."""
     path = tmp_path / "state.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    state.migrate(conn, target=2)
+    migrate(conn, target=2)
     conn.execute("INSERT INTO providers VALUES ('cmp1', ?), ('cmp1_numa_0', ?)",
                  (PROVIDER, OTHER_PROVIDER))
     conn.close()
     s = Store(path)
     try:
-        assert s.read(state.placement_view) == sorted(
+        assert s.read(placement_view) == sorted(
             [Provider(PROVIDER, "cmp1"), Provider(OTHER_PROVIDER, "cmp1_numa_0")],
             key=lambda p: p.uuid)
         assert not s.read(lambda c: c.execute(
@@ -188,47 +191,47 @@ def test_version_3_host_rows_become_host_resources_that_many_share(tmp_path):
     them, and its one-live-holder index still lets every instance hold some."""
     path = tmp_path / "state.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    state.migrate(conn, target=3)
+    migrate(conn, target=3)
     disk = [assignment(device="host", rc="DISK_GB", kind=DeviceKind.NUMA) for _ in range(2)]
     cell = assignment(device="0", rc="VCPU", kind=DeviceKind.NUMA)
     vf = assignment()
     conn.execute("BEGIN")
-    state.run_statements(conn, [state.insert_assignments_sql(disk + [cell, vf])])
+    run_statements(conn, [insert_assignments_sql(disk + [cell, vf])])
     conn.execute("COMMIT")
     conn.close()
     s = Store(path)
     try:
-        kinds = {a.id: a.kind for a in s.read(state.live_assignments)}
+        kinds = {a.id: a.kind for a in s.read(live_assignments)}
         assert kinds == {disk[0].id: DeviceKind.HOST_RESOURCES,
                          disk[1].id: DeviceKind.HOST_RESOURCES,
                          cell.id: DeviceKind.NUMA, vf.id: DeviceKind.VF}
         more = assignment(device="host", rc="DISK_GB", kind=DeviceKind.HOST_RESOURCES)
-        s.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([more])]))
+        s.write(lambda c: run_statements(c, [insert_assignments_sql([more])]))
         with pytest.raises(sqlite3.IntegrityError):  # devices are still exclusive
-            s.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(
+            s.write(lambda c: run_statements(c, [insert_assignments_sql(
                 [assignment()])]))
     finally:
         s.close()
 
 
 def test_the_placement_view_is_kept_whole(store):
-    store.write(state.put_placement_view_sql(VIEW))
-    assert store.read(state.placement_view) == sorted(VIEW, key=lambda p: p.uuid)
+    store.write(put_placement_view_sql(VIEW))
+    assert store.read(placement_view) == sorted(VIEW, key=lambda p: p.uuid)
     smaller = VIEW[:1]
-    store.write(state.put_placement_view_sql(smaller))
-    assert store.read(state.placement_view) == smaller
+    store.write(put_placement_view_sql(smaller))
+    assert store.read(placement_view) == smaller
 
 
-@pytest.mark.parametrize("start", range(0, state.SCHEMA_VERSION))
+@pytest.mark.parametrize("start", range(0, SCHEMA_VERSION))
 def test_every_version_upgrades_to_the_current_one(tmp_path, start):
     path = tmp_path / "state.db"
     conn = sqlite3.connect(path, isolation_level=None)
     if start:
-        state.migrate(conn, target=start)
+        migrate(conn, target=start)
     conn.close()
     s = Store(path)
     try:
-        assert s.read(state.schema_version) == state.SCHEMA_VERSION
+        assert s.read(schema_version) == SCHEMA_VERSION
     finally:
         s.close()
 
@@ -237,14 +240,14 @@ def test_store_newer_than_the_code_is_refused_and_left_alone(tmp_path):
     path = tmp_path / "state.db"
     s = Store(path)
     s.write(lambda c: c.execute("UPDATE meta SET value=? WHERE key='schema_version'",
-                                (str(state.SCHEMA_VERSION + 1),)))
+                                (str(SCHEMA_VERSION + 1),)))
     s.close()
     before = path.read_bytes()
     with pytest.raises(StoreError, match="newer"):
         Store(path)
     conn = sqlite3.connect(path)
     try:
-        assert state.schema_version(conn) == state.SCHEMA_VERSION + 1
+        assert schema_version(conn) == SCHEMA_VERSION + 1
     finally:
         conn.close()
     assert path.read_bytes() == before
@@ -253,10 +256,10 @@ def test_store_newer_than_the_code_is_refused_and_left_alone(tmp_path):
 def test_migrate_refuses_to_go_backwards(tmp_path):
     conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
     try:
-        state.migrate(conn)
+        migrate(conn)
         with pytest.raises(StoreError):
-            state.migrate(conn, target=1)
-        assert state.schema_version(conn) == state.SCHEMA_VERSION
+            migrate(conn, target=1)
+        assert schema_version(conn) == SCHEMA_VERSION
     finally:
         conn.close()
 
@@ -267,7 +270,7 @@ def test_write_returns_the_jobs_result(store):
     inst = str(uuid.uuid4())
 
     def job(c):
-        state.run_statements(c, [state.put_instance_sql(inst, {"name": "x"})])
+        run_statements(c, [put_instance_sql(inst, {"name": "x"})])
         return ("done", c.execute("SELECT count(*) FROM instances").fetchone()[0])
 
     assert store.write(job) == ("done", 1)
@@ -290,7 +293,7 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
 
     def make_job(i):
         def job(c):
-            state.run_statements(c, [state.put_instance_sql(uuids[i], {"name": f"i{i}"})])
+            run_statements(c, [put_instance_sql(uuids[i], {"name": f"i{i}"})])
             if i == bad_index:
                 raise Boom("deliberate")
             return i * 10
@@ -316,7 +319,7 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
     assert set(errors) == {bad_index}
     assert isinstance(errors[bad_index], Boom)
     assert results == {i: i * 10 for i in range(n) if i != bad_index}
-    stored = store.read(state.instances)
+    stored = store.read(all_instances)
     assert set(stored) == {u for i, u in enumerate(uuids) if i != bad_index}
     # Visible to a connection that is not the store's.
     raw = sqlite3.connect(store.path)
@@ -329,7 +332,7 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
 def test_an_integrity_error_in_one_job_spares_the_others(store):
     """A job hitting the one-live-holder index in a batch with others."""
     first = assignment(device="0000:81:10.5")
-    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
+    store.write(lambda c: run_statements(c, [insert_assignments_sql([first])]))
     gate = hold_writer(store._commits)
     clash = assignment(device="0000:81:10.5")
     fine = [assignment(device=f"0000:81:11.{i}") for i in range(5)]
@@ -337,7 +340,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
 
     def write(name, rows):
         try:
-            store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(rows)]))
+            store.write(lambda c: run_statements(c, [insert_assignments_sql(rows)]))
             outcome[name] = "ok"
         except sqlite3.IntegrityError:
             outcome[name] = "refused"
@@ -352,7 +355,7 @@ def test_an_integrity_error_in_one_job_spares_the_others(store):
     for t in threads:
         t.join(10)
     assert outcome == {"clash": "refused", **{f"fine{i}": "ok" for i in range(4)}}
-    live = {a.device_id for a in store.read(state.live_assignments)}
+    live = {a.device_id for a in store.read(live_assignments)}
     # fine[0] went in with the clash, so it went out with it.
     assert live == {"0000:81:10.5"} | {a.device_id for a in fine[1:]}
 
@@ -362,18 +365,18 @@ def test_a_malformed_write_fails_alone_and_the_store_goes_on(store):
     it fails with its own error, the others land, the committer lives."""
     gate = hold_writer(store._commits)
     good = [str(uuid.uuid4()) for _ in range(3)]
-    jobs = [store.submit([state.put_instance_sql(u, {"name": "ok"})]) for u in good[:2]]
+    jobs = [store.submit([put_instance_sql(u, {"name": "ok"})]) for u in good[:2]]
     bad = store.submit([("INSERT INTO instances VALUES (?, ?, ?)", 5)])
-    jobs.append(store.submit([state.put_instance_sql(good[2], {"name": "ok"})]))
+    jobs.append(store.submit([put_instance_sql(good[2], {"name": "ok"})]))
     gate.set()
     for job in jobs:
         job.wait()
     with pytest.raises(TypeError):
         bad.wait()
-    assert set(store.read(state.instances)) == set(good)
+    assert set(store.read(all_instances)) == set(good)
     later = str(uuid.uuid4())
-    store.write([state.put_instance_sql(later, {"name": "later"})])
-    assert later in store.read(state.instances)
+    store.write([put_instance_sql(later, {"name": "later"})])
+    assert later in store.read(all_instances)
 
 
 def test_many_concurrent_writers_all_land(store):
@@ -384,7 +387,7 @@ def test_many_concurrent_writers_all_land(store):
         try:
             for i in range(per_thread):
                 got = store.write(lambda c, t=t, i=i: (
-                    state.run_statements(c, [state.put_instance_sql(str(uuid.UUID(int=t * 1000 + i + 1)),
+                    run_statements(c, [put_instance_sql(str(uuid.UUID(int=t * 1000 + i + 1)),
                                        {"t": t, "i": i})]), (t, i))[1])
                 assert got == (t, i)
         except BaseException as e:  # noqa: BLE001
@@ -396,23 +399,23 @@ def test_many_concurrent_writers_all_land(store):
     for t in threads:
         t.join(30)
     assert errors == []
-    assert len(store.read(state.instances)) == n_threads * per_thread
+    assert len(store.read(all_instances)) == n_threads * per_thread
 
 
 # --- the one-live-holder index ------------------------------------------------------
 
 def test_a_device_has_one_live_holder_until_released(store):
     first = assignment(device="0000:81:10.3", st=AssignmentState.CLAIMING)
-    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([first])]))
+    store.write(lambda c: run_statements(c, [insert_assignments_sql([first])]))
     for st in (AssignmentState.CLAIMING, AssignmentState.CLAIMED):
         second = assignment(device="0000:81:10.3", st=st)
         with pytest.raises(sqlite3.IntegrityError):
-            store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([second])]))
+            store.write(lambda c: run_statements(c, [insert_assignments_sql([second])]))
     # claimed is live too
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
+    store.write(lambda c: run_statements(c, [update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
     with pytest.raises(sqlite3.IntegrityError):
-        store.write(lambda c: state.run_statements(
-            c, [state.insert_assignments_sql([assignment(device="0000:81:10.3")])]))
+        store.write(lambda c: run_statements(
+            c, [insert_assignments_sql([assignment(device="0000:81:10.3")])]))
     # Regression: the same device under another provider or class (a NIC
     # whose class changed, a provider moved by the tree mode) used to be
     # taken for another device. It is the same one.
@@ -420,18 +423,18 @@ def test_a_device_has_one_live_holder_until_released(store):
                   assignment(device="0000:81:10.3", rc="CUSTOM_NIC"),
                   assignment(device="0000:81:10.3", kind=DeviceKind.PCI)):
         with pytest.raises(sqlite3.IntegrityError):
-            store.write(lambda c: state.run_statements(
-                c, [state.insert_assignments_sql([other])]))
+            store.write(lambda c: run_statements(
+                c, [insert_assignments_sql([other])]))
     # Released: free for the next holder, and history may keep several.
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.RELEASED)])]))
+    store.write(lambda c: run_statements(c, [update_assignments_sql([first.with_(state=AssignmentState.RELEASED)])]))
     again = assignment(device="0000:81:10.3")
-    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([again])]))
+    store.write(lambda c: run_statements(c, [insert_assignments_sql([again])]))
     with pytest.raises(sqlite3.IntegrityError):  # a released row cannot come back
-        store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
-    store.write(lambda c: state.run_statements(c, [state.update_assignments_sql([again.with_(state=AssignmentState.RELEASED)])]))
-    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([assignment(device="0000:81:10.3",
+        store.write(lambda c: run_statements(c, [update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
+    store.write(lambda c: run_statements(c, [update_assignments_sql([again.with_(state=AssignmentState.RELEASED)])]))
+    store.write(lambda c: run_statements(c, [insert_assignments_sql([assignment(device="0000:81:10.3",
                                                                   st=AssignmentState.RELEASED)])]))
-    holders = [a for a in store.read(state.live_assignments)
+    holders = [a for a in store.read(live_assignments)
                if (a.provider_uuid, a.resource_class, a.device_id)
                == (PROVIDER, "SRIOV_NET_VF", "0000:81:10.3")]
     assert holders == []
@@ -441,8 +444,8 @@ def test_a_device_has_one_live_holder_until_released(store):
                                           (DeviceKind.HOST_RESOURCES, "host")])
 def test_counted_amounts_are_not_exclusive(store, kind, device):
     rows = [assignment(device=device, rc="VCPU", kind=kind) for _ in range(3)]
-    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql(rows)]))
-    assert len(store.read(state.live_assignments)) == 3
+    store.write(lambda c: run_statements(c, [insert_assignments_sql(rows)]))
+    assert len(store.read(live_assignments)) == 3
 
 
 # --- a device's detail ----------------------------------------------------------------
@@ -450,7 +453,7 @@ def test_counted_amounts_are_not_exclusive(store, kind, device):
 def _with_detail_text(store: Store, text: str) -> Assignment:
     row = assignment(kind=DeviceKind.PMEM, rc="CUSTOM_PMEM_NAMESPACE_4GB", device="ns0")
     store.write(lambda c: (
-        state.run_statements(c, [state.insert_assignments_sql([row])]),
+        run_statements(c, [insert_assignments_sql([row])]),
         c.execute("UPDATE assignments SET detail = ? WHERE id = ?", (text, row.id))))
     return row
 
@@ -458,17 +461,17 @@ def _with_detail_text(store: Store, text: str) -> Assignment:
 def test_a_detail_is_stored_as_its_known_fields_node_0_included(store):
     row = assignment(kind=DeviceKind.MDEV, rc="VGPU", device=str(uuid.uuid4())).with_(
         detail=DeviceDetail(numa_node=0, mdev_parent="0000:84:00.0", mdev_type="nvidia-35"))
-    store.write(lambda c: state.run_statements(c, [state.insert_assignments_sql([row])]))
+    store.write(lambda c: run_statements(c, [insert_assignments_sql([row])]))
     text = store.read(lambda c: c.execute("SELECT detail FROM assignments").fetchone()[0])
     assert json.loads(text) == {"numa_node": 0, "mdev_parent": "0000:84:00.0",
                                 "mdev_type": "nvidia-35"}
-    assert [a.detail for a in store.read(state.live_assignments)] == [row.detail]
+    assert [a.detail for a in store.read(live_assignments)] == [row.detail]
 
 
 def test_a_detail_written_as_a_plain_dict_by_an_older_agent_still_reads(store):
     _with_detail_text(store, '{"dev_path": "/dev/dax0.0", "mdev_parent": null, '
                              '"numa_node": 0, "size_bytes": 4294967296}')
-    assert [a.detail for a in store.read(state.live_assignments)] == [
+    assert [a.detail for a in store.read(live_assignments)] == [
         DeviceDetail(numa_node=0, size_bytes=4294967296, dev_path="/dev/dax0.0")]
 
 
@@ -481,7 +484,7 @@ def test_a_detail_written_as_a_plain_dict_by_an_older_agent_still_reads(store):
 def test_a_detail_that_is_not_ours_is_refused_naming_the_field(store, text, message):
     row = _with_detail_text(store, text)
     with pytest.raises(StoreError) as e:
-        store.read(state.live_assignments)
+        store.read(live_assignments)
     assert str(e.value).startswith(f"assignment {row.id}: {message}")
 
 
@@ -492,7 +495,7 @@ def _fill(s: Store, order):
                        instance=str(uuid.UUID(int=100 + i))) for i in range(4)]
     for i in order:
         s.write(lambda c, i=i: (
-            state.run_statements(c, [state.insert_assignments_sql([rows[i]])]),
+            run_statements(c, [insert_assignments_sql([rows[i]])]),
             c.execute("UPDATE assignments SET updated_at=0 WHERE id=?", (rows[i].id,)),
             c.execute("INSERT INTO instances VALUES (?, ?, 0)",
                       (rows[i].instance_uuid, json.dumps({"i": i})))))
@@ -505,7 +508,7 @@ def test_dump_is_stable(store, tmp_path):
     assert store.dump() == first
     # A refused write changes nothing.
     with pytest.raises(ValueError):
-        store.write(lambda c: (state.run_statements(c, [state.put_instance_sql(str(uuid.uuid4()), {})]),
+        store.write(lambda c: (run_statements(c, [put_instance_sql(str(uuid.uuid4()), {})]),
                                (_ for _ in ()).throw(ValueError("no"))))
     assert store.dump() == first
     # From another thread (another reader connection) and after reopening.
@@ -540,9 +543,9 @@ def test_close_is_clean(tmp_path):
     path = tmp_path / "state.db"
     s = Store(path)
     inst = str(uuid.uuid4())
-    s.write(lambda c: state.run_statements(c, [state.put_instance_sql(inst, {"name": "kept"})]))
-    s.read(state.instances)
-    t = threading.Thread(target=lambda: s.read(state.instances))  # another reader
+    s.write(lambda c: run_statements(c, [put_instance_sql(inst, {"name": "kept"})]))
+    s.read(all_instances)
+    t = threading.Thread(target=lambda: s.read(all_instances))  # another reader
     t.start()
     t.join()
     assert len(s._readers) == 2
@@ -569,7 +572,7 @@ def test_close_lets_queued_writes_finish(tmp_path):
     gate = hold_writer(s._commits)
     done = []
     writers = [threading.Thread(target=lambda i=i: done.append(s.write(
-        lambda c: (state.run_statements(c, [state.put_instance_sql(str(uuid.UUID(int=i + 1)), {})]), i)[1])))
+        lambda c: (run_statements(c, [put_instance_sql(str(uuid.UUID(int=i + 1)), {})]), i)[1])))
         for i in range(8)]
     for w in writers:
         w.start()
@@ -595,7 +598,7 @@ def test_write_after_close_fails_instead_of_hanging(tmp_path):
 
     def late():
         try:
-            s.write(lambda c: state.run_statements(c, [state.put_instance_sql(str(uuid.uuid4()), {})]))
+            s.write(lambda c: run_statements(c, [put_instance_sql(str(uuid.uuid4()), {})]))
             outcome.append("written")
         except Exception as e:  # noqa: BLE001
             outcome.append(type(e).__name__)
@@ -620,7 +623,7 @@ print(row[0] if row else "MISSING")
 def test_a_write_is_visible_to_a_fresh_connection_and_process_once_it_returns(store):
     for i in range(5):
         inst = str(uuid.uuid4())
-        store.write(lambda c: state.run_statements(c, [state.put_instance_sql(inst, {"n": i})]))
+        store.write(lambda c: run_statements(c, [put_instance_sql(inst, {"n": i})]))
         raw = sqlite3.connect(store.path)
         try:
             assert raw.execute("SELECT spec FROM instances WHERE uuid=?",
@@ -635,9 +638,12 @@ def test_a_write_is_visible_to_a_fresh_connection_and_process_once_it_returns(st
 _WRITE_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from agent.store import store as state
-s = state.Store(sys.argv[2])
-s.write(lambda c: state.run_statements(c, [state.put_instance_sql(sys.argv[3], {"survived": True})]))
+from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
+                               insert_assignments_sql, live_assignments, migrate, placement_view,
+                               put_instance_sql, put_migration_sql, put_placement_view_sql,
+                               run_statements, schema_version, update_assignments_sql)
+s = Store(sys.argv[2])
+s.write(lambda c: run_statements(c, [put_instance_sql(sys.argv[3], {"survived": True})]))
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -651,7 +657,7 @@ def test_a_write_survives_sigkill_right_after_it_returns(tmp_path):
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         s = Store(path)
         try:
-            assert s.read(state.instances)[inst] == {"survived": True}
+            assert s.read(all_instances)[inst] == {"survived": True}
             assert s.read(lambda c: c.execute(
                 "PRAGMA integrity_check").fetchone()[0]) == "ok"
         finally:
@@ -729,9 +735,9 @@ def test_readers_opened_read_only_never_remove_the_log(tmp_path):
     path = tmp_path / "state.db"
     crash_after_a_write(path)
     reader = Store(path, read_only=True)
-    assert reader.read(state.instances) == {"a": {"name": "a"}}
+    assert reader.read(all_instances) == {"a": {"name": "a"}}
     with pytest.raises(StoreError, match=str(path)):
-        reader.write([state.put_instance_sql("b", {})])
+        reader.write([put_instance_sql("b", {})])
     reader.close()
     assert Path(f"{path}-wal").exists()
     assert not inspect_store(path).wal_lost

@@ -3,7 +3,7 @@ import uuid
 
 import pytest
 
-from agent.store import store as state
+from agent.store.store import live_assignments
 from agent.claims.choice import Pool, Slot
 from agent.exception import ClaimFailed
 from agent.compute.manager import describe, guest_spec
@@ -38,7 +38,7 @@ def test_a_device_on_numa_node_0_is_recorded_on_node_0(tracker):
     inst = str(uuid.uuid4())
     rows = tracker.claim_build(inst, SPEC, ONE_VF)
     assert [a.detail for a in rows] == [DeviceDetail(numa_node=0)]
-    stored = tracker.store.read(state.live_assignments)
+    stored = tracker.store.read(live_assignments)
     assert [a.detail for a in stored] == [DeviceDetail(numa_node=0)]
     (device,) = guest_spec(inst, SPEC, stored).devices
     assert device.detail.numa_node == 0
@@ -66,7 +66,7 @@ def test_rebind_boot_moves_the_instances_rows_to_the_new_boot(tmp_path):
         after = Tracker(store, "boot-2")
         after.rebind_boot(rebound)
         want = {(rebound, "boot-2"), (other, "boot-1")}
-        assert boots(store.read(state.live_assignments)) == want
+        assert boots(store.read(live_assignments)) == want
         assert boots(after.snapshot()[1]) == want
     finally:
         store.close()
@@ -132,7 +132,7 @@ def test_realign_moves_rows_in_memory_and_store_and_skips_a_row_changed_since(tr
     new = row.with_(provider_uuid=NEW_PF, resource_class="CUSTOM_PCI_8086_154C")
     done = tracker.realign([(row, new), (gone, gone.with_(provider_uuid=NEW_PF))])
     assert done == [new]
-    stored = tracker.store.read(state.live_assignments)
+    stored = tracker.store.read(live_assignments)
     assert [(a.id, a.provider_uuid, a.resource_class) for a in stored] == [
         (row.id, NEW_PF, "CUSTOM_PCI_8086_154C")]
     assert Tracker(tracker.store, "boot-1").snapshot()[1] == [new]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from oslo_upgradecheck.upgradecheck import Code
 
-from agent.store import store as state
+from agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
 from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
 from agent.cmd.common import load_config
 from agent.cmd.upgrade_check import (UpgradeChecks, moves_result, schema_result,
@@ -37,8 +37,8 @@ def store_at(checks: UpgradeChecks, version: int) -> Path:
     path = checks.store_path
     path.parent.mkdir(parents=True)
     conn = sqlite3.connect(path, isolation_level=None)
-    state.migrate(conn, target=min(version, state.SCHEMA_VERSION))
-    if version > state.SCHEMA_VERSION:
+    migrate(conn, target=min(version, SCHEMA_VERSION))
+    if version > SCHEMA_VERSION:
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                      (str(version),))
     conn.close()
@@ -104,7 +104,7 @@ def test_a_version_1_store_passes_and_is_left_as_it_was(checks):
 
 
 def test_a_store_of_a_newer_agent_fails(checks):
-    store_at(checks, state.SCHEMA_VERSION + 1)
+    store_at(checks, SCHEMA_VERSION + 1)
     assert checks.check_store_schema().code is Code.FAILURE
     # Nor can this version read its moves.
     result = checks.check_moves_in_flight()
@@ -125,9 +125,9 @@ def test_no_store_and_no_compute_id_is_a_new_host(checks):
 
 
 def test_an_open_move_in_the_store_is_a_warning(checks):
-    store = state.Store(checks.store_path, ROOT)
+    store = Store(checks.store_path, ROOT)
     open_one, done = move(MigrationState.ACTIVE), move(MigrationState.CONFIRMED)
-    store.write([state.put_migration_sql(open_one), state.put_migration_sql(done)])
+    store.write([put_migration_sql(open_one), put_migration_sql(done)])
     try:
         # Beside the agent that holds the store open.
         result = checks.check_moves_in_flight()
@@ -138,7 +138,7 @@ def test_an_open_move_in_the_store_is_a_warning(checks):
 
 
 def test_a_placement_that_does_not_answer_is_a_failure_not_a_success(checks):
-    store = state.Store(checks.store_path, ROOT)
+    store = Store(checks.store_path, ROOT)
     store.close()
     (checks.store_path.parent / "compute_id").write_text(ROOT)
     result = checks.check_unhealed()

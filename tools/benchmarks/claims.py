@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.store import store as state
+from agent.store.store import Store, live_assignments
 from agent.claims.model import AssignmentState
 from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
@@ -85,8 +85,8 @@ class Host:
 
 
 
-def check_no_double_holder(store: state.Store) -> int:
-    live = store.read(state.live_assignments)
+def check_no_double_holder(store: Store) -> int:
+    live = store.read(live_assignments)
     exclusive = [(a.provider_uuid, a.resource_class, a.device_id) for a in live
                  if a.kind.value != "numa"]
     if len(exclusive) != len(set(exclusive)):
@@ -120,7 +120,7 @@ def measure_claims(workdir: Path, host: Host, claimers: int) -> dict:
 
 
 def claim_run(workdir: Path, host: Host, claimers: int) -> dict:
-    store = state.Store(workdir / STORE_FILE)
+    store = Store(workdir / STORE_FILE)
     tracker = Tracker(store, BOOT_ID)
     tracker.set_pools(host.pools)
     commits = store._commits  # counts its transactions and their jobs
@@ -202,7 +202,7 @@ def release(tracker: Tracker, instances: list[str], threads: int = 16) -> None:
 
 def fill_store(path: Path, host: Host, instances: int) -> None:
     """``instances`` claimed instances, made by the tracker itself."""
-    store = state.Store(path)
+    store = Store(path)
     tracker = Tracker(store, BOOT_ID)
     tracker.set_pools(host.pools)
     threads = 32
@@ -239,7 +239,7 @@ def measure_startup(workdir: Path) -> list[dict]:
     plain, with_pools = [], []
     for _ in range(STARTUP_RUNS):
         began = time.perf_counter()
-        store = state.Store(path)
+        store = Store(path)
         tracker = Tracker(store, BOOT_ID)
         plain.append(time.perf_counter() - began)
         instances, live, _ = tracker.snapshot()
@@ -248,7 +248,7 @@ def measure_startup(workdir: Path) -> list[dict]:
         store.close()
 
         began = time.perf_counter()
-        store = state.Store(path)
+        store = Store(path)
         tracker = Tracker(store, BOOT_ID)
         tracker.set_pools(host.build_pools())
         with_pools.append(time.perf_counter() - began)
