@@ -31,10 +31,10 @@ from typing import Callable
 
 import os_traits
 
-from agent.moves.evacuation import (DestinationRecord, InterruptedEvacuation, SourceProvider,
-                              candidate_root, destination_record,
-                              evacuation_migration_uuid, evacuation_request,
-                              interrupted_evacuations, spec_from_allocations)
+from agent.moves.evacuation import (DestinationRecord, InterruptedEvacuation, destination_record,
+                                    evacuation_migration_uuid, interrupted_evacuations,
+                                    spec_from_allocations)
+from agent.moves.request import SourceProvider, candidate_root, move_request
 from agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
 from agent.rpc.heartbeat import Heartbeat, Liveness
 from agent.messaging import messaging
@@ -240,7 +240,7 @@ class Evacuator:
         self._device_traits(run, allocations)
         try:
             spec = spec_from_allocations(instance, allocations)
-            request = evacuation_request(allocations, run.providers)
+            request = move_request(allocations, run.providers)
         except ValueError as e:
             return Outcome(instance, "failed", error=str(e))
         migration = evacuation_migration_uuid(instance, run.source_root)

@@ -34,7 +34,7 @@ from agent.exception import (AgentError, CallFailed, InvalidRequest,
                              LiveMigrationFailed, LiveMigrationOutcomeUnknown,
                              LiveMigrationRefused, MoveInProgress, NoSuchInstance,
                              VersionCapped)
-from agent.moves.evacuation import candidate_root, evacuation_request
+from agent.moves.request import candidate_root, move_request
 from agent.placement.allocations import move_allocations
 from agent.placement.client import PlacementClient
 from agent.rpc.client import ComputeAgentAPI
@@ -357,7 +357,7 @@ class LiveMigrator:
         Placement's shape; LiveMigrationNotPossible when it has no room."""
         source_tree = read_source_tree(self.placement, source_root)
         read_device_traits(self.placement, source_tree, allocations)
-        request = evacuation_request(allocations, source_tree)
+        request = move_request(allocations, source_tree)
         found = self.placement.get_allocation_candidates(
             request.query(in_tree=target_root))
         tree_of = {rp: s["root_provider_uuid"]

@@ -9,7 +9,7 @@
 - What an instance needs to be rebuilt elsewhere survives its host in
   Placement: its allocations, provider by provider, say how much of each
   class it has and which of them sit together under one NUMA cell, which
-  is what the destination request must keep together (``same_subtree``).
+  is what the destination request must keep together (agent/moves/request.py).
 - The source that returns gives up exactly the instances whose allocations
   sit on another host's providers, and none that a move in flight here
   still owns.
@@ -21,11 +21,10 @@
 from __future__ import annotations
 
 import uuid as uuid_lib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 import os_resource_classes as orc
-import os_traits
 
 from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
 
@@ -36,10 +35,6 @@ EVACUATION_NAMESPACE = uuid_lib.UUID("6f1c1b5e-2f0b-4d7a-9a57-0c1e5e7a1d42")
 # The classes a guest's spec is made of, and where they sit in a request.
 CPU_CLASSES = (orc.VCPU, orc.PCPU)
 COMPUTE_CLASSES = frozenset({orc.VCPU, orc.PCPU, orc.MEMORY_MB})
-# Traits of a device provider that say what its devices are, beyond their
-# class, and so must hold at the destination too.
-MEANINGFUL_TRAIT_PREFIXES = ("CUSTOM_MDEV_TYPE_", "CUSTOM_PHYSNET_")
-
 
 def evacuation_migration_uuid(instance_uuid: str, source_root_uuid: str) -> str:
     return str(uuid_lib.uuid5(EVACUATION_NAMESPACE,
@@ -76,105 +71,6 @@ def evacuated_away(on_our_providers: bool, elsewhere: set[str] | None,
             and evacuation_hold_here)
 
 
-# --- the destination request ------------------------------------------------
-
-@dataclass(frozen=True)
-class SourceProvider:
-    """One provider of the source's tree, as the request needs it."""
-
-    uuid: str
-    parent_uuid: str | None
-    traits: frozenset[str] = frozenset()
-
-
-@dataclass
-class RequestGroup:
-    resources: dict[str, int] = field(default_factory=dict)
-    required: set[str] = field(default_factory=set)
-
-    def param(self) -> str:
-        return ",".join(f"{rc}:{n}" for rc, n in sorted(self.resources.items()))
-
-
-@dataclass
-class EvacuationRequest:
-    """What the instance holds on the source, as allocation-candidate
-    groups: the unsuffixed group (the root's classes), one group per NUMA
-    cell it used (``_CELLn``, its CPUs and memory, HW_NUMA_ROOT required)
-    and one per device provider (``_DEVn``), each device group tied to its
-    cell's group by ``same_subtree``."""
-
-    unsuffixed: RequestGroup = field(default_factory=RequestGroup)
-    groups: dict[str, RequestGroup] = field(default_factory=dict)
-    same_subtree: list[tuple[str, ...]] = field(default_factory=list)
-
-    def query(self, in_tree: str | None = None, limit: int | None = None
-              ) -> list[tuple[str, str]]:
-        """GET /allocation_candidates parameters (microversion 1.36+)."""
-        out: list[tuple[str, str]] = []
-        if self.unsuffixed.resources:
-            out.append(("resources", self.unsuffixed.param()))
-            if in_tree:
-                out.append(("in_tree", in_tree))
-        for suffix, g in sorted(self.groups.items()):
-            out.append((f"resources{suffix}", g.param()))
-            if g.required:
-                out.append((f"required{suffix}", ",".join(sorted(g.required))))
-            # Per group: an unsuffixed in_tree alone would be a group
-            # without resources, which Placement refuses (1.33+).
-            if in_tree:
-                out.append((f"in_tree{suffix}", in_tree))
-        for tied in self.same_subtree:
-            out.append(("same_subtree", ",".join(tied)))
-        if self.groups:
-            out.append(("group_policy", "none"))
-        if limit:
-            out.append(("limit", str(limit)))
-        return out
-
-
-def cell_of(uuid: str, providers: dict[str, SourceProvider]) -> str | None:
-    """The NUMA-cell provider at or above ``uuid``, if any."""
-    seen = set()
-    while uuid is not None and uuid in providers and uuid not in seen:
-        seen.add(uuid)
-        if os_traits.HW_NUMA_ROOT in providers[uuid].traits:
-            return uuid
-        uuid = providers[uuid].parent_uuid
-    return None
-
-
-def evacuation_request(allocations: dict[str, dict[str, int]],
-                       providers: dict[str, SourceProvider]) -> EvacuationRequest:
-    """The request for ``allocations`` (provider uuid -> class -> amount on
-    the source), ``providers`` being the source's tree. Raises ValueError
-    naming a provider the tree does not have."""
-    req = EvacuationRequest()
-    cell_group: dict[str, str] = {}
-    devices: list[tuple[str, str | None]] = []
-    for rp, resources in sorted(allocations.items()):
-        if rp not in providers:
-            raise ValueError(f"allocations: provider {rp} is not in the source's tree")
-        p = providers[rp]
-        if p.parent_uuid is None:
-            group = req.unsuffixed
-        elif os_traits.HW_NUMA_ROOT in p.traits:
-            suffix = cell_group.setdefault(rp, f"_CELL{len(cell_group)}")
-            group = req.groups.setdefault(suffix, RequestGroup(
-                required={os_traits.HW_NUMA_ROOT}))
-        else:
-            suffix = f"_DEV{len(devices)}"
-            devices.append((suffix, cell_of(rp, providers)))
-            group = req.groups.setdefault(suffix, RequestGroup(required={
-                t for t in p.traits if t.startswith(MEANINGFUL_TRAIT_PREFIXES)}))
-        for rc, n in resources.items():
-            group.resources[rc] = group.resources.get(rc, 0) + n
-    for suffix, cell in devices:
-        if cell is not None and cell in cell_group:
-            req.same_subtree.append((cell_group[cell], suffix))
-    return req
-
-
 def spec_from_allocations(instance_uuid: str,
                           allocations: dict[str, dict[str, int]]) -> dict:
     """The instance's spec as Placement keeps it: vCPUs (shared and
@@ -191,13 +87,6 @@ def spec_from_allocations(instance_uuid: str,
                          "no memory; not an instance this agent can rebuild")
     return {"name": f"instance-{instance_uuid}", "vcpus": vcpus,
             "memory_mb": total[orc.MEMORY_MB]}
-
-
-def candidate_root(request: dict, tree_of: dict[str, str]) -> str | None:
-    """The host (root provider) an allocation request lands on, when all its
-    providers are in one known tree."""
-    roots = {tree_of.get(rp) for rp in request["allocations"]}
-    return roots.pop() if len(roots) == 1 else None
 
 
 # --- the conductor's second run ------------------------------------------------

@@ -6,11 +6,10 @@ import uuid
 import pytest
 
 from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
-from agent.moves.evacuation import (DestinationRecord, SourceProvider, candidate_root,
-                              destination_record, evacuated_away,
-                              evacuation_name_free_again,
-                              evacuation_migration_uuid, evacuation_request,
-                              interrupted_evacuations, spec_from_allocations)
+from agent.moves.evacuation import (DestinationRecord, destination_record, evacuated_away,
+                                    evacuation_name_free_again, evacuation_migration_uuid,
+                                    interrupted_evacuations, spec_from_allocations)
+from agent.moves.request import SourceProvider, candidate_root, move_request
 from agent.conductor.evacuation import lost_a_race
 from agent.exception import GenerationConflict, PlacementError
 
@@ -72,7 +71,7 @@ def test_bug_a_source_killed_before_recording_its_resize_gave_the_instance_up():
 
 
 def test_the_request_keeps_each_device_with_its_cell():
-    req = evacuation_request({
+    req = move_request({
         ROOT: {"DISK_GB": 10},
         CELL1: {"VCPU": 2, "MEMORY_MB": 1024},
         PF1: {"SRIOV_NET_VF": 1},
@@ -109,14 +108,14 @@ def test_the_request_keeps_each_device_with_its_cell():
 
 
 def test_a_request_without_root_resources_has_no_unsuffixed_group():
-    query = evacuation_request({CELL0: {"VCPU": 1, "MEMORY_MB": 64}}, TREE).query(ROOT)
+    query = move_request({CELL0: {"VCPU": 1, "MEMORY_MB": 64}}, TREE).query(ROOT)
     assert [k for k, _ in query if k in ("resources", "in_tree")] == []
 
 
 def test_a_provider_outside_the_tree_is_refused_by_name():
     stranger = str(uuid.uuid4())
     with pytest.raises(ValueError, match=stranger):
-        evacuation_request({stranger: {"VCPU": 1}}, TREE)
+        move_request({stranger: {"VCPU": 1}}, TREE)
 
 
 def test_the_spec_sums_cpus_and_memory():
