@@ -18,7 +18,7 @@ from agent.cmd import config_check as cc
 from agent.cmd.common import load_config
 from agent.exception import ConfigError, shown
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[3]
 SAMPLE = TOP / "etc/compute-agent/compute-agent.conf.sample"
 
 # Invalid values for the options each rule checks.

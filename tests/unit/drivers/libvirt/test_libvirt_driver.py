@@ -12,7 +12,7 @@ from drivers.base import DriverUnavailable, Mdev, PciKind
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.driver import LibvirtDriver
-from tests.unit.libvirt.test_libvirt_capabilities import CAPS_64K
+from tests.unit.drivers.libvirt.test_libvirt_capabilities import CAPS_64K
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"
