@@ -281,7 +281,7 @@ def test_reconnects_after_the_connection_drops(driver, monkeypatch):
 
 
 def test_unreachable_libvirt_raises_driver_unavailable(tmp_path, host):
-    driver = make_driver(tmp_path, host, "test:///no/such/host.xml")
+    driver = make_driver(tmp_path, host, f"test://{tmp_path}/no/such/host.xml")
     with pytest.raises(DriverUnavailable, match="no/such/host.xml"):
         driver.init_host()
 
