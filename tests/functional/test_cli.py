@@ -87,7 +87,7 @@ def registered(tmp_path, placement) -> Path:
     return conf
 
 
-def test_no_traceback_when_the_reader_closes_stdout(registered):
+def test_no_traceback_when_the_reader_closes_stdout(registered, tmp_path):
     """Each case writes to stdout when it is open (its normal run is
     tested elsewhere); closed, it ends as it would have: same exit code."""
     conf = ["--config-file", str(registered)]
@@ -101,7 +101,8 @@ def test_no_traceback_when_the_reader_closes_stdout(registered):
         ("compute-agent-manage", [*conf, "audit"], 0),
         ("compute-agent-manage", [*conf, "audit", "--json"], 0),
         ("compute-agent-manage", [*conf, "heal", "--dry-run", "--json"], 0),
-        ("compute-agent-manage", ["--config-file", "/nonexistent", "tree", "--json"], 2),
+        ("compute-agent-manage", ["--config-file", str(tmp_path / "absent.conf"), "tree",
+                                  "--json"], 2),
         ("compute-agent-ctl", ["--help"], 0),
         ("compute-agent-ctl", ["build", "--help"], 0),
     ]

@@ -159,7 +159,7 @@ def providers_of(url: str, root: str) -> set[str]:
         "resource_providers"]}
 
 
-def test_evacuate_5_kill_the_destination_restart_it_then_the_source_returns(
+def test_a_destination_killed_mid_evacuation_resumes_each_guest_once_and_the_source_gives_them_up(
         hosts, placement):
     a, b, api = hosts
     url = placement.url

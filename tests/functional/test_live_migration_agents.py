@@ -308,10 +308,9 @@ def test_both_ends_marking_the_vf_migratable_move_it(tmp_path):
         b.manager.rollback_live_migration_at_destination(mig, inst)
 
 
-# --- issue 14: the source's answer to live_migrate lost ----------------------------
+# --- the source's answer to live_migrate lost --------------------------------------
 
-def test_bug_14_lost_answer_of_live_migrate_leaves_the_destination_its_claim(cloud,
-                                                                             caplog):
+def test_bug_a_live_migration_with_a_lost_answer_was_rolled_back_at_the_destination(cloud, caplog):
     """The conductor's live_migrate call gets no answer in time (its timeout
     is short, the source's migration slowed to 1 MiB/s by libvirt), while
     the source goes on migrating. The conductor asks the source again

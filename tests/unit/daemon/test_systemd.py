@@ -85,7 +85,7 @@ def test_a_thread_that_dies_wakes_the_supervisor_naming_it_and_where(monkeypatch
     assert death.error.startswith("OverflowError: ")
     # Where it was raised, and the project's last frame on the way.
     assert "threading.py:" in death.error
-    assert "from tests/unit/test_systemd.py:" in death.error and "in loop)" in death.error
+    assert "from tests/unit/daemon/test_systemd.py:" in death.error and "in loop)" in death.error
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "update-provider-tree" in errors[0].getMessage()
     assert errors[0].exc_info is None  # one line; the traceback is for --debug

@@ -12,7 +12,7 @@ from drivers.base import DriverUnavailable, Mdev, PciKind
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.driver import LibvirtDriver
-from tests.unit.libvirt.test_libvirt_capabilities import CAPS_64K
+from tests.unit.drivers.libvirt.test_libvirt_capabilities import CAPS_64K
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"
@@ -281,7 +281,7 @@ def test_reconnects_after_the_connection_drops(driver, monkeypatch):
 
 
 def test_unreachable_libvirt_raises_driver_unavailable(tmp_path, host):
-    driver = make_driver(tmp_path, host, "test:///no/such/host.xml")
+    driver = make_driver(tmp_path, host, f"test://{tmp_path}/no/such/host.xml")
     with pytest.raises(DriverUnavailable, match="no/such/host.xml"):
         driver.init_host()
 

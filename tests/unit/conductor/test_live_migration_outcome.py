@@ -16,8 +16,8 @@ from agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
 from agent.conductor.live_migration import (MoveOutcome, NextStep, live_migrate_instance,
                                             live_migrate_outcome, next_step)
 from agent.rpc.client import BrokerUnreachable
-from tests.unit.test_live_migration_source import (DESTINATION_ALLOCATIONS, SWAP,
-                                                   Conductor, spec)
+from tests.unit.conductor.test_live_migration_source import (DESTINATION_ALLOCATIONS, SWAP,
+                                                             Conductor, spec)
 
 MIG = "mig"
 

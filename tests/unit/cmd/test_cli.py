@@ -20,7 +20,7 @@ from agent.rpc.client import OutstandingCalls
 from agent.daemon.service import CycleOutcome
 from agent.placement.sync import SyncResult
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / ctl.EXAMPLE_SPEC
 
 

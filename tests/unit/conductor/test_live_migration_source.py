@@ -14,7 +14,7 @@ from agent.messaging import messaging
 from agent.conductor.live_migration import live_migrate_instance
 from drivers.fake import FakeNetwork
 from tests.functional.claims_world import make_world, new_uuid, spec
-from tests.unit.test_rpc import AgentWith, RecordingManager, Served
+from tests.unit.rpc.test_rpc import AgentWith, RecordingManager, Served
 
 VGPU = {"gpu": {"VGPU": 1}}
 VF = {"pf": {"SRIOV_NET_VF": 1}}

@@ -17,15 +17,16 @@ from oslo_config import cfg
 from agent.cmd import config_check as cc
 from agent.cmd.common import load_config
 from agent.exception import ConfigError, shown
+from tests.unit.cmd.test_config_check import ABSENT, owned
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[3]
 SAMPLE = TOP / "etc/compute-agent/compute-agent.conf.sample"
 
 # Invalid values for the options each rule checks.
 RULE_EXAMPLES = {
     cc.absolute_path: ["relative/path", "", "/" + "x" * 5000],
-    cc.existing_directory: ["/nonexistent/directory", "relative", "/etc/hostname"],
-    cc.readable_file: ["/nonexistent/file", "/"],
+    cc.existing_directory: [f"{ABSENT}/directory", "relative", "/etc/hostname"],
+    cc.readable_file: [f"{ABSENT}/file", "/"],
     cc.state_directory: ["relative", "/etc/hostname", "/etc/hostname/below"],
     cc.host_name: ["", "has space", "x" * 300, "bad/slash"],
     cc.http_url: ["", "not a url", "ftp://h/", "http://", "http://h:99999/"],
@@ -61,7 +62,7 @@ POLICY_EXAMPLES = {
     "namespaces": ["bad label!:ns0", "nolabel", "L:", "L:ns 0"],
 }
 CROSS_EXAMPLES = {
-    "log_file": ["/nonexistent/directory/x.log", "/"],
+    "log_file": [f"{ABSENT}/directory/x.log", "/"],
     "config_source": ["nosuchsection"],
     "auth_type": ["", "nope"],
     "auth_section": ["nosuchsection"],
@@ -188,7 +189,7 @@ def test_every_option_of_the_sample_is_refused_when_invalid_or_is_free_form(tmp_
     for section, name in listed:
         option = options[(section, name)]
         values, free_form = invalid_values(option)
-        for value in values:
+        for value in (owned(v, tmp_path) for v in values):
             tried += 1
             error = sweep.check(section, name, value)
             if free_form:

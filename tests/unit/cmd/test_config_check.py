@@ -14,11 +14,21 @@ from agent.cmd.common import load_config
 from agent.exception import ConfigError
 from agent.store.writer import StoreError
 
+# Stands for a path under the test's own tmp_path that nothing creates: an
+# absolute path such as /nonexistent may exist on a shared machine.
+ABSENT = "<absent>"
+
+
+def owned(value, tmp_path: Path):
+    """``value`` with ABSENT made tmp_path / "absent"."""
+    return value.replace(ABSENT, str(tmp_path / "absent")) if isinstance(value, str) else value
+
+
 GOOD = {
     cc.absolute_path: ["/var/lib/compute-agent"],
     cc.existing_directory: ["/tmp"],
     cc.readable_file: ["/etc/hostname", ""],
-    cc.state_directory: ["/tmp", "/tmp/not/yet/there"],
+    cc.state_directory: ["/tmp", f"{ABSENT}/not/yet/there"],
     cc.host_name: ["compute-1.example.org", "host_1"],
     cc.http_url: ["http://127.0.0.1:8778", "https://keystone.example.org/v3"],
     cc.transport_url: ["rabbit://", "rabbit://u:p@h1:5672,u:p@h2:5672/vhost", "fake://"],
@@ -44,8 +54,8 @@ GOOD = {
 }
 BAD = {
     cc.absolute_path: ["relative", " "],
-    cc.existing_directory: ["/nonexistent", "/etc/hostname"],
-    cc.readable_file: ["/nonexistent", "/tmp"],
+    cc.existing_directory: [ABSENT, "/etc/hostname"],
+    cc.readable_file: [ABSENT, "/tmp"],
     cc.state_directory: ["relative", "/etc/hostname", "/etc/hostname/x"],
     cc.host_name: ["", "a b", "x" * 101, "-x/y"],
     cc.http_url: ["", "127.0.0.1:8778", "ftp://h/", "http://h:0/", "http://h:70000/"],
@@ -74,14 +84,14 @@ BAD = {
 
 
 @pytest.mark.parametrize("rule,value", [(r, v) for r, vs in GOOD.items() for v in vs])
-def test_a_rule_takes_a_good_value(rule, value):
-    rule(value)
+def test_a_rule_takes_a_good_value(rule, value, tmp_path):
+    rule(owned(value, tmp_path))
 
 
 @pytest.mark.parametrize("rule,value", [(r, v) for r, vs in BAD.items() for v in vs])
-def test_a_rule_refuses_a_bad_value(rule, value):
+def test_a_rule_refuses_a_bad_value(rule, value, tmp_path):
     with pytest.raises(cc.BadValue):
-        rule(value)
+        rule(owned(value, tmp_path))
 
 
 def test_every_rule_is_tested():
@@ -203,13 +213,13 @@ def test_fuzz_bug_a_config_dir_that_cannot_be_read_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("text,reason", [
-    ("log_file = /nonexistent/dir/agent.log\n", "[DEFAULT] log_file: no such directory"),
+    (f"log_file = {ABSENT}/dir/agent.log\n", "[DEFAULT] log_file: no such directory"),
     ("config_source = remote\n", "[DEFAULT] config_source: no section [remote]"),
     ("compute_driver = fake\n[fake]\nhost_file =\n", "[fake] host_file: missing"),
     ("[placement]\nversion = 1.0\nmax_version = 1.0\n", "[placement] version: give"),
 ])
 def test_rules_over_several_options(tmp_path, text, reason):
-    assert refused(tmp_path, text, placement_required=False).startswith(reason)
+    assert refused(tmp_path, owned(text, tmp_path), placement_required=False).startswith(reason)
 
 
 def test_a_store_in_the_place_of_a_directory_is_named(tmp_path):

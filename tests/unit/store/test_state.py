@@ -26,7 +26,7 @@ from agent.store.check import StoreFile
 from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROVIDER = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 OTHER_PROVIDER = "7c1e2d3f-0a4b-4c5d-8e6f-9a0b1c2d3e4f"
 VIEW = [Provider(PROVIDER, "cmp1", None, {"VCPU": inventory(8), "DISK_GB": inventory(100)},
