@@ -1,0 +1,210 @@
+"""The docs stay true to the repository: every relative link in README.md
+and docs/*.md reaches a file (and, with an #anchor into a Markdown file, a
+heading of it), and every command line the docs show names a subcommand
+and options the commands' own parsers have.
+
+A command line is a code span, or a line of a fenced block, that starts
+with compute-agent, compute-agent-manage or compute-agent-ctl. Its
+metasyntax is read as the docs write it: [optional] parts, a|b
+alternatives, ``...`` for what is left out, upper-case placeholders."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.cmd import common, ctl, daemon, manage
+
+ROOT = Path(__file__).resolve().parents[2]
+FENCE = re.compile(r"^ {0,3}```.*?^ {0,3}```[^\n]*$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+# An option as argparse's help lists it: "--name METAVAR" or "-d".
+HELP_OPTION = re.compile(r"^\s{2}(-\S.*?)(?:\s{2,}|$)")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def prose(text: str) -> str:
+    """``text`` without its fenced blocks and with its code spans blanked:
+    what Markdown renders as links and headings."""
+    return CODE_SPAN.sub("code", FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading."""
+    text = heading.replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(h) for h in HEADING.findall(FENCE.sub("", path.read_text()))}
+
+
+def broken_links(path: Path) -> list[str]:
+    """Each relative link of ``path`` that reaches no file or no heading."""
+    broken = []
+    for target in LINK.findall(prose(path.read_text())):
+        if re.match(r"^[a-z][a-z+.-]*:", target):  # http:, https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        reached = (path.parent / file_part).resolve() if file_part else path
+        if not reached.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and reached.suffix == ".md" and anchor not in anchors(reached):
+            broken.append(f"{target}: no heading #{anchor} in {reached.name}")
+    return broken
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(path):
+    assert broken_links(path) == []
+
+
+def test_a_broken_link_and_a_missing_anchor_are_found(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Other\n\n## A section: `here`\n")
+    page.write_text("[ok](other.md#a-section-here) [gone](missing.md) "
+                    "[no](other.md#nowhere) `[in code](missing.md)`\n")
+    assert broken_links(page) == ["missing.md: no such file",
+                                  "other.md#nowhere: no heading #nowhere in other.md"]
+
+
+# --- The commands the docs name -------------------------------------------
+
+@dataclass(frozen=True)
+class Parser:
+    """What one parser accepts: option -> whether it takes a value, and
+    its subcommands' parsers."""
+    options: dict[str, bool]
+    subcommands: dict[str, "Parser"]
+
+
+def options_in_help(help_text: str) -> dict[str, bool]:
+    options = {}
+    for line in help_text.splitlines():
+        match = HELP_OPTION.match(line)
+        if match:
+            for spelling in match.group(1).split(", "):
+                name, _, metavar = spelling.partition(" ")
+                options[name] = bool(metavar)
+    return options
+
+
+def top_level_help(cli_opts, command_help: common.CommandHelp) -> str:
+    """The help the command prints, from the parser oslo.config builds."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        common.load_config(["--help"], cli_opts, command_help=command_help)
+    return out.getvalue()
+
+
+def subcommand_parsers(add_parsers) -> dict[str, Parser]:
+    """The subcommands as the command's own ``add_parsers`` declares them."""
+    subparsers = argparse.ArgumentParser().add_subparsers()
+    add_parsers(subparsers)
+    return {name: Parser(options_in_help(p.format_help()), {})
+            for name, p in subparsers.choices.items()}
+
+
+@functools.cache
+def parsers() -> dict[str, Parser]:
+    manage_command = manage.cfg.SubCommandOpt("command", handler=manage.add_parsers,
+                                              title="commands")
+    return {
+        "compute-agent": Parser(
+            options_in_help(top_level_help(daemon.cli_opts, daemon.HELP)), {}),
+        "compute-agent-manage": Parser(
+            options_in_help(top_level_help([manage_command], manage.HELP)),
+            subcommand_parsers(manage.add_parsers)),
+        "compute-agent-ctl": Parser(
+            options_in_help(top_level_help(ctl.cli_opts, ctl.HELP)),
+            subcommand_parsers(ctl.add_parsers)),
+    }
+
+
+def command_lines(text: str) -> list[str]:
+    """Every code span and fenced line that starts with one of the commands."""
+    snippets = CODE_SPAN.findall(FENCE.sub("", text))
+    for block in FENCE.findall(text):
+        snippets += [re.split(r"\s#\s", line)[0] for line in block.splitlines()[1:-1]]
+    # In a table a code span writes its | as \|.
+    snippets = [s.replace("\\|", "|").strip() for s in snippets]
+    return [s for s in snippets if s.split() and s.split()[0] in parsers()]
+
+
+def refusals(line: str) -> list[str]:
+    """What in the command ``line`` its parsers do not know. Options after
+    a subcommand are the subcommand's (with a|b subcommands, the first's)."""
+    program, *words = line.split()
+    parser = parsers()[program]
+    scope, subcommand, refused = parser, None, []
+    takes_value = False
+    for word in words:
+        alternatives = [a for a in word.strip("[]").split("|")
+                        if a.strip("[]") not in ("", "...")]
+        if takes_value or not alternatives:
+            takes_value = False
+            continue
+        for alternative in (a.strip("[]") for a in alternatives):
+            if alternative.startswith("-"):
+                name, equals, _ = alternative.partition("=")
+                if name not in scope.options:
+                    refused.append(f"{program} {subcommand or ''}: no option {name}")
+                else:
+                    takes_value = scope.options[name] and not equals
+            elif scope is parser and parser.subcommands:
+                subcommand = subcommand or alternative
+                if alternative not in parser.subcommands:
+                    refused.append(f"{program}: no subcommand {alternative}")
+            elif not parser.subcommands:
+                refused.append(f"{program} takes no subcommand: {alternative}")
+        if subcommand in parser.subcommands:
+            scope = parser.subcommands[subcommand]
+        elif subcommand is not None:
+            break  # what follows an unknown subcommand cannot be judged
+    return refused
+
+
+def test_the_parsers_are_read():
+    """The check below means something only if the real parsers were read."""
+    found = parsers()
+    assert {"--once", "--config-file"} <= set(found["compute-agent"].options)
+    assert "--timeout" in found["compute-agent-ctl"].options
+    assert {"tree", "heal", "rebuild-store"} <= set(found["compute-agent-manage"].subcommands)
+    assert {"evacuate", "live-migrate"} <= set(found["compute-agent-ctl"].subcommands)
+    assert found["compute-agent-manage"].subcommands["heal"].options["--dry-run"] is False
+
+
+def test_the_docs_name_each_command():
+    lines = [line for path in doc_files() for line in command_lines(path.read_text())]
+    assert {line.split()[0] for line in lines} == set(parsers())
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_line_the_docs_show_exists(path):
+    assert [(line, refusal) for line in command_lines(path.read_text())
+            for refusal in refusals(line)] == []
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("compute-agent-manage --config-file ... heal [--dry-run] [--json] [--yes]", []),
+    ("compute-agent-manage --config-file F rebuild-store --dry-run|--yes", []),
+    ("compute-agent-ctl --timeout 5 evacuate SOURCE [--target HOST]", []),
+    ("compute-agent --config-file F --once", []),
+    ("compute-agent-manage repair --yes", ["compute-agent-manage: no subcommand repair"]),
+    ("compute-agent-ctl show|mend HOST", ["compute-agent-ctl: no subcommand mend"]),
+    ("compute-agent-ctl hosts --force", ["compute-agent-ctl hosts: no option --force"]),
+    ("compute-agent --config-file F once", ["compute-agent takes no subcommand: once"]),
+])
+def test_a_command_line_is_read_as_the_docs_write_it(line, expected):
+    assert refusals(line) == expected
