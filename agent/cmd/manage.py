@@ -66,12 +66,12 @@ from agent.tree.policy import tree_policy_from_conf
 from agent.tree.provider_tree import adopt_uuids, tree_as_dicts, tree_lines
 from agent.compute.reconcile import Report
 from agent.daemon.service import STORE_FILE, Agent, load_driver, pools_by_uuid, tree_allocations
-from agent.store.lock import StateDirectoryInUse, StateDirectoryUnusable
+from agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable
 from agent.store.check import StoreFile
-from agent.store.rebuild import RebuildRefused, RebuiltStore, plan_rebuild
+from agent.store.rebuild import RebuiltStore, plan_rebuild
 from agent.reports.tree import TreeReport, Verdict
 from agent.reports.tree import compare as compare_trees
-from drivers.base import DriverUnavailable
+from drivers.errors import DriverUnavailable
 
 PROG = "compute-agent-manage"
 HELP = CommandHelp(

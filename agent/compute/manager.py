@@ -22,11 +22,10 @@ from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
 from agent.moves.live_migration import (live_migratable_devices, mdev_refusals,
                                    mdev_type_refusals, pci_refusals)
 from agent.compute.tracker import Tracker, check_uuid
-from drivers.base import (ComputeDriver, DeviceKind, DriverUnavailable, GuestDevice,
-                          GuestSpec, GuestState, LiveMigrationError, MigrationFailure,
-                          device_resources)
-from drivers.migration import (ClaimedDevice, InvalidMigrationTarget,
-                               LiveMigrationTarget, pair_devices)
+from drivers.base import (ComputeDriver, DeviceKind, GuestDevice, GuestSpec, GuestState,
+                          MigrationFailure, device_resources)
+from drivers.errors import DriverUnavailable, InvalidMigrationTarget, LiveMigrationError
+from drivers.migration import ClaimedDevice, LiveMigrationTarget, pair_devices
 
 LOG = logging.getLogger(__name__)
 

@@ -22,21 +22,11 @@ import uuid as uuid_lib
 import os_traits
 
 from agent.moves.evacuation import candidate_root, evacuation_request
-from agent.exception import AgentError, NoSuchInstance
+from agent.exception import NoSuchInstance
 from agent.placement.client import PlacementClient
 from agent.rpc.client import ComputeAgentAPI, live_migrate_instance
 from agent.conductor.source_tree import read_device_traits, read_source_tree
-
-
-class LiveMigrationNotPossible(AgentError):
-    """Found before anything was asked of an agent; nothing changed."""
-
-    def __init__(self, field: str, value: str, reason: str):
-        super().__init__(field, value, reason)
-
-    def __str__(self) -> str:
-        field, value, reason = self.args
-        return f"{field}: {value} {reason}"
+from agent.conductor.errors import LiveMigrationNotPossible
 
 
 class LiveMigrator:

@@ -19,7 +19,9 @@ from agent.daemon import cycle_record
 from agent.store import node_identity
 from agent.store import store as state
 from agent.store import check as store_check
-from agent.store.adoption import AdoptionRefused, plan_adoption
+from agent.store.adoption import plan_adoption
+from agent.store.errors import AdoptionRefused, StoreRefused
+from agent.daemon.errors import RecordUnreadable
 from agent.placement.allocations import AllocationView
 from agent.claims.model import Migration
 from agent.claims.choice import Pool
@@ -40,8 +42,8 @@ from agent.reports.status import Probe, Unknown
 from agent.daemon.systemd import Watchdog
 from agent.compute.tracker import Tracker
 from agent.placement.sync import SyncResult, TreeSync
-from drivers.base import ComputeDriver, DriverUnavailable, ForeignGuest, HostInventory
-from drivers.host_data import InvalidHostData
+from drivers.base import ComputeDriver, ForeignGuest, HostInventory
+from drivers.errors import DriverUnavailable, InvalidHostData
 
 LOG = logging.getLogger(__name__)
 
@@ -158,14 +160,14 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
                              pools_by_uuid(built, names), driver.boot_id(),
                              state.new_assignment_id)
     except DriverUnavailable as e:
-        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+        raise StoreRefused(f"store {path} is missing and the host cannot "
                                        f"be adopted: the hypervisor did not answer "
                                        f"({e})") from None
     except (PlacementUnavailable, PlacementError) as e:
-        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+        raise StoreRefused(f"store {path} is missing and the host cannot "
                                        f"be adopted: {e}") from None
     except AdoptionRefused as e:
-        raise store_check.StoreRefused("\n".join(
+        raise StoreRefused("\n".join(
             [f"store {path} is missing and the host's guests cannot be adopted; "
              "nothing was written:"] + e.problems)) from None
     for line in plan.skipped:
@@ -198,10 +200,10 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
                                                       None, None)))
     judgement = store_check.judge(facts, reading.facts)
     if judgement.verdict is store_check.Verdict.REFUSE:
-        raise store_check.StoreRefused(judgement.reason)
+        raise StoreRefused(judgement.reason)
     if judgement.verdict in (store_check.Verdict.CREATE, store_check.Verdict.ADOPT):
         if not holder:
-            raise store_check.StoreRefused(f"store {path} is {facts.file.value}: "
+            raise StoreRefused(f"store {path} is {facts.file.value}: "
                                            "the agent has not run on this host yet")
     if judgement.verdict is store_check.Verdict.CREATE:
         LOG.info("New host: creating store %s", path)
@@ -219,7 +221,7 @@ def _last_success_recorded(path: Path | None) -> float | None:
     restart does not forget it; None when unknown."""
     try:
         record = cycle_record.read(path) if path is not None else None
-    except cycle_record.RecordUnreadable as e:
+    except RecordUnreadable as e:
         LOG.warning("%s: starting a new record", e)
         return None
     return None if record is None else record.last_success_at
@@ -299,7 +301,7 @@ class Agent:
         conf.set_default("timeout", 30, group="placement")
         compute_id = node_identity.load(conf.state_path)
         if compute_id is None and not holder:
-            raise store_check.StoreRefused(
+            raise StoreRefused(
                 f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
                 "the agent has not run on this host yet")
         metrics = Metrics()

@@ -16,7 +16,8 @@ from agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailabl
 from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.reports.status import Probe, StoreHealth, Unknown
 from agent.store.check import StoreFile
-from drivers.base import DriverUnavailable
+from agent.daemon.errors import RecordUnreadable
+from drivers.errors import DriverUnavailable
 
 # A probe waits this long for an answer: status is run by hand and by
 # monitoring, which should not hang on a dead service.
@@ -104,5 +105,5 @@ def store(path: Path) -> StoreHealth:
 def last_cycle(state_path: str) -> cycle_record.CycleRecord | None | Unknown:
     try:
         return cycle_record.read(cycle_record.path_in(state_path))
-    except cycle_record.RecordUnreadable as e:
+    except RecordUnreadable as e:
         return Unknown(str(e))

@@ -38,6 +38,7 @@ from agent.placement.client import PlacementClient
 from agent.rpc.versions import OLDEST, VERSION
 from agent.reports.status import Probe
 from drivers.base import MigrationFailure
+from agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
 
 LOG = logging.getLogger(__name__)
 
@@ -50,28 +51,10 @@ SEND_RETRIES = 0
 RESEND_PAUSE_SECONDS = 0.5
 
 
-class BrokerDown(Exception):
-    """Before a client's first call: the broker did not take a connection."""
-
-
 # What a send that did not reach the broker raises: oslo.messaging's error
 # once its attempts are spent, kombu's when the driver had no connection to
 # the broker yet (the rabbit driver lets it through), or ours.
 NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
-
-
-class BrokerUnreachable(messaging.MessagingTimeout):
-    """The request could not be handed to the broker within the call's
-    timeout: a timeout like any other to a caller, which retries."""
-
-
-class NoAnswer(messaging.MessagingTimeout):
-    """The call was sent and no answer came within its timeout: the agent
-    may or may not have done it. Names the host and the method."""
-
-    def __init__(self, host: str, method: str, timeout: float):
-        super().__init__(f"{method} to {host}: no answer within {timeout:g}s")
-        self.host = host
 
 
 class OutstandingCalls:
@@ -481,7 +464,8 @@ def answer_lost(error: Exception) -> bool:
     """Whether a call that raised ``error`` may have done its work: no
     answer came (a timeout, the broker), or the agent failed while at it
     (CallFailed: its store, an unforeseen error). Its refusals did nothing."""
-    return not isinstance(error, AgentError) or isinstance(error, CallFailed)
+    return (isinstance(error, (messaging.MessagingTimeout, CallFailed))
+            or not isinstance(error, AgentError))
 
 
 def _give_back_unanswered_claim(api: ComputeAgentAPI, instance_uuid: str,

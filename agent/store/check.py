@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from agent.exception import AgentError
 
 REBUILD_HINT = "run 'compute-agent-manage rebuild-store' to rebuild it"
 
@@ -78,10 +77,6 @@ class Verdict(enum.Enum):
 class Judgement:
     verdict: Verdict
     reason: str = ""  # one line naming the file, when REFUSE
-
-
-class StoreRefused(AgentError):
-    """The store cannot be served from; the message is the one line."""
 
 
 def needs_host_facts(store: StoreFacts) -> bool:

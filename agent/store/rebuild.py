@@ -28,22 +28,11 @@ from typing import Callable, Mapping
 
 from agent.claims.model import Assignment, AssignmentState, Owner
 from agent.claims.choice import Pool, Slot, slot_detail
-from agent.exception import AgentError
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from agent.store.errors import RebuildRefused
 
 # consumer uuid -> provider uuid -> resource class -> amount
 Allocations = Mapping[str, Mapping[str, Mapping[str, int]]]
-
-
-class RebuildRefused(AgentError):
-    """What cannot be rebuilt, one problem a line; nothing was written."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__(problems)
-        self.problems = problems
-
-    def __str__(self) -> str:
-        return "\n".join(self.problems)
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ import pytest
 from agent.cmd.common import load_config
 from drivers.base import (ComputeDriver, DeviceDetail, DeviceKind, ForeignGuest,
                           GuestDevice, GuestSpec, HostResource, HostResourceKind,
-                          LiveMigrationError, MdevError, MigrationFailure,
-                          device_resources)
+                          MigrationFailure, device_resources)
+from drivers.errors import LiveMigrationError, MdevError
 from drivers.fake import FakeDriver, FakeNetwork
 from drivers.migration import DeviceMove, LiveMigrationTarget
 from drivers.fake_sysfs import SysfsBuilder

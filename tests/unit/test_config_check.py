@@ -12,7 +12,8 @@ from agent.cmd import config_check as cc
 from agent.store import store as state
 from agent.cmd.common import load_config
 from agent.exception import ConfigError
-from agent.store.writer import StoreError
+from agent.cmd.errors import BadValue
+from agent.store.errors import StoreError
 
 GOOD = {
     cc.absolute_path: ["/var/lib/compute-agent"],
@@ -80,7 +81,7 @@ def test_a_rule_takes_a_good_value(rule, value):
 
 @pytest.mark.parametrize("rule,value", [(r, v) for r, vs in BAD.items() for v in vs])
 def test_a_rule_refuses_a_bad_value(rule, value):
-    with pytest.raises(cc.BadValue):
+    with pytest.raises(BadValue):
         rule(value)
 
 

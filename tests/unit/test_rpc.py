@@ -20,7 +20,7 @@ from agent.rpc.server import ComputeAgentEndpoint, listed_instances
 from agent.rpc.client import ComputeAgentAPI
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.store.store import StoreError
+from agent.store.errors import StoreError
 from drivers.base import DeviceKind
 
 SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
