@@ -69,7 +69,7 @@ from agent.daemon.service import STORE_FILE, Agent, load_driver, pools_by_uuid, 
 from agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable
 from agent.store.check import StoreFile
 from agent.store.rebuild import RebuiltStore, plan_rebuild
-from agent.reports.tree import TreeReport, Verdict
+from agent.reports.tree import TreeReport, TreeVerdict
 from agent.reports.tree import compare as compare_trees
 from drivers.errors import DriverUnavailable
 
@@ -125,7 +125,7 @@ def tree(conf: cfg.ConfigOpts) -> int:
     try:
         report = read_beside_agent(conf, tree_report)
     except (AgentError, state.StoreError, DriverUnavailable) as e:
-        return report_error(e, Verdict.UNKNOWN, conf.command.json, prefix="tree unknown: ")
+        return report_error(e, TreeVerdict.UNKNOWN, conf.command.json, prefix="tree unknown: ")
     if conf.command.json:
         print_output(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:

@@ -199,15 +199,15 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
                else HostReading(store_check.HostFacts(root_uuid, compute_id_existed,
                                                       None, None)))
     judgement = store_check.judge(facts, reading.facts)
-    if judgement.verdict is store_check.Verdict.REFUSE:
+    if judgement.verdict is store_check.StoreVerdict.REFUSE:
         raise StoreRefused(judgement.reason)
-    if judgement.verdict in (store_check.Verdict.CREATE, store_check.Verdict.ADOPT):
+    if judgement.verdict in (store_check.StoreVerdict.CREATE, store_check.StoreVerdict.ADOPT):
         if not holder:
             raise StoreRefused(f"store {path} is {facts.file.value}: "
                                            "the agent has not run on this host yet")
-    if judgement.verdict is store_check.Verdict.CREATE:
+    if judgement.verdict is store_check.StoreVerdict.CREATE:
         LOG.info("New host: creating store %s", path)
-    if judgement.verdict is store_check.Verdict.ADOPT:
+    if judgement.verdict is store_check.StoreVerdict.ADOPT:
         LOG.info("Adopting this host: %d guests defined by another manager, no "
                  "store yet", len(reading.foreign))
         adopt(path, root_uuid, reading, driver, client, policy)
