@@ -26,7 +26,8 @@ from agent.claims.choice import Pool
 from agent.exception import AgentError, GenerationConflict
 from agent.placement.client import PlacementClient
 from agent.tree.provider_tree import ProviderTree, adopt_uuids
-from agent.heal.realign import Allocations, DeviceIndex, Realignment, misplaced, realign
+from agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
+from agent.claims.model import Allocations
 
 if TYPE_CHECKING:
     from agent.daemon.service import Agent

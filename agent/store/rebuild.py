@@ -26,13 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from agent.claims.model import Assignment, AssignmentState, Owner
+from agent.claims.model import Allocations, Assignment, AssignmentState, Owner
 from agent.claims.choice import Pool, Slot, slot_detail
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from agent.store.errors import RebuildRefused
-
-# consumer uuid -> provider uuid -> resource class -> amount
-Allocations = Mapping[str, Mapping[str, Mapping[str, int]]]
 
 
 @dataclass(frozen=True)
