@@ -8,7 +8,12 @@ caller gets the same type back.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from agent.dependencies import Dependency, describe
+
+if TYPE_CHECKING:  # only named: the claim model sits above this module
+    from agent.claims.model import MigrationRole
 
 
 class AgentError(Exception):
@@ -198,10 +203,15 @@ class VersionCapped(AgentError):
 
 class LiveMigrationRefused(AgentError):
     """A live migration's pre-check refused it before anything moved; on
-    the destination nothing stays claimed. ``side``: "source" or
+    the destination nothing stays claimed. ``side``: the MigrationRole
+    that refused (SOURCE or DESTINATION), kept as its value, "source" or
     "destination"; ``reasons``: one line per device in the way."""
 
-    def __init__(self, instance_uuid: str, side: str, reasons: list[str]):
+    def __init__(self, instance_uuid: str, side: MigrationRole | str,
+                 reasons: list[str]):
+        # The value, a plain string, in args: that is what crosses RPC and
+        # what the caller rebuilds this error from.
+        side = getattr(side, "value", side)
         super().__init__(instance_uuid, side, reasons)
         self.instance_uuid = instance_uuid
         self.side = side

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from oslo_messaging import MessagingTimeout, RemoteError
 
+from agent.claims.model import MigrationRole
 from agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              MoveInProgress, NoSuchInstance, StoreUnavailable,
@@ -33,7 +34,7 @@ MIG = "mig"
      MoveOutcome.STAYED),
     (LiveMigrationFailed("inst", MIG, "outcome_unknown", "libvirtd went away"),
      MoveOutcome.UNKNOWN),
-    (LiveMigrationRefused("inst", "source", ["vf 0000:81:00.1"]), MoveOutcome.STAYED),
+    (LiveMigrationRefused("inst", MigrationRole.SOURCE, ["vf 0000:81:00.1"]), MoveOutcome.STAYED),
     (InvalidRequest("migration_uuid", MIG, "this live migration failed or was "
                     "rolled back"), MoveOutcome.STAYED),
     (NoSuchInstance("inst"), MoveOutcome.STAYED),
@@ -62,7 +63,7 @@ def test_the_outcome_each_answer_stands_for(answer, outcome):
     (InternalError("check_can_live_migrate_destination", "boom"), True),
     # Its refusals did nothing.
     (InvalidRequest("instance_uuid", "x", "not a UUID"), False),
-    (LiveMigrationRefused("inst", "destination", ["vf 0000:81:00.1"]), False),
+    (LiveMigrationRefused("inst", MigrationRole.DESTINATION, ["vf 0000:81:00.1"]), False),
     (MoveInProgress("inst", "other"), False),
 ])
 def test_an_answer_is_lost_unless_the_agent_refused(error, lost):
