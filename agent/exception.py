@@ -198,10 +198,15 @@ class VersionCapped(AgentError):
 
 class LiveMigrationRefused(AgentError):
     """A live migration's pre-check refused it before anything moved; on
-    the destination nothing stays claimed. ``side``: "source" or
-    "destination"; ``reasons``: one line per device in the way."""
+    the destination nothing stays claimed. ``side``: the MigrationRole
+    that refused (SOURCE or DESTINATION; a str enum, which this module,
+    below the claim model, takes as the str it is), kept as its value,
+    "source" or "destination"; ``reasons``: one line per device in the way."""
 
     def __init__(self, instance_uuid: str, side: str, reasons: list[str]):
+        # The value, a plain string, in args: that is what crosses RPC and
+        # what the caller rebuilds this error from.
+        side = getattr(side, "value", side)
         super().__init__(instance_uuid, side, reasons)
         self.instance_uuid = instance_uuid
         self.side = side

@@ -50,7 +50,7 @@ from prometheus_client.exposition import start_http_server
 from agent.claims.model import MoveKind
 from agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
                              MoveInProgress)
-from agent.store.writer import StoreError
+from agent.store.errors import StoreError
 
 LOG = logging.getLogger(__name__)
 

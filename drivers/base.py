@@ -298,9 +298,6 @@ class GuestSpec:
     devices: tuple[GuestDevice, ...] = ()
 
 
-class MdevError(RuntimeError):
-    """An mdev could not be created or removed; the message names the
-    parent and type, or the mdev (and, on a real host, the file written)."""
 
 
 class MigrationFailure(str, enum.Enum):
@@ -322,24 +319,3 @@ class MigrationFailure(str, enum.Enum):
     # or it reported success with the guest still here: where the guest
     # runs must be looked up on both hosts before anything is released.
     OUTCOME_UNKNOWN = "outcome_unknown"
-
-
-class LiveMigrationError(RuntimeError):
-    """A live migration failed; ``cause`` says why, the message names the
-    guest, the destination and the hypervisor's own words."""
-
-    def __init__(self, cause: MigrationFailure, message: str):
-        super().__init__(f"{cause.value}: {message}")
-        self.cause = cause
-
-
-class DriverUnavailable(Exception):
-    """The hypervisor cannot be reached right now; the cycle is skipped.
-    ``where``: what was asked (libvirt's URI); ``problem``: what went
-    wrong, as a verb phrase with the hypervisor's own words ("did not
-    answer (...)")."""
-
-    def __init__(self, message: str, where: str = "", problem: str = ""):
-        super().__init__(message)
-        self.where = where
-        self.problem = problem or f"failed ({message})"

@@ -99,7 +99,7 @@ class ComputeDriver(abc.ABC):
     def list_foreign_guests(self) -> dict[str, ForeignGuest]:
         """Every guest defined here that is not ours (``list_guests`` does
         not list it), by instance uuid. Raises DriverUnavailable when the
-        hypervisor cannot be asked, and InvalidHostData (drivers.host_data)
+        hypervisor cannot be asked, and InvalidHostData (drivers.errors)
         naming the guest whose definition cannot be read: a guest whose
         devices are unknown is not one without devices."""
 

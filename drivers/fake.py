@@ -47,16 +47,14 @@ import yaml
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
 from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
-                          GuestState, HostInventory, LiveMigrationError, device_resources, Mdev,
-                          MdevError, MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
-                          PciHealthSignals, PciKind, PmemNamespace)
+                          GuestState, HostInventory, device_resources, Mdev, MdevParent, MdevType,
+                          MigrationFailure, NumaCell, PciDevice, PciHealthSignals, PciKind,
+                          PmemNamespace)
 from drivers.driver import ComputeDriver
+from drivers.errors import (InvalidFakeHost, InvalidMigrationTarget, LiveMigrationError,
+                            MdevError)
 from drivers.fake_sysfs import vf_address
-from drivers.migration import InvalidMigrationTarget, LiveMigrationTarget, moved_guest
-
-
-class InvalidFakeHost(ValueError):
-    """The fake host description is malformed; the message names the field."""
+from drivers.migration import LiveMigrationTarget, moved_guest
 
 
 def _get(d: dict, key: str, where: str, kind=None, default: Any = ...):

@@ -1,31 +1,16 @@
-"""The declared exception of every host-data parser, and the small value
-validators that raise it, so every parser words its complaints the same way."""
+"""The small value validators every host-data parser uses, so every parser
+words its complaints the same way: each raises InvalidHostData
+(drivers/errors.py), the declared exception of every host-data parser."""
 from __future__ import annotations
 
 import re
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address, format_address
+from drivers.errors import InvalidHostData
 
 _MAX_VALUE_REPR = 80
 _HEX_ID = re.compile(r"^(?:0[xX])?([0-9a-fA-F]{4})$")
-
-
-class InvalidHostData(ValueError):
-    """Input from the host (libvirt XML, sysfs, ndctl JSON) that cannot be
-    used. ``device`` and ``field`` say where, so the warning an operator
-    reads points at the exact thing to look at."""
-
-    def __init__(self, device: str, field: str, reason: str,
-                 value: object = None) -> None:
-        self.device = device
-        self.field = field
-        self.reason = reason
-        self.value = value
-        shown = repr(value)
-        if len(shown) > _MAX_VALUE_REPR:
-            shown = shown[:_MAX_VALUE_REPR - 3] + "..."
-        super().__init__(f"{device}: {field}: {reason} (value: {shown})")
 
 
 def parse_int(text: object, device: str, field: str, *, minimum: int = 0,

@@ -17,16 +17,7 @@ from typing import Iterable, Sequence
 
 from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           HostResource, device_resources)
-
-
-class InvalidMigrationTarget(ValueError):
-    """A target that cannot be read or paired; the message names the field
-    and the value."""
-
-    def __init__(self, field: str, value: object, reason: str) -> None:
-        self.field = field
-        self.value = value
-        super().__init__(f"{field}: {value!r}: {reason}")
+from drivers.errors import InvalidMigrationTarget
 
 
 _DEVICE_KEYS = frozenset({"assignment_id", "kind", "device_id", "amount", "cpus",

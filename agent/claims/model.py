@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from drivers.base import DeviceDetail, DeviceKind
+
+# Placement's allocations as the store's planners read them: consumer uuid
+# -> provider uuid -> resource class -> amount.
+Allocations = Mapping[str, Mapping[str, Mapping[str, int]]]
 
 
 class Owner(str, enum.Enum):

@@ -45,6 +45,7 @@ from agent.exception import ConfigError, shown
 from agent.messaging import messaging
 from agent.metrics import parse_listen
 from agent.tree.policy import tree_policy_from_conf
+from agent.cmd.errors import BadValue
 
 DEFAULT = "DEFAULT"
 
@@ -63,10 +64,6 @@ class Option:
     def value(self, conf: cfg.ConfigOpts) -> Any:
         group = conf if self.section == DEFAULT else conf[self.section]
         return group[self.opt.dest]
-
-
-class BadValue(ValueError):
-    """A rule's verdict on one value: the reason, without the value."""
 
 
 # --- showing a value --------------------------------------------------------

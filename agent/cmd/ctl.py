@@ -55,7 +55,9 @@ from agent.conductor.live_migration import LiveMigrator
 from agent.messaging import messaging
 from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.tree.provider_tree import tree_lines
-from agent.rpc.client import BrokerUnreachable, ComputeAgentAPI, NoAnswer, OutstandingCalls
+from agent.rpc.client import ComputeAgentAPI, OutstandingCalls
+from agent.rpc.errors import BrokerUnreachable, NoAnswer
+from agent.cmd.errors import SpecFileError
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
@@ -76,10 +78,6 @@ HELP = CommandHelp(
     "over the RPC API conductors use: what it reports, its tree and instances, "
     "builds, deletes and move steps. The commands are listed after the options; "
     "'COMMAND --help' says what each takes.")
-
-
-class SpecFileError(AgentError):
-    """The --spec file cannot be read or lacks a field; nothing was sent."""
 
 
 # --- human output -----------------------------------------------------------

@@ -21,9 +21,8 @@ from agent.rpc.heartbeat import make_server as heartbeat_server
 from agent.rpc.server import make_server
 from agent.daemon.reload_signal import ReloadSignal
 from agent.daemon.service import Agent, CycleOutcome
-from agent.store.store import StoreError
-from agent.store.lock import StateDirectoryInUse, StateDirectoryUnusable
-from agent.store.check import StoreRefused
+from agent.store.errors import (StateDirectoryInUse, StateDirectoryUnusable, StoreError,
+                                StoreRefused)
 from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
 from agent.daemon.systemd import notify, watchdog_from_environment
 

@@ -69,11 +69,11 @@ from agent.tree.provider_tree import tree_as_dicts, tree_lines
 from agent.compute.reconcile import Report
 from agent.daemon.service import STORE_FILE, Agent, load_driver
 from agent.placement.allocations import tree_allocations
-from agent.store.lock import StateDirectoryInUse, StateDirectoryUnusable
+from agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable
 from agent.store.check import StoreFile
-from agent.store.rebuild import RebuildRefused, RebuiltStore, plan_rebuild
-from agent.reports.tree import Verdict
-from drivers.base import DriverUnavailable
+from agent.store.rebuild import RebuiltStore, plan_rebuild
+from agent.reports.tree import TreeVerdict
+from drivers.errors import DriverUnavailable
 
 PROG = "compute-agent-manage"
 HELP = CommandHelp(
@@ -91,7 +91,7 @@ def tree(conf: cfg.ConfigOpts) -> int:
     try:
         report = read_beside_agent(conf, tree_report)
     except (AgentError, StoreError, DriverUnavailable) as e:
-        return report_error(e, Verdict.UNKNOWN, conf.command.json, prefix="tree unknown: ")
+        return report_error(e, TreeVerdict.UNKNOWN, conf.command.json, prefix="tree unknown: ")
     if conf.command.json:
         print_output(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:

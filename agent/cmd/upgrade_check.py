@@ -33,11 +33,11 @@ from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_migrations
 from agent.claims.model import Migration
 from agent.reports.probes import read_beside_agent, tree_report
 from agent.exception import AgentError
-from agent.store.writer import StoreError
+from agent.store.errors import StoreError
 from agent.daemon.service import STORE_FILE
 from agent.store.check import StoreFile
 from agent.reports.tree import UnhealedClass
-from drivers.base import DriverUnavailable
+from drivers.errors import DriverUnavailable
 
 # An exception escaping a check: oslo.upgradecheck's code for it, apart
 # from the checks' own 0-2.

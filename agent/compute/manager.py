@@ -22,11 +22,11 @@ from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
 from agent.moves.live_migration import (live_migratable_devices, mdev_refusals,
                                    mdev_type_refusals, pci_refusals)
 from agent.compute.tracker import Tracker, check_uuid
-from drivers.base import (DeviceKind, DriverUnavailable, GuestDevice, GuestSpec, GuestState,
-                          LiveMigrationError, MigrationFailure, device_resources)
+from drivers.base import (DeviceKind, GuestDevice, GuestSpec, GuestState, MigrationFailure,
+                          device_resources)
 from drivers.driver import ComputeDriver
-from drivers.migration import (ClaimedDevice, InvalidMigrationTarget,
-                               LiveMigrationTarget, pair_devices)
+from drivers.errors import DriverUnavailable, InvalidMigrationTarget, LiveMigrationError
+from drivers.migration import ClaimedDevice, LiveMigrationTarget, pair_devices
 
 LOG = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ class ComputeManager:
         refusals = self._pci_refusals("source", [guest_device(a) for a in rows
                                                  if in_guest(a)])
         if refusals:
-            raise LiveMigrationRefused(instance_uuid, "source", refusals)
+            raise LiveMigrationRefused(instance_uuid, MigrationRole.SOURCE, refusals)
         m = self.tracker.announce_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
                                               instance_uuid)
         LOG.info("Live migration %s of instance %s to %s announced", m.uuid,
@@ -406,7 +406,7 @@ class ComputeManager:
                           devices: list[GuestDevice]) -> None:
         refusals = self._pci_refusals("destination", devices)
         if refusals:
-            raise LiveMigrationRefused(instance_uuid, "destination", refusals)
+            raise LiveMigrationRefused(instance_uuid, MigrationRole.DESTINATION, refusals)
         mdevs = [d for d in devices if d.kind is DeviceKind.MDEV]
         if not mdevs:
             return
@@ -420,7 +420,7 @@ class ComputeManager:
         refusals = mdev_refusals(
             mdevs, frozenset(m.uuid for m in self.driver.get_host_inventory().mdevs))
         if refusals:
-            raise LiveMigrationRefused(instance_uuid, "destination", refusals)
+            raise LiveMigrationRefused(instance_uuid, MigrationRole.DESTINATION, refusals)
 
     def _give_back_incoming(self, migration_uuid: str, withdraw: bool = False) -> None:
         """The destination's claim released, and the mdevs made for it
@@ -487,7 +487,7 @@ class ComputeManager:
         refusals = (self._pci_refusals("source", [m.source for m in target.moves])
                     + mdev_type_refusals(target))
         if refusals:
-            raise LiveMigrationRefused(instance_uuid, "source", refusals)
+            raise LiveMigrationRefused(instance_uuid, MigrationRole.SOURCE, refusals)
         self.tracker.begin_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
                                        instance_uuid)
         if resumed:

@@ -43,6 +43,7 @@ from agent.placement.client import PlacementClient
 from agent.placement.allocations import move_allocations
 from agent.rpc.client import ComputeAgentAPI
 from agent.conductor.source_tree import read_device_traits, read_source_tree
+from agent.conductor.errors import NoSuchHost
 
 
 # Instances evacuated at once by default: enough to overlap Placement's and
@@ -59,14 +60,6 @@ def lost_a_race(error: PlacementError) -> bool:
     evacuation, or any scheduler, took it), or a generation moved. Fresh
     candidates may still fit."""
     return error.status == 409
-
-
-class NoSuchHost(AgentError):
-    def __init__(self, host: str):
-        super().__init__(host)
-
-    def __str__(self) -> str:
-        return f"SOURCE: no compute host named {self.args[0]!r} in Placement"
 
 
 @dataclass

@@ -29,11 +29,13 @@ from typing import Callable
 import os_traits
 
 from agent.claims.model import MigrationState
+from agent.conductor.errors import LiveMigrationNotPossible
 from agent.conductor.source_tree import read_device_traits, read_source_tree
 from agent.exception import (AgentError, CallFailed, InvalidRequest,
                              LiveMigrationFailed, LiveMigrationOutcomeUnknown,
                              LiveMigrationRefused, MoveInProgress, NoSuchInstance,
                              VersionCapped)
+from agent.messaging import messaging
 from agent.moves.request import candidate_root, move_request
 from agent.placement.allocations import move_allocations
 from agent.placement.client import PlacementClient
@@ -210,7 +212,8 @@ def answer_lost(error: Exception) -> bool:
     """Whether a call that raised ``error`` may have done its work: no
     answer came (a timeout, the broker), or the agent failed while at it
     (CallFailed: its store, an unforeseen error). Its refusals did nothing."""
-    return not isinstance(error, AgentError) or isinstance(error, CallFailed)
+    return (isinstance(error, (messaging.MessagingTimeout, CallFailed))
+            or not isinstance(error, AgentError))
 
 
 def _give_back_unanswered_claim(api: ComputeAgentAPI, instance_uuid: str,

@@ -16,12 +16,9 @@ from pathlib import Path
 
 from agent.store.atomic_file import write_private
 from agent.dependencies import Dependency, DependencyState
+from agent.daemon.errors import RecordUnreadable
 
 FILENAME = "last_cycle.json"
-
-
-class RecordUnreadable(Exception):
-    """The file is there but is not a cycle record; the message names it."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ from agent.store import node_identity
 from agent.store.store import (Store, StoreError, create_filled, inspect_store, new_assignment_id,
                                placement_view, put_placement_view_sql)
 from agent.store import check as store_check
-from agent.store.adoption import AdoptionRefused, plan_adoption
+from agent.store.adoption import plan_adoption
+from agent.store.errors import AdoptionRefused, StoreRefused
+from agent.daemon.errors import RecordUnreadable
 from agent.placement.allocations import AllocationView, tree_allocations
 from agent.claims.model import Migration
 from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown, describe
@@ -42,9 +44,9 @@ from agent.placement.allocations import move_allocations
 from agent.daemon.systemd import Watchdog
 from agent.compute.tracker import Tracker
 from agent.placement.sync import SyncResult, TreeSync
-from drivers.base import DriverUnavailable, ForeignGuest, HostInventory
+from drivers.base import ForeignGuest, HostInventory
 from drivers.driver import ComputeDriver
-from drivers.host_data import InvalidHostData
+from drivers.errors import DriverUnavailable, InvalidHostData
 
 LOG = logging.getLogger(__name__)
 
@@ -139,14 +141,14 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
                              built.pools_by_uuid(names), driver.boot_id(),
                              new_assignment_id)
     except DriverUnavailable as e:
-        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+        raise StoreRefused(f"store {path} is missing and the host cannot "
                                        f"be adopted: the hypervisor did not answer "
                                        f"({e})") from None
     except (PlacementUnavailable, PlacementError) as e:
-        raise store_check.StoreRefused(f"store {path} is missing and the host cannot "
+        raise StoreRefused(f"store {path} is missing and the host cannot "
                                        f"be adopted: {e}") from None
     except AdoptionRefused as e:
-        raise store_check.StoreRefused("\n".join(
+        raise StoreRefused("\n".join(
             [f"store {path} is missing and the host's guests cannot be adopted; "
              "nothing was written:"] + e.problems)) from None
     for line in plan.skipped:
@@ -178,15 +180,15 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
                else HostReading(store_check.HostFacts(root_uuid, compute_id_existed,
                                                       None, None)))
     judgement = store_check.judge(facts, reading.facts)
-    if judgement.verdict is store_check.Verdict.REFUSE:
-        raise store_check.StoreRefused(judgement.reason)
-    if judgement.verdict in (store_check.Verdict.CREATE, store_check.Verdict.ADOPT):
+    if judgement.verdict is store_check.StoreVerdict.REFUSE:
+        raise StoreRefused(judgement.reason)
+    if judgement.verdict in (store_check.StoreVerdict.CREATE, store_check.StoreVerdict.ADOPT):
         if not holder:
-            raise store_check.StoreRefused(f"store {path} is {facts.file.value}: "
+            raise StoreRefused(f"store {path} is {facts.file.value}: "
                                            "the agent has not run on this host yet")
-    if judgement.verdict is store_check.Verdict.CREATE:
+    if judgement.verdict is store_check.StoreVerdict.CREATE:
         LOG.info("New host: creating store %s", path)
-    if judgement.verdict is store_check.Verdict.ADOPT:
+    if judgement.verdict is store_check.StoreVerdict.ADOPT:
         LOG.info("Adopting this host: %d guests defined by another manager, no "
                  "store yet", len(reading.foreign))
         adopt(path, root_uuid, reading, driver, client, policy)
@@ -200,7 +202,7 @@ def _last_success_recorded(path: Path | None) -> float | None:
     restart does not forget it; None when unknown."""
     try:
         record = cycle_record.read(path) if path is not None else None
-    except cycle_record.RecordUnreadable as e:
+    except RecordUnreadable as e:
         LOG.warning("%s: starting a new record", e)
         return None
     return None if record is None else record.last_success_at
@@ -306,7 +308,7 @@ class Agent:
         conf.set_default("timeout", 30, group="placement")
         compute_id = node_identity.load(conf.state_path)
         if compute_id is None and not holder:
-            raise store_check.StoreRefused(
+            raise StoreRefused(
                 f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
                 "the agent has not run on this host yet")
         metrics = Metrics()
@@ -353,7 +355,8 @@ class Agent:
             # Claims work from the host's devices even when Placement does
             # not answer, with the provider UUIDs it last showed us.
             if self.manager is not None:
-                self.manager.tracker.set_pools(built.pools_by_uuid({p.name: p.uuid for p in self._saved_view}))
+                self.manager.tracker.set_pools(built.pools_by_uuid(
+                    {p.name: p.uuid for p in self._saved_view}))
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result

@@ -23,13 +23,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from agent.claims.model import Assignment
+from agent.claims.model import Allocations, Assignment
 from agent.claims.choice import Pool, Slot, counted_device_id, slot_detail
 from drivers.base import DeviceDetail, DeviceKind
 
 Pools = Mapping[str, Mapping[str, Pool]]  # provider uuid -> class -> pool
-# consumer uuid -> provider uuid -> class -> amount, on our tree
-Allocations = Mapping[str, Mapping[str, Mapping[str, int]]]
 
 
 @dataclass(frozen=True)

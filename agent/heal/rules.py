@@ -31,26 +31,14 @@ from typing import Callable, Iterable, Mapping
 import os_traits
 
 from agent.claims.choice import Pool
-from agent.exception import AgentError
 from agent.tree.provider_tree import Provider, ProviderTree
 from agent.claims.model import Assignment, Migration
 from drivers.base import DeviceKind
+from agent.heal.errors import HealRefused
 
 # provider uuid -> resource class -> amount used (or allocated)
 Usages = Mapping[str, Mapping[str, int]]
 Owned = Callable[[Provider], bool]
-
-
-class HealRefused(AgentError):
-    """Heal cannot move a consumer's allocations; nothing was changed."""
-
-    def __init__(self, consumer_uuid: str, reason: str):
-        super().__init__(consumer_uuid, reason)
-        self.consumer_uuid = consumer_uuid
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"consumer {self.consumer_uuid}: {self.reason}"
 
 
 # --- reserved until healed ----------------------------------------------------

@@ -28,7 +28,8 @@ from agent.exception import AgentError, GenerationConflict
 from agent.placement.allocations import tree_allocations
 from agent.placement.client import PlacementClient
 from agent.tree.provider_tree import ProviderTree, adopt_uuids
-from agent.heal.realign import Allocations, DeviceIndex, Realignment, misplaced, realign
+from agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
+from agent.claims.model import Allocations
 from agent.placement.sync import TreeSync
 from agent.tree.host_tree import BuiltTree
 from drivers.base import HostInventory

@@ -2,7 +2,7 @@
 provider tree (pure: signals in, verdicts and a tree out; the reading is
 the driver's, the polling agent/health/watch.py's).
 
-What makes a device bad, each a ``Fault``:
+What makes a device bad, each a ``DeviceFault``:
 
 - ``GONE``: its sysfs directory is gone (hot-removed, or dropped off the
   bus).
@@ -54,7 +54,9 @@ CORRECTABLE_WINDOW_S = 60.0
 _NO_LINK_STATES = frozenset({"down", "lowerlayerdown"})
 
 
-class Fault(str, enum.Enum):
+class DeviceFault(str, enum.Enum):
+    """What makes a device bad (see above); each is a trait on its provider."""
+
     GONE = "gone"
     CONFIG_SPACE = "config_space"
     AER_FATAL = "aer_fatal"
@@ -68,7 +70,7 @@ class Fault(str, enum.Enum):
         return f"{UNHEALTHY_TRAIT}_{self.name}"
 
 
-FAULT_BY_TRAIT = {f.trait: f for f in Fault}
+FAULT_BY_TRAIT = {f.trait: f for f in DeviceFault}
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class DeviceVerdict:
     phrase per fault, for the log and ``status``)."""
 
     address: str
-    faults: frozenset[Fault]
+    faults: frozenset[DeviceFault]
     details: tuple[str, ...]
 
 
@@ -146,38 +148,38 @@ class HealthJudge:
         """The device's verdict, None when nothing is wrong with it."""
         if not signals.present:
             self._seen.pop(signals.address, None)  # counts restart if it returns
-            return DeviceVerdict(signals.address, frozenset({Fault.GONE}),
+            return DeviceVerdict(signals.address, frozenset({DeviceFault.GONE}),
                                  ("gone from sysfs",))
         seen = self._seen.setdefault(signals.address, _Seen())
-        found: dict[Fault, str] = {}
+        found: dict[DeviceFault, str] = {}
         config = config_space_problem(signals)
         if config:
-            found[Fault.CONFIG_SPACE] = config
+            found[DeviceFault.CONFIG_SPACE] = config
         risen, seen.fatal_base = uncorrectable_rise(seen.fatal_base,
                                                     signals.aer_fatal)
         if risen:
-            found[Fault.AER_FATAL] = (f"TOTAL_ERR_FATAL {seen.fatal_base} -> "
+            found[DeviceFault.AER_FATAL] = (f"TOTAL_ERR_FATAL {seen.fatal_base} -> "
                                       f"{signals.aer_fatal}")
         risen, seen.nonfatal_base = uncorrectable_rise(seen.nonfatal_base,
                                                        signals.aer_nonfatal)
         if risen:
-            found[Fault.AER_NONFATAL] = (f"TOTAL_ERR_NONFATAL {seen.nonfatal_base}"
+            found[DeviceFault.AER_NONFATAL] = (f"TOTAL_ERR_NONFATAL {seen.nonfatal_base}"
                                          f" -> {signals.aer_nonfatal}")
         rise = correctable_rise(seen.correctable, signals.aer_correctable, now)
         if rise >= self.correctable_per_minute:
-            found[Fault.AER_CORRECTABLE] = (f"TOTAL_ERR_COR +{rise} within "
+            found[DeviceFault.AER_CORRECTABLE] = (f"TOTAL_ERR_COR +{rise} within "
                                             f"{CORRECTABLE_WINDOW_S:.0f} s")
         if (signals.sriov_numvfs is not None and signals.vfs_present is not None
                 and signals.sriov_numvfs != signals.vfs_present):
-            found[Fault.VF_COUNT] = (f"sriov_numvfs {signals.sriov_numvfs}, "
+            found[DeviceFault.VF_COUNT] = (f"sriov_numvfs {signals.sriov_numvfs}, "
                                      f"{signals.vfs_present} VFs present")
         down = [link.name for link in signals.links if link_down(link)]
         if down:
-            found[Fault.LINK_DOWN] = f"no carrier on {', '.join(down)}"
+            found[DeviceFault.LINK_DOWN] = f"no carrier on {', '.join(down)}"
         if not found:
             return None
         return DeviceVerdict(signals.address, frozenset(found),
-                             tuple(found[f] for f in Fault if f in found))
+                             tuple(found[f] for f in DeviceFault if f in found))
 
 
 def config_space_problem(signals: PciHealthSignals) -> str | None:
@@ -279,19 +281,19 @@ class UnhealthyProvider:
     """A provider Placement shows out of service for a device's health."""
 
     name: str
-    faults: frozenset[Fault]
+    faults: frozenset[DeviceFault]
     # resource class -> (reserved, total)
     held: tuple[tuple[str, int, int], ...]
 
     def describe(self) -> str:
         units = ", ".join(f"{rc} {reserved} of {total} reserved"
                           for rc, reserved, total in self.held)
-        reasons = ", ".join(f.value for f in Fault if f in self.faults)
+        reasons = ", ".join(f.value for f in DeviceFault if f in self.faults)
         return f"{self.name}: unhealthy ({reasons}); {units}"
 
     def to_json(self) -> dict:
         return {"provider": self.name,
-                "faults": [f.value for f in Fault if f in self.faults],
+                "faults": [f.value for f in DeviceFault if f in self.faults],
                 "reserved": {rc: {"reserved": reserved, "total": total}
                              for rc, reserved, total in self.held}}
 
@@ -320,5 +322,5 @@ class HealthSnapshot:
     unhealthy: tuple[DeviceVerdict, ...]
     polls: int
 
-    def count_by_fault(self) -> dict[Fault, int]:
-        return {f: sum(1 for v in self.unhealthy if f in v.faults) for f in Fault}
+    def count_by_fault(self) -> dict[DeviceFault, int]:
+        return {f: sum(1 for v in self.unhealthy if f in v.faults) for f in DeviceFault}

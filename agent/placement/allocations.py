@@ -19,18 +19,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from agent.claims.model import Allocations
 from agent.exception import GenerationConflict
 from agent.placement.client import PlacementClient
 
-# consumer uuid -> provider uuid -> resource class -> amount
-TreeAllocations = dict[str, dict[str, dict[str, int]]]
-
-
-def tree_allocations(client: PlacementClient, root_uuid: str) -> TreeAllocations:
+def tree_allocations(client: PlacementClient, root_uuid: str) -> Allocations:
     """Every consumer's allocations over the providers Placement has in the
     tree of ``root_uuid``, read afresh: one GET for the tree and one per
     provider."""
-    out: TreeAllocations = {}
+    out: dict[str, dict[str, dict[str, int]]] = {}
     for provider in client.get_tree(root_uuid):
         for consumer, body in client.get_provider_allocations(provider["uuid"]).items():
             out.setdefault(consumer, {})[provider["uuid"]] = dict(body["resources"])

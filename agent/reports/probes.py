@@ -23,7 +23,8 @@ from agent.reports.tree import TreeReport
 from agent.reports.tree import compare as compare_trees
 from agent.store.check import StoreFile
 from agent.tree.provider_tree import adopt_uuids
-from drivers.base import DriverUnavailable
+from agent.daemon.errors import RecordUnreadable
+from drivers.errors import DriverUnavailable
 
 # A probe waits this long for an answer: status is run by hand and by
 # monitoring, which should not hang on a dead service.
@@ -109,7 +110,7 @@ def store(path: Path) -> StoreHealth:
 def last_cycle(state_path: str) -> cycle_record.CycleRecord | None | Unknown:
     try:
         return cycle_record.read(cycle_record.path_in(state_path))
-    except cycle_record.RecordUnreadable as e:
+    except RecordUnreadable as e:
         return Unknown(str(e))
 
 

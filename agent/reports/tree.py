@@ -25,7 +25,7 @@ from agent.tree.provider_tree import (INVENTORY_FIELDS, Provider, ProviderTree,
 ProviderAllocations = Mapping[str, Mapping[str, Mapping]]
 
 
-class Verdict(enum.IntEnum):
+class TreeVerdict(enum.IntEnum):
     """The command's exit code."""
 
     IN_STEP = 0
@@ -96,13 +96,13 @@ class TreeReport:
     others: list[Provider] = field(default_factory=list)
 
     @property
-    def verdict(self) -> Verdict:
-        return (Verdict.OUT_OF_STEP if self.differences or self.unhealed
-                else Verdict.IN_STEP)
+    def verdict(self) -> TreeVerdict:
+        return (TreeVerdict.OUT_OF_STEP if self.differences or self.unhealed
+                else TreeVerdict.IN_STEP)
 
     def as_dict(self) -> dict:
         return {
-            "in_step": self.verdict is Verdict.IN_STEP,
+            "in_step": self.verdict is TreeVerdict.IN_STEP,
             "placement": tree_as_dicts(self.placement),
             "discovered": tree_as_dicts(self.discovered),
             "differences": [_difference_dict(d) for d in self.differences],
@@ -140,7 +140,7 @@ class TreeReport:
         return lines
 
     def summary(self) -> str:
-        if self.verdict is Verdict.IN_STEP:
+        if self.verdict is TreeVerdict.IN_STEP:
             return "in step"
         classes = sorted({u.resource_class for u in self.unhealed})
         return (f"{len(self.differences)} providers differ; "

@@ -28,6 +28,7 @@ from agent.dependencies import Probe, describe
 from agent.exception import VersionCapped
 from agent.messaging import TOPIC, messaging, transport
 from agent.rpc.versions import OLDEST, VERSION
+from agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
 
 LOG = logging.getLogger(__name__)
 
@@ -40,28 +41,10 @@ SEND_RETRIES = 0
 RESEND_PAUSE_SECONDS = 0.5
 
 
-class BrokerDown(Exception):
-    """Before a client's first call: the broker did not take a connection."""
-
-
 # What a send that did not reach the broker raises: oslo.messaging's error
 # once its attempts are spent, kombu's when the driver had no connection to
 # the broker yet (the rabbit driver lets it through), or ours.
 NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
-
-
-class BrokerUnreachable(messaging.MessagingTimeout):
-    """The request could not be handed to the broker within the call's
-    timeout: a timeout like any other to a caller, which retries."""
-
-
-class NoAnswer(messaging.MessagingTimeout):
-    """The call was sent and no answer came within its timeout: the agent
-    may or may not have done it. Names the host and the method."""
-
-    def __init__(self, host: str, method: str, timeout: float):
-        super().__init__(f"{method} to {host}: no answer within {timeout:g}s")
-        self.host = host
 
 
 class OutstandingCalls:

@@ -31,7 +31,7 @@ from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
 from agent.tree.provider_tree import tree_as_dicts
 from agent.rpc.versions import VERSION
 from agent.claims.model import Assignment, AssignmentState, Migration
-from agent.store.store import StoreError
+from agent.store.errors import StoreError
 
 LOG = logging.getLogger(__name__)
 # What the caller is told of an error it cannot act on; the log has all.
@@ -60,11 +60,13 @@ def rpc_method(since: str, schema: dict):
                 arguments = schemas.checked(checker, payload)
                 LOG.debug("RPC %s", name)
                 return method(self, ctxt, **arguments)
-            except AgentError:
-                raise
+            # Before AgentError: StoreError is one, but not one a caller
+            # can rebuild (agent.store.errors is not on the wire).
             except (StoreError, sqlite3.Error) as e:
                 LOG.error("RPC %s: the store failed: %s", name, short(e))
                 raise StoreUnavailable(name, short(e)) from None
+            except AgentError:
+                raise
             except Exception as e:  # noqa: BLE001 - answered as a declared type
                 LOG.exception("RPC %s failed", name)
                 raise InternalError(name, short(e)) from None

@@ -32,13 +32,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from agent.claims.choice import Pool
-from agent.store.rebuild import (Allocations, GuestRows, HeldDevice, RebuildRefused,
-                                 RebuiltStore)
+from agent.claims.model import Allocations
+from agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore
+from agent.store.errors import AdoptionRefused
 from drivers.base import DeviceKind, ForeignGuest, HostResource, HostResourceKind
-
-
-class AdoptionRefused(RebuildRefused):
-    """What cannot be adopted, one problem a line; nothing was written."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from agent.exception import AgentError
 
 REBUILD_HINT = "run 'compute-agent-manage rebuild-store' to rebuild it"
 
@@ -67,7 +66,9 @@ class HostFacts:
     foreign_guests: frozenset[str] | None = frozenset()
 
 
-class Verdict(enum.Enum):
+class StoreVerdict(enum.Enum):
+    """What the start check decides about the store."""
+
     OPEN = "open"  # the store is this host's: serve from it
     CREATE = "create"  # a new host: create an empty store
     REFUSE = "refuse"  # lost, corrupt or not ours: serve nothing
@@ -76,12 +77,8 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class Judgement:
-    verdict: Verdict
+    verdict: StoreVerdict
     reason: str = ""  # one line naming the file, when REFUSE
-
-
-class StoreRefused(AgentError):
-    """The store cannot be served from; the message is the one line."""
 
 
 def needs_host_facts(store: StoreFacts) -> bool:
@@ -91,7 +88,7 @@ def needs_host_facts(store: StoreFacts) -> bool:
 
 def corrupt_store(store: StoreFacts) -> Judgement | None:
     if store.file is StoreFile.CORRUPT:
-        return Judgement(Verdict.REFUSE,
+        return Judgement(StoreVerdict.REFUSE,
                          f"store {store.path} is unusable ({store.detail}); move it "
                          f"aside and {REBUILD_HINT}")
     return None
@@ -99,7 +96,7 @@ def corrupt_store(store: StoreFacts) -> Judgement | None:
 
 def lost_write_ahead_log(store: StoreFacts) -> Judgement | None:
     if store.file is StoreFile.VALID and store.wal_lost:
-        return Judgement(Verdict.REFUSE,
+        return Judgement(StoreVerdict.REFUSE,
                          f"store {store.path} was not closed cleanly and its "
                          f"write-ahead log {store.path}-wal is missing: its latest "
                          f"writes are lost; move it aside and {REBUILD_HINT}")
@@ -109,7 +106,7 @@ def lost_write_ahead_log(store: StoreFacts) -> Judgement | None:
 def store_of_another_root(store: StoreFacts, host: HostFacts | None) -> Judgement | None:
     if (store.file is StoreFile.VALID and host is not None and store.root_uuid
             and store.root_uuid != host.root_uuid):
-        return Judgement(Verdict.REFUSE,
+        return Judgement(StoreVerdict.REFUSE,
                          f"store {store.path} belongs to root provider "
                          f"{store.root_uuid}, but compute_id names {host.root_uuid}")
     return None
@@ -120,7 +117,7 @@ def lost_store(store: StoreFacts, host: HostFacts) -> Judgement | None:
     what = f"store {store.path} is {store.file.value}"
     if host.guests:
         example = sorted(host.guests)[0]
-        return Judgement(Verdict.REFUSE,
+        return Judgement(StoreVerdict.REFUSE,
                          f"{what} but {len(host.guests)} guest(s) of ours are defined "
                          f"here (e.g. {example}): the store is lost; {REBUILD_HINT}")
     # While the guests are unknown the allocations may be nova's, on a
@@ -128,7 +125,7 @@ def lost_store(store: StoreFacts, host: HostFacts) -> Judgement | None:
     if (host.compute_id_existed and host.allocations and host.guests is not None
             and host.foreign_guests is not None):
         example = sorted(host.allocations)[0]
-        return Judgement(Verdict.REFUSE,
+        return Judgement(StoreVerdict.REFUSE,
                          f"{what} but {len(host.allocations)} consumer(s) hold "
                          f"allocations on root provider {host.root_uuid}'s tree in "
                          f"Placement (e.g. {example}): the store is lost; {REBUILD_HINT}")
@@ -143,7 +140,7 @@ def host_to_adopt(store: StoreFacts, host: HostFacts) -> Judgement | None:
     if (store.file is StoreFile.ABSENT and host.compute_id_existed
             and host.guests is not None and not host.guests
             and host.allocations is not None and host.foreign_guests):
-        return Judgement(Verdict.ADOPT)
+        return Judgement(StoreVerdict.ADOPT)
     return None
 
 
@@ -153,7 +150,7 @@ def cannot_tell(store: StoreFacts, host: HostFacts) -> Judgement | None:
     lost store."""
     if (host.guests is None or host.foreign_guests is None
             or (host.compute_id_existed and host.allocations is None)):
-        return Judgement(Verdict.REFUSE,
+        return Judgement(StoreVerdict.REFUSE,
                          f"store {store.path} is {store.file.value} and a new host "
                          f"cannot be told from a lost store: {host.why_unknown}; "
                          "start again once it answers")
@@ -171,11 +168,11 @@ def judge(store: StoreFacts, host: HostFacts | None) -> Judgement:
     if found:
         return found
     if store.file is StoreFile.VALID:
-        return Judgement(Verdict.OPEN)
+        return Judgement(StoreVerdict.OPEN)
     if host is None:
         raise ValueError(f"{store.path} is {store.file.value}: host facts are needed")
     for rule in (host_to_adopt, lost_store, cannot_tell):
         found = rule(store, host)
         if found:
             return found
-    return Judgement(Verdict.CREATE)
+    return Judgement(StoreVerdict.CREATE)

@@ -15,17 +15,9 @@ import fcntl
 import os
 from pathlib import Path
 
-from agent.exception import AgentError
+from agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable
 
 FILENAME = "lock"
-
-
-class StateDirectoryInUse(AgentError):
-    """Another process holds the state directory's lock."""
-
-
-class StateDirectoryUnusable(AgentError):
-    """The state directory or its lock file cannot be made or opened."""
 
 
 class StateLock:

@@ -26,24 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from agent.claims.model import Assignment, AssignmentState, Owner
+from agent.claims.model import Allocations, Assignment, AssignmentState, Owner
 from agent.claims.choice import Pool, Slot, slot_detail
-from agent.exception import AgentError
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
-
-# consumer uuid -> provider uuid -> resource class -> amount
-Allocations = Mapping[str, Mapping[str, Mapping[str, int]]]
-
-
-class RebuildRefused(AgentError):
-    """What cannot be rebuilt, one problem a line; nothing was written."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__(problems)
-        self.problems = problems
-
-    def __str__(self) -> str:
-        return "\n".join(self.problems)
+from agent.store.errors import RebuildRefused
 
 
 @dataclass(frozen=True)

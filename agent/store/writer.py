@@ -38,12 +38,9 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Callable
+from agent.store.errors import StoreError
 
 LOG = logging.getLogger(__name__)
-
-
-class StoreError(Exception):
-    """The store could not be opened or written."""
 
 
 # A write as data: an SQL statement and the parameter rows it runs for.

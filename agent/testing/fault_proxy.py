@@ -1,11 +1,11 @@
 """A fault-injecting HTTP proxy, to put between a Placement client (the
 agent, or our users' own tools) and a real Placement in tests.
 
-    proxy = FaultProxy(placement.url, {Fault.CONFLICT: 0.05,
-                                       Fault.ERROR_503_AFTER: 0.05}, seed=7).start()
+    proxy = FaultProxy(placement.url, {PlacementFault.CONFLICT: 0.05,
+                                       PlacementFault.ERROR_503_AFTER: 0.05}, seed=7).start()
     # point the client at proxy.url ...
     proxy.set_rates({})          # faults stop; requests pass through
-    proxy.injected               # Counter: Fault -> how many were injected
+    proxy.injected               # Counter: PlacementFault -> how many were injected
     proxy.stop()
 
 Each request draws at most one fault from a seeded generator, so a run
@@ -34,7 +34,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 
-class Fault(enum.Enum):
+class PlacementFault(enum.Enum):
+    """A fault the proxy puts between the agent and Placement."""
+
     CONFLICT = "409 concurrent_update"
     ERROR_500_BEFORE = "500 before"
     ERROR_503_BEFORE = "503 before"
@@ -56,8 +58,8 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te",
                          "trailer", "upgrade", "proxy-connection", "content-length"})
 
 
-def applies_to(fault: Fault, method: str) -> bool:
-    return fault is not Fault.CONFLICT or method in WRITE_METHODS
+def applies_to(fault: PlacementFault, method: str) -> bool:
+    return fault is not PlacementFault.CONFLICT or method in WRITE_METHODS
 
 
 def error_body(status: int, code: str, detail: str) -> bytes:
@@ -75,7 +77,7 @@ def conflict_body(method: str, path: str) -> bytes:
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, rates: dict[Fault, float] | None = None,
+    def __init__(self, upstream: str, rates: dict[PlacementFault, float] | None = None,
                  seed: int = 0, delay: float = 0.5, upstream_timeout: float = 60):
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port or 80)
@@ -83,11 +85,11 @@ class FaultProxy:
         self.upstream_timeout = upstream_timeout
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self.injected: Counter[Fault] = Counter()
+        self.injected: Counter[PlacementFault] = Counter()
         # (method, path, fault or None) of every request, oldest first.
-        self.seen: list[tuple[str, str, Fault | None]] = []
+        self.seen: list[tuple[str, str, PlacementFault | None]] = []
         # Faults for the next request matching (method, path prefix).
-        self._planned: list[tuple[str, str, Fault]] = []
+        self._planned: list[tuple[str, str, PlacementFault]] = []
         self.set_rates(rates or {})
         self._stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -96,7 +98,7 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread: threading.Thread | None = None
 
-    def set_rates(self, rates: dict[Fault, float]) -> None:
+    def set_rates(self, rates: dict[PlacementFault, float]) -> None:
         """Each fault's probability per request; together at most 1.
         ``{}``: no more faults."""
         bad = {f: r for f, r in rates.items() if not 0 <= r <= 1}
@@ -133,14 +135,14 @@ class FaultProxy:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def once(self, fault: Fault, method: str, path_prefix: str) -> None:
+    def once(self, fault: PlacementFault, method: str, path_prefix: str) -> None:
         """The next request of ``method`` whose path starts with
         ``path_prefix`` meets ``fault``, whatever the rates: for tests that
         need one fault at one place."""
         with self._lock:
             self._planned.append((method, path_prefix, fault))
 
-    def draw(self, method: str, path: str) -> Fault | None:
+    def draw(self, method: str, path: str) -> PlacementFault | None:
         """The fault for the next request, if any, counted as injected."""
         with self._lock:
             fault = self._planned_for(method, path) or self._roll(method)
@@ -149,14 +151,14 @@ class FaultProxy:
             self.seen.append((method, path, fault))
             return fault
 
-    def _planned_for(self, method: str, path: str) -> Fault | None:
+    def _planned_for(self, method: str, path: str) -> PlacementFault | None:
         for i, (m, prefix, fault) in enumerate(self._planned):
             if m == method and path.startswith(prefix):
                 del self._planned[i]
                 return fault
         return None
 
-    def _roll(self, method: str) -> Fault | None:
+    def _roll(self, method: str) -> PlacementFault | None:
         roll = self._rng.random()
         for fault, rate in self.rates.items():
             if roll < rate:
@@ -190,24 +192,24 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         fault = self.proxy.draw(self.command, self.path)
-        if fault is Fault.CONFLICT:
+        if fault is PlacementFault.CONFLICT:
             return self._answer(409, conflict_body(self.command, self.path))
-        if fault in (Fault.ERROR_500_BEFORE, Fault.ERROR_503_BEFORE):
+        if fault in (PlacementFault.ERROR_500_BEFORE, PlacementFault.ERROR_503_BEFORE):
             return self._answer(_status(fault), _server_error(fault))
-        if fault is Fault.RESET_BEFORE:
+        if fault is PlacementFault.RESET_BEFORE:
             return self._reset()
-        if fault is Fault.BLACK_HOLE:
+        if fault is PlacementFault.BLACK_HOLE:
             return self._black_hole()
-        if fault is Fault.DELAY:
+        if fault is PlacementFault.DELAY:
             time.sleep(self.proxy.delay)
         try:
             status, headers, answer = self._forward(body)
         except OSError as e:
             return self._answer(502, error_body(
                 502, "placement.undefined_code", f"the proxy did not reach Placement: {e}"))
-        if fault is Fault.RESET_AFTER:
+        if fault is PlacementFault.RESET_AFTER:
             return self._reset()
-        if fault in (Fault.ERROR_500_AFTER, Fault.ERROR_503_AFTER):
+        if fault in (PlacementFault.ERROR_500_AFTER, PlacementFault.ERROR_503_AFTER):
             return self._answer(_status(fault), _server_error(fault))
         self._answer(status, answer, headers)
 
@@ -251,10 +253,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 return
 
 
-def _status(fault: Fault) -> int:
-    return 500 if fault in (Fault.ERROR_500_BEFORE, Fault.ERROR_500_AFTER) else 503
+def _status(fault: PlacementFault) -> int:
+    return (500 if fault in (PlacementFault.ERROR_500_BEFORE, PlacementFault.ERROR_500_AFTER)
+            else 503)
 
 
-def _server_error(fault: Fault) -> bytes:
+def _server_error(fault: PlacementFault) -> bytes:
     return error_body(_status(fault), "placement.undefined_code",
                       f"injected by the fault proxy: {fault.value}")

@@ -12,7 +12,7 @@ from typing import Callable, TypeVar
 
 import libvirt
 
-from drivers.base import DriverUnavailable
+from drivers.errors import DriverUnavailable
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")

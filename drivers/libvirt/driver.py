@@ -15,17 +15,17 @@ from urllib.parse import urlsplit
 
 import libvirt
 
-from drivers.base import (ForeignGuest, GuestSpec, GuestState, HostInventory, LiveMigrationError,
-                          Mdev, MdevParent, MigrationFailure, PciDevice, PciHealthSignals, PciKind)
+from drivers.base import (ForeignGuest, GuestSpec, GuestState, HostInventory, Mdev, MdevParent,
+                          MigrationFailure, PciDevice, PciHealthSignals, PciKind)
 from drivers.driver import ComputeDriver
+from drivers.errors import InvalidHostData, LiveMigrationError, MigrationXmlError
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
-from drivers.host_data import InvalidHostData
 from drivers.libvirt.guest_xml import parse_guest
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.host_cpu import HostCpuFeatures
 from drivers.libvirt.mdev import MdevSysfs
-from drivers.libvirt.migration_xml import MigrationXmlError, rewrite_for_destination
+from drivers.libvirt.migration_xml import rewrite_for_destination
 from drivers.migration import LiveMigrationTarget
 from drivers.libvirt.sysfs import SysfsReader
 from drivers.warnings_once import WarningsOnce

@@ -11,13 +11,12 @@ import uuid as uuid_lib
 
 import libvirt
 
-from drivers.base import (DeviceKind, ForeignGuest, GuestSpec, GuestState,
-                          LiveMigrationError, MigrationFailure)
+from drivers.base import DeviceKind, ForeignGuest, GuestSpec, GuestState, MigrationFailure
+from drivers.errors import InvalidHostData, LiveMigrationError, MdevError
 from drivers.libvirt.connection import Connection
-from drivers.host_data import InvalidHostData
 from drivers.libvirt.guest_xml import (build_domain_xml, parse_foreign, parse_live,
                                        parse_metadata)
-from drivers.libvirt.mdev import MdevError, MdevSysfs
+from drivers.libvirt.mdev import MdevSysfs
 
 LOG = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import logging
 
 import libvirt
 
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 from drivers.libvirt import capabilities
 from drivers.libvirt.connection import Connection
 

@@ -16,7 +16,7 @@ import errno
 import os
 import uuid as uuid_lib
 
-from drivers.base import MdevError
+from drivers.errors import MdevError
 from drivers.libvirt.guest_xml import DEFAULT_MDEV_MODEL
 
 

@@ -26,9 +26,9 @@ import pytest
 
 from agent.cmd.common import load_config
 from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
-                          HostResource, HostResourceKind, LiveMigrationError, MdevError,
-                          MigrationFailure, device_resources)
+                          HostResource, HostResourceKind, MigrationFailure, device_resources)
 from drivers.driver import ComputeDriver
+from drivers.errors import LiveMigrationError, MdevError
 from drivers.fake import FakeDriver, FakeNetwork
 from drivers.migration import DeviceMove, LiveMigrationTarget
 from drivers.fake_sysfs import SysfsBuilder

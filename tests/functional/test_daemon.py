@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from agent.store import node_identity
-from agent.testing.fault_proxy import Fault, FaultProxy
+from agent.testing.fault_proxy import PlacementFault, FaultProxy
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import wait_for, write_conf
 
@@ -183,7 +183,7 @@ def test_a_sighup_during_start_up_does_not_kill_the_daemon(tmp_path, placement):
         # request, held, keeps the daemon in start-up while the signal comes.
         (tmp_path / "state").mkdir(mode=0o700)
         (tmp_path / "state" / node_identity.FILENAME).write_text(str(uuid.uuid4()))
-        proxy.once(Fault.DELAY, "GET", "/")
+        proxy.once(PlacementFault.DELAY, "GET", "/")
         log = tmp_path / "agent.log"
         proc = start_daemon(conf, log)
         try:

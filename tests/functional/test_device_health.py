@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from agent.health.rules import Fault
+from agent.health.rules import DeviceFault
 from agent.exception import ClaimFailed
 from agent.tree.ownership import UNHEALTHY_TRAIT
 from drivers.fake_sysfs import vf_address
@@ -61,7 +61,7 @@ def reserved_after(host: Host, name: str, rc: str, reserved: int, change) -> flo
     return time.monotonic() - start
 
 
-def out_then_back(host: Host, name: str, rc: str, fault: Fault, breaks, mends,
+def out_then_back(host: Host, name: str, rc: str, fault: DeviceFault, breaks, mends,
                   out: int) -> float:
     """Break, see ``out`` units reserved with the reason, mend, see them
     back; returns the latency of the break."""
@@ -101,14 +101,14 @@ def assert_guest_untouched(host: Host, instance: str, rows: list) -> None:
 
 def test_config_space_reading_ffff_takes_the_whole_device_out(host):
     nic = NIC0.upper()
-    out_then_back(host, nic, "CUSTOM_PCI_15B3_101B", Fault.CONFIG_SPACE,
+    out_then_back(host, nic, "CUSTOM_PCI_15B3_101B", DeviceFault.CONFIG_SPACE,
                   lambda: host.sys.set_vendor(NIC0, "ffff"),
                   lambda: host.sys.set_vendor(NIC0, "15b3"), out=1)
 
 
 def test_a_dead_config_space_on_the_gpu_takes_its_vgpus_out(host):
     gpu = "pci_" + GPU.replace(":", "_").replace(".", "_")
-    out_then_back(host, gpu, "VGPU", Fault.CONFIG_SPACE,
+    out_then_back(host, gpu, "VGPU", DeviceFault.CONFIG_SPACE,
                   lambda: host.sys.set_config_space_dead(GPU),
                   lambda: host.sys.set_config_space_dead(GPU, dead=False), out=4)
 
@@ -120,7 +120,7 @@ def test_a_nonfatal_aer_error_on_the_pf_takes_its_vfs_out_but_not_the_guests(hos
     latency = reserved_after(host, pf, "SRIOV_NET_VF", before["total"],
                              lambda: host.sys.set_aer(PF, nonfatal=1))
     assert latency < BOUND_S
-    assert {UNHEALTHY_TRAIT, Fault.AER_NONFATAL.trait} <= traits(host, pf)
+    assert {UNHEALTHY_TRAIT, DeviceFault.AER_NONFATAL.trait} <= traits(host, pf)
     # Reserved for the scheduler, and a claim that comes anyway gets no VF.
     with pytest.raises(ClaimFailed):
         host.agent.manager.tracker.claim_build(
@@ -135,13 +135,13 @@ def test_a_nonfatal_aer_error_on_the_pf_takes_its_vfs_out_but_not_the_guests(hos
 
 def test_a_vf_gone_from_its_pf_is_a_vf_count_drift(host):
     vf = vf_address(PF, 1)
-    out_then_back(host, PF.upper(), "SRIOV_NET_VF", Fault.VF_COUNT,
+    out_then_back(host, PF.upper(), "SRIOV_NET_VF", DeviceFault.VF_COUNT,
                   lambda: host.sys.unplug_vf(vf),
                   lambda: host.sys.replug_vf(vf), out=2)
 
 
 def test_a_nic_losing_its_link_is_taken_out(host):
-    out_then_back(host, NIC0.upper(), "CUSTOM_PCI_15B3_101B", Fault.LINK_DOWN,
+    out_then_back(host, NIC0.upper(), "CUSTOM_PCI_15B3_101B", DeviceFault.LINK_DOWN,
                   lambda: host.sys.set_link(NIC0, IFNAME, up=False),
                   lambda: host.sys.set_link(NIC0, IFNAME, up=True), out=1)
 

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from agent.cmd.common import load_config
-from agent.heal.rules import HealRefused
+from agent.heal.errors import HealRefused
 from agent.heal.run import run_heal
 from agent.daemon.service import Agent
 from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,

@@ -23,7 +23,8 @@ import libvirt
 import pytest
 
 from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec, HostResource,
-                          HostResourceKind, LiveMigrationError, MigrationFailure)
+                          HostResourceKind, MigrationFailure)
+from drivers.errors import LiveMigrationError
 from drivers.libvirt.driver import LibvirtDriver
 from drivers.libvirt.guest_xml import domain_name
 from tests.contract.test_driver_contract import libvirt_driver

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from agent.cmd.common import load_config
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.driver import LibvirtDriver
 from drivers.libvirt.sysfs import SysfsReader

@@ -26,7 +26,7 @@ from pathlib import Path
 import requests
 
 from agent.store import node_identity
-from agent.testing.fault_proxy import Fault, FaultProxy
+from agent.testing.fault_proxy import PlacementFault, FaultProxy
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import HEADERS, get
 
@@ -38,10 +38,10 @@ PLACEMENT_TIMEOUT = 2  # seconds: how long a black hole holds a request
 TOP = Path(__file__).resolve().parents[2]
 
 
-def spread(total: float) -> dict[Fault, float]:
+def spread(total: float) -> dict[PlacementFault, float]:
     """``total`` split over every kind of fault, twice as much for 409s,
     which Placement really answers often."""
-    weights = {f: 2 if f is Fault.CONFLICT else 1 for f in Fault}
+    weights = {f: 2 if f is PlacementFault.CONFLICT else 1 for f in PlacementFault}
     scale = total / sum(weights.values())
     return {f: w * scale for f, w in weights.items()}
 

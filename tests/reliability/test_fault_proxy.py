@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import requests
 
-from agent.testing.fault_proxy import Fault, FaultProxy
+from agent.testing.fault_proxy import PlacementFault, FaultProxy
 from tests.functional.helpers import HEADERS
 
 
@@ -42,25 +42,25 @@ def test_without_faults_the_answer_is_placements(proxy, placement):
 
 
 def test_a_conflict_is_placements_error_and_placement_never_sees_it(proxy, placement):
-    proxy.set_rates({Fault.CONFLICT: 1})
+    proxy.set_rates({PlacementFault.CONFLICT: 1})
     mark, name = placement.mark(), new_trait()
     resp = put_trait(proxy.url, name)
     assert resp.status_code == 409
     error = resp.json()["errors"][0]
     assert error["code"] == "placement.concurrent_update" and error["status"] == 409
     assert placement.requests_since(mark) == []
-    assert proxy.injected == {Fault.CONFLICT: 1}
+    assert proxy.injected == {PlacementFault.CONFLICT: 1}
 
 
 def test_a_conflict_is_never_the_answer_to_a_read(proxy):
-    proxy.set_rates({Fault.CONFLICT: 1})
+    proxy.set_rates({PlacementFault.CONFLICT: 1})
     resp = requests.get(f"{proxy.url}/traits", headers=HEADERS, timeout=10)
     assert resp.status_code == 200
     assert proxy.total_injected == 0
 
 
-@pytest.mark.parametrize("fault,status", [(Fault.ERROR_500_BEFORE, 500),
-                                          (Fault.ERROR_503_BEFORE, 503)])
+@pytest.mark.parametrize("fault,status", [(PlacementFault.ERROR_500_BEFORE, 500),
+                                          (PlacementFault.ERROR_503_BEFORE, 503)])
 def test_an_error_before_leaves_placement_untouched(proxy, placement, fault, status):
     proxy.set_rates({fault: 1})
     mark, name = placement.mark(), new_trait()
@@ -70,8 +70,8 @@ def test_an_error_before_leaves_placement_untouched(proxy, placement, fault, sta
     assert proxy.injected == {fault: 1}
 
 
-@pytest.mark.parametrize("fault,status", [(Fault.ERROR_500_AFTER, 500),
-                                          (Fault.ERROR_503_AFTER, 503)])
+@pytest.mark.parametrize("fault,status", [(PlacementFault.ERROR_500_AFTER, 500),
+                                          (PlacementFault.ERROR_503_AFTER, 503)])
 def test_an_error_after_hides_a_write_that_happened(proxy, placement, fault, status):
     proxy.set_rates({fault: 1})
     name = new_trait()
@@ -82,7 +82,7 @@ def test_an_error_after_hides_a_write_that_happened(proxy, placement, fault, sta
 
 
 def test_a_reset_before_reaches_no_placement(proxy, placement):
-    proxy.set_rates({Fault.RESET_BEFORE: 1})
+    proxy.set_rates({PlacementFault.RESET_BEFORE: 1})
     mark, name = placement.mark(), new_trait()
     with pytest.raises(requests.ConnectionError):
         put_trait(proxy.url, name)
@@ -91,23 +91,23 @@ def test_a_reset_before_reaches_no_placement(proxy, placement):
 
 
 def test_a_reset_after_hides_a_write_that_happened(proxy, placement):
-    proxy.set_rates({Fault.RESET_AFTER: 1})
+    proxy.set_rates({PlacementFault.RESET_AFTER: 1})
     name = new_trait()
     with pytest.raises(requests.ConnectionError):
         put_trait(proxy.url, name)
     assert trait_exists(placement, name)
-    assert proxy.injected == {Fault.RESET_AFTER: 1}
+    assert proxy.injected == {PlacementFault.RESET_AFTER: 1}
 
 
 def test_a_delay_answers_late_and_right(proxy):
-    proxy.set_rates({Fault.DELAY: 1})
+    proxy.set_rates({PlacementFault.DELAY: 1})
     started = time.monotonic()
     assert put_trait(proxy.url, new_trait()).status_code == 201
     assert time.monotonic() - started >= 0.4
 
 
 def test_a_black_hole_answers_nothing_until_the_client_times_out(proxy, placement):
-    proxy.set_rates({Fault.BLACK_HOLE: 1})
+    proxy.set_rates({PlacementFault.BLACK_HOLE: 1})
     mark = placement.mark()
     started = time.monotonic()
     with pytest.raises(requests.ReadTimeout):
@@ -120,7 +120,8 @@ def test_a_black_hole_answers_nothing_until_the_client_times_out(proxy, placemen
 
 
 def test_one_seed_gives_one_sequence_of_faults(placement):
-    rates = {Fault.CONFLICT: 0.2, Fault.RESET_AFTER: 0.2, Fault.DELAY: 0.2}
+    rates = {PlacementFault.CONFLICT: 0.2, PlacementFault.RESET_AFTER: 0.2,
+             PlacementFault.DELAY: 0.2}
     runs = []
     for _ in range(2):
         proxy = FaultProxy(placement.url, rates, seed=42)
@@ -132,16 +133,16 @@ def test_one_seed_gives_one_sequence_of_faults(placement):
     assert all(20 <= runs[0].count(f) <= 60 for f in rates), Counter(runs[0])
 
 
-@pytest.mark.parametrize("rates", [{Fault.DELAY: 1.5}, {Fault.DELAY: -0.1},
-                                   {Fault.DELAY: 0.6, Fault.CONFLICT: 0.6}])
+@pytest.mark.parametrize("rates", [{PlacementFault.DELAY: 1.5}, {PlacementFault.DELAY: -0.1},
+                                   {PlacementFault.DELAY: 0.6, PlacementFault.CONFLICT: 0.6}])
 def test_rates_out_of_range_are_refused_naming_them(placement, rates):
     with pytest.raises(ValueError, match="DELAY"):
         FaultProxy(placement.url, rates)
 
 
 def test_a_planned_fault_meets_the_next_matching_request_only(proxy, placement):
-    proxy.once(Fault.ERROR_503_BEFORE, "PUT", "/traits/CUSTOM_PROXY_")
+    proxy.once(PlacementFault.ERROR_503_BEFORE, "PUT", "/traits/CUSTOM_PROXY_")
     assert requests.get(f"{proxy.url}/traits", headers=HEADERS).status_code == 200
     assert put_trait(proxy.url, new_trait()).status_code == 503
     assert put_trait(proxy.url, new_trait()).status_code == 201
-    assert proxy.injected == {Fault.ERROR_503_BEFORE: 1}
+    assert proxy.injected == {PlacementFault.ERROR_503_BEFORE: 1}

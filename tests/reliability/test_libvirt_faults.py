@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from drivers.base import DriverUnavailable
+from drivers.errors import DriverUnavailable
 from tests.functional.helpers import unallocate
 from tests.reliability.libvirt_faults import (build, build_with_libvirtd_stopping, held,
                                               libvirt_agent, restart_under_the_loop,

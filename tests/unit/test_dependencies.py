@@ -8,6 +8,7 @@ import pytest
 from keystoneauth1 import exceptions as ks_exc
 
 from agent.daemon import cycle_record
+from agent.daemon.errors import RecordUnreadable
 from agent.dependencies import (LINE_LIMIT, Dependencies, Dependency, DependencyState,
                                 Health, answered, failed, reached_before)
 from agent.exception import KeystoneUnavailable, PlacementUnavailable
@@ -89,7 +90,7 @@ def test_a_record_reads_back_as_written(tmp_path):
     assert cycle_record.read(path) == record
     assert path.stat().st_mode & 0o777 == 0o600
     path.write_text("{}")
-    with pytest.raises(cycle_record.RecordUnreadable, match=str(path)):
+    with pytest.raises(RecordUnreadable, match=str(path)):
         cycle_record.read(path)
     assert cycle_record.read(tmp_path / "absent") is None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.exception import ClaimFailed, InvalidRequest
-from agent.store.writer import StoreError
+from agent.store.errors import StoreError
 from agent.metrics import Metrics, parse_listen
 
 

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from agent.testing.local_placement import LocalPlacement
-from drivers.base import DriverUnavailable
+from drivers.errors import DriverUnavailable
 from tests.functional.helpers import unallocate
 from tests.functional.private_services import PrivateLibvirtd
 from tests.reliability.libvirt_faults import (build, build_with_libvirtd_stopping, held,

@@ -12,7 +12,8 @@ from agent.cmd import config_check as cc
 from agent.store.store import inspect_store
 from agent.cmd.common import load_config
 from agent.exception import ConfigError
-from agent.store.writer import StoreError
+from agent.cmd.errors import BadValue
+from agent.store.errors import StoreError
 
 # Stands for a path under the test's own tmp_path that nothing creates: an
 # absolute path such as /nonexistent may exist on a shared machine.
@@ -90,7 +91,7 @@ def test_a_rule_takes_a_good_value(rule, value, tmp_path):
 
 @pytest.mark.parametrize("rule,value", [(r, v) for r, vs in BAD.items() for v in vs])
 def test_a_rule_refuses_a_bad_value(rule, value, tmp_path):
-    with pytest.raises(cc.BadValue):
+    with pytest.raises(BadValue):
         rule(owned(value, tmp_path))
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import pytest
 from oslo_messaging import MessagingTimeout, RemoteError
 
+from agent.claims.model import MigrationRole
 from agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              MoveInProgress, NoSuchInstance, StoreUnavailable,
                              VersionCapped)
-from agent.conductor.live_migration import (MoveOutcome, NextStep, live_migrate_instance,
-                                            live_migrate_outcome, next_step)
-from agent.rpc.client import BrokerUnreachable
+from agent.conductor.live_migration import (MoveOutcome, NextStep, answer_lost,
+                                            live_migrate_instance, live_migrate_outcome,
+                                            next_step)
+from agent.rpc.errors import BrokerUnreachable, NoAnswer
 from tests.unit.conductor.test_live_migration_source import (DESTINATION_ALLOCATIONS, SWAP,
                                                              Conductor, spec)
 
@@ -33,7 +35,7 @@ MIG = "mig"
      MoveOutcome.STAYED),
     (LiveMigrationFailed("inst", MIG, "outcome_unknown", "libvirtd went away"),
      MoveOutcome.UNKNOWN),
-    (LiveMigrationRefused("inst", "source", ["vf 0000:81:00.1"]), MoveOutcome.STAYED),
+    (LiveMigrationRefused("inst", MigrationRole.SOURCE, ["vf 0000:81:00.1"]), MoveOutcome.STAYED),
     (InvalidRequest("migration_uuid", MIG, "this live migration failed or was "
                     "rolled back"), MoveOutcome.STAYED),
     (NoSuchInstance("inst"), MoveOutcome.STAYED),
@@ -48,6 +50,25 @@ MIG = "mig"
 ])
 def test_the_outcome_each_answer_stands_for(answer, outcome):
     assert live_migrate_outcome(answer, MIG) is outcome
+
+
+@pytest.mark.parametrize("error, lost", [
+    # No answer came: the destination may have claimed.
+    (MessagingTimeout("no reply"), True),
+    # The client's own timeouts are AgentErrors too, and still no answer.
+    (NoAnswer("dest", "check_can_live_migrate_destination", 30), True),
+    (BrokerUnreachable("broker down"), True),
+    (RemoteError("KeyError", "x"), True),
+    # The agent failed while at it.
+    (StoreUnavailable("check_can_live_migrate_destination", "disk I/O error"), True),
+    (InternalError("check_can_live_migrate_destination", "boom"), True),
+    # Its refusals did nothing.
+    (InvalidRequest("instance_uuid", "x", "not a UUID"), False),
+    (LiveMigrationRefused("inst", MigrationRole.DESTINATION, ["vf 0000:81:00.1"]), False),
+    (MoveInProgress("inst", "other"), False),
+])
+def test_an_answer_is_lost_unless_the_agent_refused(error, lost):
+    assert answer_lost(error) is lost
 
 
 @pytest.mark.parametrize("outcome, time_left, step", [

@@ -9,7 +9,8 @@ import pytest
 
 from agent.claims.choice import Pool, Slot
 from agent.tree.device_spec import parse_specs
-from agent.heal.rules import Consumer, HealRefused, capacity, hold_unhealed, plan_heal
+from agent.heal.rules import Consumer, capacity, hold_unhealed, plan_heal
+from agent.heal.errors import HealRefused
 from agent.tree.host_tree import TreeMode
 from agent.tree.provider_tree import Provider, ProviderTree, inventory
 from agent.claims.model import Assignment, Migration

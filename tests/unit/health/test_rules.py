@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agent.health.rules import (CORRECTABLE_WINDOW_S, DeviceVerdict, Fault,
+from agent.health.rules import (CORRECTABLE_WINDOW_S, DeviceVerdict, DeviceFault,
                                  HealthJudge, apply_health, link_down,
                                  unhealthy_providers, watched_devices)
 from agent.tree.device_spec import parse_specs
@@ -33,7 +33,7 @@ def verdicts(judge: HealthJudge, *readings: PciHealthSignals, step: float = 1.0)
     return [judge.judge(r, i * step) for i, r in enumerate(readings)]
 
 
-def faults(verdict: DeviceVerdict | None) -> set[Fault]:
+def faults(verdict: DeviceVerdict | None) -> set[DeviceFault]:
     return set(verdict.faults) if verdict else set()
 
 
@@ -48,7 +48,7 @@ def test_a_well_device_has_no_verdict():
 
 def test_a_device_gone_from_sysfs():
     verdict = HealthJudge(100).judge(PciHealthSignals(DEV, False), 0)
-    assert faults(verdict) == {Fault.GONE}
+    assert faults(verdict) == {DeviceFault.GONE}
 
 
 @pytest.mark.parametrize("signals,detail", [
@@ -59,7 +59,7 @@ def test_a_device_gone_from_sysfs():
 ])
 def test_config_space_that_no_longer_answers(signals, detail):
     verdict = HealthJudge(100).judge(signals, 0)
-    assert faults(verdict) == {Fault.CONFIG_SPACE}
+    assert faults(verdict) == {DeviceFault.CONFIG_SPACE}
     assert verdict.details == (detail,)
 
 
@@ -68,8 +68,8 @@ def test_an_unreadable_aer_file_is_not_a_dead_config_space():
     assert HealthJudge(100).judge(signals, 0) is None
 
 
-@pytest.mark.parametrize("counter,fault", [("aer_fatal", Fault.AER_FATAL),
-                                           ("aer_nonfatal", Fault.AER_NONFATAL)])
+@pytest.mark.parametrize("counter,fault", [("aer_fatal", DeviceFault.AER_FATAL),
+                                           ("aer_nonfatal", DeviceFault.AER_NONFATAL)])
 def test_any_uncorrectable_rise_is_bad_until_the_counts_start_again(counter, fault):
     judge = HealthJudge(100)
     seen = verdicts(judge, well(**{counter: 3}), well(**{counter: 3}),
@@ -90,9 +90,9 @@ def test_correctable_errors_are_bad_at_the_rate_and_recover_when_it_falls():
     judge = HealthJudge(correctable_per_minute=10)
     assert judge.judge(well(aer_correctable=100), 0) is None
     assert judge.judge(well(aer_correctable=109), 20) is None
-    assert faults(judge.judge(well(aer_correctable=110), 30)) == {Fault.AER_CORRECTABLE}
+    assert faults(judge.judge(well(aer_correctable=110), 30)) == {DeviceFault.AER_CORRECTABLE}
     # No new error: once the window no longer holds the burst, well again.
-    assert faults(judge.judge(well(aer_correctable=110), 59)) == {Fault.AER_CORRECTABLE}
+    assert faults(judge.judge(well(aer_correctable=110), 59)) == {DeviceFault.AER_CORRECTABLE}
     assert judge.judge(well(aer_correctable=110), 30 + CORRECTABLE_WINDOW_S + 1) is None
 
 
@@ -104,7 +104,7 @@ def test_a_slow_trickle_of_correctable_errors_is_well():
 
 def test_a_vf_count_that_drifted_from_sriov_numvfs():
     verdict = HealthJudge(100).judge(well(sriov_numvfs=4, vfs_present=3), 0)
-    assert faults(verdict) == {Fault.VF_COUNT}
+    assert faults(verdict) == {DeviceFault.VF_COUNT}
     assert verdict.details == ("sriov_numvfs 4, 3 VFs present",)
 
 
@@ -133,8 +133,8 @@ def test_every_fault_at_once_is_reported_in_one_verdict():
                              sriov_numvfs=2, vfs_present=1,
                              links=(NetLink("eth0", "down", False, True),))
     assert faults(judge.judge(worse, 1)) == {
-        Fault.CONFIG_SPACE, Fault.AER_FATAL, Fault.AER_NONFATAL, Fault.VF_COUNT,
-        Fault.LINK_DOWN}
+        DeviceFault.CONFIG_SPACE, DeviceFault.AER_FATAL, DeviceFault.AER_NONFATAL,
+        DeviceFault.VF_COUNT, DeviceFault.LINK_DOWN}
 
 
 def test_a_device_that_went_and_came_back_starts_a_new_baseline():
@@ -165,7 +165,7 @@ def built(inv=None):
         "h", ROOT, device_specs=specs, mdev_types=(MdevTypePolicy("nvidia-35"),)))
 
 
-def bad(address: str, fault: Fault = Fault.CONFIG_SPACE) -> DeviceVerdict:
+def bad(address: str, fault: DeviceFault = DeviceFault.CONFIG_SPACE) -> DeviceVerdict:
     return DeviceVerdict(address, frozenset({fault}), ("x",))
 
 
@@ -190,10 +190,10 @@ def test_no_verdict_leaves_the_tree_as_built():
 
 def test_a_bad_whole_device_is_wholly_reserved_and_marked_with_its_reason():
     before = built()
-    after = apply_health(before, host(), {NIC: bad(NIC, Fault.LINK_DOWN)})
+    after = apply_health(before, host(), {NIC: bad(NIC, DeviceFault.LINK_DOWN)})
     nic = provider(after, NIC)
     assert nic.inventories["CUSTOM_PCI_15B3_101B"]["reserved"] == 1
-    assert {UNHEALTHY_TRAIT, Fault.LINK_DOWN.trait} <= nic.traits
+    assert {UNHEALTHY_TRAIT, DeviceFault.LINK_DOWN.trait} <= nic.traits
     assert pool_of(after, NIC).unhealthy == {NIC}
     # The others, and what was built, untouched.
     assert provider(after, PF) is provider(before, PF)
@@ -202,20 +202,20 @@ def test_a_bad_whole_device_is_wholly_reserved_and_marked_with_its_reason():
 
 
 def test_a_bad_vf_takes_only_its_own_unit():
-    after = apply_health(built(), host(), {VF1: bad(VF1, Fault.AER_FATAL)})
+    after = apply_health(built(), host(), {VF1: bad(VF1, DeviceFault.AER_FATAL)})
     pf = provider(after, PF)
     assert pf.inventories["CUSTOM_PCI_8086_154C"] == {**pf.inventories[
         "CUSTOM_PCI_8086_154C"], "total": 4, "reserved": 1}
-    assert {UNHEALTHY_TRAIT, Fault.AER_FATAL.trait} <= pf.traits
+    assert {UNHEALTHY_TRAIT, DeviceFault.AER_FATAL.trait} <= pf.traits
     assert pool_of(after, PF).unhealthy == {VF1}
 
 
 def test_a_bad_pf_takes_all_its_vfs_with_every_reason():
-    after = apply_health(built(), host(), {PF: bad(PF, Fault.VF_COUNT),
-                                           VF0: bad(VF0, Fault.GONE)})
+    after = apply_health(built(), host(), {PF: bad(PF, DeviceFault.VF_COUNT),
+                                           VF0: bad(VF0, DeviceFault.GONE)})
     pf = provider(after, PF)
     assert pf.inventories["CUSTOM_PCI_8086_154C"]["reserved"] == 4
-    assert {Fault.VF_COUNT.trait, Fault.GONE.trait} <= pf.traits
+    assert {DeviceFault.VF_COUNT.trait, DeviceFault.GONE.trait} <= pf.traits
     assert pool_of(after, PF).unhealthy >= {f"0000:81:10.{i}" for i in range(4)}
 
 
@@ -238,12 +238,12 @@ def test_an_operators_higher_reservation_is_not_lowered_by_a_bad_vf():
 
 
 def test_status_reads_the_unhealthy_providers_and_their_reasons_from_the_tree():
-    after = apply_health(built(), host(), {PF: bad(PF, Fault.AER_NONFATAL),
-                                           NIC: bad(NIC, Fault.LINK_DOWN)})
+    after = apply_health(built(), host(), {PF: bad(PF, DeviceFault.AER_NONFATAL),
+                                           NIC: bad(NIC, DeviceFault.LINK_DOWN)})
     found = unhealthy_providers(after.tree)
     assert [(u.name, set(u.faults)) for u in found] == [
-        ("h_0000:3B:00.0", {Fault.LINK_DOWN}),
-        ("h_0000:81:00.0", {Fault.AER_NONFATAL})]
+        ("h_0000:3B:00.0", {DeviceFault.LINK_DOWN}),
+        ("h_0000:81:00.0", {DeviceFault.AER_NONFATAL})]
     assert found[1].describe() == ("h_0000:81:00.0: unhealthy (aer_nonfatal); "
                                    "CUSTOM_PCI_8086_154C 4 of 4 reserved")
     assert found[1].to_json() == {

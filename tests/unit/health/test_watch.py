@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 
-from agent.health.rules import Fault
+from agent.health.rules import DeviceFault
 from agent.tree.device_spec import parse_specs
 from agent.health.watch import HealthWatch
 from agent.tree.host_tree import TreePolicy, build_tree
@@ -72,7 +72,7 @@ def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
     assert watch.poll() is False and wakes.count == 1  # still the same fault
     built = cycle(watch, fake)
     assert nic_reserved(built) == 1
-    assert Fault.AER_NONFATAL.trait in built.tree.by_name("h_0000:3B:00.0").traits
+    assert DeviceFault.AER_NONFATAL.trait in built.tree.by_name("h_0000:3B:00.0").traits
     assert [v.address for v in watch.snapshot().unhealthy] == [NIC]
 
     fake.set_device_health(PciHealthSignals(NIC, True, "15b3", aer_nonfatal=0))
@@ -130,4 +130,4 @@ def test_each_change_of_a_devices_faults_is_reported_for_the_metrics_gauge():
     watch.poll()  # the same fault again: nothing new to report
     fake.set_device_health(PciHealthSignals(NIC, True, "15b3"))
     watch.poll()
-    assert heard == [(NIC, frozenset({Fault.CONFIG_SPACE.value})), (NIC, frozenset())]
+    assert heard == [(NIC, frozenset({DeviceFault.CONFIG_SPACE.value})), (NIC, frozenset())]

@@ -131,9 +131,9 @@ def test_unhealed_and_audit_findings_are_warnings_and_unknown_is_never_ok():
 
 
 def test_a_device_out_of_scheduling_is_a_warning_naming_it_and_unknown_is_never_ok():
-    from agent.health.rules import Fault, UnhealthyProvider
+    from agent.health.rules import DeviceFault, UnhealthyProvider
     assert level_of(status.device_health, healthy()) is Level.OK
-    bad = UnhealthyProvider("h_0000:81:00.0", frozenset({Fault.AER_NONFATAL}),
+    bad = UnhealthyProvider("h_0000:81:00.0", frozenset({DeviceFault.AER_NONFATAL}),
                             (("CUSTOM_PCI_8086_154C", 1, 4),))
     (check,) = status.device_health(healthy(device_health=(bad,)))
     assert check.level is Level.WARNING

@@ -7,7 +7,7 @@ import json
 
 from agent.heal.rules import hold_unhealed
 from agent.tree.provider_tree import Provider, ProviderTree, inventory
-from agent.reports.tree import (FieldDifference, Holder, Presence, Verdict, compare,
+from agent.reports.tree import (FieldDifference, Holder, Presence, TreeVerdict, compare,
                                usages)
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"
@@ -47,7 +47,7 @@ def edited(tree: ProviderTree, uuid: str, **changes) -> ProviderTree:
 
 def test_a_tree_placement_shows_as_the_model_is_in_step():
     report = compare(nested(), nested(), {})
-    assert report.verdict is Verdict.IN_STEP
+    assert report.verdict is TreeVerdict.IN_STEP
     assert report.differences == [] and report.unhealed == []
     assert report.describe() == ["in step"]
 
@@ -56,7 +56,7 @@ def test_an_inventory_edited_behind_the_agents_back_differs_field_by_field():
     placement = edited(nested(), CELL1, inventories={
         "VCPU": inventory(6, allocation_ratio=16.0), "MEMORY_MB": inventory(2048)})
     report = compare(placement, nested(), {})
-    assert report.verdict is Verdict.OUT_OF_STEP
+    assert report.verdict is TreeVerdict.OUT_OF_STEP
     (d,) = report.differences
     assert (d.uuid, d.presence) == (CELL1, Presence.BOTH)
     (vcpu,) = d.inventories
@@ -76,7 +76,7 @@ def test_what_the_agent_keeps_is_no_difference_and_what_it_owns_is():
         {"COMPUTE_STATUS_DISABLED", "HW_CPU_X86_AVX512F", "HW_CPU_X86_AVX2"}))
     assert compare(edited(placement, ROOT, traits=nested().get(ROOT).traits
                           | {"COMPUTE_STATUS_DISABLED"}),
-                   nested(), {}).verdict is Verdict.IN_STEP
+                   nested(), {}).verdict is TreeVerdict.IN_STEP
     report = compare(placement, nested(), {})
     (root,) = report.differences
     assert root.uuid == ROOT and root.inventories == ()
@@ -109,7 +109,7 @@ def test_an_unhealed_class_names_the_consumers_that_hold_it():
     as_synced = hold_unhealed(flat(), nested(), usages(allocations)).tree
     report = compare(as_synced, nested(), allocations, instance_names={"c1": "web"})
     assert report.differences == []
-    assert report.verdict is Verdict.OUT_OF_STEP
+    assert report.verdict is TreeVerdict.OUT_OF_STEP
     (vcpu,) = report.unhealed
     assert (vcpu.provider_uuid, vcpu.resource_class, vcpu.used) == (ROOT, "VCPU", 5)
     assert vcpu.holders == (Holder("c1", 2, "web"), Holder("c2", 3))

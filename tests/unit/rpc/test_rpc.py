@@ -4,6 +4,7 @@ RabbitMQ: tests/functional/test_rpc.py.)"""
 from __future__ import annotations
 
 import logging
+import sys
 import sqlite3
 import time
 import uuid
@@ -13,14 +14,14 @@ import pytest
 from agent.rpc import schemas
 from agent.rpc import versions as rpc_versions
 from agent.cmd.common import load_config
-from agent.exception import (InternalError, InvalidRequest, NoSuchInstance,
-                             StoreUnavailable, VersionCapped)
+from agent.exception import (InternalError, InvalidRequest, LiveMigrationRefused,
+                             NoSuchInstance, StoreUnavailable, VersionCapped)
 from agent.messaging import messaging
 from agent.rpc.server import ComputeAgentEndpoint, listed_instances
 from agent.rpc.client import ComputeAgentAPI
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.store.store import StoreError
+from agent.store.errors import StoreError
 from drivers.base import DeviceKind
 
 SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
@@ -374,3 +375,23 @@ def test_a_client_capped_below_a_call_refuses_it_before_sending():
                                  "compute_agent caps this client at 1.0")
     api.get_host_info("host-1")
     assert api.client.sent == [("get_host_info", "1.0")]
+
+
+def test_a_refusal_naming_its_side_by_role_crosses_rpc_as_before():
+    # The side goes over the wire as the plain string it always was, so
+    # older callers rebuild the same error with the same message.
+    from oslo_messaging._drivers import common as wire
+
+    from agent.messaging import ALLOWED_EXMODS
+    message = "live migration of instance inst refused on the destination: vf 0000:81:00.1"
+    try:
+        raise LiveMigrationRefused("inst", MigrationRole.DESTINATION, ["vf 0000:81:00.1"])
+    except LiveMigrationRefused as e:
+        assert str(e) == message and type(e.side) is str
+        sent = wire.serialize_remote_exception(sys.exc_info())
+    assert '"args": ["inst", "destination", ["vf 0000:81:00.1"]]' in sent
+    rebuilt = wire.deserialize_remote_exception(sent, ALLOWED_EXMODS)
+    assert type(rebuilt).__name__ == "LiveMigrationRefused_Remote"
+    assert isinstance(rebuilt, LiveMigrationRefused)
+    assert rebuilt.side == "destination"
+    assert str(rebuilt).startswith(message)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.store.check import HostFacts, StoreFacts, StoreFile, Verdict, judge
+from agent.store.check import HostFacts, StoreFacts, StoreFile, StoreVerdict, judge
 
 ROOT = "5d2bd8a6-8f2f-4f0b-9c55-0e1c9d1b6c11"
 GUEST = "0b6f8f3e-54a4-4b8e-a6a9-2f1e0b3d7d01"
@@ -17,13 +17,13 @@ def host(guests=frozenset(), allocations=None, existed=True, why="") -> HostFact
 
 @pytest.mark.parametrize("file", [StoreFile.ABSENT, StoreFile.EMPTY])
 def test_nothing_anywhere_is_a_new_host(file):
-    assert judge(StoreFacts(PATH, file), host()).verdict is Verdict.CREATE
+    assert judge(StoreFacts(PATH, file), host()).verdict is StoreVerdict.CREATE
 
 
 @pytest.mark.parametrize("file", [StoreFile.ABSENT, StoreFile.EMPTY])
 def test_no_store_with_a_guest_of_ours_is_a_lost_store(file):
     j = judge(StoreFacts(PATH, file), host(guests=frozenset({GUEST})))
-    assert j.verdict is Verdict.REFUSE
+    assert j.verdict is StoreVerdict.REFUSE
     assert f"store {PATH} is {file.value}" in j.reason and GUEST in j.reason
     assert "rebuild-store" in j.reason
 
@@ -31,50 +31,50 @@ def test_no_store_with_a_guest_of_ours_is_a_lost_store(file):
 def test_no_store_with_allocations_on_our_tree_is_a_lost_store():
     j = judge(StoreFacts(PATH, StoreFile.ABSENT),
               host(allocations={GUEST: {ROOT}}))
-    assert j.verdict is Verdict.REFUSE and "allocations" in j.reason and PATH in j.reason
+    assert j.verdict is StoreVerdict.REFUSE and "allocations" in j.reason and PATH in j.reason
 
 
 def test_allocations_unknown_are_never_read_as_none():
     j = judge(StoreFacts(PATH, StoreFile.ABSENT),
               HostFacts(ROOT, True, frozenset(), None, "Placement did not answer"))
-    assert j.verdict is Verdict.REFUSE
+    assert j.verdict is StoreVerdict.REFUSE
     assert "cannot be told" in j.reason and "Placement did not answer" in j.reason
 
 
 def test_guests_unknown_are_never_read_as_none():
     j = judge(StoreFacts(PATH, StoreFile.EMPTY),
               HostFacts(ROOT, False, None, None, "the hypervisor did not answer"))
-    assert j.verdict is Verdict.REFUSE and "hypervisor" in j.reason
+    assert j.verdict is StoreVerdict.REFUSE and "hypervisor" in j.reason
 
 
 def test_a_root_made_at_this_start_needs_no_placement():
     # compute_id did not exist: nothing can be allocated on a new UUID.
     j = judge(StoreFacts(PATH, StoreFile.ABSENT),
               HostFacts(ROOT, False, frozenset(), None, "not asked"))
-    assert j.verdict is Verdict.CREATE
+    assert j.verdict is StoreVerdict.CREATE
 
 
 def test_a_valid_store_opens_whatever_else_is_unknown():
     facts = StoreFacts(PATH, StoreFile.VALID, root_uuid=ROOT)
-    assert judge(facts, HostFacts(ROOT, True, None, None)).verdict is Verdict.OPEN
+    assert judge(facts, HostFacts(ROOT, True, None, None)).verdict is StoreVerdict.OPEN
 
 
 def test_a_valid_store_whose_log_was_lost_is_refused():
     j = judge(StoreFacts(PATH, StoreFile.VALID, wal_lost=True), host())
-    assert j.verdict is Verdict.REFUSE and f"{PATH}-wal is missing" in j.reason
+    assert j.verdict is StoreVerdict.REFUSE and f"{PATH}-wal is missing" in j.reason
 
 
 def test_a_corrupt_store_is_refused_naming_the_file_and_why():
     j = judge(StoreFacts(PATH, StoreFile.CORRUPT, "DatabaseError: file is not a "
                          "database"), host())
-    assert j.verdict is Verdict.REFUSE
+    assert j.verdict is StoreVerdict.REFUSE
     assert f"store {PATH} is unusable (DatabaseError: file is not a database)" in j.reason
 
 
 def test_a_store_made_for_another_root_is_refused():
     other = "c3f0b0a4-7d49-4a8e-8f6e-1b1c2d3e4f50"
     j = judge(StoreFacts(PATH, StoreFile.VALID, root_uuid=other), host())
-    assert j.verdict is Verdict.REFUSE and other in j.reason and ROOT in j.reason
+    assert j.verdict is StoreVerdict.REFUSE and other in j.reason and ROOT in j.reason
 
 
 # --- a host nova-compute ran: adopted, not lost -------------------------------------
@@ -90,31 +90,31 @@ def nova_host(**changes) -> HostFacts:
 
 
 def test_no_store_and_nova_guests_on_novas_root_is_adopted():
-    assert judge(StoreFacts(PATH, StoreFile.ABSENT), nova_host()).verdict is Verdict.ADOPT
+    assert judge(StoreFacts(PATH, StoreFile.ABSENT), nova_host()).verdict is StoreVerdict.ADOPT
     # Guests of nova's without allocations: adopted too (the plan says which).
     assert judge(StoreFacts(PATH, StoreFile.ABSENT),
-                 nova_host(allocations={})).verdict is Verdict.ADOPT
+                 nova_host(allocations={})).verdict is StoreVerdict.ADOPT
 
 
 def test_an_empty_store_was_ours_and_is_lost_even_beside_nova_guests():
     j = judge(StoreFacts(PATH, StoreFile.EMPTY), nova_host())
-    assert j.verdict is Verdict.REFUSE and "store is lost" in j.reason
+    assert j.verdict is StoreVerdict.REFUSE and "store is lost" in j.reason
 
 
 def test_a_guest_of_ours_beside_novas_means_a_lost_store():
     j = judge(StoreFacts(PATH, StoreFile.ABSENT), nova_host(guests=frozenset({GUEST})))
-    assert j.verdict is Verdict.REFUSE and GUEST in j.reason
+    assert j.verdict is StoreVerdict.REFUSE and GUEST in j.reason
 
 
 def test_a_root_made_at_this_start_is_not_novas():
     # No compute_id before: nothing registered the root; a new host.
     j = judge(StoreFacts(PATH, StoreFile.ABSENT),
               nova_host(compute_id_existed=False, allocations=None))
-    assert j.verdict is Verdict.CREATE
+    assert j.verdict is StoreVerdict.CREATE
 
 
 @pytest.mark.parametrize("unknown", ["allocations", "foreign_guests", "guests"])
 def test_adoption_is_never_judged_on_unknown_facts(unknown):
     j = judge(StoreFacts(PATH, StoreFile.ABSENT),
               nova_host(**{unknown: None}, why_unknown="it did not answer"))
-    assert j.verdict is Verdict.REFUSE and "it did not answer" in j.reason
+    assert j.verdict is StoreVerdict.REFUSE and "it did not answer" in j.reason

@@ -21,7 +21,8 @@ from agent.store import lock as state_lock
 from agent.tree.provider_tree import Provider, inventory
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                MigrationState, MoveKind, Owner)
-from agent.store.store import StoreError, inspect_store
+from agent.store.store import inspect_store
+from agent.store.errors import StoreError
 from agent.store.check import StoreFile
 from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
@@ -769,8 +770,9 @@ def test_the_state_directory_has_one_holder(tmp_path):
     # Another process: flock locks belong to the open file, so a second
     # open in this process would conflict the same way.
     code = (f"from agent.store import lock as state_lock\n"
+            f"from agent.store.errors import StateDirectoryInUse\n"
             f"try:\n    state_lock.acquire({str(tmp_path)!r})\n"
-            f"except state_lock.StateDirectoryInUse as e:\n    print(e)\n")
+            f"except StateDirectoryInUse as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert f"state directory {tmp_path} is in use by another agent (pid {os.getpid()})" in out

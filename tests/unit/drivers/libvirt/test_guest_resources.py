@@ -5,7 +5,7 @@ nvdimm source path, cputune vcpupin cpuset)."""
 import pytest
 
 from drivers.base import HostResource, HostResourceKind as K
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 from drivers.libvirt.guest_xml import held_resources
 
 DOMAIN = """<domain type='kvm'>

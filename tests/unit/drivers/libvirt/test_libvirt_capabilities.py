@@ -2,7 +2,7 @@ import pytest
 
 from drivers.base import NumaCell
 from drivers.libvirt import capabilities
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 
 CAPS = """<capabilities>
   <host>

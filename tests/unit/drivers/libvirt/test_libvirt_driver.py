@@ -8,7 +8,8 @@ import pytest
 from oslo_config import cfg
 
 from agent import config
-from drivers.base import DriverUnavailable, Mdev, PciKind
+from drivers.base import Mdev, PciKind
+from drivers.errors import DriverUnavailable
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.driver import LibvirtDriver

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 from lxml import etree
 
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 from drivers.libvirt.guest_xml import (
     NAMESPACE, build_domain_xml, parse_metadata)
 

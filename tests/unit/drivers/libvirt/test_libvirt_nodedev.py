@@ -2,7 +2,7 @@ import pytest
 
 from drivers.base import Mdev, MdevType, PciKind
 from drivers.libvirt import nodedev
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 
 PF = """<device>
   <name>pci_0000_3b_00_0</name>

@@ -5,7 +5,7 @@ import pytest
 from drivers.base import PmemNamespace
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt import pmem
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 from drivers.libvirt.sysfs import SysfsReader
 
 NS = {"dev": "namespace0.0", "mode": "devdax", "map": "dev",

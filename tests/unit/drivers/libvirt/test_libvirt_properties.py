@@ -6,7 +6,7 @@ import os
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from drivers.libvirt import capabilities, nodedev, pmem
-from drivers.host_data import InvalidHostData
+from drivers.errors import InvalidHostData
 from drivers.libvirt.sysfs import SysfsReader
 
 SETTINGS = settings(
