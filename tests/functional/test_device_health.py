@@ -147,8 +147,11 @@ def test_a_nic_losing_its_link_is_taken_out(host):
 
 
 def test_an_interface_an_operator_took_down_is_not_judged(host):
+    polls = host.agent.health.snapshot().polls
     host.sys.set_link(NIC0, IFNAME, up=False, admin_up=False)
-    time.sleep(3 * POLL_S)
+    # Two polls more: at least one read the interface after it went down.
+    wait_for(lambda: host.agent.health.snapshot().polls >= polls + 2,
+             timeout=BOUND_S, interval=0.05)
     assert record(host, NIC0.upper(), "CUSTOM_PCI_15B3_101B")["reserved"] == 0
     assert host.agent.health.snapshot().unhealthy == ()
 
