@@ -246,6 +246,9 @@ class Agent:
         self.manager = manager
         self.reconcile_interval = reconcile_interval
         self.orphan_grace_period = orphan_grace_period
+        # The wall-clock time now, for the grace periods reconcile measures
+        # (the store's change times are wall-clock).
+        self.wall_clock: Callable[[], float] = time.time
         self.live_migration_announced_timeout = live_migration_announced_timeout
         self.heal_on_startup = heal_on_startup
         # Served on metrics_listen (host:port) from start() to stop().
@@ -417,7 +420,8 @@ class Agent:
                            drop_evacuation_hold=self._drop_evacuation_hold,
                            evacuation_holds=holds,
                            announced_timeout=self.live_migration_announced_timeout,
-                           end_announced_move=self._end_announced_move)
+                           end_announced_move=self._end_announced_move,
+                           clock=self.wall_clock)
         self.metrics.findings(report.findings)
         return report
 
