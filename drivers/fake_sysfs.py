@@ -335,6 +335,36 @@ class SysfsBuilder:
                    mdev_dir)
         self._mdevs[mdev_uuid] = (parent, type_id)
 
+    def remove_mdev(self, mdev_uuid: str) -> None:
+        """Remove an mdev; its type's available_instances rises by one."""
+        parent, type_id = self._mdevs.pop(mdev_uuid)
+        dev = self._pci[parent]
+        name, available = dev.mdev_types[type_id]
+        dev.mdev_types[type_id] = (name, available + 1)
+        type_dir = (self.device_dir(parent) / "mdev_supported_types" /
+                    type_id)
+        self._write(type_dir / "available_instances", available + 1)
+        (self.root / "bus" / "mdev" / "devices" / mdev_uuid).unlink()
+        (type_dir / "devices" / mdev_uuid).unlink()
+        shutil.rmtree(self.device_dir(parent) / mdev_uuid)
+
+    def answer_mdev_writes(self) -> None:
+        """Do what the kernel does within the writes drivers.libvirt.mdev
+        makes, which nothing in this tree reacts to: a UUID written to a
+        type's ``create`` makes that mdev, ``1`` written to an mdev's
+        ``remove`` removes it."""
+        for mdev_uuid, (parent, _) in list(self._mdevs.items()):
+            remove = self.device_dir(parent) / mdev_uuid / "remove"
+            if remove.exists() and remove.read_text().strip() == "1":
+                self.remove_mdev(mdev_uuid)
+        for address, dev in self._pci.items():
+            for type_id in dev.mdev_types:
+                create = (self.device_dir(address) / "mdev_supported_types" /
+                          type_id / "create")
+                if create.exists():
+                    self.add_mdev(create.read_text().strip(), address, type_id)
+                    create.unlink()
+
     def add_nvidia_vf_layout(self, pf_address: str, product: str,
                              numa_node: int | None,
                              vgpu_types: dict[int, str],

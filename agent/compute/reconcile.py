@@ -387,12 +387,14 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
               drop_evacuation_hold: Callable[[str], None] | None = None,
               evacuation_holds: frozenset[str] = frozenset(),
               announced_timeout: float = float("inf"),
-              end_announced_move: Callable[[Migration], None] | None = None) -> Report:
+              end_announced_move: Callable[[Migration], None] | None = None,
+              clock: Callable[[], float] = time.time) -> Report:
     """``allocations``: consumer uuid -> our providers it holds allocations
     on, or None when Placement's answer is unknown. ``grace``: seconds for
     which devices whose guest has gone stay held (orphan_grace_period).
     ``elsewhere``, ``drop_evacuation_hold``, ``evacuation_holds``,
-    ``announced_timeout`` and ``end_announced_move``: see Pass."""
+    ``announced_timeout`` and ``end_announced_move``: see Pass. ``clock``:
+    the wall-clock time now, which the store's change times are in."""
     tracker, driver = manager.tracker, manager.driver
     instances, live, moves = tracker.snapshot()
     rows: dict[str, list[Assignment]] = {}
@@ -402,7 +404,7 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
     p = Pass(manager, Report(), fix, at_start, instances, rows,
              {m.instance_uuid: m for m in moves.values() if m.open}, dict(moves),
              {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
-             tracker.store.read(live_changed_at) if grace else {}, time.time(),
+             tracker.store.read(live_changed_at) if grace else {}, clock(),
              frozenset(adopted), elsewhere, drop_evacuation_hold,
              {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())},
              evacuation_holds,

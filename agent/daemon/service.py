@@ -260,6 +260,9 @@ class Agent:
         self.sync = sync
         self.manager = manager
         self.settings = settings
+        # The wall-clock time now, for the grace periods reconcile measures
+        # (the store's change times are wall-clock).
+        self.wall_clock: Callable[[], float] = time.time
         # Served on metrics_listen (host:port) from start() to stop().
         self.metrics = metrics or Metrics()
         if manager is not None:
@@ -421,7 +424,8 @@ class Agent:
                            drop_evacuation_hold=self._drop_evacuation_hold,
                            evacuation_holds=holds,
                            announced_timeout=self.settings.live_migration_announced_timeout,
-                           end_announced_move=self._end_announced_move)
+                           end_announced_move=self._end_announced_move,
+                           clock=self.wall_clock)
         self.metrics.findings(report.findings)
         return report
 

@@ -26,7 +26,8 @@ import pytest
 
 from agent.cmd.common import load_config
 from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
-                          HostResource, HostResourceKind, MigrationFailure, device_resources)
+                          HostResource, HostResourceKind, Mdev, MigrationFailure,
+                          device_resources)
 from drivers.driver import ComputeDriver
 from drivers.errors import LiveMigrationError, MdevError
 from drivers.fake import FakeDriver, FakeNetwork
@@ -53,6 +54,9 @@ class Subject:
     # UUIDs, pinned CPUs ("a" or "b" -> them).
     foreign_devices: Callable[[str], tuple[tuple[str, ...], tuple[str, ...],
                                            tuple[int, ...]]] = lambda w: ((), (), ())
+    # What the host's kernel does after the driver writes to sysfs: a fake
+    # tree does nothing by itself.
+    kernel: Callable[[], None] = lambda: None
 
     def guest(self, which: str, instance: str | None = None) -> GuestSpec:
         instance = instance or str(uuid.uuid4())
@@ -129,7 +133,7 @@ def make_libvirt_test(tmp_path: Path) -> Subject:
         f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE),
         lambda w: ((b.vf_address(PF, 2 if w == "a" else 3),),
                    (str(uuid.uuid5(uuid.NAMESPACE_OID, "nova-" + w)),),
-                   (6,) if w == "a" else (7,)))
+                   (6,) if w == "a" else (7,)), b.answer_mdev_writes)
 
 
 def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
@@ -143,7 +147,7 @@ def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
     # This machine has two CPUs and one NUMA cell.
     return Subject(driver, lambda w: device_set(
         w, "", None, str(files[w]), 0 if w == "a" else 1, 0), (GPU, MDEV_TYPE),
-        lambda w: ((), (), (0,) if w == "a" else (1,)))
+        lambda w: ((), (), (0,) if w == "a" else (1,)), b.answer_mdev_writes)
 
 
 @pytest.fixture(params=["fake", "fake-persisted", "libvirt-qemu", "libvirt-test"])
@@ -286,13 +290,27 @@ def test_list_guests_tells_live_from_saved(subject):
 
 # --- mdevs ---------------------------------------------------------------------
 
+def host_mdevs(subject: Subject) -> set[Mdev]:
+    """The mdevs the driver reads on its host."""
+    return set(subject.driver.get_host_inventory().mdevs)
+
+
 def test_mdev_of_a_type_the_parent_offers_is_created_and_removed(subject):
     parent, type_id = subject.mdev_parent
     mdev = str(uuid.uuid4())
+    before = host_mdevs(subject)
     subject.driver.ensure_mdev(mdev, parent, type_id)
+    subject.kernel()
+    assert host_mdevs(subject) == before | {Mdev(mdev, type_id, parent)}
     subject.driver.ensure_mdev(mdev, parent, type_id)  # idempotent
+    subject.kernel()
+    assert host_mdevs(subject) == before | {Mdev(mdev, type_id, parent)}
     subject.driver.remove_mdev(mdev)
+    subject.kernel()
+    assert host_mdevs(subject) == before
     subject.driver.remove_mdev(str(uuid.uuid4()))  # absent: nothing to do
+    subject.kernel()
+    assert host_mdevs(subject) == before
 
 
 def test_mdev_of_a_type_the_parent_lacks_is_refused_naming_both(subject):

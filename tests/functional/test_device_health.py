@@ -126,7 +126,10 @@ def test_a_nonfatal_aer_error_on_the_pf_takes_its_vfs_out_but_not_the_guests(hos
         host.agent.manager.tracker.claim_build(
             str(uuid.uuid4()), {"name": "guest-2", "vcpus": 1, "memory_mb": 512},
             {host.tree()[host.p(pf)]["uuid"]: {"resources": {"SRIOV_NET_VF": 1}}})
-    time.sleep(2 * POLL_S)  # the counter stays up: nothing more happens
+    # The counter stays up: two polls more change nothing.
+    polls = host.agent.health.snapshot().polls
+    wait_for(lambda: host.agent.health.snapshot().polls >= polls + 2,
+             timeout=BOUND_S, interval=0.05)
     assert_guest_untouched(host, instance, rows)
 
     reserved_after(host, pf, "SRIOV_NET_VF", 0, lambda: host.sys.set_aer(PF))
@@ -147,8 +150,11 @@ def test_a_nic_losing_its_link_is_taken_out(host):
 
 
 def test_an_interface_an_operator_took_down_is_not_judged(host):
+    polls = host.agent.health.snapshot().polls
     host.sys.set_link(NIC0, IFNAME, up=False, admin_up=False)
-    time.sleep(3 * POLL_S)
+    # Two polls more: at least one read the interface after it went down.
+    wait_for(lambda: host.agent.health.snapshot().polls >= polls + 2,
+             timeout=BOUND_S, interval=0.05)
     assert record(host, NIC0.upper(), "CUSTOM_PCI_15B3_101B")["reserved"] == 0
     assert host.agent.health.snapshot().unhealthy == ()
 

@@ -9,11 +9,11 @@ real restart of the agent's connection.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import math
 import subprocess
 import sys
-import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from agent.claims.model import AssignmentState, Owner
 from agent.cmd.common import load_config
 from agent.compute.manager import ComputeManager
 from agent.daemon.service import Agent
-from agent.store.store import Store
+from agent.store.store import Store, live_changed_at
 from agent.compute.tracker import Tracker
 from tests.functional.helpers import put_allocations, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
@@ -183,9 +183,17 @@ def test_audit_reports_a_guest_deleted_behind_the_agents_back(host):
         ("assignment_without_guest", instance, False)]
     assert host.agent.manager.tracker.snapshot()[1] == held
     # Once the assignments have been unchanged for longer, fixing gives the
-    # devices back.
+    # devices back: the agent's clock is set to the last instant before the
+    # grace period ends, then to its end (both exact: 0.5 s is a whole
+    # number of a wall-clock time's steps).
     host.agent.settings = replace(host.agent.settings, orphan_grace_period=0.5)
-    time.sleep(0.6)
+    changed = host.agent.manager.tracker.store.read(live_changed_at)[instance]
+    host.agent.wall_clock = lambda: math.nextafter(changed + 0.5, 0)
+    report = host.agent.reconcile(at_start=False, fix=True)
+    assert [(f.kind, f.subject, f.fixed) for f in report.findings] == [
+        ("assignment_without_guest", instance, False)]
+    assert host.agent.manager.tracker.snapshot()[1] == held
+    host.agent.wall_clock = lambda: changed + 0.5
     report = host.agent.reconcile(at_start=False, fix=False)
     assert [(f.kind, f.subject) for f in report.findings] == [
         ("assignment_without_guest", instance)]

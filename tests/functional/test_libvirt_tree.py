@@ -13,8 +13,8 @@ next cycle then reconnects and reads the new host.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 import logging
+from dataclasses import replace
 
 import pytest
 

@@ -7,12 +7,12 @@ subprocess. (A real QEMU guest's live migration between two libvirtds:
 test_live_migration_agents.py.)"""
 from __future__ import annotations
 
-from dataclasses import replace
 import json
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -167,6 +167,18 @@ def test_a_loop_failing_because_placement_is_down_still_pings(tmp_path, notify_s
         assert stop_daemon(proc) == 0
 
 
+def request_waiting_at(port: int) -> bool:
+    """Whether a request to 127.0.0.1:``port`` sits unread: a connection
+    to that port (accepted or not yet) holding bytes its server has not
+    read, as the kernel lists it."""
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    established = "01"
+    return any(int(local.rsplit(":", 1)[1], 16) == port and state == established
+               and int(queues.split(":")[1], 16) > 0
+               for _, local, _, state, queues, *_ in rows)
+
+
 def test_a_loop_stalled_on_a_hung_placement_stops_the_pings_until_it_answers(
         tmp_path, notify_socket):
     # A Placement of the test's own, frozen with SIGSTOP: the kernel still
@@ -179,8 +191,10 @@ def test_a_loop_stalled_on_a_hung_placement_stops_the_pings_until_it_answers(
         ready = notify_socket.wait_for("READY=1")
         notify_socket.wait_for("WATCHDOG=1", since=ready)
         hung.proc.send_signal(signal.SIGSTOP)
-        # Within one interval (1 s) the next cycle starts and blocks.
-        time.sleep(1.5)
+        # Within one interval (1 s) the next cycle starts and blocks: its
+        # request sits unread at the frozen Placement. The loop pinged, if
+        # at all, before it sent it.
+        wait_for(lambda: request_waiting_at(hung.port), timeout=10, interval=0.05)
         silent = time.monotonic()
         time.sleep(2)  # twice the watchdog's timeout: systemd would kill it
         assert notify_socket.times("WATCHDOG=1", since=silent) == []

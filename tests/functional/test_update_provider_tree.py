@@ -1,10 +1,10 @@
 """The update_provider_tree loop against a real Placement, fake driver."""
 from __future__ import annotations
 
-from dataclasses import replace
 import copy
 import logging
 import re
+from dataclasses import replace
 from uuid import uuid4
 
 import requests

@@ -17,6 +17,12 @@ What each call may end in:
 - an unknown method or version: oslo.messaging's NoSuchMethod or
   UnsupportedVersion; a version that is not numbers is refused by the
   client, unsent.
+A MoveInProgress must name the call's instance and a move of it that was
+in progress before the call; no call leaves an instance in two moves at
+once; and a prep_resize that passes its schema, of an instance in a move,
+under a migration the host does not know, is answered MoveInProgress (the
+destination's claim checks nothing else first). Some calls are made to be
+that: another move of an instance the fuzzer put in a resize.
 After every refused call the store's logical contents (a dump of its
 tables, read-only beside the daemon, as ``audit`` reads it) are the same
 as before it, but for rows that name only UUIDs the call never sent
@@ -26,6 +32,7 @@ still running.
 from __future__ import annotations
 
 import re
+import sqlite3
 import time
 import uuid
 from collections import Counter
@@ -42,7 +49,10 @@ from agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidReque
 from agent.messaging import TOPIC, messaging, transport
 from agent.rpc.server import ComputeAgentEndpoint
 from agent.rpc.versions import VERSION
+from agent.claims.model import Migration
+from agent.rpc import schemas
 from agent.rpc.client import ComputeAgentAPI
+from agent.store.store import migrations
 from oslo_messaging._utils import version_is_compatible
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
@@ -244,8 +254,47 @@ def calls(facts: HostFacts) -> st.SearchStrategy[Call]:
         return st.one_of(base, st.builds(edited, base,
                                          st.lists(edit, min_size=1, max_size=4)))
 
-    return method_names.flatmap(
+    fuzzed = method_names.flatmap(
         lambda m: st.builds(Call, st.just(m), versions, payloads(m)))
+    # About one call in four another move: the rest stays the fuzzing.
+    return st.one_of(fuzzed, fuzzed, fuzzed, another_moves(facts))
+
+
+def another_moves(facts: HostFacts) -> st.SearchStrategy[Call]:
+    """A resize of one of the fuzzer's instances under a new migration, as
+    a conductor would send it: of the instance in a move, MoveInProgress is
+    the answer."""
+    return st.builds(Call, st.just("prep_resize"), st.just(VERSION), st.fixed_dictionaries({
+        "migration_uuid": st.uuids().map(str),
+        "instance_uuid": st.sampled_from(facts.instances),
+        "spec": valid_shaped(schemas.MOVE_CLAIM, facts).map(lambda p: p["spec"]),
+        "allocations": fitting_allocations(facts)}))
+
+
+def open_moves(moves: dict[str, Migration]) -> dict[str, set[str]]:
+    """Instance uuid -> the uuids of its moves in progress."""
+    found: dict[str, set[str]] = {}
+    for m in moves.values():
+        if m.open:
+            found.setdefault(m.instance_uuid, set()).add(m.uuid)
+    return found
+
+
+PREP_RESIZE = schemas.validator(schemas.MOVE_CLAIM)
+
+
+def another_move_to_refuse(call: Call, moves: dict[str, Migration]) -> bool:
+    """Whether ``call`` (at a served version) must be answered MoveInProgress:
+    a prep_resize that passes its schema, of an instance in a move, under a
+    migration this host has no record of (a known one is a retry)."""
+    if call.method != "prep_resize":
+        return False
+    try:
+        payload = schemas.checked(PREP_RESIZE, call.payload)
+    except InvalidRequest:
+        return False
+    return payload["migration_uuid"] not in moves \
+        and payload["instance_uuid"] in open_moves(moves)
 
 
 # --- the daemon --------------------------------------------------------------
@@ -300,6 +349,17 @@ class FuzzedAgent:
                              {cell: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}})
         return HostFacts(inventories, instances, [migration], self.daemon.name)
 
+    def moves(self) -> dict[str, Migration]:
+        """The store's move records (read beside the daemon, like
+        ``store_rows``)."""
+        path = Path(self.daemon.host.dir) / "state" / "state.db"
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn.row_factory = sqlite3.Row
+        try:
+            return migrations(conn)
+        finally:
+            conn.close()
+
     def store_rows(self) -> Counter:
         """The store's statements (each row one), counted."""
         return Counter(self.daemon.store_dump().split("\n"))
@@ -328,9 +388,20 @@ class FuzzedAgent:
         """One call and its verdict; a violation raises AssertionError."""
         kind = version_kind(call.version)
         known = call.method in served_methods()
+        moves = self.moves()
+        in_progress = open_moves(moves)
+        must_refuse = kind is VersionKind.SERVED and another_move_to_refuse(call, moves)
         try:
             self.send(call)
+        except MoveInProgress as error:
+            assert known and kind is VersionKind.SERVED, f"{call.method}: {error}"
+            assert error.instance_uuid == str(call.payload.get("instance_uuid")).lower() \
+                and error.migration_uuid in in_progress.get(error.instance_uuid, ()), (
+                    f"{call.method}: {error}, but the moves in progress were {in_progress}")
+            outcome = Outcome.REFUSED
         except AgentError as error:
+            assert not must_refuse, f"{call.method}: {type(error).__name__}: {error}, " \
+                f"not MoveInProgress; the moves in progress were {in_progress}"
             assert known and kind is VersionKind.SERVED and isinstance(
                 error, CALLER_ERRORS), f"{call.method}: {type(error).__name__}: {error}"
             outcome = Outcome.REFUSED
@@ -344,8 +415,13 @@ class FuzzedAgent:
             outcome = Outcome.REFUSED
         else:
             assert known and kind is VersionKind.SERVED, call
+            assert not must_refuse, f"{call} was taken, not answered MoveInProgress; " \
+                f"the moves in progress were {in_progress}"
             outcome = Outcome.RESULT
         assert self.daemon.proc.poll() is None, "the daemon died"
+        in_two = {instance: uuids for instance, uuids in open_moves(self.moves()).items()
+                  if len(uuids) > 1}
+        assert not in_two, f"{call.method}: instances in two moves at once: {in_two}"
         if outcome is Outcome.REFUSED:
             after = self.store_rows()
             if after != self.store:

@@ -2,13 +2,14 @@
 on a host world with the fake driver (which passes the driver contract)."""
 from __future__ import annotations
 
-import time
+import math
 
 import pytest
 
 from agent.compute import reconcile as rules
 from agent.claims.model import AssignmentState, MigrationState, MoveKind
 from agent.compute.reconcile import reconcile
+from agent.store.store import live_changed_at, migrations_changed_at
 from drivers.base import DeviceKind
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
 
@@ -162,6 +163,15 @@ def test_an_announced_live_migration_keeps_its_instance_at_start_up(w):
         "instance"}
 
 
+# A bound that is a whole number of a wall-clock time's steps (2**-22 s at
+# today's times): a time plus it, and the instant before, are exact.
+TIMEOUT_S = 1.0
+
+
+def just_before(moment: float) -> float:
+    return math.nextafter(moment, 0)
+
+
 def test_live_migration_never_started(w):
     """Past the bound the conductor is taken for gone: the move is ended
     by the service's callback (allocations back, record rolled back); the
@@ -174,34 +184,39 @@ def test_live_migration_never_started(w):
         ended.append(m.uuid)
         w.manager.rollback_live_migration_at_source(m.uuid, m.instance_uuid)
 
-    def run(fix, timeout, callback=end):
-        return reconcile(w.manager, {migration: {w.uuid("gpu")}}, at_start=False,
-                         fix=fix, announced_timeout=timeout, end_announced_move=callback)
+    announced = w.store.read(migrations_changed_at)[migration]
 
-    assert run(False, 3600).findings == [] and not ended
-    time.sleep(0.01)
-    audit = run(False, 0.001)
+    def run(fix, now, callback=end):
+        return reconcile(w.manager, {migration: {w.uuid("gpu")}}, at_start=False,
+                         fix=fix, announced_timeout=TIMEOUT_S, end_announced_move=callback,
+                         clock=lambda: now)
+
+    assert run(False, just_before(announced + TIMEOUT_S)).findings == [] and not ended
+    at_bound = announced + TIMEOUT_S
+    audit = run(False, at_bound)
     assert kinds(audit) == ["live_migration_never_started"] and not audit.consistent
     assert not ended
     # Without a way to give the allocations back, it is reported, not ended.
-    assert kinds(run(True, 0.001, None), fixed=False) == ["live_migration_never_started"]
-    report = run(True, 0.001)
+    assert kinds(run(True, at_bound, None), fixed=False) == ["live_migration_never_started"]
+    report = run(True, at_bound)
     assert kinds(report, fixed=True) == ["live_migration_never_started"]
     assert ended == [migration]
     assert w.migrations()[migration].state is MigrationState.REVERTED
     assert w.driver.guest_is_running(instance)
-    assert "live_migration_never_started" not in kinds(run(True, 0.001))
+    assert "live_migration_never_started" not in kinds(run(True, at_bound))
 
 
 def test_assignment_without_guest(w):
     instance = built(w)
     w.driver.destroy(instance)
-    held = reconcile(w.manager, None, at_start=False, grace=3600)
+    changed = w.store.read(live_changed_at)[instance]
+    held = reconcile(w.manager, None, at_start=False, grace=TIMEOUT_S,
+                     clock=lambda: just_before(changed + TIMEOUT_S))
     assert kinds(held) == ["assignment_without_guest"] and not held.consistent
     assert instance in w.instances()
-    # Unchanged for longer than the grace period: given back.
-    time.sleep(0.01)
-    report = reconcile(w.manager, None, at_start=False, grace=0.001)
+    # Unchanged for the grace period: given back.
+    report = reconcile(w.manager, None, at_start=False, grace=TIMEOUT_S,
+                       clock=lambda: changed + TIMEOUT_S)
     assert kinds(report, fixed=True) == ["assignment_without_guest"]
     assert instance not in w.instances()
 
@@ -218,9 +233,10 @@ def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w):
     w.manager.finish_resize(migration, instance)
     w.driver.destroy(instance)  # revert_resize, killed before its record
     w.restart()
-    time.sleep(0.01)
+    changed = w.store.read(live_changed_at)[instance]
 
-    report = reconcile(w.manager, None, at_start=True, grace=0.001)
+    report = reconcile(w.manager, None, at_start=True, grace=TIMEOUT_S,
+                       clock=lambda: changed + TIMEOUT_S)
     assert [(f.kind, f.fixed) for f in report.findings] == [
         ("assignment_without_guest", False)], report.as_dict()
     assert instance in w.instances() and migration in w.migrations()

@@ -5,7 +5,8 @@ import pytest
 
 from agent.store.store import live_assignments
 from agent.claims.choice import Pool, Slot
-from agent.exception import ClaimFailed
+from agent.claims.model import MoveKind
+from agent.exception import ClaimFailed, MoveInProgress
 from agent.compute.manager import describe, guest_spec
 from agent.store.store import Store
 from agent.compute.tracker import Tracker
@@ -138,3 +139,21 @@ def test_realign_moves_rows_in_memory_and_store_and_skips_a_row_changed_since(tr
     assert Tracker(tracker.store, "boot-1").snapshot()[1] == [new]
     assert tracker.snapshot()[1] == [new]
     assert {PF, NEW_PF} <= tracker.take_touched_providers()
+
+
+@pytest.mark.parametrize("kind", list(MoveKind))
+def test_the_destination_refuses_a_second_move_of_an_instance_in_a_move(tracker, kind):
+    """While one move of an instance is open on the destination, another
+    move of that instance is refused, naming the open one, and nothing is
+    recorded (the pool has a free VF: only this check refuses)."""
+    inst, first, second = (str(uuid.uuid4()) for _ in range(3))
+    tracker.claim_move(kind, first, inst, SPEC, ONE_VF)
+    before = tracker.snapshot()
+    stored = tracker.store.dump()
+    with pytest.raises(MoveInProgress) as refused:
+        tracker.claim_move(kind, second, inst, SPEC, ONE_VF)
+    assert (refused.value.instance_uuid, refused.value.migration_uuid) == (inst, first)
+    assert tracker.snapshot() == before
+    assert tracker.store.dump() == stored
+    # A retry of the open move is still answered.
+    assert tracker.claim_move(kind, first, inst, SPEC, ONE_VF) == before[1]
