@@ -23,8 +23,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from compute_common.cpuset import parse_cpu_set
-from compute_common.pci_address import (
-    format_address, node_device_name, split_address)
+from compute_common.pci_address import format_address, node_device_name, split_address
 
 # Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
 # PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...

@@ -39,13 +39,13 @@ from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
-from agent.rpc import versions as rpc_versions
+from agent.cmd.errors import BadValue
 from agent.config import PLACEMENT_GROUP
 from agent.exception import ConfigError, shown
 from agent.messaging import messaging
 from agent.metrics import parse_listen
+from agent.rpc import versions as rpc_versions
 from agent.tree.policy import tree_policy_from_conf
-from agent.cmd.errors import BadValue
 
 DEFAULT = "DEFAULT"
 

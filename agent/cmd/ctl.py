@@ -44,20 +44,20 @@ from typing import Callable
 
 from oslo_config import cfg
 
-from agent.rpc import schemas as rpc_schemas
 from agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
                               load_config, print_output, report_error, setup_logging,
                               tolerate_closed_stdout)
+from agent.cmd.errors import SpecFileError
 from agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
-from agent.exception import AgentError, ConfigError
-from agent.rpc.heartbeat import Heartbeat
 from agent.conductor.live_migration import LiveMigrator
+from agent.exception import AgentError, ConfigError
 from agent.messaging import messaging
 from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.tree.provider_tree import tree_lines
+from agent.rpc import schemas as rpc_schemas
 from agent.rpc.client import ComputeAgentAPI, OutstandingCalls
 from agent.rpc.errors import BrokerUnreachable, NoAnswer
-from agent.cmd.errors import SpecFileError
+from agent.rpc.heartbeat import Heartbeat
+from agent.tree.provider_tree import tree_lines
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0

@@ -11,20 +11,20 @@ import time
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from agent.store import lock as state_lock
-from agent.rpc.broker import quiet_reconnect_lines
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
-from agent.exception import ConfigError
-from agent.rpc.heartbeat import make_server as heartbeat_server
-from agent.rpc.server import make_server
 from agent.daemon.reload_signal import ReloadSignal
 from agent.daemon.service import Agent, CycleOutcome
-from agent.store.errors import (StateDirectoryInUse, StateDirectoryUnusable, StoreError,
-                                StoreRefused)
 from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
 from agent.daemon.systemd import notify, watchdog_from_environment
+from agent.exception import ConfigError
+from agent.rpc.broker import quiet_reconnect_lines
+from agent.rpc.heartbeat import make_server as heartbeat_server
+from agent.rpc.server import make_server
+from agent.store import lock as state_lock
+from agent.store.errors import (StateDirectoryInUse, StateDirectoryUnusable, StoreError,
+                                StoreRefused)
 
 LOG = logging.getLogger(__name__)
 

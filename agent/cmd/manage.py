@@ -48,31 +48,31 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent.store import node_identity
-from agent.store.store import (SCHEMA_VERSION, StoreError, create_filled, inspect_store,
-                               new_assignment_id)
-from agent.store import lock as state_lock
-from agent.reports import probes as status_probes
-from agent.reports.probes import read_beside_agent, tree_report
-from agent.reports import status as status_rules
 from agent.cmd import upgrade_check
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
-from agent.dependencies import Unknown
-from agent.health.rules import UnhealthyProvider, unhealthy_providers
-from agent.exception import AgentError, ConfigError
-from agent.tree.host_tree import build_tree
-from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.tree.policy import tree_policy_from_conf
-from agent.tree.provider_tree import tree_as_dicts, tree_lines
 from agent.compute.reconcile import Report
 from agent.daemon.service import STORE_FILE, Agent, load_driver
+from agent.dependencies import Unknown
+from agent.exception import AgentError, ConfigError
+from agent.health.rules import UnhealthyProvider, unhealthy_providers
 from agent.placement.allocations import tree_allocations
-from agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable
-from agent.store.check import StoreFile
-from agent.store.rebuild import RebuiltStore, plan_rebuild
+from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.reports import probes as status_probes
+from agent.reports import status as status_rules
+from agent.reports.probes import read_beside_agent, tree_report
 from agent.reports.tree import TreeVerdict
+from agent.store import lock as state_lock
+from agent.store import node_identity
+from agent.store.check import StoreFile
+from agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable
+from agent.store.rebuild import RebuiltStore, plan_rebuild
+from agent.store.store import (SCHEMA_VERSION, StoreError, create_filled, inspect_store,
+                               new_assignment_id)
+from agent.tree.host_tree import build_tree
+from agent.tree.policy import tree_policy_from_conf
+from agent.tree.provider_tree import tree_as_dicts, tree_lines
 from drivers.errors import DriverUnavailable
 
 PROG = "compute-agent-manage"

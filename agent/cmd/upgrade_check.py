@@ -27,16 +27,16 @@ from oslo_config import cfg
 from oslo_upgradecheck import upgradecheck
 from oslo_upgradecheck.upgradecheck import Code, Result
 
+from agent.claims.model import Migration
+from agent.daemon.service import STORE_FILE
+from agent.exception import AgentError
+from agent.reports.probes import read_beside_agent, tree_report
+from agent.reports.tree import UnhealedClass
 from agent.store import node_identity
+from agent.store.check import StoreFile
+from agent.store.errors import StoreError
 from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_migrations, inspect_store,
                                stored_schema_version)
-from agent.claims.model import Migration
-from agent.reports.probes import read_beside_agent, tree_report
-from agent.exception import AgentError
-from agent.store.errors import StoreError
-from agent.daemon.service import STORE_FILE
-from agent.store.check import StoreFile
-from agent.reports.tree import UnhealedClass
 from drivers.errors import DriverUnavailable
 
 # An exception escaping a check: oslo.upgradecheck's code for it, apart

@@ -12,16 +12,16 @@ import threading
 import time
 from typing import Callable
 
-from agent.claims.model import (Assignment, Migration, MigrationRole, MigrationState,
-                               MoveKind, Owner)
 from agent.claims.choice import InstanceSpec
-from agent.tree.device_spec import DeviceSpec
-from agent.moves.evacuation import evacuation_name_free_again
+from agent.claims.model import (Assignment, Migration, MigrationRole, MigrationState, MoveKind,
+                                Owner)
+from agent.compute.tracker import Tracker, check_uuid
 from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
                              LiveMigrationRefused, MoveInProgress)
-from agent.moves.live_migration import (live_migratable_devices, mdev_refusals,
-                                   mdev_type_refusals, pci_refusals)
-from agent.compute.tracker import Tracker, check_uuid
+from agent.moves.evacuation import evacuation_name_free_again
+from agent.moves.live_migration import (live_migratable_devices, mdev_refusals, mdev_type_refusals,
+                                        pci_refusals)
+from agent.tree.device_spec import DeviceSpec
 from drivers.base import (DeviceKind, GuestDevice, GuestSpec, GuestState, MigrationFailure,
                           device_resources)
 from drivers.driver import ComputeDriver

@@ -18,11 +18,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from agent.store.store import live_changed_at, migrations_changed_at
-from agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                               MigrationState, MoveKind, Owner)
+                                MigrationState, MoveKind, Owner)
+from agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
 from agent.moves.evacuation import evacuated_away
+from agent.store.store import live_changed_at, migrations_changed_at
 from drivers.base import DeviceKind, ForeignGuest, GuestState, device_resources
 
 LOG = logging.getLogger(__name__)

@@ -23,18 +23,16 @@ import uuid as uuid_lib
 from collections import defaultdict
 from typing import Callable
 
-from agent.store.store import (Statement, all_instances, all_migrations, delete_instance_sql,
-                               delete_migration_sql, insert_assignments_sql, live_assignments,
-                               new_assignment_id, put_instance_sql, put_migration_sql,
-                               realign_assignments_sql, update_assignments_sql)
+from agent.claims.choice import HeldDevices, InstanceSpec, Pool, choose, parse_allocations
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                               MigrationState, MoveKind, Owner)
-from agent.claims.choice import (HeldDevices, InstanceSpec, Pool, choose,
-                          parse_allocations)
-from agent.moves.evacuation import evacuation_name_free_again
+                                MigrationState, MoveKind, Owner)
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
 from agent.metrics import Metrics
-from agent.store.store import Decision, Store
+from agent.moves.evacuation import evacuation_name_free_again
+from agent.store.store import (Decision, Statement, Store, all_instances, all_migrations,
+                               delete_instance_sql, delete_migration_sql, insert_assignments_sql,
+                               live_assignments, new_assignment_id, put_instance_sql,
+                               put_migration_sql, realign_assignments_sql, update_assignments_sql)
 
 
 def check_uuid(value, field_name: str) -> str:

@@ -31,19 +31,18 @@ from typing import Callable
 
 import os_traits
 
+from agent.conductor.errors import NoSuchHost
+from agent.conductor.source_tree import read_device_traits, read_source_tree
+from agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
+from agent.messaging import messaging
 from agent.moves.evacuation import (DestinationRecord, InterruptedEvacuation, destination_record,
                                     evacuation_migration_uuid, interrupted_evacuations,
                                     spec_from_allocations)
 from agent.moves.request import SourceProvider, candidate_root, move_request
-from agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
-from agent.rpc.heartbeat import Heartbeat, Liveness
-from agent.messaging import messaging
-from agent.placement.allocations import tree_allocations
+from agent.placement.allocations import move_allocations, tree_allocations
 from agent.placement.client import PlacementClient
-from agent.placement.allocations import move_allocations
 from agent.rpc.client import ComputeAgentAPI
-from agent.conductor.source_tree import read_device_traits, read_source_tree
-from agent.conductor.errors import NoSuchHost
+from agent.rpc.heartbeat import Heartbeat, Liveness
 
 
 # Instances evacuated at once by default: enough to overlap Placement's and

@@ -14,36 +14,35 @@ from typing import Callable
 
 from oslo_config import cfg
 
-from agent.rpc import broker
-from agent.daemon import cycle_record
-from agent.store import node_identity
-from agent.store.store import (Store, StoreError, create_filled, inspect_store, new_assignment_id,
-                               placement_view, put_placement_view_sql)
-from agent.store import check as store_check
-from agent.store.adoption import plan_adoption
-from agent.store.errors import AdoptionRefused, StoreRefused
-from agent.daemon.errors import RecordUnreadable
-from agent.placement.allocations import AllocationView, tree_allocations
 from agent.claims.model import Migration
+from agent.compute.manager import ComputeManager
+from agent.compute.reconcile import Report, reconcile
+from agent.compute.tracker import Tracker
+from agent.daemon import cycle_record
+from agent.daemon.errors import RecordUnreadable
+from agent.daemon.systemd import Watchdog
 from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown, describe
-from agent.moves.evacuation import evacuation_migration_uuid
 from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
                              PlacementError, PlacementUnavailable)
-from agent.heal.realign import DeviceIndex
 from agent.heal.hold import UnhealedHold
+from agent.heal.realign import DeviceIndex
 from agent.heal.run import align_store, run_heal
 from agent.health.watch import HealthWatch
-from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
-from agent.compute.manager import ComputeManager
 from agent.metrics import CycleResult, Metrics
+from agent.moves.evacuation import evacuation_migration_uuid
+from agent.placement.allocations import AllocationView, move_allocations, tree_allocations
 from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.tree.provider_tree import Provider, ProviderTree
-from agent.tree.policy import tree_policy_from_conf
-from agent.compute.reconcile import Report, reconcile
-from agent.placement.allocations import move_allocations
-from agent.daemon.systemd import Watchdog
-from agent.compute.tracker import Tracker
 from agent.placement.sync import SyncResult, TreeSync
+from agent.rpc import broker
+from agent.store import check as store_check
+from agent.store import node_identity
+from agent.store.adoption import plan_adoption
+from agent.store.errors import AdoptionRefused, StoreRefused
+from agent.store.store import (Store, StoreError, create_filled, inspect_store, new_assignment_id,
+                               placement_view, put_placement_view_sql)
+from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
+from agent.tree.policy import tree_policy_from_conf
+from agent.tree.provider_tree import Provider, ProviderTree
 from drivers.base import ForeignGuest, HostInventory
 from drivers.driver import ComputeDriver
 from drivers.errors import DriverUnavailable, InvalidHostData

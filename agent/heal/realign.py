@@ -23,8 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from agent.claims.model import Allocations, Assignment
 from agent.claims.choice import Pool, Slot, counted_device_id, slot_detail
+from agent.claims.model import Allocations, Assignment
 from drivers.base import DeviceDetail, DeviceKind
 
 Pools = Mapping[str, Mapping[str, Pool]]  # provider uuid -> class -> pool

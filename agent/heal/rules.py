@@ -31,10 +31,10 @@ from typing import Callable, Iterable, Mapping
 import os_traits
 
 from agent.claims.choice import Pool
-from agent.tree.provider_tree import Provider, ProviderTree
 from agent.claims.model import Assignment, Migration
-from drivers.base import DeviceKind
 from agent.heal.errors import HealRefused
+from agent.tree.provider_tree import Provider, ProviderTree
+from drivers.base import DeviceKind
 
 # provider uuid -> resource class -> amount used (or allocated)
 Usages = Mapping[str, Mapping[str, int]]

@@ -21,17 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from agent.heal import rules as heal
 from agent.claims.choice import Pool
+from agent.claims.model import Allocations
 from agent.compute.manager import ComputeManager
 from agent.exception import AgentError, GenerationConflict
+from agent.heal import rules as heal
+from agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
 from agent.placement.allocations import tree_allocations
 from agent.placement.client import PlacementClient
-from agent.tree.provider_tree import ProviderTree, adopt_uuids
-from agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
-from agent.claims.model import Allocations
 from agent.placement.sync import TreeSync
 from agent.tree.host_tree import BuiltTree
+from agent.tree.provider_tree import ProviderTree, adopt_uuids
 from drivers.base import HostInventory
 from drivers.driver import ComputeDriver
 

@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Callable, Collection
 
-from agent.health.rules import (DeviceVerdict, HealthJudge, HealthSnapshot,
-                                  apply_health, watched_devices)
+from agent.health.rules import (DeviceVerdict, HealthJudge, HealthSnapshot, apply_health,
+                                watched_devices)
 from agent.tree.host_tree import BuiltTree
 from drivers.base import HostInventory
 from drivers.driver import ComputeDriver

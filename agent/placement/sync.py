@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from agent.tree import provider_tree as pt
 from agent.exception import GenerationConflict, PlacementError
 from agent.placement.client import PlacementClient
+from agent.tree import provider_tree as pt
 
 LOG = logging.getLogger(__name__)
 

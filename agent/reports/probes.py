@@ -10,20 +10,20 @@ from typing import Callable, TypeVar
 
 from oslo_config import cfg
 
-from agent.rpc import broker as broker_probe
 from agent.daemon import cycle_record
-from agent.store.store import StoreError, inspect_store, schema_version
+from agent.daemon.errors import RecordUnreadable
+from agent.daemon.service import Agent, load_driver
 from agent.dependencies import Dependency, Probe, Unknown
 from agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
-from agent.daemon.service import Agent, load_driver
 from agent.heal import rules as heal_rules
 from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.reports.status import StoreHealth
 from agent.reports.tree import TreeReport
 from agent.reports.tree import compare as compare_trees
+from agent.rpc import broker as broker_probe
 from agent.store.check import StoreFile
+from agent.store.store import StoreError, inspect_store, schema_version
 from agent.tree.provider_tree import adopt_uuids
-from agent.daemon.errors import RecordUnreadable
 from drivers.errors import DriverUnavailable
 
 # A probe waits this long for an answer: status is run by hand and by

@@ -18,7 +18,7 @@ from typing import Mapping
 from agent.heal import rules as heal
 from agent.tree import ownership
 from agent.tree.provider_tree import (INVENTORY_FIELDS, Provider, ProviderTree,
-                                 normalized_inventories, reported_traits, tree_as_dicts)
+                                      normalized_inventories, reported_traits, tree_as_dicts)
 
 # provider uuid -> consumer uuid -> {"resources": {class: amount}}, as
 # ``GET /resource_providers/{uuid}/allocations`` gives it.

@@ -23,12 +23,12 @@ from contextlib import contextmanager
 
 from kombu.exceptions import OperationalError
 
-from agent.rpc import broker
 from agent.dependencies import Probe, describe
 from agent.exception import VersionCapped
 from agent.messaging import TOPIC, messaging, transport
-from agent.rpc.versions import OLDEST, VERSION
+from agent.rpc import broker
 from agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
+from agent.rpc.versions import OLDEST, VERSION
 
 LOG = logging.getLogger(__name__)
 

@@ -23,15 +23,15 @@ import sqlite3
 import threading
 from enum import Enum
 
+from agent.claims.model import Assignment, AssignmentState, Migration
+from agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
+from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
 from agent.rpc import schemas
 from agent.rpc import versions as rpc_versions
-from agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
 from agent.rpc.heartbeat import SourceFence
-from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
-from agent.tree.provider_tree import tree_as_dicts
 from agent.rpc.versions import VERSION
-from agent.claims.model import Assignment, AssignmentState, Migration
 from agent.store.errors import StoreError
+from agent.tree.provider_tree import tree_as_dicts
 
 LOG = logging.getLogger(__name__)
 # What the caller is told of an error it cannot act on; the log has all.

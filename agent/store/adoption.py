@@ -33,8 +33,8 @@ from typing import Callable, Mapping
 
 from agent.claims.choice import Pool
 from agent.claims.model import Allocations
-from agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore
 from agent.store.errors import AdoptionRefused
+from agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore
 from drivers.base import DeviceKind, ForeignGuest, HostResource, HostResourceKind
 
 

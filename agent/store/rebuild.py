@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from agent.claims.model import Allocations, Assignment, AssignmentState, Owner
 from agent.claims.choice import Pool, Slot, slot_detail
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from agent.claims.model import Allocations, Assignment, AssignmentState, Owner
 from agent.store.errors import RebuildRefused
+from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                               MigrationState, MoveKind, Owner)
+                                MigrationState, MoveKind, Owner)
 # Decision, StoreError and run_statements belong to the store's API too.
+from agent.store.check import StoreFacts, StoreFile
 from agent.store.errors import StoreError  # noqa: F401
 from agent.store.writer import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
                                 run_statements)
 from agent.tree.provider_tree import Provider
-from agent.store.check import StoreFacts, StoreFile
 from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")

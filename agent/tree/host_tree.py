@@ -17,9 +17,9 @@ import os_resource_classes as orc
 import os_traits
 
 from agent.claims.choice import Pool, Slot
+from agent.exception import ConfigError
 from agent.tree.cpu_traits import cpu_feature_traits
 from agent.tree.device_spec import DeviceSpec, first_match
-from agent.exception import ConfigError
 from agent.tree.provider_tree import Provider, ProviderTree, inventory
 from compute_common.pci_address import node_device_name
 from drivers.base import DeviceKind, HostInventory, MdevParent, MdevType, PciDevice, PciKind

@@ -9,11 +9,11 @@ import os_traits
 from oslo_config import cfg
 
 from agent.config import register_mdev_type_groups
+from agent.exception import ConfigError
+from agent.tree.device_spec import parse_specs
+from agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from agent.tree.device_spec import parse_specs
-from agent.exception import ConfigError
-from agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
 
 
 # What os-resource-classes and os-traits accept as a custom name.

@@ -13,8 +13,8 @@ from typing import Iterable, Mapping
 from lxml import etree
 
 from drivers.base import NumaCell
-from drivers.host_data import parse_cpulist, parse_int
 from drivers.errors import InvalidHostData
+from drivers.host_data import parse_cpulist, parse_int
 
 DEVICE = "capabilities"
 # Units libvirt writes on <memory> and <pages>, as multiples of a KiB.

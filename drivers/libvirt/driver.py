@@ -26,8 +26,8 @@ from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.host_cpu import HostCpuFeatures
 from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.migration_xml import rewrite_for_destination
-from drivers.migration import LiveMigrationTarget
 from drivers.libvirt.sysfs import SysfsReader
+from drivers.migration import LiveMigrationTarget
 from drivers.warnings_once import WarningsOnce
 
 LOG = logging.getLogger(__name__)

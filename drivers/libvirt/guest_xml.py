@@ -17,10 +17,10 @@ from lxml import etree
 
 from drivers.base import (DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
                           HostResource, HostResourceKind)
-from drivers.libvirt.capabilities import _kib, parse_xml
+from drivers.errors import InvalidHostData
 from drivers.host_data import (format_pci_address, parse_cpulist, parse_int,
                                parse_pci_address)
-from drivers.errors import InvalidHostData
+from drivers.libvirt.capabilities import _kib, parse_xml
 
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
 PREFIX = "ca"

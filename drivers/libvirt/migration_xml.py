@@ -26,8 +26,8 @@ from lxml import etree
 
 from compute_common.cpuset import format_cpu_set
 from drivers.base import DeviceKind, GuestDevice
-from drivers.host_data import parse_cpulist, parse_int, parse_pci_address
 from drivers.errors import InvalidHostData, MigrationXmlError
+from drivers.host_data import parse_cpulist, parse_int, parse_pci_address
 from drivers.libvirt.capabilities import _kib, parse_xml
 from drivers.libvirt.guest_xml import NAMESPACE
 from drivers.migration import DeviceMove, LiveMigrationTarget

@@ -14,9 +14,9 @@ from lxml import etree
 
 from compute_common.pci_address import PARTS, address_from_node_device_name
 from drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
-from drivers.libvirt.capabilities import parse_xml
-from drivers.host_data import format_pci_address, parse_hex_id, parse_int, parse_numa_node
 from drivers.errors import InvalidHostData
+from drivers.host_data import format_pci_address, parse_hex_id, parse_int, parse_numa_node
+from drivers.libvirt.capabilities import parse_xml
 
 # libvirt >= 7.3 names an mdev "mdev_<uuid>_<parent>"; before, "mdev_<uuid>".
 _MDEV_NAME = re.compile(r"^mdev_([0-9a-fA-F_]{36})(?:_.*)?$")

@@ -13,8 +13,8 @@ import uuid
 from typing import Iterable, Mapping
 
 from drivers.base import PmemNamespace
-from drivers.host_data import parse_int, parse_numa_node
 from drivers.errors import InvalidHostData
+from drivers.host_data import parse_int, parse_numa_node
 from drivers.libvirt.sysfs import SysfsReader
 
 NDCTL = "ndctl JSON"

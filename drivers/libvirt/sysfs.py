@@ -11,11 +11,10 @@ import re
 from dataclasses import replace
 from typing import Iterable
 
-from drivers.base import (
-    Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind)
-from drivers.libvirt.capabilities import parse_sysfs_numa_node
-from drivers.host_data import parse_hex_id, parse_int, parse_numa_node, parse_pci_address
+from drivers.base import Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind
 from drivers.errors import InvalidHostData
+from drivers.host_data import parse_hex_id, parse_int, parse_numa_node, parse_pci_address
+from drivers.libvirt.capabilities import parse_sysfs_numa_node
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _HUGEPAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")

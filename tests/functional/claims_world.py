@@ -15,17 +15,15 @@ from pathlib import Path
 
 import os_resource_classes as orc
 
-from agent.store.store import (Assignment, Migration, all_instances, all_migrations,
-                               live_assignments)
-from agent.tree.device_spec import parse_specs
-from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree,
-                             gpu_provider_name, numa_provider_name,
-                             pci_provider_name, pmem_provider_name,
-                             pmem_resource_class)
 from agent.compute.manager import ComputeManager
 from agent.compute.reconcile import reconcile
-from agent.store.store import Store
 from agent.compute.tracker import Tracker
+from agent.store.store import (Assignment, Migration, Store, all_instances, all_migrations,
+                               live_assignments)
+from agent.tree.device_spec import parse_specs
+from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree, gpu_provider_name,
+                                  numa_provider_name, pci_provider_name, pmem_provider_name,
+                                  pmem_resource_class)
 from drivers.fake import FakeDriver, FakeNetwork
 
 PF = "0000:81:00.0"

@@ -10,8 +10,8 @@ import requests
 import yaml
 
 from agent.cmd.common import load_config
-from agent.heal.rules import capacity
 from agent.daemon.service import Agent
+from agent.heal.rules import capacity
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
            "OpenStack-API-Version": "placement 1.39"}

@@ -7,9 +7,9 @@ import json
 import uuid
 from pathlib import Path
 
-from agent.store import node_identity
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
+from agent.store import node_identity
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import placement_tree, write_conf
 

@@ -21,11 +21,11 @@ import requests
 
 from agent.claims.model import AssignmentState
 from agent.cmd.common import load_config
+from agent.daemon.service import Agent
 from agent.heal.rules import capacity
 from agent.heal.run import run_heal
 from agent.tree.host_tree import build_tree
 from agent.tree.policy import tree_policy_from_conf
-from agent.daemon.service import Agent
 from drivers.libvirt.driver import LibvirtDriver
 from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,
                                       offered, placement_tree, put_allocations)

@@ -37,8 +37,8 @@ from pathlib import Path
 import pytest
 
 from agent.claims.model import AssignmentState, Owner
-from agent.exception import ClaimFailed
 from agent.compute.reconcile import reconcile
+from agent.exception import ClaimFailed
 from drivers.base import DeviceKind
 from drivers.fake import FakeDriver
 from tests.functional.claims_world import PMEM_RC, host_dict, make_world, new_uuid, spec

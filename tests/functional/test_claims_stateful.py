@@ -39,10 +39,10 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
 from agent.claims.model import AssignmentState, MigrationState, Owner
+from agent.compute.reconcile import reconcile
 from agent.exception import ClaimFailed, MoveInProgress
 from drivers.base import DeviceKind
 from drivers.fake import FakeNetwork
-from agent.compute.reconcile import reconcile
 from tests.functional.claims_world import (PMEM_RC, World, make_world, new_uuid,
                                            spec)
 

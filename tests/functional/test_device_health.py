@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from agent.health.rules import DeviceFault
 from agent.exception import ClaimFailed
+from agent.health.rules import DeviceFault
 from agent.tree.ownership import UNHEALTHY_TRAIT
 from drivers.fake_sysfs import vf_address
 from tests.functional.helpers import get, put_allocations, wait_for

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent.cmd.common import load_config
-from agent.moves.evacuation import evacuation_migration_uuid
 from agent.exception import NoSuchInstance, SourceHostUp
+from agent.moves.evacuation import evacuation_migration_uuid
 from agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import get, put_allocations, unallocate
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon

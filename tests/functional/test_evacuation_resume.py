@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 
 from agent.cmd.common import load_config
-from agent.moves.evacuation import evacuation_migration_uuid
 from agent.conductor.evacuation import Evacuator
-from agent.exception import NoSuchInstance
-from agent.rpc.heartbeat import Heartbeat
-from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.conductor.live_migration import live_migrate_instance
+from agent.exception import NoSuchInstance
+from agent.moves.evacuation import evacuation_migration_uuid
+from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.rpc.client import ComputeAgentAPI
+from agent.rpc.heartbeat import Heartbeat
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"

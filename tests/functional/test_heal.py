@@ -18,9 +18,9 @@ import pytest
 import requests
 
 from agent.cmd.common import load_config
+from agent.daemon.service import Agent
 from agent.heal.errors import HealRefused
 from agent.heal.run import run_heal
-from agent.daemon.service import Agent
 from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,
                                       offered, placement_tree, put_allocations, used,
                                       write_conf)

@@ -22,9 +22,9 @@ from lxml import etree
 from agent.claims.model import AssignmentState, Owner
 from agent.cmd.common import load_config
 from agent.compute.manager import ComputeManager
+from agent.compute.tracker import Tracker
 from agent.daemon.service import Agent
 from agent.store.store import Store, live_changed_at
-from agent.compute.tracker import Tracker
 from tests.functional.helpers import put_allocations, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
 

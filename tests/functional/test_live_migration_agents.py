@@ -28,14 +28,14 @@ import pytest
 import requests
 from keystoneauth1 import adapter, session
 
-from agent.rpc import server as rpc
 from agent.cmd.common import load_config
-from agent.exception import ClaimFailed, LiveMigrationFailed, LiveMigrationRefused
-from agent.placement.client import PlacementClient
-from agent.placement.auth import NoAuth2
 from agent.conductor.live_migration import live_migrate_instance
-from agent.rpc.client import ComputeAgentAPI
 from agent.daemon.service import Agent
+from agent.exception import ClaimFailed, LiveMigrationFailed, LiveMigrationRefused
+from agent.placement.auth import NoAuth2
+from agent.placement.client import PlacementClient
+from agent.rpc import server as rpc
+from agent.rpc.client import ComputeAgentAPI
 from drivers.fake import FakeNetwork
 from drivers.libvirt.guest_xml import domain_name
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec

@@ -27,8 +27,7 @@ from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec, Host
 from drivers.errors import LiveMigrationError
 from drivers.libvirt.driver import LibvirtDriver
 from drivers.libvirt.guest_xml import domain_name
-from tests.contract.test_driver_contract import libvirt_driver
-from tests.contract.test_driver_contract import target
+from tests.contract.test_driver_contract import libvirt_driver, target
 
 PMEM_BYTES = 64 << 20
 MARK = b"compute-agent live migration\n"

@@ -21,9 +21,9 @@ import libvirt
 from keystoneauth1 import adapter, session
 
 from agent.cmd.common import load_config
-from agent.placement.client import PlacementClient
-from agent.placement.auth import NoAuth2
 from agent.conductor.live_migration import live_migrate_instance
+from agent.placement.auth import NoAuth2
+from agent.placement.client import PlacementClient
 from agent.rpc.client import ComputeAgentAPI
 from drivers.libvirt.guest_xml import domain_name
 from tests.functional.helpers import put_allocations, wait_for

@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 from keystoneauth1 import adapter, session
 
-from agent.rpc import server as rpc
-from agent.daemon import service
 from agent.claims.model import MigrationState
 from agent.cmd.common import load_config
-from agent.placement.client import PlacementClient
-from agent.placement.auth import NoAuth2
 from agent.conductor.live_migration import _write_allocations
-from agent.placement.allocations import move_allocations
-from agent.rpc.client import ComputeAgentAPI
+from agent.daemon import service
 from agent.daemon.service import Agent
+from agent.placement.allocations import move_allocations
+from agent.placement.auth import NoAuth2
+from agent.placement.client import PlacementClient
+from agent.rpc import server as rpc
+from agent.rpc.client import ComputeAgentAPI
 from drivers.fake import FakeDriver, FakeNetwork
 from tests.functional.helpers import placement_tree, put_allocations, write_conf
 

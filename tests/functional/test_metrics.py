@@ -14,8 +14,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.cmd.common import load_config
-from agent.exception import ConfigError, InvalidRequest
 from agent.daemon.service import Agent
+from agent.exception import ConfigError, InvalidRequest
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import placement_tree, put_allocations, write_conf
 

@@ -20,8 +20,8 @@ import pytest
 from lxml import etree
 
 from agent.cmd.common import load_config
-from agent.tree.cpu_traits import cpu_feature_traits
 from agent.daemon.service import Agent
+from agent.tree.cpu_traits import cpu_feature_traits
 from drivers.libvirt import capabilities
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.host_cpu import HostCpuFeatures

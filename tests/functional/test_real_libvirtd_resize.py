@@ -18,8 +18,8 @@ from lxml import etree
 
 from agent.claims.model import Owner
 from agent.cmd.common import load_config
-from agent.exception import DevicesInUse
 from agent.daemon.service import Agent
+from agent.exception import DevicesInUse
 from drivers.base import DeviceKind
 from tests.functional.helpers import placement_tree, write_conf
 

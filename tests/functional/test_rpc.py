@@ -24,9 +24,9 @@ from agent.exception import (ClaimFailed, InvalidRequest, LiveMigrationRefused,
                              NoSuchInstance,
                              StoreUnavailable, VersionCapped)
 from agent.messaging import messaging
-from agent.placement.client import PlacementClient
-from agent.placement.auth import NoAuth2
 from agent.placement.allocations import move_allocations
+from agent.placement.auth import NoAuth2
+from agent.placement.client import PlacementClient
 from agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.libvirt_host import GPU, PF, Host

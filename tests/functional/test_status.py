@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import lock as state_lock
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
+from agent.store import lock as state_lock
 from agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.keystone_standin import KeystoneStandin
 from tests.functional.libvirt_host import Host

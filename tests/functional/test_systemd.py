@@ -16,8 +16,8 @@ from typing import Callable
 
 import pytest
 
-from agent.testing.local_placement import LocalPlacement, free_port
 from agent.messaging import TOPIC
+from agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.helpers import failed_cycles, get, wait_for, write_conf
 
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from agent.cmd.daemon import cli_opts
 from agent.cmd.common import load_config
 from agent.cmd.config_check import registered_options
+from agent.cmd.daemon import cli_opts
 from agent.exception import ConfigError
 from tests.functional.helpers import write_conf
 from tests.reliability.exploring import Outcome

@@ -59,19 +59,19 @@ from keystoneauth1 import adapter, session
 
 from agent.cmd.common import load_config
 from agent.cmd.manage import audit_report
-from agent.moves.evacuation import evacuation_migration_uuid, spec_from_allocations
 from agent.conductor.evacuation import Evacuator
+from agent.conductor.live_migration import _write_allocations, live_migrate_instance
+from agent.daemon.service import Agent
 from agent.exception import (AgentError, ClaimFailed, InvalidRequest,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              PlacementError)
-from agent.rpc.heartbeat import Heartbeat
 from agent.messaging import messaging
-from agent.placement.client import PlacementClient
-from agent.placement.auth import NoAuth2
-from agent.conductor.live_migration import _write_allocations, live_migrate_instance
+from agent.moves.evacuation import evacuation_migration_uuid, spec_from_allocations
 from agent.placement.allocations import move_allocations
+from agent.placement.auth import NoAuth2
+from agent.placement.client import PlacementClient
 from agent.rpc.client import ComputeAgentAPI
-from agent.daemon.service import Agent
+from agent.rpc.heartbeat import Heartbeat
 from drivers.fake import FakeDriver
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.claims_world import GPU, MDEV_TYPE, PF, host_dict

@@ -10,8 +10,8 @@ import uuid
 from pathlib import Path
 
 from agent.cmd.common import load_config
-from agent.dependencies import Dependency, DependencyState, Health
 from agent.daemon.service import Agent
+from agent.dependencies import Dependency, DependencyState, Health
 from tests.functional.helpers import put_allocations, wait_for, write_conf
 from tests.functional.private_services import PrivateLibvirtd
 

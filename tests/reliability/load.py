@@ -23,10 +23,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.functional.libvirt_host import DEVICE_SPECS, Host
-from tests.functional.test_rpc import BROKER, AgentDaemon
 from agent.cmd.common import load_config
 from agent.rpc.client import ComputeAgentAPI
+from tests.functional.libvirt_host import DEVICE_SPECS, Host
+from tests.functional.test_rpc import BROKER, AgentDaemon
 
 PFS = ("0000:81:00.0", "0000:82:00.0")
 SPEC = {"name": "load", "vcpus": 1, "memory_mb": 256}

@@ -42,16 +42,16 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
+from agent.claims.model import Migration
 from agent.cmd.common import load_config
 from agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidRequest,
                              LiveMigrationFailed, LiveMigrationRefused, MoveInProgress,
                              NoSuchInstance, SourceHostUp)
 from agent.messaging import TOPIC, messaging, transport
-from agent.rpc.server import ComputeAgentEndpoint
-from agent.rpc.versions import VERSION
-from agent.claims.model import Migration
 from agent.rpc import schemas
 from agent.rpc.client import ComputeAgentAPI
+from agent.rpc.server import ComputeAgentEndpoint
+from agent.rpc.versions import VERSION
 from agent.store.store import migrations
 from oslo_messaging._utils import version_is_compatible
 from tests.functional.helpers import put_allocations

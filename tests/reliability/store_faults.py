@@ -19,17 +19,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.store import node_identity
 from agent.cmd.common import load_config
 from agent.exception import StoreUnavailable
 from agent.messaging import messaging
 from agent.rpc.client import ComputeAgentAPI
-from tests.functional.helpers import (
-    placement_tree,
-    put_allocations,
-    unallocate,
-    wait_for,
-)
+from agent.store import node_identity
+from tests.functional.helpers import placement_tree, put_allocations, unallocate, wait_for
 from tests.functional.test_store_lost import PF, Daemon
 
 SPEC = {"name": "g", "vcpus": 1, "memory_mb": 256}

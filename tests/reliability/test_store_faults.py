@@ -11,12 +11,7 @@ from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from tests.functional.helpers import write_conf
 from tests.functional.test_store_lost import HOST
-from tests.reliability.store_faults import (
-    StoreDisk,
-    StoreFaultHost,
-    cut_in_half,
-    refusal,
-)
+from tests.reliability.store_faults import StoreDisk, StoreFaultHost, cut_in_half, refusal
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agent.exception import ClaimFailed, InvalidRequest
-from agent.store.errors import StoreError
 from agent.metrics import Metrics, parse_listen
+from agent.store.errors import StoreError
 
 
 def series(metrics: Metrics, name: str) -> dict[frozenset, float]:

@@ -29,12 +29,12 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.store.store import Store, live_assignments
 from agent.claims.model import AssignmentState
+from agent.compute.tracker import Tracker
+from agent.daemon.service import STORE_FILE
+from agent.store.store import Store, live_assignments
 from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
-from agent.daemon.service import STORE_FILE
-from agent.compute.tracker import Tracker
 from drivers.fake import FakeDriver
 from tools.benchmarks.common import device_host, percentile
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from agent.cmd.common import load_config
 from agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
-from agent.rpc.heartbeat import Heartbeat
 from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.rpc.client import ComputeAgentAPI
+from agent.rpc.heartbeat import Heartbeat
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import get, put_allocations, write_conf
 from tools.benchmarks.common import device_host

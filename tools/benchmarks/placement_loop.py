@@ -13,15 +13,15 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.tree.host_tree import TreePolicy
-from agent.tree.device_spec import parse_specs
-from agent.placement.client import PlacementClient
-from agent.placement.auth import NoAuth2
 from agent.compute.manager import ComputeManager
-from agent.daemon.service import STORE_FILE, Agent, placement_sync
-from agent.store.store import Store
 from agent.compute.tracker import Tracker
+from agent.daemon.service import STORE_FILE, Agent, placement_sync
+from agent.placement.auth import NoAuth2
+from agent.placement.client import PlacementClient
+from agent.store.store import Store
 from agent.testing.local_placement import LocalPlacement
+from agent.tree.device_spec import parse_specs
+from agent.tree.host_tree import TreePolicy
 from drivers.fake import FakeDriver
 from keystoneauth1 import adapter, session
 

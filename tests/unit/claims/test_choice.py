@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
-from agent.claims.choice import (MAX_AMOUNT, Choice, HeldDevices, InstanceSpec, Pool, Slot,
-                          Wanted, choose, parse_allocations)
+from agent.claims.choice import (MAX_AMOUNT, Choice, HeldDevices, InstanceSpec, Pool, Slot, Wanted,
+                                 choose, parse_allocations)
 from agent.exception import ClaimFailed, InvalidRequest
 from drivers.base import DeviceKind
 

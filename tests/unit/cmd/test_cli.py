@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.rpc import schemas as rpc_schemas
 from agent.cmd import common, ctl
 from agent.cmd.daemon import once_summary
-from agent.exception import InvalidRequest
-from agent.tree.provider_tree import Provider, ProviderTree
-from agent.rpc.client import OutstandingCalls
 from agent.daemon.service import CycleOutcome
+from agent.exception import InvalidRequest
 from agent.placement.sync import SyncResult
+from agent.rpc import schemas as rpc_schemas
+from agent.rpc.client import OutstandingCalls
+from agent.tree.provider_tree import Provider, ProviderTree
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / ctl.EXAMPLE_SPEC

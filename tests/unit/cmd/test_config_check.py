@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from agent.cmd import config_check as cc
-from agent.store.store import inspect_store
 from agent.cmd.common import load_config
-from agent.exception import ConfigError
 from agent.cmd.errors import BadValue
+from agent.exception import ConfigError
 from agent.store.errors import StoreError
+from agent.store.store import inspect_store
 
 # Stands for a path under the test's own tmp_path that nothing creates: an
 # absolute path such as /nonexistent may exist on a shared machine.

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from oslo_upgradecheck.upgradecheck import Code
 
-from agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
 from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
 from agent.cmd.common import load_config
 from agent.cmd.upgrade_check import (UpgradeChecks, moves_result, schema_result,
                                      unhealed_result)
 from agent.reports.tree import Holder, UnhealedClass
+from agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
 
 ROOT = "3f0b6c1e-8a57-4d52-9c3e-2b1f6e0a9d47"
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from agent.compute import reconcile as rules
 from agent.claims.model import AssignmentState, MigrationState, MoveKind
+from agent.compute import reconcile as rules
 from agent.compute.reconcile import reconcile
 from agent.store.store import live_changed_at, migrations_changed_at
 from drivers.base import DeviceKind

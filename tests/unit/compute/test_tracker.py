@@ -3,13 +3,12 @@ import uuid
 
 import pytest
 
-from agent.store.store import live_assignments
 from agent.claims.choice import Pool, Slot
 from agent.claims.model import MoveKind
-from agent.exception import ClaimFailed, MoveInProgress
 from agent.compute.manager import describe, guest_spec
-from agent.store.store import Store
 from agent.compute.tracker import Tracker
+from agent.exception import ClaimFailed, MoveInProgress
+from agent.store.store import Store, live_assignments
 from drivers.base import DeviceDetail, DeviceKind
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from agent.claims.model import MigrationRole, MigrationState, MoveKind
+from agent.conductor.live_migration import live_migrate_instance
 from agent.exception import (InvalidRequest, LiveMigrationFailed, LiveMigrationRefused,
                              MoveInProgress, NoSuchInstance)
 from agent.messaging import messaging
-from agent.conductor.live_migration import live_migrate_instance
 from drivers.fake import FakeNetwork
 from tests.functional.claims_world import make_world, new_uuid, spec
 from tests.unit.rpc.test_rpc import AgentWith, RecordingManager, Served

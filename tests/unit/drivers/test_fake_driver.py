@@ -9,9 +9,9 @@ import pytest
 from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           HostInventory, Mdev, MdevParent, MdevType, PciKind,
                           PmemNamespace)
+from drivers.errors import InvalidFakeHost
 from drivers.fake import (FakeDriver, fake_definition, host_from_dict, load_host_file,
                           vf_address)
-from drivers.errors import InvalidFakeHost
 from drivers.migration import DeviceMove, LiveMigrationTarget
 
 HOST = {

@@ -2,8 +2,8 @@
 Placement."""
 from __future__ import annotations
 
-from agent.claims.model import Assignment, AssignmentState, Owner
 from agent.claims.choice import Pool, Slot
+from agent.claims.model import Assignment, AssignmentState, Owner
 from agent.heal.realign import DeviceIndex, misplaced, realign
 from drivers.base import DeviceDetail, DeviceKind
 

@@ -8,12 +8,12 @@ from collections import defaultdict
 import pytest
 
 from agent.claims.choice import Pool, Slot
-from agent.tree.device_spec import parse_specs
-from agent.heal.rules import Consumer, capacity, hold_unhealed, plan_heal
+from agent.claims.model import Assignment, Migration
 from agent.heal.errors import HealRefused
+from agent.heal.rules import Consumer, capacity, hold_unhealed, plan_heal
+from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import TreeMode
 from agent.tree.provider_tree import Provider, ProviderTree, inventory
-from agent.claims.model import Assignment, Migration
 from drivers.base import DeviceKind
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"

@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from agent.health.rules import (CORRECTABLE_WINDOW_S, DeviceVerdict, DeviceFault,
-                                 HealthJudge, apply_health, link_down,
-                                 unhealthy_providers, watched_devices)
+from agent.health.rules import (CORRECTABLE_WINDOW_S, DeviceVerdict, DeviceFault, HealthJudge,
+                                apply_health, link_down, unhealthy_providers, watched_devices)
 from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
 from agent.tree.ownership import UNHEALTHY_TRAIT

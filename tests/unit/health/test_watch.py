@@ -8,8 +8,8 @@ import logging
 import threading
 
 from agent.health.rules import DeviceFault
-from agent.tree.device_spec import parse_specs
 from agent.health.watch import HealthWatch
+from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import TreePolicy, build_tree
 from agent.tree.ownership import UNHEALTHY_TRAIT
 from drivers.base import PciHealthSignals

@@ -6,12 +6,12 @@ import uuid
 import pytest
 
 from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
+from agent.conductor.evacuation import lost_a_race
+from agent.exception import GenerationConflict, PlacementError
 from agent.moves.evacuation import (DestinationRecord, destination_record, evacuated_away,
                                     evacuation_name_free_again, evacuation_migration_uuid,
                                     interrupted_evacuations, spec_from_allocations)
 from agent.moves.request import SourceProvider, candidate_root, move_request
-from agent.conductor.evacuation import lost_a_race
-from agent.exception import GenerationConflict, PlacementError
 
 ROOT, CELL0, CELL1, PF1, GPU0, LOOSE = (str(uuid.uuid4()) for _ in range(6))
 TREE = {

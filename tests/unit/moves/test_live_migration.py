@@ -1,9 +1,9 @@
 """The live-migration pre-check rules: which devices may move."""
 import json
 
+from agent.moves.live_migration import (live_migratable_devices, mdev_refusals, mdev_type_refusals,
+                                        pci_refusals)
 from agent.tree.device_spec import parse_specs
-from agent.moves.live_migration import (live_migratable_devices, mdev_refusals,
-                                   mdev_type_refusals, pci_refusals)
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, PciDevice, PciKind
 from drivers.migration import DeviceMove, LiveMigrationTarget
 

@@ -5,10 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from agent.reports import status
 from agent.daemon.cycle_record import CycleRecord
-from agent.dependencies import Dependency, DependencyState, Health
-from agent.dependencies import Probe, Unknown
+from agent.dependencies import Dependency, DependencyState, Health, Probe, Unknown
+from agent.reports import status
 from agent.reports.status import Level, StatusFacts, StoreHealth, judge
 
 NOW = 10_000.0

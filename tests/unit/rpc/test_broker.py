@@ -8,9 +8,8 @@ import logging
 import pytest
 from amqp.exceptions import AccessRefused
 
+from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown
 from agent.rpc import broker
-from agent.dependencies import Dependencies, Dependency, Health
-from agent.dependencies import Probe, Unknown
 
 URL = "rabbit://127.0.0.1:5672/"
 DOWN = Probe(Dependency.BROKER, URL, "did not answer (connection refused)")

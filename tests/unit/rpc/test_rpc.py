@@ -11,16 +11,16 @@ import uuid
 
 import pytest
 
-from agent.rpc import schemas
-from agent.rpc import versions as rpc_versions
+from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
+                                MigrationState, MoveKind, Owner)
 from agent.cmd.common import load_config
 from agent.exception import (InternalError, InvalidRequest, LiveMigrationRefused,
                              NoSuchInstance, StoreUnavailable, VersionCapped)
 from agent.messaging import messaging
-from agent.rpc.server import ComputeAgentEndpoint, listed_instances
+from agent.rpc import schemas
+from agent.rpc import versions as rpc_versions
 from agent.rpc.client import ComputeAgentAPI
-from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                               MigrationState, MoveKind, Owner)
+from agent.rpc.server import ComputeAgentEndpoint, listed_instances
 from agent.store.errors import StoreError
 from drivers.base import DeviceKind
 

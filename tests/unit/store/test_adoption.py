@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
+from agent.claims.choice import Pool, Slot
+from agent.claims.model import AssignmentState, Owner
 from agent.store.adoption import plan_adoption
 from agent.store.errors import AdoptionRefused
-from agent.claims.model import AssignmentState, Owner
-from agent.claims.choice import Pool, Slot
 from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, HostResource,
                           HostResourceKind)
 

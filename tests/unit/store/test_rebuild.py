@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from agent.claims.choice import Pool, Slot
-from agent.store.rebuild import plan_rebuild
 from agent.store.errors import RebuildRefused
+from agent.store.rebuild import plan_rebuild
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from drivers.libvirt.guest_xml import build_domain_xml, parse_guest
 

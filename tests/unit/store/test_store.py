@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
-                               insert_assignments_sql, live_assignments, migrate, placement_view,
-                               put_instance_sql, put_migration_sql, put_placement_view_sql,
-                               run_statements, schema_version, update_assignments_sql)
-from agent.store import lock as state_lock
-from agent.tree.provider_tree import Provider, inventory
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                               MigrationState, MoveKind, Owner)
-from agent.store.store import inspect_store
-from agent.store.errors import StoreError
+                                MigrationState, MoveKind, Owner)
+from agent.store import lock as state_lock
 from agent.store.check import StoreFile
+from agent.store.errors import StoreError
+from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
+                               insert_assignments_sql, inspect_store, live_assignments, migrate,
+                               placement_view, put_instance_sql, put_migration_sql,
+                               put_placement_view_sql, run_statements, schema_version,
+                               update_assignments_sql)
+from agent.tree.provider_tree import Provider, inventory
 from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
 

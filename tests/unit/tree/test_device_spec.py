@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from agent.tree.device_spec import first_match, parse_spec, parse_specs
 from agent.exception import ConfigError
+from agent.tree.device_spec import first_match, parse_spec, parse_specs
 from drivers.base import PciDevice, PciKind
 
 NIC = PciDevice("0000:3b:00.0", "8086", "1572", PciKind.PF, 0)

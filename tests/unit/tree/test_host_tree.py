@@ -4,11 +4,11 @@ import uuid
 
 import pytest
 
-from agent.tree.device_spec import parse_specs
 from agent.exception import ConfigError
+from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import (MdevTypePolicy, TreeMode, TreePolicy, build_tree, child_uuid,
-                             gpu_provider_name, numa_provider_name,
-                             pci_provider_name, pmem_provider_name)
+                                  gpu_provider_name, numa_provider_name, pci_provider_name,
+                                  pmem_provider_name)
 from agent.tree.provider_tree import inventory, normalized_inventories
 from drivers.base import DeviceKind
 from drivers.fake import host_from_dict

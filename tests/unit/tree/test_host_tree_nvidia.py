@@ -3,8 +3,8 @@
 and mdevs on VFs. A VF hosts at most one vGPU."""
 from __future__ import annotations
 
-from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree,
-                             gpu_provider_name, numa_provider_name)
+from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree, gpu_provider_name,
+                                  numa_provider_name)
 from drivers.base import (HostInventory, Mdev, MdevParent, MdevType, NumaCell,
                           PciDevice, PciKind)
 from drivers.fake_sysfs import SysfsBuilder

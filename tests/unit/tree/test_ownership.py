@@ -2,8 +2,8 @@
 reserved on device inventories survive every diff."""
 from agent.tree import ownership
 from agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
-                                 SetInventories, SetTraits, UpdateProvider, describe, diff,
-                                 inventory)
+                                      SetInventories, SetTraits, UpdateProvider, describe, diff,
+                                      inventory)
 
 ROOT = "00000000-0000-4000-8000-000000000000"
 PF = "00000000-0000-4000-8000-000000000001"

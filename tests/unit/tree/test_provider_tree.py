@@ -6,11 +6,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agent.tree.ownership import AGENT_RESERVED_CLASSES, agent_owns_trait
-from agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider,
-                                 ProviderTree, SetAggregates, SetInventories,
-                                 SetTraits, UpdateProvider, adopt_uuids, diff,
-                                 inventory, normalized_inventories,
-                                 provider_diff, reported_traits)
+from agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
+                                      SetAggregates, SetInventories, SetTraits, UpdateProvider,
+                                      adopt_uuids, diff, inventory, normalized_inventories,
+                                      provider_diff, reported_traits)
 
 ROOT = "00000000-0000-4000-8000-000000000000"
 

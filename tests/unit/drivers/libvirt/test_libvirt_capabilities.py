@@ -1,8 +1,8 @@
 import pytest
 
 from drivers.base import NumaCell
-from drivers.libvirt import capabilities
 from drivers.errors import InvalidHostData
+from drivers.libvirt import capabilities
 
 CAPS = """<capabilities>
   <host>

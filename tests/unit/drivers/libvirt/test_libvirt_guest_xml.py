@@ -5,8 +5,7 @@ from lxml import etree
 
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from drivers.errors import InvalidHostData
-from drivers.libvirt.guest_xml import (
-    NAMESPACE, build_domain_xml, parse_metadata)
+from drivers.libvirt.guest_xml import NAMESPACE, build_domain_xml, parse_metadata
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
 MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"

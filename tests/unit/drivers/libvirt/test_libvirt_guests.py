@@ -8,11 +8,11 @@ import pytest
 from lxml import etree
 
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from drivers.errors import MdevError
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.mdev import MdevSysfs
-from drivers.errors import MdevError
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from drivers.base import PmemNamespace
+from drivers.errors import InvalidHostData
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt import pmem
-from drivers.errors import InvalidHostData
 from drivers.libvirt.sysfs import SysfsReader
 
 NS = {"dev": "namespace0.0", "mode": "devdax", "map": "dev",

@@ -11,8 +11,8 @@ from lxml import etree
 
 from compute_common.pci_address import format_address, node_device_name
 from drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
-from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.errors import InvalidHostData
+from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.sysfs import SysfsReader
 
 SETTINGS = settings(

@@ -7,10 +7,10 @@ from lxml import etree
 
 from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           device_resources)
+from drivers.errors import MigrationXmlError
 from drivers.libvirt.guest_xml import (NAMESPACE, build_domain_xml, held_resources,
                                        parse_metadata)
 from drivers.libvirt.migration_xml import rewrite_for_destination
-from drivers.errors import MigrationXmlError
 from drivers.migration import DeviceMove, LiveMigrationTarget
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
