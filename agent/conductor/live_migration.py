@@ -311,17 +311,6 @@ def _write_allocations(placement: PlacementClient, consumer: str, owner_of: str,
         "consumer_type": consumer_type}})
 
 
-class LiveMigrationNotPossible(AgentError):
-    """Found before anything was asked of an agent; nothing changed."""
-
-    def __init__(self, field: str, value: str, reason: str):
-        super().__init__(field, value, reason)
-
-    def __str__(self) -> str:
-        field, value, reason = self.args
-        return f"{field}: {value} {reason}"
-
-
 class LiveMigrator:
     def __init__(self, placement: PlacementClient, api: ComputeAgentAPI):
         self.placement = placement
