@@ -208,3 +208,40 @@ def test_the_conductors_import_path_names_the_client_and_the_live_migration_run(
     assert (rpcapi.ComputeAgentAPI, rpcapi.move_allocations,
             rpcapi.live_migrate_instance) == (ComputeAgentAPI, move_allocations,
                                               live_migrate_instance)
+
+
+def defined_errors(top: str) -> dict[str, type]:
+    """Every exception class defined in a module of ``top``, by where it
+    is defined."""
+    import importlib
+    found = {}
+    for module in sorted(m for m in modules() if m.split(".")[0] == top):
+        loaded = importlib.import_module(module)
+        for name, value in vars(loaded).items():
+            if (isinstance(value, type) and issubclass(value, BaseException)
+                    and value.__module__ == module):
+                found[f"{module}.{name}"] = value
+    return found
+
+
+def test_every_error_of_the_agent_has_one_home_and_is_an_agent_error():
+    """Those that cross RPC in agent/exception.py (the path is on the
+    wire), every other in its package's errors module."""
+    from agent.exception import AgentError
+    errors = defined_errors("agent")
+    assert errors
+    assert {where for where in errors
+            if not where.startswith(("agent.exception.", "agent.testing."))
+            and where.rpartition(".")[0].rpartition(".")[2] != "errors"} == set()
+    assert {where for where, error in errors.items()
+            if not where.startswith("agent.testing.")
+            and not issubclass(error, AgentError)} == set()
+
+
+def test_every_error_of_the_drivers_is_a_driver_error_in_drivers_errors():
+    from drivers.errors import DriverError
+    errors = defined_errors("drivers")
+    assert errors
+    assert {where for where, error in errors.items()
+            if not where.startswith("drivers.errors.")
+            or not issubclass(error, DriverError)} == set()
