@@ -208,3 +208,20 @@ def test_every_command_line_the_docs_show_exists(path):
 ])
 def test_a_command_line_is_read_as_the_docs_write_it(line, expected):
     assert refusals(line) == expected
+
+
+def test_every_logger_the_configuration_page_names_is_a_module_that_logs():
+    """Loggers follow the modules (``logging.getLogger(__name__)``): a name
+    for ``default_log_levels`` is a package, or a module with a logger."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    named = set(re.findall(r"`((?:agent|drivers)(?:\.\w+)*)`", text))
+    assert len(named) > 5, named
+
+    def logs(name: str) -> bool:
+        path = ROOT / Path(*name.split("."))
+        if path.is_dir():
+            return (path / "__init__.py").exists()
+        module = path.with_suffix(".py")
+        return module.exists() and "getLogger(__name__)" in module.read_text()
+
+    assert sorted(n for n in named if not logs(n)) == []
