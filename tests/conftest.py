@@ -4,10 +4,19 @@ from pathlib import Path
 
 import libvirt
 import pytest
+from hypothesis import HealthCheck, settings
 
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.private_services import (PrivateLibvirtd, PrivateRabbitMQ,
                                                running_libvirtd_pair)
+
+# The suite runs on several workers on a shared 2-core machine, where how
+# long an example takes to draw or to run says nothing about the code
+# under test: no deadline and no too-slow health check (a test may still
+# set its own).
+settings.register_profile("suite", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 
 @pytest.fixture(scope="session")
