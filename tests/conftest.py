@@ -19,29 +19,6 @@ settings.register_profile("suite", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
 
-# Fixtures one test does not own: set up once for every test of a module
-# (or class) that uses them.
-_SHARED_SCOPES = {"module", "class"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For pytest-xdist's --dist loadgroup (tools/test): the tests of a
-    module that share a module- or class-scoped fixture (an agent daemon,
-    a pair of libvirtds) run on one worker, so that fixture starts once;
-    every other test is handed out on its own. The groups, the longest
-    units of work, come first, so that none starts last on an otherwise
-    idle machine."""
-    for item in items:
-        closure = getattr(item, "_fixtureinfo", None)
-        if closure is None:
-            continue
-        if any(fixture.scope in _SHARED_SCOPES
-               for fixtures in closure.name2fixturedefs.values() for fixture in fixtures):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
-
-
 def _pytests_own(handler: logging.Handler) -> bool:
     """pytest's capture handlers, which it adds and removes around each
     phase of a test itself."""

@@ -411,11 +411,7 @@ def make_libvirt_qemu_pair(tmp_path: Path, daemons) -> Pair:
                 lambda w: device_set(w, "", None, str(files[w]), 0 if w == "a" else 1, 0))
 
 
-# The libvirtd pair is shared by the module's tests (a start is seconds),
-# so its tests run on one worker (tests/conftest.py).
-@pytest.fixture(params=["fake", "fake-persisted",
-                        pytest.param("libvirt-qemu",
-                                     marks=pytest.mark.xdist_group("libvirtd-pair"))])
+@pytest.fixture(params=["fake", "fake-persisted", "libvirt-qemu"])
 def pair(request, tmp_path):
     if request.param == "libvirt-qemu":
         p = make_libvirt_qemu_pair(tmp_path, request.getfixturevalue("two_private_libvirtds"))
