@@ -1,13 +1,50 @@
 """Fixtures shared by unit and functional tests."""
+import logging
 import subprocess
 from pathlib import Path
 
 import libvirt
 import pytest
+from hypothesis import HealthCheck, settings
 
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.private_services import (PrivateLibvirtd, PrivateRabbitMQ,
                                                running_libvirtd_pair)
+
+# The suite runs on several workers on a shared 2-core machine, where how
+# long an example takes to draw or to run says nothing about the code
+# under test: no deadline and no too-slow health check (a test may still
+# set its own).
+settings.register_profile("suite", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
+
+def _pytests_own(handler: logging.Handler) -> bool:
+    """pytest's capture handlers, which it adds and removes around each
+    phase of a test itself."""
+    return type(handler).__module__ == "_pytest.logging"
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was():
+    """A test that runs a console script in this process (oslo.log's setup
+    replaces the root logger's handlers and sets it to INFO) leaves logging
+    as it found it: a test then sees the same logging whichever tests ran
+    before it on its worker."""
+    root = logging.getLogger()
+    handlers = [h for h in root.handlers if not _pytests_own(h)]
+    levels = {logger: logger.level for logger in
+              [root, *logging.Logger.manager.loggerDict.values()]
+              if isinstance(logger, logging.Logger)}
+    yield
+    for handler in root.handlers[:]:
+        if not _pytests_own(handler) and handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    for logger, level in levels.items():
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ tests and other users, so no test stops, restarts or reconfigures them.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import shutil
@@ -38,8 +39,16 @@ LIBVIRTD_CONF = 'unix_sock_dir = "/run/libvirt"\nlisten_tls = 0\nlisten_tcp = 0\
 QEMU_CONF = 'user = "root"\ngroup = "root"\nstdio_handler = "file"\nnamespaces = []\n'
 # Two daemons a live migration runs between, each with ports of its own
 # for the incoming QEMU to listen on, clear of the machine's libvirtd
-# (libvirt's default range, 49152-49215).
-MIGRATION_PORTS = ((49216, 49231), (49232, 49247))
+# (libvirt's default range, 49152-49215). Pairs run at once (one per
+# pytest-xdist worker, or in another checkout's run) each take a slot of
+# their own: slot n's daemons listen in the two ranges of
+# MIGRATION_PORTS_PER_DAEMON ports from MIGRATION_PORT_BASE + 2n of them.
+MIGRATION_PORT_BASE = 49216
+MIGRATION_PORTS_PER_DAEMON = 16
+MIGRATION_SLOTS = 16
+# Who holds a slot: an flock on its file, so a slot frees itself when its
+# holder exits, however it exits.
+MIGRATION_SLOT_LOCKS = Path("/run/lock")
 # Run by sh in the new mount namespace: $1 is the private root.
 _IN_NAMESPACE = "set -e; root=$1; shift\n" + "".join(
     f'mkdir -p {target}; mount --bind "$root/{name}" {target}\n'
@@ -154,26 +163,54 @@ class PrivateLibvirtd:
         self.stop()
 
 
-def private_libvirtd_pair(root: Path) -> tuple[PrivateLibvirtd, PrivateLibvirtd]:
+def migration_ports(slot: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The migration port ranges, first and last port, of slot's two
+    daemons."""
+    first = MIGRATION_PORT_BASE + 2 * slot * MIGRATION_PORTS_PER_DAEMON
+    return tuple((start, start + MIGRATION_PORTS_PER_DAEMON - 1)
+                 for start in (first, first + MIGRATION_PORTS_PER_DAEMON))
+
+
+@contextmanager
+def migration_port_slot() -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
+    """Holds the first free slot of migration ports until the block ends,
+    and yields its two daemons' ranges."""
+    for slot in range(MIGRATION_SLOTS):
+        with open(MIGRATION_SLOT_LOCKS / f"compute-agent-test-migration-{slot}.lock",
+                  "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            yield migration_ports(slot)
+            return
+    raise RuntimeError(f"all {MIGRATION_SLOTS} slots of migration ports are taken "
+                       f"(locks in {MIGRATION_SLOT_LOCKS})")
+
+
+def private_libvirtd_pair(root: Path, ports: tuple[tuple[int, int], tuple[int, int]]
+                          ) -> tuple[PrivateLibvirtd, PrivateLibvirtd]:
     """Two private libvirtds, as two hosts a guest can live-migrate
-    between, not started."""
+    between, each listening for incoming guests in its range of ``ports``;
+    not started."""
     return tuple(PrivateLibvirtd(root / name, host_uuid=str(uuid.uuid4()),
-                                 migration_ports=ports)
-                 for name, ports in zip("ab", MIGRATION_PORTS))
+                                 migration_ports=daemon_ports)
+                 for name, daemon_ports in zip("ab", ports))
 
 
 @contextmanager
 def running_libvirtd_pair(root: Path) -> Iterator[tuple[PrivateLibvirtd, PrivateLibvirtd]]:
-    """Two private libvirtds started, and closed (their guests destroyed)
-    after."""
-    pair = private_libvirtd_pair(root)
-    try:
-        for daemon in pair:
-            daemon.start()
-        yield pair
-    finally:
-        for daemon in pair:
-            daemon.close()
+    """Two private libvirtds started on a slot of migration ports of their
+    own, and closed (their guests destroyed) after."""
+    with migration_port_slot() as ports:
+        pair = private_libvirtd_pair(root, ports)
+        try:
+            for daemon in pair:
+                daemon.start()
+            yield pair
+        finally:
+            for daemon in pair:
+                daemon.close()
 
 
 class PrivateRabbitMQ:

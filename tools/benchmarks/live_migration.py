@@ -21,17 +21,19 @@ import requests
 from agent.placement.allocations import move_allocations
 from agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import HEADERS
-from tests.functional.private_services import private_libvirtd_pair
+from tests.functional.private_services import PrivateLibvirtd, running_libvirtd_pair
 from tests.functional.test_live_migration_agents import Cloud
 
 RUNS = 5
 
 
 def run(workdir: Path) -> dict:
+    with running_libvirtd_pair(workdir / "libvirtd") as daemons:
+        return run_on(workdir, daemons)
+
+
+def run_on(workdir: Path, daemons: tuple[PrivateLibvirtd, PrivateLibvirtd]) -> dict:
     placement = LocalPlacement(workdir / "placement").start()
-    daemons = private_libvirtd_pair(workdir / "libvirtd")
-    for d in daemons:
-        d.start()
     cloud = Cloud(workdir / "agents", daemons, placement.url)
     guests = cloud.a.agent.driver._guests
     in_libvirt: list[float] = []
@@ -71,8 +73,6 @@ def run(workdir: Path) -> dict:
                                 timeout=10)
     finally:
         cloud.close()
-        for d in daemons:
-            d.close()
         placement.stop()
     own = [t - m for t, m in zip(totals, in_libvirt)]
     return {"case": "live_migration", "runs": RUNS,
