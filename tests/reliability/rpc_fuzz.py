@@ -52,7 +52,7 @@ from agent.rpc import schemas
 from agent.rpc.client import ComputeAgentAPI
 from agent.rpc.server import ComputeAgentEndpoint
 from agent.rpc.versions import VERSION
-from agent.store.store import migrations
+from agent.store.store import all_migrations
 from oslo_messaging._utils import version_is_compatible
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
@@ -356,7 +356,7 @@ class FuzzedAgent:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         conn.row_factory = sqlite3.Row
         try:
-            return migrations(conn)
+            return all_migrations(conn)
         finally:
             conn.close()
 
