@@ -35,6 +35,8 @@ _UNDEFINE_FLAG_SETS = (
 # What libvirt answers when asked to stop a guest that is not running.
 _ALREADY_STOPPED = frozenset({libvirt.VIR_ERR_OPERATION_INVALID,
                               libvirt.VIR_ERR_NO_DOMAIN})
+
+
 def started_meanwhile(dom: libvirt.virDomain) -> bool:
     """Whether a start that failed found the guest running: an earlier start
     of it finished in between. A build retried after its agent was killed
@@ -105,6 +107,12 @@ class GuestManager:
             try:
                 if dom.isActive():
                     dom.destroy()
+            except libvirt.libvirtError as exc:
+                # Stopped meanwhile: its QEMU exited between the two calls
+                # (found by the crash loop on QEMU, under load), or gone.
+                if exc.get_error_code() not in _ALREADY_STOPPED:
+                    raise
+            try:
                 if dom.isPersistent():
                     _undefine(dom)
             except libvirt.libvirtError as exc:

@@ -213,6 +213,20 @@ def test_destroy_removes_the_guest(guests, conn, host):
     assert guests.list_guests() == {}
 
 
+def test_bug_a_guest_stopped_while_being_destroyed_failed_the_delete(guests, conn, host,
+                                                                     monkeypatch):
+    """The guest's QEMU exited between the check that it runs and the
+    destroy: libvirt refused the destroy ("domain is not running") and the
+    delete failed as an internal error, the guest left defined (the crash
+    loop on QEMU, under the parallel suite's load)."""
+    guests.spawn(spec(host))
+    conn.call(lambda c: c.lookupByUUIDString(INSTANCE).destroy())
+    monkeypatch.setattr(libvirt.virDomain, "isActive", lambda dom: 1)  # as seen just before
+    guests.destroy(INSTANCE)
+    with pytest.raises(libvirt.libvirtError):
+        conn.call(lambda c: c.lookupByUUIDString(INSTANCE))
+
+
 def test_domains_not_ours_are_not_listed(guests, conn, host):
     conn.call(lambda c: c.defineXML(
         "<domain type='test'><name>foreign</name><memory>65536</memory>"
