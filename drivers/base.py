@@ -298,8 +298,6 @@ class GuestSpec:
     devices: tuple[GuestDevice, ...] = ()
 
 
-
-
 class MigrationFailure(str, enum.Enum):
     """Why a live migration did not happen."""
 

@@ -19,6 +19,7 @@ settings.register_profile("suite", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
 
+
 def _pytests_own(handler: logging.Handler) -> bool:
     """pytest's capture handlers, which it adds and removes around each
     phase of a test itself."""

@@ -141,11 +141,11 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
                              new_assignment_id)
     except DriverUnavailable as e:
         raise StoreRefused(f"store {path} is missing and the host cannot "
-                                       f"be adopted: the hypervisor did not answer "
-                                       f"({e})") from None
+                           f"be adopted: the hypervisor did not answer "
+                           f"({e})") from None
     except (PlacementUnavailable, PlacementError) as e:
         raise StoreRefused(f"store {path} is missing and the host cannot "
-                                       f"be adopted: {e}") from None
+                           f"be adopted: {e}") from None
     except AdoptionRefused as e:
         raise StoreRefused("\n".join(
             [f"store {path} is missing and the host's guests cannot be adopted; "
@@ -184,7 +184,7 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
     if judgement.verdict in (store_check.StoreVerdict.CREATE, store_check.StoreVerdict.ADOPT):
         if not holder:
             raise StoreRefused(f"store {path} is {facts.file.value}: "
-                                           "the agent has not run on this host yet")
+                               "the agent has not run on this host yet")
     if judgement.verdict is store_check.StoreVerdict.CREATE:
         LOG.info("New host: creating store %s", path)
     if judgement.verdict is store_check.StoreVerdict.ADOPT:

@@ -159,20 +159,20 @@ class HealthJudge:
                                                     signals.aer_fatal)
         if risen:
             found[DeviceFault.AER_FATAL] = (f"TOTAL_ERR_FATAL {seen.fatal_base} -> "
-                                      f"{signals.aer_fatal}")
+                                            f"{signals.aer_fatal}")
         risen, seen.nonfatal_base = uncorrectable_rise(seen.nonfatal_base,
                                                        signals.aer_nonfatal)
         if risen:
             found[DeviceFault.AER_NONFATAL] = (f"TOTAL_ERR_NONFATAL {seen.nonfatal_base}"
-                                         f" -> {signals.aer_nonfatal}")
+                                               f" -> {signals.aer_nonfatal}")
         rise = correctable_rise(seen.correctable, signals.aer_correctable, now)
         if rise >= self.correctable_per_minute:
             found[DeviceFault.AER_CORRECTABLE] = (f"TOTAL_ERR_COR +{rise} within "
-                                            f"{CORRECTABLE_WINDOW_S:.0f} s")
+                                                  f"{CORRECTABLE_WINDOW_S:.0f} s")
         if (signals.sriov_numvfs is not None and signals.vfs_present is not None
                 and signals.sriov_numvfs != signals.vfs_present):
             found[DeviceFault.VF_COUNT] = (f"sriov_numvfs {signals.sriov_numvfs}, "
-                                     f"{signals.vfs_present} VFs present")
+                                           f"{signals.vfs_present} VFs present")
         down = [link.name for link in signals.links if link_down(link)]
         if down:
             found[DeviceFault.LINK_DOWN] = f"no carrier on {', '.join(down)}"

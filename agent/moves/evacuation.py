@@ -36,6 +36,7 @@ EVACUATION_NAMESPACE = uuid_lib.UUID("6f1c1b5e-2f0b-4d7a-9a57-0c1e5e7a1d42")
 CPU_CLASSES = (orc.VCPU, orc.PCPU)
 COMPUTE_CLASSES = frozenset({orc.VCPU, orc.PCPU, orc.MEMORY_MB})
 
+
 def evacuation_migration_uuid(instance_uuid: str, source_root_uuid: str) -> str:
     return str(uuid_lib.uuid5(EVACUATION_NAMESPACE,
                               f"{instance_uuid.lower()}:{source_root_uuid.lower()}"))

@@ -23,6 +23,7 @@ from agent.claims.model import Allocations
 from agent.exception import GenerationConflict
 from agent.placement.client import PlacementClient
 
+
 def tree_allocations(client: PlacementClient, root_uuid: str) -> Allocations:
     """Every consumer's allocations over the providers Placement has in the
     tree of ``root_uuid``, read afresh: one GET for the tree and one per

@@ -316,7 +316,8 @@ def test_an_announced_move_its_conductor_left_is_ended_past_the_bound(cloud):
 
     within = a.agent.reconcile(at_start=False)
     assert within.findings == [] and cloud.allocated_on(migration)
-    a.agent.settings = replace(a.agent.settings, live_migration_announced_timeout=0)  # the bound has passed
+    # The bound has passed.
+    a.agent.settings = replace(a.agent.settings, live_migration_announced_timeout=0)
     report = a.agent.reconcile(at_start=False)
     assert [(f.kind, f.fixed) for f in report.findings] == [
         ("live_migration_never_started", True)], report.as_dict()
