@@ -66,10 +66,10 @@ from agent.reports.tree import TreeVerdict
 from agent.store import lock as state_lock
 from agent.store import node_identity
 from agent.store.check import StoreFile
-from agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable
+from agent.store.errors import (RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable,
+                                StoreError)
 from agent.store.rebuild import RebuiltStore, plan_rebuild
-from agent.store.store import (SCHEMA_VERSION, StoreError, create_filled, inspect_store,
-                               new_assignment_id)
+from agent.store.store import SCHEMA_VERSION, create_filled, inspect_store, new_assignment_id
 from agent.tree.host_tree import build_tree
 from agent.tree.policy import tree_policy_from_conf
 from agent.tree.provider_tree import tree_as_dicts, tree_lines

@@ -37,8 +37,8 @@ from agent.rpc import broker
 from agent.store import check as store_check
 from agent.store import node_identity
 from agent.store.adoption import plan_adoption
-from agent.store.errors import AdoptionRefused, StoreRefused
-from agent.store.store import (Store, StoreError, create_filled, inspect_store, new_assignment_id,
+from agent.store.errors import AdoptionRefused, StoreError, StoreRefused
+from agent.store.store import (Store, create_filled, inspect_store, new_assignment_id,
                                placement_view, put_placement_view_sql)
 from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.tree.policy import tree_policy_from_conf

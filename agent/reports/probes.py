@@ -22,7 +22,8 @@ from agent.reports.tree import TreeReport
 from agent.reports.tree import compare as compare_trees
 from agent.rpc import broker as broker_probe
 from agent.store.check import StoreFile
-from agent.store.store import StoreError, inspect_store, schema_version
+from agent.store.errors import StoreError
+from agent.store.store import inspect_store, schema_version
 from agent.tree.provider_tree import adopt_uuids
 from drivers.errors import DriverUnavailable
 

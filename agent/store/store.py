@@ -22,9 +22,9 @@ from typing import Callable, TypeVar
 
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner)
-# Decision, StoreError and run_statements belong to the store's API too.
+# Decision and run_statements belong to the store's API too.
 from agent.store.check import StoreFacts, StoreFile
-from agent.store.errors import StoreError  # noqa: F401
+from agent.store.errors import StoreError
 from agent.store.writer import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
                                 run_statements)
 from agent.tree.provider_tree import Provider
