@@ -69,6 +69,7 @@ BROKER_GRACE = 5.0
 # every REPLY_POLL * 2 s it costs is nothing.
 REPLY_POLL = 0.25
 EXAMPLE_SPEC = "etc/compute-agent/instance-spec.example.json"
+DEMO_SPEC = ".demo/instance-spec.json"
 HELP = CommandHelp(
     prog=PROG, usage=f"{PROG} --config-file F [--timeout S] COMMAND HOST ... [--json]",
     description="An operator's view of, and hand on, the compute-agent of a host, "
@@ -268,7 +269,8 @@ def spec_file_help(fields: tuple[str, ...]) -> str:
                         % (rpc_schemas.MAX_PROVIDERS, rpc_schemas.MAX_RESOURCE_CLASSES)),
     }
     return ("FILE: a JSON object with exactly " + "; ".join(described[f] for f in fields)
-            + f". Example: {EXAMPLE_SPEC}.")
+            + f". Its format: {EXAMPLE_SPEC} (placeholder providers); tools/demo writes "
+            f"{DEMO_SPEC}, a build on the demo host.")
 
 
 def read_spec(path: str, fields: tuple[str, ...]) -> dict:
