@@ -6,19 +6,25 @@ runs one update_provider_tree cycle with the real console script, and
 prints the provider tree as Placement then shows it. Placement's data and
 port are kept under .demo/placement, so the config the demo leaves keeps
 working once Placement is started again (the demo says how), and a second
-run finds the providers the first made.
+run finds the providers the first made. Last, it writes a build for
+compute-agent-ctl (.demo/instance-spec.json) that names the providers it
+made: etc/compute-agent/instance-spec.example.json shows the format only.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import requests
 import yaml
 
+from agent.store import node_identity
 from agent.testing.local_placement import LocalPlacement, free_port
 from drivers.fake_sysfs import SysfsBuilder
 
@@ -30,6 +36,14 @@ PLACEMENT_DIR = WORK / "placement"
 # demo leaves names it.
 PORT_FILE = PLACEMENT_DIR / "port"
 INSTANCES = WORK / "instances"
+HOST = "demo-host"
+# The class the demo's [pci] device_spec gives the NIC's VFs.
+VF_CLASS = "CUSTOM_PCI_8086_154C"
+# The build the demo writes for compute-agent-ctl: a guest of this size
+# with one VF.
+EXAMPLE_GUEST = {"name": "web-1", "vcpus": 2, "memory_mb": 2048}
+# Placement as the demo's noauth2 config asks it (in_tree: 1.14).
+PLACEMENT_HEADERS = {"X-Auth-Token": "admin", "OpenStack-API-Version": "placement 1.14"}
 
 
 def shown(path: Path) -> str:
@@ -97,22 +111,23 @@ def build_host(description: dict, root: Path) -> str:
     return builder.write_test_driver_host_xml(root / "host.xml")
 
 
-def write_conf(uri: str, placement_url: str) -> Path:
-    conf = WORK / "compute-agent.conf"
+def write_conf(work: Path, uri: str, placement_url: str) -> Path:
+    """The agent's config for the demo host under ``work``."""
+    conf = work / "compute-agent.conf"
     conf.write_text(f"""\
 [DEFAULT]
-host = demo-host
-state_path = {WORK / 'state'}
+host = {HOST}
+state_path = {work / 'state'}
 compute_driver = libvirt
-sysfs_root = {WORK / 'host' / 'sys'}
+sysfs_root = {work / 'host' / 'sys'}
 
 [libvirt]
 connection_uri = {uri}
-instances_path = {INSTANCES}
+instances_path = {work / 'instances'}
 
 [pci]
 # Only the NIC's VFs are assignable; nothing else on the host is. They
-# count as nova's class for them, CUSTOM_PCI_8086_154C, and the PF's
+# count as nova's class for them, {VF_CLASS}, and the PF's
 # provider carries the trait CUSTOM_PHYSNET_PHYSNET1.
 device_spec = {{"vendor_id": "8086", "product_id": "154c", "physical_network": "physnet1"}}
 
@@ -129,6 +144,41 @@ endpoint = {placement_url}
     return conf
 
 
+def example_build(providers: list[dict], instance_uuid: str) -> dict:
+    """A build for compute-agent-ctl on the demo's tree: EXAMPLE_GUEST with
+    one VF, its VCPU and MEMORY_MB from the provider nearest the VF's that
+    has both (its NUMA cell in the nested mode, the root in flat).
+    ``providers``: Placement's, each with its ``inventories``."""
+    by_uuid = {p["uuid"]: p for p in providers}
+    nic = next(p for p in providers if VF_CLASS in p["inventories"])
+    host = nic
+    while not {"VCPU", "MEMORY_MB"} <= set(host["inventories"]):
+        host = by_uuid[host["parent_provider_uuid"]]
+    return {"instance_uuid": instance_uuid, "spec": EXAMPLE_GUEST,
+            "allocations": {
+                host["uuid"]: {"resources": {"VCPU": EXAMPLE_GUEST["vcpus"],
+                                             "MEMORY_MB": EXAMPLE_GUEST["memory_mb"]}},
+                nic["uuid"]: {"resources": {VF_CLASS: 1}}}}
+
+
+def write_example_spec(work: Path, placement_url: str) -> Path:
+    """``work``/instance-spec.json: example_build on the tree Placement
+    holds for the demo host, for a new instance."""
+    root_uuid = node_identity.load(str(work / "state"))
+
+    def get(path: str) -> dict:
+        answer = requests.get(placement_url + path, headers=PLACEMENT_HEADERS, timeout=30)
+        answer.raise_for_status()
+        return answer.json()
+
+    providers = [{**p, "inventories": get(f"/resource_providers/{p['uuid']}/inventories")
+                  ["inventories"]}
+                 for p in get(f"/resource_providers?in_tree={root_uuid}")["resource_providers"]]
+    path = work / "instance-spec.json"
+    path.write_text(json.dumps(example_build(providers, str(uuid.uuid4())), indent=4) + "\n")
+    return path
+
+
 def main() -> int:
     description = yaml.safe_load((TOP / "etc/demo/host.yaml").read_text())
     uri = build_host(description, WORK / "host")
@@ -139,7 +189,7 @@ def main() -> int:
                  else LocalPlacement(PLACEMENT_DIR, port).start())
     url = f"http://127.0.0.1:{port}"
     try:
-        conf = write_conf(uri, url)
+        conf = write_conf(WORK, uri, url)
         print(f"Placement: {url} (SQLite: {shown(PLACEMENT_DIR / 'placement.db')})")
         print(f"Config:    {shown(conf)}")
         print(f"Host:      {shown(WORK / 'host')} from etc/demo/host.yaml; {disk}\n")
@@ -149,14 +199,15 @@ def main() -> int:
         print("The provider tree as Placement shows it:\n")
         subprocess.run([str(BIN / "compute-agent-manage"), "--config-file", str(conf),
                         "tree"], check=True)
+        spec = write_example_spec(WORK, url)
     finally:
         if placement is not None:
             placement.stop()
-    print(closing_words(conf, port, placement is not None))
+    print(closing_words(conf, port, placement is not None, spec))
     return 0
 
 
-def closing_words(conf: Path, port: int, stopped: bool) -> str:
+def closing_words(conf: Path, port: int, stopped: bool, spec: Path) -> str:
     """What the demo did, and what to try next."""
     venv = shown(BIN)
     run = f"{venv}/compute-agent-manage --config-file {shown(conf)}"
@@ -183,9 +234,18 @@ Then try:
         the agent's store, the guests and Placement compared
     {venv}/compute-agent --config-file {shown(conf)} --once
         one more cycle: nothing left to write
+    {venv}/compute-agent --config-file {shown(conf)}
+        the agent itself, until Ctrl-C; then, in another terminal:
+    {venv}/compute-agent-ctl --config-file {shown(conf)} build {HOST} --spec {shown(spec)}
+        a build as a conductor sends it: {EXAMPLE_GUEST['vcpus']} vCPUs, \
+{EXAMPLE_GUEST['memory_mb']} MB and one VF,
+        on the providers the demo made ({shown(spec)}, written now). A
+        scheduler would have allocated them in Placement first; none did
+        here, which the agent's reconciliation reports (a running guest
+        is left alone)
     {venv}/compute-agent-ctl --help
-        the operator's RPC client (for an agent running with
-        [DEFAULT] transport_url set)
+        the operator's RPC client (over the broker of [DEFAULT] transport_url,
+        RabbitMQ on this host by default)
     tools/demo
         again: the same providers, found where they are
 """

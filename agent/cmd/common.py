@@ -1,13 +1,14 @@
 """Start-up shared by the console scripts: read the config, check every
 value, set up logging. A bad value is one line naming the option, exit 2.
-Also what every command does alike: its --version, its errors (one line on
-stderr, or one JSON object on stdout with --json) and a stdout a reader
-may close early."""
+Also what every command does alike: its --version, its own options before
+or after its subcommand, its errors (one line on stderr, or one JSON object
+on stdout with --json) and a stdout a reader may close early."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import os
 import sys
@@ -45,6 +46,67 @@ def version() -> str:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         return f"unknown ({DISTRIBUTION} is not installed: run tools/setup)"
+
+
+def _takes_value(action: argparse.Action, word: str) -> bool:
+    """The option ``word`` names takes the next word as its value."""
+    return action.nargs != 0 and "=" not in word
+
+
+def command_options_first(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with each option of the command itself (``parser``'s) that
+    follows the subcommand moved before it, in order, so that
+    ``manage status --debug`` is ``manage --debug status``. The
+    subcommand's own options (its --help among them) and words stay where
+    they are; so does all that follows ``--``. A command without
+    subcommands keeps ``argv`` as it is."""
+    subcommands = next((a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction)), None)
+    if subcommands is None:
+        return argv
+    command = parser._option_string_actions
+    at, skip = None, False
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+        elif word in subcommands.choices:
+            at = i
+            break
+        elif word.split("=", 1)[0] in command:
+            skip = _takes_value(command[word.split("=", 1)[0]], word)
+    if at is None:
+        return argv
+    own = subcommands.choices[argv[at]]._option_string_actions
+    moved: list[str] = []
+    kept: list[str] = []
+    words = iter(argv[at + 1:])
+    for word in words:
+        if word == "--":
+            kept += [word, *words]
+            break
+        name = word.split("=", 1)[0]
+        if name in own or name not in command:
+            kept.append(word)
+            if name in own and _takes_value(own[name], word):
+                kept += list(itertools.islice(words, 1))
+        else:
+            moved.append(word)
+            if _takes_value(command[name], word):
+                moved += list(itertools.islice(words, 1))
+    return argv[:at] + moved + [argv[at]] + kept
+
+
+class _ConfigOpts(cfg.ConfigOpts):
+    """oslo.config's, with the command's own options taken after its
+    subcommand too (``command_options_first``)."""
+
+    def _parse_config_files(self):
+        # oslo.config's one step between building its parser (the options,
+        # then the subcommands) and reading the command line with it; a
+        # private one, so tests/unit/cmd/test_cli.py would see it renamed.
+        self._oparser.initialize_parser_arguments()
+        self._args = command_options_first(self._oparser, self._args)
+        return super()._parse_config_files()
 
 
 def _parse(conf: cfg.ConfigOpts, argv: list[str], project: str,
@@ -94,7 +156,7 @@ def load_config(argv: list[str], cli_opts=(), project="compute-agent",
     ConfigError naming the option and the value. ``placement_required``:
     the command talks to Placement, so its auth plugin must be set.
     ``command_help``: what a console script's --help says first."""
-    conf = cfg.ConfigOpts()
+    conf = _ConfigOpts()
     config.register_opts(conf)
     conf.set_default("use_stderr", True)
     conf.register_cli_opts(list(cli_opts))

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import threading
 import time
@@ -51,7 +50,7 @@ from agent.cmd.errors import SpecFileError
 from agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
 from agent.conductor.live_migration import LiveMigrator
 from agent.exception import AgentError, ConfigError
-from agent.messaging import messaging
+from agent.messaging import bound_broker_waits, messaging
 from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.rpc import schemas as rpc_schemas
 from agent.rpc.client import ComputeAgentAPI, OutstandingCalls
@@ -65,13 +64,12 @@ DEFAULT_TIMEOUT = 60.0
 # own timeout starts: once one call has waited --timeout plus this, we stop
 # waiting.
 BROKER_GRACE = 5.0
-# oslo.messaging's reply listener sees that it is stopped only between two
-# waits on the broker's socket, each up to heartbeat_timeout_threshold /
-# heartbeat_rate / 2 seconds (10 s by default; 5 s once idle, as after a
-# call that timed out): closing the transport then took that long again,
-# and --timeout 5 took 10 s. A one-shot client asks for waits this short.
+# How long closing the transport may take (agent.messaging.bound_broker_waits):
+# unbounded, --timeout 5 took 10 s. For a process this short, the heartbeat
+# every REPLY_POLL * 2 s it costs is nothing.
 REPLY_POLL = 0.25
 EXAMPLE_SPEC = "etc/compute-agent/instance-spec.example.json"
+DEMO_SPEC = ".demo/instance-spec.json"
 HELP = CommandHelp(
     prog=PROG, usage=f"{PROG} --config-file F [--timeout S] COMMAND HOST ... [--json]",
     description="An operator's view of, and hand on, the compute-agent of a host, "
@@ -271,7 +269,8 @@ def spec_file_help(fields: tuple[str, ...]) -> str:
                         % (rpc_schemas.MAX_PROVIDERS, rpc_schemas.MAX_RESOURCE_CLASSES)),
     }
     return ("FILE: a JSON object with exactly " + "; ".join(described[f] for f in fields)
-            + f". Example: {EXAMPLE_SPEC}.")
+            + f". Its format: {EXAMPLE_SPEC} (placeholder providers); tools/demo writes "
+            f"{DEMO_SPEC}, a build on the demo host.")
 
 
 def read_spec(path: str, fields: tuple[str, ...]) -> dict:
@@ -450,17 +449,6 @@ def fail(message: str, as_json: bool) -> int:
     return report_error(message, 1, as_json, prefix="")
 
 
-def shorten_reply_polls(conf: cfg.ConfigOpts) -> None:
-    """Closing the transport returns within REPLY_POLL of being asked. The
-    heartbeat then goes every REPLY_POLL * 2 s, nothing for a process this
-    short; with heartbeats off, oslo.messaging waits 1 s and that stays."""
-    rabbit = conf.oslo_messaging_rabbit
-    if rabbit.heartbeat_timeout_threshold > 0:
-        conf.set_override("heartbeat_rate", math.ceil(
-            rabbit.heartbeat_timeout_threshold / (2 * REPLY_POLL)),
-            group="oslo_messaging_rabbit")
-
-
 def wait_while_answered(worker: threading.Thread, outstanding: OutstandingCalls,
                         stuck_after: float) -> None:
     """Until ``worker`` ends, or has waited ``stuck_after`` seconds for one
@@ -490,7 +478,7 @@ def main(argv=None) -> int:
         logging.getLogger("oslo.messaging").setLevel(logging.CRITICAL)
     args = conf.command
     command = COMMANDS[args.name]
-    shorten_reply_polls(conf)
+    bound_broker_waits(conf, REPLY_POLL)
     api = ComputeAgentAPI(conf, timeout=conf.timeout)
     outcome: dict = {}
 

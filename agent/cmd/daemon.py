@@ -19,7 +19,8 @@ from agent.daemon.service import Agent, CycleOutcome
 from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
 from agent.daemon.systemd import notify, watchdog_from_environment
 from agent.exception import ConfigError
-from agent.rpc.broker import quiet_reconnect_lines
+from agent.messaging import bound_broker_waits
+from agent.rpc.broker import quiet_own_fanout_cancels, quiet_reconnect_lines
 from agent.rpc.heartbeat import make_server as heartbeat_server
 from agent.rpc.server import make_server
 from agent.store import lock as state_lock
@@ -27,6 +28,11 @@ from agent.store.errors import (StateDirectoryInUse, StateDirectoryUnusable, Sto
                                 StoreRefused)
 
 LOG = logging.getLogger(__name__)
+# How long each of the two RPC listeners (the API's, the heartbeat's) may
+# take to see a stop (agent.messaging.bound_broker_waits): SIGTERM stops an
+# idle daemon within about twice this. Unbounded, the listeners' waits on
+# the broker took up to 5 s each, one after the other.
+STOP_POLL = 0.5
 
 PROG = "compute-agent"
 HELP = CommandHelp(
@@ -84,6 +90,8 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     conf.log_opt_values(LOG, logging.DEBUG)
     # The broker's outage is the loop's one line each way (agent/rpc/broker.py).
     quiet_reconnect_lines()
+    quiet_own_fanout_cancels()
+    bound_broker_waits(conf, STOP_POLL)
     try:
         # Held until the process ends: before anything in the state
         # directory is read, so two agents never serve one store.
@@ -131,8 +139,8 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
         supervisor.exit_unless_stopped_in_time()
     else:
         notify("STOPPING=1")
-    # Calls in flight finish before the store closes.
-    # Both stop listening at once; each waits out its own poll.
+    # Calls in flight finish before the store closes. Each stop() returns
+    # once its listener has seen it, within STOP_POLL.
     server.stop()
     heartbeat.stop()
     server.wait()

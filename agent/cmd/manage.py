@@ -27,7 +27,8 @@
         With the agent stopped: move the allocations a change of model left
         on old providers, and end every reserved-until-healed hold, in one
         POST /reshaper. Asks first on a terminal unless --yes. Exit 1 when
-        it refuses, 2 when the agent runs.
+        it refuses, 2 when the agent runs. With --dry-run: the plan, or
+        "nothing to heal"; read-only, beside a running agent.
     compute-agent-manage --config-file F upgrade-check [--json]
         With the new version installed and its config, before the service
         restarts: the store's schema can be migrated, the configured model
@@ -133,7 +134,8 @@ def add_parsers(subparsers) -> None:
     heal = add("heal", "Move the allocations a change of model left on old "
                "providers to the current ones, in one reshape (the agent stopped).")
     heal.add_argument("--dry-run", action="store_true",
-                      help="Print the plan; change nothing.")
+                      help="Print the plan, or 'nothing to heal'; change nothing. "
+                      "Read-only: runs beside a running agent.")
     heal.add_argument("--json", action="store_true",
                       help="Print the plan as JSON; an error as {\"error\": ...}.")
     heal.add_argument("--yes", action="store_true", help="Do not ask.")
@@ -303,25 +305,31 @@ def heal(conf: cfg.ConfigOpts) -> int:
             return True
         return input("Apply this plan? [y/N] ").strip().lower() in ("y", "yes")
 
-    # Heal writes Placement and the store as the agent would: the agent is
-    # stopped (or heals itself at start with [heal] on_startup).
-    state_lock.acquire(conf.state_path)
-    agent = Agent.from_conf(conf)
-    agent.driver.init_host()
-    try:
+    def progress(line: str) -> None:
         if interactive:
-            print("Reading Placement and planning...", file=sys.stderr)
-        result = run_heal(agent, dry_run=args.dry_run, confirm=confirm,
-                          progress=lambda line: interactive and print(line, file=sys.stderr))
-    finally:
-        agent.driver.cleanup()
-        agent.manager.tracker.store.close()
-    plan = result.plan
+            print(line, file=sys.stderr)
+
+    if interactive:
+        print("Reading Placement and planning...", file=sys.stderr)
     if args.dry_run:
-        show(plan)
-    elif plan.empty and not args.json:
+        # A dry run only reads: beside a running agent, as tree and audit.
+        result = read_beside_agent(
+            conf, lambda agent: run_heal(agent, dry_run=True, progress=progress))
+    else:
+        # Heal writes Placement and the store as the agent would: the agent
+        # is stopped (or heals itself at start with [heal] on_startup).
+        state_lock.acquire(conf.state_path)
+        agent = Agent.from_conf(conf)
+        agent.driver.init_host()
+        try:
+            result = run_heal(agent, confirm=confirm, progress=progress)
+        finally:
+            agent.driver.cleanup()
+            agent.manager.tracker.store.close()
+    plan = result.plan
+    if plan.empty and not args.json:
         print("nothing to heal")
-    elif plan.empty:
+    elif plan.empty or args.dry_run:
         show(plan)
     summary = (f"{len(plan.moves)} allocations of {len(plan.consumers)} consumers, "
                f"inventories of {len(plan.inventories)} providers")

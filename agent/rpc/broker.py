@@ -1,5 +1,6 @@
 """The message broker as a dependency: a cheap probe of ``transport_url``,
-and quiet for oslo.messaging's rabbit driver while it reconnects.
+and quiet for oslo.messaging's rabbit driver while it reconnects and as it
+closes.
 
 The driver reconnects on its own, each of its connections in a loop that
 logs every attempt (ERROR, every 1 to 30 s, for as long as the broker is
@@ -16,8 +17,10 @@ since the outage is seen by the probe.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import kombu
+from amqp import spec as amqp_spec
 from oslo_config import cfg
 
 from agent.dependencies import Dependencies, Dependency, Probe, Unknown
@@ -97,20 +100,56 @@ def is_reconnect_line(record: logging.LogRecord) -> bool:
     return isinstance(record.msg, str) and any(p in record.msg for p in RECONNECT_LINES)
 
 
-class ReconnectLinesToDebug(logging.Filter):
-    """Demotes the driver's reconnection-loop lines to DEBUG, shown only
-    when the driver's logger is at DEBUG (oslo.log's
-    ``default_log_levels``: ``oslo.messaging=DEBUG``)."""
+class LinesToDebug(logging.Filter):
+    """Demotes the lines ``matches`` picks to DEBUG, shown only when their
+    logger is at DEBUG (oslo.log's ``default_log_levels``, e.g.
+    ``oslo.messaging=DEBUG``)."""
+
+    matches: Callable[[logging.LogRecord], bool]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not is_reconnect_line(record):
+        if not self.matches(record):
             return True
         record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
+def install_once(logger_name: str, lines: type[LinesToDebug]) -> None:
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, lines) for f in logger.filters):
+        logger.addFilter(lines())
+
+
+class ReconnectLinesToDebug(LinesToDebug):
+    """The driver's reconnection-loop lines."""
+    matches = staticmethod(is_reconnect_line)
+
+
 def quiet_reconnect_lines() -> None:
     """Install the filter (once) on the driver's logger."""
-    logger = logging.getLogger(DRIVER_LOGGER)
-    if not any(isinstance(f, ReconnectLinesToDebug) for f in logger.filters):
-        logger.addFilter(ReconnectLinesToDebug())
+    install_once(DRIVER_LOGGER, ReconnectLinesToDebug)
+
+
+# py-amqp's logger, and its line for a method that reaches a channel while
+# the channel closes.
+AMQP_LOGGER = "amqp"
+IGNORED_WHILE_CLOSING = "during closing channel"
+
+
+def is_own_fanout_cancel(record: logging.LogRecord) -> bool:
+    """The broker's Basic.Cancel for a fanout consumer of ours: an RPC
+    server's connection, as it closes, deletes its fanout queue with the
+    consumer still on it, then closes the channel; the broker's notice
+    that it cancelled that consumer comes in while the channel closes, and
+    py-amqp warns that it ignored it. The agent asked for it: no warning."""
+    return (isinstance(record.msg, str) and IGNORED_WHILE_CLOSING in record.msg
+            and bool(record.args) and record.args[0] == amqp_spec.Basic.Cancel)
+
+
+class OwnFanoutCancelsToDebug(LinesToDebug):
+    matches = staticmethod(is_own_fanout_cancel)
+
+
+def quiet_own_fanout_cancels() -> None:
+    """Install the filter (once) on py-amqp's logger."""
+    install_once(AMQP_LOGGER, OwnFanoutCancelsToDebug)

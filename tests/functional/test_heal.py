@@ -9,6 +9,7 @@ reshape.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import uuid
@@ -23,7 +24,7 @@ from agent.heal.errors import HealRefused
 from agent.heal.run import run_heal
 from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,
                                       offered, placement_tree, put_allocations, used,
-                                      write_conf)
+                                      wait_for, write_conf)
 
 HOST = {
     "disk_gb": 100,
@@ -407,3 +408,44 @@ def test_heal_command_dry_run_changes_nothing_and_yes_heals_once(tmp_path, place
     again = manage(conf, "--yes")
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "nothing to heal"
+
+
+def test_heal_dry_run_on_a_healed_host_says_nothing_to_heal(tmp_path, placement):
+    agent, consumers = flat_host_with_guests(tmp_path, placement)
+    agent.update_provider_tree()
+    run_heal(agent)
+    agent.stop()
+
+    dry = manage(tmp_path / "agent.conf", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert (dry.stdout, dry.stderr) == ("nothing to heal\n", "")
+
+
+def test_heal_dry_run_plans_beside_a_running_agent_whose_store_stays_locked(
+        tmp_path, placement):
+    """A dry run only reads: it runs beside the agent, reading the store
+    read-only; a real heal is still refused there (exit 2)."""
+    agent, consumers = flat_host_with_guests(tmp_path, placement)
+    agent.stop()
+    conf = tmp_path / "agent.conf"
+    log = tmp_path / "agent.log"
+    daemon = subprocess.Popen([str(Path(sys.executable).parent / "compute-agent"),
+                               "--config-file", str(conf)],
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "compute-agent running as host" in log.read_text(), 60)
+        before = placement_dump(placement.url, agent, consumers)
+
+        dry = manage(conf, "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert len(json.loads(dry.stdout)["moves"]) == 9
+        assert placement_dump(placement.url, agent, consumers) == before
+
+        refused = manage(conf, "--yes")
+        assert refused.returncode == 2
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
+        assert placement_dump(placement.url, agent, consumers) == before
+        assert daemon.poll() is None
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0

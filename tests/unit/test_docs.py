@@ -144,7 +144,8 @@ def command_lines(text: str) -> list[str]:
 
 def refusals(line: str) -> list[str]:
     """What in the command ``line`` its parsers do not know. Options after
-    a subcommand are the subcommand's (with a|b subcommands, the first's)."""
+    a subcommand are the subcommand's (with a|b subcommands, the first's),
+    or the command's own."""
     program, *words = line.split()
     parser = parsers()[program]
     scope, subcommand, refused = parser, None, []
@@ -158,10 +159,12 @@ def refusals(line: str) -> list[str]:
         for alternative in (a.strip("[]") for a in alternatives):
             if alternative.startswith("-"):
                 name, equals, _ = alternative.partition("=")
-                if name not in scope.options:
+                # The command's own options come after its subcommand too.
+                options = {**parser.options, **scope.options}
+                if name not in options:
                     refused.append(f"{program} {subcommand or ''}: no option {name}")
                 else:
-                    takes_value = scope.options[name] and not equals
+                    takes_value = options[name] and not equals
             elif scope is parser and parser.subcommands:
                 subcommand = subcommand or alternative
                 if alternative not in parser.subcommands:
@@ -200,6 +203,8 @@ def test_every_command_line_the_docs_show_exists(path):
     ("compute-agent-manage --config-file ... heal [--dry-run] [--json] [--yes]", []),
     ("compute-agent-manage --config-file F rebuild-store --dry-run|--yes", []),
     ("compute-agent-ctl --timeout 5 evacuate SOURCE [--target HOST]", []),
+    ("compute-agent-ctl evacuate SOURCE --timeout 5 [--target HOST]", []),
+    ("compute-agent-manage heal --config-file F --dry-run", []),
     ("compute-agent --config-file F --once", []),
     ("compute-agent-manage repair --yes", ["compute-agent-manage: no subcommand repair"]),
     ("compute-agent-ctl show|mend HOST", ["compute-agent-ctl: no subcommand mend"]),

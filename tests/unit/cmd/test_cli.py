@@ -59,6 +59,42 @@ def test_the_spec_file_help_names_every_field_and_the_schemas_limits():
     assert '"instance_uuid"' not in ctl.spec_file_help(ctl.MOVE_CLAIM_FIELDS)
 
 
+MIGRATION = "1d2c3b4a-5f6e-4d7c-8b9a-0f1e2d3c4b5a"
+
+
+@pytest.fixture
+def conf_file(tmp_path) -> Path:
+    path = tmp_path / "agent.conf"
+    path.write_text("[DEFAULT]\nhost = here\n")
+    return path
+
+
+@pytest.mark.parametrize("argv", [
+    ["--timeout", "5", "--debug", "--config-file", "F", "evacuate", "src", "--target", "h"],
+    ["evacuate", "src", "--timeout", "5", "--target", "h", "-d", "--config-file", "F"],
+    ["--config-file=F", "evacuate", "--timeout=5", "src", "--debug", "--target", "h"],
+    ["evacuate", "src", "--target", "h", "--config-file", "F", "--debug", "--timeout", "5"],
+], ids=["before", "after", "between", "last"])
+def test_the_commands_own_options_come_before_or_after_its_subcommand(argv, conf_file):
+    conf = common.load_config([str(conf_file) if a == "F" else a.replace("=F", f"={conf_file}")
+                               for a in argv], ctl.cli_opts, command_help=ctl.HELP)
+    assert (conf.timeout, conf.debug, conf.config_file, conf.host) == (
+        5, True, [str(conf_file)], "here")
+    assert (conf.command.name, conf.command.agent_host, conf.command.target) == (
+        "evacuate", "src", "h")
+
+
+def test_a_subcommands_own_options_and_what_follows_double_dash_stay_its_own(conf_file):
+    conf = common.load_config(
+        ["--config-file", str(conf_file), "live-migrate", "inst", "--target", "h",
+         "--timeout", "7", "--migration", MIGRATION], ctl.cli_opts, command_help=ctl.HELP)
+    assert (conf.command.instance, conf.command.target, conf.command.migration,
+            conf.timeout) == ("inst", "h", MIGRATION, 7)
+    conf = common.load_config(["--config-file", str(conf_file), "show", "h", "--",
+                               "--debug"], ctl.cli_opts, command_help=ctl.HELP)
+    assert (conf.command.instance, conf.debug) == ("--debug", False)
+
+
 def test_version_is_the_installed_distributions():
     assert common.version() == metadata.version("compute-agent")
 
