@@ -51,7 +51,8 @@ class DomainIdentity:
     knows, and renames only a domain that is shut off (and has no
     snapshots), so a guest keeps the name it has: ``instance-<uuid>`` when
     this version defined it, the instance's name when a version before
-    88f9c57 did. ``vf_macs``: assignment id -> the MAC of the VF interface
+    88f9c57 did (until a live migration, which names it by its uuid where
+    it arrives). ``vf_macs``: assignment id -> the MAC of the VF interface
     it holds; a guest's NIC keeps its MAC while it keeps the VF (before
     7563c52 libvirt drew it; a live migration carries it over)."""
 

@@ -14,8 +14,8 @@ import libvirt
 from drivers.base import DeviceKind, ForeignGuest, GuestSpec, GuestState, MigrationFailure
 from drivers.errors import InvalidHostData, LiveMigrationError, MdevError
 from drivers.libvirt.connection import Connection
-from drivers.libvirt.guest_xml import (build_domain_xml, domain_identity, parse_foreign,
-                                       parse_live, parse_metadata)
+from drivers.libvirt.guest_xml import (build_domain_xml, domain_identity, domain_name,
+                                       parse_foreign, parse_live, parse_metadata)
 from drivers.libvirt.mdev import MdevSysfs
 
 LOG = logging.getLogger(__name__)
@@ -192,8 +192,11 @@ class GuestManager:
             if dom is None:
                 raise LiveMigrationError(MigrationFailure.NO_RUNNING_GUEST,
                                          f"{what}: no such guest here")
+            # Named by its uuid where it arrives: a guest an earlier version
+            # named after its instance would clash with another of that name.
             params = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: dest_xml,
-                      libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: dest_xml}
+                      libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: dest_xml,
+                      libvirt.VIR_MIGRATE_PARAM_DEST_NAME: domain_name(instance_uuid)}
             try:
                 dom.migrateToURI3(dest_uri, params, _LIVE_MIGRATION_FLAGS)
             except libvirt.libvirtError as exc:

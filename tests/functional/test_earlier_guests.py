@@ -1,7 +1,8 @@
 """Guests an earlier version of this agent defined, redefined by today's:
 through the agent's manager and reconcile, on libvirt's test driver (every
 device kind) and on a real libvirtd running QEMU/KVM (a pinned host CPU,
-what QEMU here can really hold).
+what QEMU here can really hold); a live migration between two real
+libvirtds.
 
 Each guest is built by today's agent, so its store rows are real, and its
 domain is then replaced by the definition an earlier version wrote for the
@@ -23,6 +24,9 @@ from lxml import etree
 from agent.cmd.common import load_config
 from agent.compute.reconcile import reconcile
 from agent.daemon.service import Agent
+from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from drivers.migration import DeviceMove, LiveMigrationTarget
+from tests.contract.test_driver_contract import libvirt_driver
 from tests.functional.earlier_guests import DERIVED_MAC, NO_MAC, earlier_domain_xml
 from tests.functional.helpers import placement_tree, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
@@ -196,3 +200,48 @@ def test_bug_same_host_resize_of_a_guest_an_earlier_version_named(world):
             m.confirm_resize(migration, instance)
             assert held(world, instance) == (moved, moved)
         assert domain_name(world, instance) == NAME
+
+
+# --- live migration, between two real libvirtds -------------------------------------
+
+def pinned_guest(instance: str, which: str, cpu: int) -> GuestSpec:
+    return GuestSpec(instance, NAME, 1, 64, (
+        GuestDevice(f"{which}-pcpu", DeviceKind.PCPU, str(cpu), cpus=frozenset({cpu}),
+                    detail=DeviceDetail(numa_node=0)),
+        GuestDevice(f"{which}-numa", DeviceKind.NUMA, "0")))
+
+
+def test_bug_a_guest_an_earlier_version_named_live_migrates_to_a_host_with_its_name_taken(
+        tmp_path, two_private_libvirtds):
+    """Earlier versions named domains after their instances, which two
+    hosts may share ("web"): the guest arrives named by its uuid, rather
+    than refused for the name ("domain 'web' already exists")."""
+    daemons = two_private_libvirtds
+    source, dest = (libvirt_driver(tmp_path / d.root.name, d.uri, tmp_path / "sys")
+                    for d in daemons)
+    moving = pinned_guest(str(uuid.uuid4()), "a", 0)
+    there = pinned_guest(str(uuid.uuid4()), "c", 1)
+    arrived = pinned_guest(moving.instance_uuid, "b", 0)
+    try:
+        for driver, guest in ((source, moving), (dest, there)):
+            driver._conn.call(lambda conn, guest=guest:
+                              conn.defineXML(earlier_domain_xml(guest)).create())
+
+        source.live_migrate(moving.instance_uuid, daemons[1].uri, LiveMigrationTarget(
+            moving.instance_uuid, tuple(DeviceMove(s, d) for s, d in
+                                        zip(moving.devices, arrived.devices))))
+
+        state = dest.guest_state(moving.instance_uuid)
+        assert state.running and state.live == state.saved == {"b-pcpu", "b-numa"}
+        for live in (False, True):
+            assert etree.fromstring(dest.guest_definition(
+                moving.instance_uuid, live=live)).findtext("name") == \
+                f"instance-{moving.instance_uuid}"
+        assert etree.fromstring(dest.guest_definition(
+            there.instance_uuid, live=True)).findtext("name") == NAME
+        assert source.guest_state(moving.instance_uuid) is None
+    finally:
+        for driver in (source, dest):
+            for instance in (moving.instance_uuid, there.instance_uuid):
+                driver.destroy(instance)
+            driver.cleanup()
