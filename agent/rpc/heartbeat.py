@@ -39,6 +39,10 @@ TOPIC = "compute-agent-heartbeat"
 # within this window could miss one that a later rebuild takes.
 DOWN_VERDICT_SECONDS = 60.0
 VERSION = "1.3"  # agent/rpc/versions.py: report_alive appeared in 1.3
+# What a call that gets no answer takes beyond its timeout: oslo.messaging's
+# wait for the reply overruns it by up to about 50 ms (measured against
+# RabbitMQ 3.10).
+CALL_OVERRUN_SECONDS = 0.1
 
 
 class HostState(str, enum.Enum):
@@ -118,7 +122,7 @@ def agent_serving(conf, host: str, deadline: float) -> dict | None | Unknown:
         return listening
     if listening == 0:
         return None
-    left = max(deadline - (time.monotonic() - started), 0.1)
+    left = max(deadline - (time.monotonic() - started) - CALL_OVERRUN_SECONDS, 0.1)
     client = messaging.get_rpc_client(
         transport(conf), messaging.Target(topic=TOPIC, version=VERSION, server=host),
         timeout=left, retry=0)
@@ -131,7 +135,10 @@ def agent_serving(conf, host: str, deadline: float) -> dict | None | Unknown:
     except messaging.MessagingException as e:
         return Unknown(f"the broker did not take the question ({type(e).__name__}: {e})")
     finally:
-        client.transport.cleanup()
+        # Closing waits out the reply listener's poll (40 to 200 ms): not
+        # on the start's path.
+        threading.Thread(target=client.transport.cleanup, name="heartbeat-probe-close",
+                         daemon=True).start()
 
 
 class Heartbeat:
