@@ -17,9 +17,13 @@ from pathlib import Path
 import kombu
 import pytest
 
-from agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC
+from agent.cmd.common import load_config
+from agent.daemon.one_agent_check import PROBE_DEADLINE_SECONDS
+from agent.dependencies import Unknown
+from agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC, agent_serving
 from agent.store import node_identity
 from agent.testing.fault_proxy import FaultProxy, PlacementFault
+from agent.testing.local_placement import free_port
 from tests.functional.helpers import get, wait_for, write_conf
 from tests.functional.test_daemon import HOST, run, start_daemon
 
@@ -222,3 +226,16 @@ def test_a_consumer_that_does_not_answer_does_not_block_a_start(tmp_path, daemon
     finally:
         stale.close()
         agent.stop()
+
+
+def test_a_broker_that_cannot_be_asked_is_unknown_not_nobody(tmp_path):
+    """The daemon then says, in one WARNING, that the bus was not asked."""
+    port = free_port()
+    conf = load_config(["--config-file", str(write_conf(
+        tmp_path, f"http://127.0.0.1:{free_port()}", new_host(), HOST,
+        DEFAULT={"transport_url": f"rabbit://guest:guest@127.0.0.1:{port}/"}))])
+    started = time.monotonic()
+    answer = agent_serving(conf, conf.host, PROBE_DEADLINE_SECONDS)
+    assert time.monotonic() - started < PROBE_DEADLINE_SECONDS
+    assert answer == Unknown(f"the broker 127.0.0.1:{port} did not answer "
+                             "(connection refused)")
