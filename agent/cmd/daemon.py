@@ -14,6 +14,8 @@ from oslo_log import log as logging
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
+from agent.daemon.errors import AnotherAgentServesHost
+from agent.daemon.one_agent_check import check_one_agent_per_host
 from agent.daemon.reload_signal import ReloadSignal
 from agent.daemon.service import Agent, CycleOutcome
 from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
@@ -96,15 +98,23 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
         # Held until the process ends: before anything in the state
         # directory is read, so two agents never serve one store.
         state_lock.acquire(conf.state_path)
+        # Before the store or compute_id is made: a mistyped state_path is
+        # refused with nothing written.
+        placement_check = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
         agent = Agent.from_conf(conf)
     except ConfigError as e:
         return exit_config_error(e)
-    except (StateDirectoryInUse, StateDirectoryUnusable, StoreRefused, StoreError) as e:
+    except (StateDirectoryInUse, StateDirectoryUnusable, StoreRefused, StoreError,
+            AnotherAgentServesHost) as e:
         return exit_store_error(e)
+    agent.placement_check = placement_check
     if reload_signal.deliver_to(agent):
         LOG.info("SIGHUP during start-up: the first cycle reads Placement afresh")
     if conf.once:
-        return run_once(agent)
+        try:
+            return run_once(agent)
+        except AnotherAgentServesHost as e:
+            return exit_store_error(e)
 
     supervisor = Supervisor()
     supervisor.install()
@@ -120,6 +130,9 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     except ConfigError as e:  # [metrics] listen cannot be served
         agent.stop()
         return exit_config_error(e)
+    except AnotherAgentServesHost as e:  # found by the first cycle
+        agent.stop()
+        return exit_store_error(e)
     heartbeat = heartbeat_server(conf, agent)
     heartbeat.start()
     server = make_server(conf, agent)
@@ -149,5 +162,7 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     if supervisor.deaths:
         supervisor.report()  # any that died on the way out
         return EXIT_THREAD_DIED
+    if supervisor.refusal is not None:  # found by a later cycle
+        return exit_store_error(supervisor.refusal)
     LOG.info("compute-agent stopped")
     return 0

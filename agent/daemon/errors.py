@@ -6,3 +6,9 @@ from agent.exception import AgentError
 
 class RecordUnreadable(AgentError):
     """The file is there but is not a cycle record; the message names it."""
+
+
+class AnotherAgentServesHost(AgentError):
+    """Another agent already serves this [DEFAULT] host
+    (agent/daemon/one_agent.py): the message is the one line; the daemon
+    exits 2, an operator must act."""

@@ -19,7 +19,8 @@ from agent.compute.manager import ComputeManager
 from agent.compute.reconcile import Report, reconcile
 from agent.compute.tracker import Tracker
 from agent.daemon import cycle_record
-from agent.daemon.errors import RecordUnreadable
+from agent.daemon.errors import AnotherAgentServesHost, RecordUnreadable
+from agent.daemon.one_agent_check import PlacementCheck
 from agent.daemon.systemd import Watchdog
 from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown, describe
 from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
@@ -31,7 +32,8 @@ from agent.health.watch import HealthWatch
 from agent.metrics import CycleResult, Metrics
 from agent.moves.evacuation import evacuation_migration_uuid
 from agent.placement.allocations import AllocationView, move_allocations, tree_allocations
-from agent.placement.client import PlacementClient, adapter_from_conf
+from agent.placement.client import (DEFAULT_TIMEOUT_SECONDS, PlacementClient,
+                                    adapter_from_conf)
 from agent.placement.sync import SyncResult, TreeSync
 from agent.rpc import broker
 from agent.store import check as store_check
@@ -299,6 +301,9 @@ class Agent:
         self._record_failing = False
         # Asked by the loop before each cycle; None: no broker to watch.
         self.broker_probe = broker_probe
+        # Whether another agent serves this host, when the start could not
+        # ask Placement: asked by the first cycle that reaches it.
+        self.placement_check: PlacementCheck | None = None
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
@@ -307,7 +312,7 @@ class Agent:
         Placement only when the store is missing or empty. ``holder``: the
         caller holds the state directory's lock (state_lock), and may
         write there; otherwise it only reads."""
-        conf.set_default("timeout", 30, group="placement")
+        conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
         compute_id = node_identity.load(conf.state_path)
         if compute_id is None and not holder:
             raise StoreRefused(
@@ -480,10 +485,11 @@ class Agent:
                  move.instance_uuid)
 
     def run_cycle(self) -> CycleOutcome:
-        """A cycle that never raises, timed and counted by result (metrics)
-        and recorded (record_path). A dependency that goes away or comes
-        back is one line each way (agent/dependencies.py); every other
-        failure is one line, and the next cycle tries again."""
+        """A cycle, timed and counted by result (metrics) and recorded
+        (record_path). A dependency that goes away or comes back is one
+        line each way (agent/dependencies.py); every other failure is one
+        line, and the next cycle tries again. It raises only
+        AnotherAgentServesHost: then no cycle is to come."""
         started = time.monotonic()
         outcome = self._cycle()
         self.metrics.cycle_done(time.monotonic() - started, outcome.kind)
@@ -497,7 +503,10 @@ class Agent:
         # the exception being handled to them.
         unavailable: tuple[Dependency, str, str] | None = None
         try:
+            self._check_placement_once()
             outcome = CycleOutcome(True, result=self.update_provider_tree())
+        except AnotherAgentServesHost:
+            raise  # the daemon's end (agent/daemon/supervisor.py)
         except DriverUnavailable as e:
             unavailable = (Dependency.LIBVIRT, e.where, e.problem)
         except DependencyUnavailable as e:
@@ -523,6 +532,14 @@ class Agent:
         else:
             LOG.warning("%s", outcome.reason)
         return outcome
+
+    def _check_placement_once(self) -> None:
+        """The start could not ask Placement whether another agent serves
+        this host: ask now (one request). AnotherAgentServesHost ends the
+        daemon; when Placement does not answer, the next cycle asks."""
+        if self.placement_check is not None:
+            self.placement_check.run(self.sync.client, self.sync.root_uuid)
+            self.placement_check = None
 
     def _record(self, outcome: CycleOutcome) -> None:
         if self.settings.record_path is None:

@@ -2,7 +2,9 @@
 update loop, the RPC server's listener, any other) wakes the main thread,
 which takes the whole process down with a non-zero exit so that systemd
 restarts it (Restart=on-failure), instead of answering RPC while no longer
-reporting to Placement."""
+reporting to Placement. A thread that ends because another agent serves
+this host (AnotherAgentServesHost) is a refusal, not a death: the daemon
+stops in order and exits 2 with its line, and systemd leaves it down."""
 from __future__ import annotations
 
 import logging
@@ -11,6 +13,8 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+
+from agent.daemon.errors import AnotherAgentServesHost
 
 LOG = logging.getLogger(__name__)
 
@@ -59,12 +63,14 @@ def describe(args: threading.ExceptHookArgs) -> str:
 
 
 class Supervisor:
-    """The main thread waits on ``wake``: set by a stop request (SIGTERM)
-    or by a thread's death, which ``deaths`` then records."""
+    """The main thread waits on ``wake``: set by a stop request (SIGTERM),
+    by a thread's death, which ``deaths`` then records, or by a refusal,
+    which ``refusal`` holds."""
 
     def __init__(self) -> None:
         self.wake = threading.Event()
         self.deaths: list[ThreadDeath] = []
+        self.refusal: AnotherAgentServesHost | None = None
         self._reported = 0
 
     def install(self) -> None:
@@ -74,6 +80,10 @@ class Supervisor:
         threading.excepthook = self._on_thread_death
 
     def _on_thread_death(self, args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.exc_value, AnotherAgentServesHost):
+            self.refusal = self.refusal or args.exc_value
+            self.wake.set()
+            return
         name = args.thread.name if args.thread is not None else "unknown"
         LOG.debug("Thread %s died", name,
                   exc_info=(args.exc_type, args.exc_value, args.exc_traceback))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from urllib.parse import quote
 
 from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
@@ -34,6 +35,8 @@ LOG = logging.getLogger(__name__)
 # needs (a device's provider moves between the root and its NUMA cell).
 MIN_VERSION = (1, 37)
 MAX_VERSION = (1, 39)
+# Each request's timeout when [placement] timeout is not set.
+DEFAULT_TIMEOUT_SECONDS = 30
 
 
 def _version_tuple(text: str) -> tuple[int, int]:
@@ -264,6 +267,13 @@ class PlacementClient:
         params = "&".join(f"{k}={v}" for k, v in sorted(query.items()))
         return self._call("GET", "/resource_providers" + (f"?{params}" if params else "")
                           )["resource_providers"]
+
+    def get_roots_named(self, name: str) -> list[str]:
+        """The UUIDs of the root providers named ``name``: none or one,
+        since Placement's names are unique."""
+        rows = self._call("GET", "/resource_providers?name=" + quote(name, safe="")
+                          )["resource_providers"]
+        return [r["uuid"] for r in rows if r["uuid"] == r["root_provider_uuid"]]
 
     def get_allocation_candidates(self, query: list[tuple[str, str]]) -> dict:
         """GET /allocation_candidates; ``query`` in order, values as they are

@@ -17,6 +17,7 @@ since the outage is seen by the probe.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable
 
 import kombu
@@ -28,6 +29,8 @@ from agent.messaging import messaging
 
 # oslo.messaging's rabbit driver reaches these when the URL names no host.
 RABBIT_DEFAULT = ("localhost", 5672)
+# AMQP's reply code to a passive declare of a queue that does not exist.
+NOT_FOUND = 404
 DRIVER_LOGGER = "oslo.messaging._drivers.impl_rabbit"
 # Pieces of the format strings (record.msg, before interpolation) of the
 # driver's lines about its reconnection loop: an attempt failed ("is
@@ -42,37 +45,95 @@ RECONNECT_LINES = (
 )
 
 
+@dataclass(frozen=True)
+class RabbitHost:
+    """One host of ``transport_url``."""
+
+    hostname: str
+    port: int
+    username: str | None
+    password: str | None
+    virtual_host: str
+
+    @property
+    def shown(self) -> str:
+        return f"{self.hostname}:{self.port}"
+
+    def connection(self, timeout: float) -> kombu.Connection:
+        return kombu.Connection(hostname=self.hostname, port=self.port,
+                                userid=self.username or "guest",
+                                password=self.password or "guest",
+                                virtual_host=self.virtual_host, connect_timeout=timeout)
+
+
+def rabbit_hosts(conf: cfg.ConfigOpts) -> list[RabbitHost] | Unknown:
+    """The hosts of ``transport_url``, in its order; Unknown for a
+    transport other than rabbit."""
+    url = messaging.TransportURL.parse(conf, conf.transport_url)
+    if url.transport != "rabbit":
+        return Unknown(f"not checked: the {url.transport} transport")
+    return [RabbitHost(h.hostname, h.port or RABBIT_DEFAULT[1], h.username, h.password,
+                       url.virtual_host or "/") for h in url.hosts] or [
+        RabbitHost(*RABBIT_DEFAULT, None, None, url.virtual_host or "/")]
+
+
+def connect(connection: kombu.Connection) -> None:
+    """One attempt (kombu's connect() tries again after 2 s), with the
+    socket's own errors."""
+    connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
+                                 interval_max=0, reraise_as_library_errors=False)
+
+
 def probe(conf: cfg.ConfigOpts, timeout: float) -> Probe | Unknown:
     """A connection to each host of ``transport_url`` in turn, logged in
     and closed: answered when one accepts it. The URL is shown without its
     credentials."""
-    url = messaging.TransportURL.parse(conf, conf.transport_url)
-    if url.transport != "rabbit":
-        return Unknown(f"not checked: the {url.transport} transport")
-    hosts = [(h.hostname, h.port or RABBIT_DEFAULT[1], h.username, h.password)
-             for h in url.hosts] or [(*RABBIT_DEFAULT, None, None)]
+    hosts = rabbit_hosts(conf)
+    if isinstance(hosts, Unknown):
+        return hosts
     problems = []
-    for hostname, port, user, password in hosts:
-        connection = kombu.Connection(hostname=hostname, port=port, userid=user or "guest",
-                                      password=password or "guest",
-                                      virtual_host=url.virtual_host or "/",
-                                      connect_timeout=timeout)
+    for host in hosts:
+        connection = host.connection(timeout)
         try:
-            # One attempt (kombu's connect() tries again after 2 s), with
-            # the socket's own errors.
-            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
-                                         interval_max=0, reraise_as_library_errors=False)
+            connect(connection)
         except Exception as e:  # noqa: BLE001 - any failure is this probe's finding
             problems.append(problem(e))
             continue
         finally:
             connection.release()
-        return Probe(Dependency.BROKER, f"rabbit://{hostname}:{port}/")
-    shown = ",".join(f"{h}:{p}" for h, p, _, _ in hosts)
+        return Probe(Dependency.BROKER, f"rabbit://{host.shown}/")
+    shown = ",".join(h.shown for h in hosts)
     if len(hosts) == 1:
         return Probe(Dependency.BROKER, f"rabbit://{shown}/", problems[0])
     return Probe(Dependency.BROKER, f"rabbit://{shown}/", "no host answered: " + "; ".join(
-        f"{h}:{p} {why}" for (h, p, _, _), why in zip(hosts, problems)))
+        f"{h.shown} {why}" for h, why in zip(hosts, problems)))
+
+
+def consumers(conf: cfg.ConfigOpts, queue: str, timeout: float) -> int | Unknown:
+    """How many consumers ``queue`` has now, 0 when it does not exist
+    (a passive declare), asked of the first host of ``transport_url`` that
+    accepts a connection; Unknown when none does."""
+    hosts = rabbit_hosts(conf)
+    if isinstance(hosts, Unknown):
+        return hosts
+    problems = []
+    for host in hosts:
+        connection = host.connection(timeout)
+        try:
+            connect(connection)
+            try:
+                _, _, count = connection.channel().queue_declare(queue=queue, passive=True)
+            except connection.channel_errors as e:
+                if getattr(e, "reply_code", None) != NOT_FOUND:
+                    raise
+                count = 0
+        except Exception as e:  # noqa: BLE001 - any failure is this question's finding
+            problems.append(f"{host.shown} {problem(e)}")
+            continue
+        finally:
+            connection.release()
+        return count
+    return Unknown("the broker " + "; ".join(problems))
 
 
 def observe(board: Dependencies, answer: Probe | Unknown) -> None:

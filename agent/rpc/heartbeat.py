@@ -22,13 +22,16 @@ right when they need the answer.
 from __future__ import annotations
 
 import enum
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from agent.dependencies import Unknown
 from agent.exception import SourceHostUp
 from agent.messaging import messaging, transport
+from agent.rpc import broker
 
 TOPIC = "compute-agent-heartbeat"
 # How long the destination trusts a source found down. Short: the source
@@ -36,6 +39,10 @@ TOPIC = "compute-agent-heartbeat"
 # within this window could miss one that a later rebuild takes.
 DOWN_VERDICT_SECONDS = 60.0
 VERSION = "1.3"  # agent/rpc/versions.py: report_alive appeared in 1.3
+# What a call that gets no answer takes beyond its timeout: oslo.messaging's
+# wait for the reply overruns it by up to about 50 ms (measured against
+# RabbitMQ 3.10).
+CALL_OVERRUN_SECONDS = 0.1
 
 
 class HostState(str, enum.Enum):
@@ -70,17 +77,24 @@ class HeartbeatEndpoint:
 
     target = messaging.Target(version=VERSION)
 
-    def __init__(self, agent, started_at: float):
+    def __init__(self, agent, started_at: float, state_path: str):
         self._agent = agent
         self._started_at = started_at
+        self._state_path = state_path
+        self._machine = socket.gethostname()
 
     @messaging.expose
     def report_alive(self, ctxt) -> dict:
         """Since 1.3. This agent is alive: its host, its clock, since when
-        it runs, and how many instances it holds (in memory: no store)."""
+        it runs, and how many instances it holds (in memory: no store).
+        Also, for an agent that finds this one serving its host at start
+        (agent/daemon/one_agent.py): its root provider, state path and
+        machine (older agents leave them out)."""
         return {"host": self._agent.policy.host, "time": time.time(),
                 "started_at": self._started_at,
-                "instances": self._agent.manager.tracker.instance_count()}
+                "instances": self._agent.manager.tracker.instance_count(),
+                "root_uuid": self._agent.sync.root_uuid, "state_path": self._state_path,
+                "machine": self._machine}
 
 
 def make_server(conf, agent):
@@ -88,8 +102,43 @@ def make_server(conf, agent):
     host that serves claims is never taken for down."""
     target = messaging.Target(topic=TOPIC, server=conf.host)
     return messaging.get_rpc_server(transport(conf), target,
-                                    [HeartbeatEndpoint(agent, time.time())],
+                                    [HeartbeatEndpoint(agent, time.time(), conf.state_path)],
                                     access_policy=messaging.ExplicitRPCAccessPolicy)
+
+
+def agent_serving(conf, host: str, deadline: float) -> dict | None | Unknown:
+    """What an agent serving ``host`` now answers to report_alive, None
+    when none answers, Unknown when the broker cannot be asked: at most
+    ``deadline`` seconds in all. The broker says first how many consumers
+    the host's heartbeat queue has: with none (or no queue) nobody can
+    answer, which is known at once. Otherwise the question is asked for
+    real, and a consumer that does not answer in time is nobody: what the
+    broker keeps of an agent whose machine died, until it finds its
+    connection gone. An error answered is an agent all the same."""
+    started = time.monotonic()
+    # oslo.messaging's rabbit driver names a server's queue <topic>.<server>.
+    listening = broker.consumers(conf, f"{TOPIC}.{host}", deadline)
+    if isinstance(listening, Unknown):
+        return listening
+    if listening == 0:
+        return None
+    left = max(deadline - (time.monotonic() - started) - CALL_OVERRUN_SECONDS, 0.1)
+    client = messaging.get_rpc_client(
+        transport(conf), messaging.Target(topic=TOPIC, version=VERSION, server=host),
+        timeout=left, retry=0)
+    try:
+        return client.call({}, "report_alive")
+    except messaging.MessagingTimeout:
+        return None
+    except messaging.RemoteError:
+        return {}
+    except messaging.MessagingException as e:
+        return Unknown(f"the broker did not take the question ({type(e).__name__}: {e})")
+    finally:
+        # Closing waits out the reply listener's poll (40 to 200 ms): not
+        # on the start's path.
+        threading.Thread(target=client.transport.cleanup, name="heartbeat-probe-close",
+                         daemon=True).start()
 
 
 class Heartbeat:

@@ -1,0 +1,82 @@
+"""One agent per host, at start: the facts agent/daemon/one_agent.py's
+rules judge, gathered before the start writes anything in the state
+directory (a mistyped ``state_path`` is refused before it gets a store or
+a compute_id).
+
+Placement is asked first (one request, by the host's name). When it cannot
+be asked, the agent starts all the same and its first cycle that reaches
+Placement asks (``PlacementCheck`` on the Agent): a conflict found then
+stops the daemon the same way. The daemon then asks the bus, once, for at
+most PROBE_DEADLINE_SECONDS (agent/rpc/heartbeat.py's agent_serving).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from oslo_config import cfg
+
+from agent.daemon.errors import AnotherAgentServesHost
+from agent.daemon.one_agent import (AnsweringAgent, ThisAgent, agent_answering_for_host,
+                                    root_of_another_agent)
+from agent.dependencies import Unknown
+from agent.exception import DependencyUnavailable, PlacementError
+from agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
+from agent.rpc.heartbeat import agent_serving
+from agent.store import node_identity
+
+LOG = logging.getLogger(__name__)
+
+# The bus probe's bound: an agent that serves the host answers in
+# milliseconds; this is waited only when its queue has a consumer that
+# does not answer. Short, so that a fleet's restart stays quick.
+PROBE_DEADLINE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class PlacementCheck:
+    """Placement's half of the check, for the agent of ``host`` whose
+    state directory is ``state_path``."""
+
+    host: str
+    state_path: str
+
+    def run(self, client: PlacementClient, compute_id: str | None) -> None:
+        """One request. ``compute_id``: the state path's now (None: none
+        yet). Raises AnotherAgentServesHost with the line, or the client's
+        errors when Placement cannot be asked."""
+        refused = root_of_another_agent(ThisAgent(self.host, self.state_path, compute_id),
+                                        frozenset(client.get_roots_named(self.host)))
+        if refused:
+            raise AnotherAgentServesHost(refused)
+
+
+def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
+                             ) -> PlacementCheck | None:
+    """Raises AnotherAgentServesHost (the one line) when another agent
+    serves ``[DEFAULT] host``. Returns the Placement check still to run
+    (at the first cycle that reaches Placement) when Placement could not
+    be asked, else None. ``ask_the_bus``: the daemon, which joins the
+    host's queues (``--once`` does not)."""
+    me = ThisAgent(conf.host, conf.state_path, node_identity.load(conf.state_path))
+    conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
+    check = PlacementCheck(me.host, me.state_path)
+    pending: PlacementCheck | None = None
+    try:
+        check.run(PlacementClient(adapter_from_conf(conf)), me.compute_id)
+    except (DependencyUnavailable, PlacementError) as e:
+        # The first cycle says that Placement is away, once.
+        LOG.debug("Whether another agent serves host %s is asked of Placement at the "
+                  "first cycle that reaches it: %s", me.host, e)
+        pending = check
+    if ask_the_bus:
+        answer = agent_serving(conf, me.host, PROBE_DEADLINE_SECONDS)
+        if isinstance(answer, Unknown):
+            LOG.warning("Whether another agent serves host %s was not asked on the "
+                        "bus: %s", me.host, answer.why)
+        else:
+            refused = agent_answering_for_host(
+                me, None if answer is None else AnsweringAgent.from_report(answer))
+            if refused:
+                raise AnotherAgentServesHost(refused)
+    return pending
