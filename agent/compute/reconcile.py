@@ -24,7 +24,8 @@ from agent.claims.veto import assignable_resources, describe_stray, stray_holdin
 from agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
 from agent.moves.evacuation import evacuated_away
 from agent.store.store import live_changed_at, migrations_changed_at
-from drivers.base import DeviceKind, ForeignGuest, GuestHolding, GuestState, device_resources
+from drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestState, HostResource,
+                          device_resources)
 
 LOG = logging.getLogger(__name__)
 
@@ -369,7 +370,7 @@ def device_held_outside_the_store(p: Pass) -> None:
     instance, or to none. Reported; the device is never chosen for a claim
     while a guest holds it (agent/claims/veto.py), until an operator
     deletes or redefines the guest, or rebuilds the store."""
-    given: dict = {}
+    given: dict[HostResource, set[str]] = {}
     for rows in p.rows.values():
         for a in rows:
             for resource in device_resources(guest_device(a)):
