@@ -290,6 +290,19 @@ class ForeignGuest:
 
 
 @dataclass(frozen=True)
+class GuestHolding:
+    """What one guest defined or running on this host holds exclusively,
+    whoever defined it, read from its domain's devices and pinning (not
+    from metadata): while it runs, what it runs with and what its
+    definition takes back at its next start; when stopped, its definition."""
+
+    uuid: str  # the domain's: the instance's, for ours and for nova's
+    ours: bool  # it carries our metadata
+    running: bool
+    resources: frozenset[HostResource] = frozenset()
+
+
+@dataclass(frozen=True)
 class GuestSpec:
     instance_uuid: str
     name: str

@@ -7,7 +7,8 @@ from __future__ import annotations
 import abc
 from typing import Callable, Collection
 
-from drivers.base import ForeignGuest, GuestSpec, GuestState, HostInventory, PciHealthSignals
+from drivers.base import (ForeignGuest, GuestHolding, GuestSpec, GuestState, HostInventory,
+                          PciHealthSignals)
 from drivers.migration import LiveMigrationTarget
 
 
@@ -92,6 +93,21 @@ class ComputeDriver(abc.ABC):
         """Whether the guest exists and is running."""
         state = self.guest_state(instance_uuid)
         return state is not None and state.running
+
+    @abc.abstractmethod
+    def guest_holdings(self, reread: bool = False) -> dict[str, GuestHolding]:
+        """Every guest defined or running here, ours and others' alike, by
+        its domain's uuid, with the host resources it holds (drivers/base.py
+        GuestHolding). Claims ask before they choose, so it answers as the
+        hypervisor is at the call: a guest defined, started, stopped or
+        undefined before the call, by this driver or behind its back, is
+        seen as it is now; one redefined behind its back, once the
+        hypervisor's event for it has arrived. A driver may keep what it
+        read of a guest it knows unchanged; ``reread`` trusts nothing kept
+        (the update loop asks so once a cycle). Raises DriverUnavailable
+        when the hypervisor cannot be asked, and InvalidHostData naming the
+        guest whose definition cannot be read: a guest whose devices are
+        unknown is not one without devices."""
 
     # --- guests of others: adoption -----------------------------------------
 

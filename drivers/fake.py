@@ -46,10 +46,10 @@ import yaml
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
-from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
-                          GuestState, HostInventory, device_resources, Mdev, MdevParent, MdevType,
-                          MigrationFailure, NumaCell, PciDevice, PciHealthSignals, PciKind,
-                          PmemNamespace)
+from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
+                          GuestSpec, GuestState, HostInventory, device_resources, Mdev,
+                          MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
+                          PciHealthSignals, PciKind, PmemNamespace)
 from drivers.driver import ComputeDriver
 from drivers.errors import (InvalidFakeHost, InvalidMigrationTarget, LiveMigrationError,
                             MdevError)
@@ -210,7 +210,12 @@ class FakeGuest:
     def state(self) -> GuestState:
         live = self.live.devices if self.live else ()
         return GuestState(self.live is not None, _ids(live), _ids(self.saved.devices),
-                          frozenset(r for d in live for r in device_resources(d)))
+                          _resources(live))
+
+    def holding(self) -> GuestHolding:
+        live = self.live.devices if self.live else ()
+        return GuestHolding(self.saved.instance_uuid, True, self.live is not None,
+                            _resources(live) | _resources(self.saved.devices))
 
 
 @dataclass
@@ -221,9 +226,18 @@ class FakeForeignGuest:
     saved: ForeignGuest
     live: ForeignGuest | None = None
 
+    def holding(self) -> GuestHolding:
+        live = self.live.resources if self.live else frozenset()
+        return GuestHolding(self.saved.instance_uuid, False, self.live is not None,
+                            live | self.saved.resources)
+
 
 def _ids(devices) -> frozenset[str]:
     return frozenset(d.assignment_id for d in devices)
+
+
+def _resources(devices) -> frozenset:
+    return frozenset(r for d in devices for r in device_resources(d))
 
 
 def fake_definition(guest: GuestSpec) -> str:
@@ -405,18 +419,25 @@ class FakeDriver(ComputeDriver):
                 existing.saved = guest
 
     def power_off(self, instance_uuid: str) -> None:
+        # Any guest of that uuid, ours or another manager's, as libvirt's.
         with self._held(write=True):
-            g = self.guests.get(instance_uuid)
+            g = self.guests.get(instance_uuid) or self.foreign.get(instance_uuid)
             if g is not None:
                 g.live = None
 
     def destroy(self, instance_uuid: str) -> None:
         with self._held(write=True):
             self.guests.pop(instance_uuid, None)
+            self.foreign.pop(instance_uuid, None)
 
     def list_guests(self) -> dict[str, GuestState]:
         with self._held():
             return {u: g.state() for u, g in self.guests.items()}
+
+    def guest_holdings(self, reread: bool = False) -> dict[str, GuestHolding]:
+        # Nothing is kept between calls: every answer is read whole.
+        with self._held():
+            return {u: g.holding() for u, g in (*self.foreign.items(), *self.guests.items())}
 
     def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
         with self._held():

@@ -2,7 +2,8 @@
 request is checked, and which concrete devices it gets.
 
 No I/O and no locks here: the tracker calls ``choose`` under its lock with
-the set of devices that live assignments hold.
+the set of devices that live assignments hold, and those that guests on the
+host hold whatever the store says (agent/claims/veto.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Mapping
 import os_resource_classes as orc
 
 from agent.exception import ClaimFailed, InvalidRequest
-from drivers.base import DeviceDetail, DeviceKind
+from drivers.base import DeviceDetail, DeviceKind, GuestDevice, HostResource, device_resources
 
 MAX_AMOUNT = 1 << 20
 
@@ -76,6 +77,15 @@ def slot_detail(pool: Pool, slot: Slot) -> DeviceDetail:
     """What a guest definition needs of a device besides its id."""
     return DeviceDetail(slot.numa_node, slot.size_bytes or None, slot.dev_path,
                         pool.mdev_parent, pool.mdev_type)
+
+
+def slot_resources(pool: Pool, slot: Slot) -> frozenset[HostResource]:
+    """What a guest given this slot holds on the host, as a domain's XML
+    names it: a PCI address, an mdev UUID, a namespace's device path, a
+    host CPU."""
+    cpus = frozenset({int(slot.device_id)}) if pool.kind is DeviceKind.PCPU else frozenset()
+    return device_resources(GuestDevice("", pool.kind, slot.device_id, cpus=cpus,
+                                        detail=slot_detail(pool, slot)))
 
 
 @dataclass(frozen=True)
@@ -172,7 +182,8 @@ def counted_device_id(pool: Pool) -> str:
 
 
 def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
-                 earlier: set[str], prefer_numa: int | None) -> list[Choice]:
+                 earlier: set[str], prefer_numa: int | None,
+                 vetoed: frozenset[HostResource]) -> list[Choice]:
     """``earlier``: devices of this pool chosen earlier in the same claim."""
     if not pool.exclusive:
         return [Choice(provider_uuid, pool.resource_class, pool.kind,
@@ -182,24 +193,33 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
     others: list[Slot] = []
     for s in pool.ordered_slots:
         if (s.device_id not in earlier and s.device_id not in pool.unhealthy
-                and not held.is_held(pool.kind, s.device_id)):
+                and not held.is_held(pool.kind, s.device_id)
+                and not (vetoed and slot_resources(pool, s) & vetoed)):
             (local if s.numa_node == prefer_numa else others).append(s)
             if len(local) == amount:
                 break
     chosen = [Choice(provider_uuid, pool.resource_class, pool.kind, s.device_id, 1,
                      slot_detail(pool, s))
               for s in (local + others)[:amount]]
+    if pool.kind is not DeviceKind.MDEV or len(chosen) == amount:
+        return _met(chosen, provider_uuid, pool, amount)
     # An mdev that does not exist yet is created, within the capacity
-    # Placement was told about; existing free ones always go first.
+    # Placement was told about; existing free ones always go first. An
+    # mdev a guest holds that the store does not takes its unit too.
+    vetoed_only = sum(1 for s in pool.slots if not held.is_held(pool.kind, s.device_id)
+                      and vetoed and slot_resources(pool, s) & vetoed)
     room = (pool.capacity - len(held.held(provider_uuid, pool.resource_class))
-            - len(earlier) - len(chosen))
-    while (pool.kind is DeviceKind.MDEV and len(chosen) < amount and room > 0
-           and pool.mdev_parent not in pool.unhealthy):
+            - len(earlier) - len(chosen) - vetoed_only)
+    while len(chosen) < amount and room > 0 and pool.mdev_parent not in pool.unhealthy:
         chosen.append(Choice(provider_uuid, pool.resource_class, pool.kind,
                              new_mdev_uuid(), 1,
                              DeviceDetail(pool.numa_node, mdev_parent=pool.mdev_parent,
                                           mdev_type=pool.mdev_type)))
         room -= 1
+    return _met(chosen, provider_uuid, pool, amount)
+
+
+def _met(chosen: list[Choice], provider_uuid: str, pool: Pool, amount: int) -> list[Choice]:
     if len(chosen) < amount:
         raise ClaimFailed(provider_uuid, pool.resource_class, amount, len(chosen))
     return chosen
@@ -216,9 +236,11 @@ def instance_cell(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]]
 
 
 def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
-           held: HeldDevices, prefer_numa: int | None = None) -> list[Choice]:
+           held: HeldDevices, prefer_numa: int | None = None,
+           vetoed: frozenset[HostResource] = frozenset()) -> list[Choice]:
     """Concrete devices for every wanted amount, or ClaimFailed naming the
-    first resource that cannot be met. ``held`` is not changed."""
+    first resource that cannot be met. ``held`` is not changed. No slot
+    that holds any of ``vetoed`` (what guests hold: veto.py) is chosen."""
     if prefer_numa is None:
         prefer_numa = instance_cell(wanted, pools)
     out: list[Choice] = []
@@ -229,7 +251,7 @@ def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
                    if (c.provider_uuid, c.resource_class) == (w.provider_uuid,
                                                               w.resource_class)}
         out.extend(_choose_from(pool, w.provider_uuid, w.amount, held, earlier,
-                                prefer_numa))
+                                prefer_numa, vetoed))
     return out
 
 

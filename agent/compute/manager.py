@@ -211,7 +211,15 @@ class ComputeManager:
 
     # --- build and delete -----------------------------------------------
 
+    def read_guests(self) -> None:
+        """What every guest on the host holds, read now and given to the
+        tracker, before a claim chooses: none of it is chosen, whatever the
+        store says. Cheap: the driver reads again only the guests that
+        changed (docs/benchmarks.md)."""
+        self.tracker.set_guests(self.driver.guest_holdings())
+
     def build_instance(self, instance_uuid, spec, allocations) -> dict:
+        self.read_guests()
         self.tracker.claim_build(instance_uuid, spec, allocations)
         try:
             self.driver.spawn(self._guest(instance_uuid))
@@ -249,6 +257,7 @@ class ComputeManager:
 
     def prep_resize(self, migration_uuid, instance_uuid, spec, allocations) -> dict:
         """Destination: claim the new flavor's devices."""
+        self.read_guests()
         rows = self.tracker.claim_move(MoveKind.RESIZE, migration_uuid, instance_uuid,
                                        spec, allocations)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
@@ -385,6 +394,7 @@ class ComputeManager:
             raise InvalidRequest("instance_uuid", instance_uuid,
                                  "is on this host already; a live migration moves "
                                  "it to another")
+        self.read_guests()
         rows = self.tracker.claim_move(MoveKind.LIVE_MIGRATION, migration_uuid,
                                        instance_uuid, spec, allocations)
         claimed = [a for a in rows if in_guest(a)]
@@ -613,6 +623,7 @@ class ComputeManager:
                                      "rebuilds it on another")
             if fence is not None:
                 fence()
+        self.read_guests()
         rows = self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid,
                                        instance_uuid, spec, allocations)
         return {"migration_uuid": migration_uuid, "instance_uuid": instance_uuid,

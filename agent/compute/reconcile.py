@@ -20,10 +20,12 @@ from typing import Callable
 
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner)
+from agent.claims.veto import assignable_resources, describe_stray, stray_holdings
 from agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
 from agent.moves.evacuation import evacuated_away
 from agent.store.store import live_changed_at, migrations_changed_at
-from drivers.base import DeviceKind, ForeignGuest, GuestState, device_resources
+from drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestState, HostResource,
+                          device_resources)
 
 LOG = logging.getLogger(__name__)
 
@@ -100,6 +102,8 @@ class Pass:
     announced_at: dict[str, float] = field(default_factory=dict)
     announced_timeout: float = float("inf")
     end_announced_move: Callable[[Migration], None] | None = None
+    # Every guest on the host, ours and others', with what it holds.
+    holdings: dict[str, GuestHolding] = field(default_factory=dict)
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
@@ -359,9 +363,29 @@ def allocation_without_record(p: Pass) -> None:
                      "providers that no local record explains")
 
 
+def device_held_outside_the_store(p: Pass) -> None:
+    """A device the agent hands out that a guest holds (running, or only
+    defined) and the store does not give that guest's instance: the guest
+    is unknown to the store, or the store gives the device to another
+    instance, or to none. Reported; the device is never chosen for a claim
+    while a guest holds it (agent/claims/veto.py), until an operator
+    deletes or redefines the guest, or rebuilds the store."""
+    given: dict[HostResource, set[str]] = {}
+    for rows in p.rows.values():
+        for a in rows:
+            for resource in device_resources(guest_device(a)):
+                given.setdefault(resource, set()).add(a.instance_uuid)
+    assignable = assignable_resources(p.manager.tracker.pools())
+    for stray in stray_holdings(p.holdings, given, p.instances, assignable):
+        p.report.add("device_held_outside_the_store", stray.guest,
+                     f"{describe_stray(stray)}: never chosen for a claim while a "
+                     "guest holds it; left alone")
+
+
 HOST_RULES: tuple[Callable[[Pass], None], ...] = (
     guest_without_assignments,
     allocation_without_record,
+    device_held_outside_the_store,
 )
 
 
@@ -401,6 +425,8 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
     for a in live:
         rows.setdefault(a.instance_uuid, []).append(a)
     adopted = adopted_guests(driver.list_foreign_guests(), rows)
+    holdings = driver.guest_holdings()
+    tracker.set_guests(holdings)
     p = Pass(manager, Report(), fix, at_start, instances, rows,
              {m.instance_uuid: m for m in moves.values() if m.open}, dict(moves),
              {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
@@ -410,7 +436,7 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
              evacuation_holds,
              tracker.store.read(migrations_changed_at)
              if any(m.state is MigrationState.ANNOUNCED for m in moves.values()) else {},
-             announced_timeout, end_announced_move)
+             announced_timeout, end_announced_move, holdings)
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):

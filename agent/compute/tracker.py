@@ -26,6 +26,7 @@ from typing import Callable
 from agent.claims.choice import HeldDevices, InstanceSpec, Pool, choose, parse_allocations
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner)
+from agent.claims.veto import vetoed_resources
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
 from agent.metrics import Metrics
 from agent.moves.evacuation import evacuation_name_free_again
@@ -33,6 +34,7 @@ from agent.store.store import (Decision, Statement, Store, all_instances, all_mi
                                delete_instance_sql, delete_migration_sql, insert_assignments_sql,
                                live_assignments, new_assignment_id, put_instance_sql,
                                put_migration_sql, realign_assignments_sql, update_assignments_sql)
+from drivers.base import GuestHolding, HostResource
 
 
 def check_uuid(value, field_name: str) -> str:
@@ -53,6 +55,11 @@ class Tracker:
         self._lock = threading.Lock()
         self._pools: dict[str, dict[str, Pool]] = {}
         self._held = HeldDevices()
+        # What the guests on the host hold, whatever the store says: never
+        # chosen (agent/claims/veto.py). The manager reads the guests before
+        # every claim; a tracker without a hypervisor (the store's own
+        # tests) has none.
+        self._vetoed: frozenset[HostResource] = frozenset()
         self._live: dict[str, Assignment] = {}
         self._by_instance: dict[str, set[str]] = defaultdict(set)
         self._instances: dict[str, dict] = {}
@@ -180,6 +187,12 @@ class Tracker:
         with self._lock:
             return self._pools
 
+    def set_guests(self, guests: dict[str, GuestHolding]) -> None:
+        """What every guest on the host holds, as the hypervisor last said."""
+        vetoed = vetoed_resources(guests)
+        with self._lock:
+            self._vetoed = vetoed
+
     def _choose_rows(self, instance_uuid: str, allocations, consumer: str,
                      migration_uuid: str | None) -> list[Assignment]:
         wanted = parse_allocations(allocations, self._pools)
@@ -187,7 +200,7 @@ class Tracker:
                            Owner.INSTANCE, migration_uuid, c.resource_class,
                            c.provider_uuid, c.kind, c.device_id, c.amount,
                            AssignmentState.CLAIMING, self.boot_id, c.detail)
-                for c in choose(wanted, self._pools, self._held)]
+                for c in choose(wanted, self._pools, self._held, vetoed=self._vetoed)]
         # The order every later answer uses, so a retry gets the same one.
         return sorted(rows, key=lambda a: a.id)
 

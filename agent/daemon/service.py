@@ -354,6 +354,8 @@ class Agent:
         built = self.build_model(self.driver.get_host_inventory())
         for warning in built.warnings:
             LOG.warning("%s", warning)
+        if self.manager is not None:
+            self._read_guests()
         try:
             result = self.sync.sync(built.tree)
             self.last_tree = self.sync.cache.copy()
@@ -367,6 +369,15 @@ class Agent:
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
+
+    def _read_guests(self) -> None:
+        """Once a cycle, every guest's definition read afresh (claims read
+        only what changed since). A definition that cannot be read is one
+        line; claims, which read the guests again, are refused meanwhile."""
+        try:
+            self.manager.tracker.set_guests(self.driver.guest_holdings(reread=True))
+        except InvalidHostData as e:
+            LOG.warning("Guests not read: %s", e)
 
     def _save_view(self, view: list[Provider]) -> None:
         """Keep Placement's view in the store for the next start. It is a

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import libvirt
 
-from drivers.base import (ForeignGuest, GuestSpec, GuestState, HostInventory, Mdev, MdevParent,
-                          MigrationFailure, PciDevice, PciHealthSignals, PciKind)
+from drivers.base import (ForeignGuest, GuestHolding, GuestSpec, GuestState, HostInventory, Mdev,
+                          MdevParent, MigrationFailure, PciDevice, PciHealthSignals, PciKind)
 from drivers.driver import ComputeDriver
 from drivers.errors import InvalidHostData, LiveMigrationError, MigrationXmlError
 from drivers.libvirt import capabilities, nodedev, pmem
@@ -110,6 +110,9 @@ class LibvirtDriver(ComputeDriver):
 
     def list_foreign_guests(self) -> dict[str, ForeignGuest]:
         return self._guests.list_foreign_guests()
+
+    def guest_holdings(self, reread: bool = False) -> dict[str, GuestHolding]:
+        return self._guests.guest_holdings(reread)
 
     def guest_state(self, instance_uuid: str) -> GuestState | None:
         return self._guests.guest_state(instance_uuid)
@@ -320,6 +323,10 @@ class LibvirtDriver(ComputeDriver):
     def _on_event(self, kind: str, name: str, event: int) -> None:
         if kind != "nodedev":
             LOG.debug("libvirt %s event %s for %s", kind, event, name)
+            if kind == "domain":
+                # Defined, started, stopped or undefined, maybe by someone
+                # else: what it holds is read again.
+                self._guests.forget(name=name)
             return
         LOG.debug("node device %s event %s: dropping the device cache",
                   name, event)

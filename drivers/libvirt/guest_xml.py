@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 
 from lxml import etree
 
-from drivers.base import (DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
+from drivers.base import (DeviceKind, ForeignGuest, GuestDevice, GuestHolding, GuestSpec,
                           HostResource, HostResourceKind)
 from drivers.errors import InvalidHostData
 from drivers.host_data import (format_pci_address, parse_cpulist, parse_int,
@@ -224,6 +224,19 @@ def held_resources(domain_xml: str) -> frozenset[HostResource]:
     define is read the same way. Raises InvalidHostData naming the element
     that cannot be read."""
     return _held_by(parse_xml(domain_xml, "domain"))
+
+
+def parse_holding(domain_uuid: str, live_xml: str | None, saved_xml: str | None
+                  ) -> GuestHolding:
+    """A domain's holding, ours or not: what its live XML (None when it
+    does not run) and its persistent definition (None for a transient
+    domain) hold. Raises InvalidHostData naming the domain and the element
+    that cannot be read."""
+    roots = [parse_xml(text, "domain") for text in (live_xml, saved_xml) if text is not None]
+    return GuestHolding(str(uuid_lib.UUID(domain_uuid)),
+                        any(_metadata_of(root)[0] is not None for root in roots),
+                        live_xml is not None,
+                        frozenset().union(*(_held_by(root) for root in roots)))
 
 
 def _held_by(root: etree._Element) -> frozenset[HostResource]:

@@ -25,8 +25,8 @@ from typing import Callable
 import pytest
 
 from agent.cmd.common import load_config
-from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestSpec,
-                          HostResource, HostResourceKind, Mdev, MigrationFailure,
+from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
+                          GuestSpec, HostResource, HostResourceKind, Mdev, MigrationFailure,
                           device_resources)
 from drivers.driver import ComputeDriver
 from drivers.errors import LiveMigrationError, MdevError
@@ -34,7 +34,7 @@ from drivers.fake import FakeDriver, FakeNetwork
 from drivers.migration import DeviceMove, LiveMigrationTarget
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.driver import LibvirtDriver
-from tests.functional.helpers import write_conf
+from tests.functional.helpers import wait_for, write_conf
 from tests.functional.nova_host import nova_domain_xml
 
 PF = "0000:81:00.0"
@@ -368,6 +368,83 @@ def test_a_running_foreign_guest_holds_what_it_was_started_with(subject):
     nova_guest(subject, "b", running=True, instance=started.instance_uuid)
     found = subject.driver.list_foreign_guests()[started.instance_uuid]
     assert found.running and found.resources == started.resources
+
+
+# --- what every guest holds: the claims' veto ------------------------------------
+# Claims never choose a device a guest on the host holds, whatever the store
+# says: the driver names every guest, ours or not, running or only defined,
+# with what its domain holds, as it is at the call.
+
+def held(guest: ForeignGuest) -> GuestHolding:
+    return GuestHolding(guest.instance_uuid, False, guest.running, guest.resources)
+
+
+def test_guest_holdings_name_every_guest_ours_and_others_with_what_it_holds(subject):
+    running = subject.guest("a")
+    subject.driver.spawn(running)
+    # Running on set a, defined with set b: it holds both.
+    subject.driver.update_guest(subject.guest("b", running.instance_uuid))
+    stopped = subject.guest("b")
+    subject.driver.spawn(stopped)
+    subject.driver.power_off(stopped.instance_uuid)
+    nova_running = nova_guest(subject, "a", running=True)
+    nova_stopped = nova_guest(subject, "b", running=False)
+    expected = {
+        running.instance_uuid: GuestHolding(running.instance_uuid, True, True,
+                                            resources(running) | resources(stopped)),
+        stopped.instance_uuid: GuestHolding(stopped.instance_uuid, True, False,
+                                            resources(stopped)),
+        nova_running.instance_uuid: held(nova_running),
+        nova_stopped.instance_uuid: held(nova_stopped)}
+    assert subject.driver.guest_holdings() == expected
+    assert subject.driver.guest_holdings(reread=True) == expected
+    subject.driver.destroy(stopped.instance_uuid)
+    subject.driver.destroy(nova_stopped.instance_uuid)
+    del expected[stopped.instance_uuid], expected[nova_stopped.instance_uuid]
+    assert subject.driver.guest_holdings() == expected
+
+
+def behind_its_back(subject: Subject, instance: str, change: str) -> None:
+    """Another manager starts or undefines its guest, not through the driver."""
+    if isinstance(subject.driver, FakeDriver):
+        found = subject.driver.foreign[instance].saved
+        if change == "start":
+            subject.driver.add_foreign_guest(ForeignGuest(
+                found.instance_uuid, found.name, True, found.vcpus, found.memory_mb,
+                found.resources))
+        else:
+            del subject.driver.foreign[instance]
+        return
+
+    def act(conn) -> None:
+        dom = conn.lookupByUUIDString(instance)
+        if change == "start":
+            dom.create()
+        else:
+            dom.destroy()
+            dom.undefine()
+    subject.driver._conn.call(act)
+
+
+def test_guest_holdings_see_guests_changed_behind_the_drivers_back(subject):
+    """Kept reads are no stale answer: a guest defined, started, redefined or
+    undefined by another manager is seen (a redefinition once the
+    hypervisor's event has come)."""
+    ours = subject.guest("a")
+    subject.driver.spawn(ours)
+    assert set(subject.driver.guest_holdings()) == {ours.instance_uuid}
+    nova = nova_guest(subject, "b", running=False)
+    assert subject.driver.guest_holdings()[nova.instance_uuid] == held(nova)
+    behind_its_back(subject, nova.instance_uuid, "start")
+    assert subject.driver.guest_holdings()[nova.instance_uuid].running
+    # Redefined while it runs on set b: it holds both sets.
+    redefined = nova_guest(subject, "a", running=True, instance=nova.instance_uuid)
+    both = nova.resources | redefined.resources
+    assert both != nova.resources
+    wait_for(lambda: subject.driver.guest_holdings()[nova.instance_uuid].resources == both,
+             timeout=10)
+    behind_its_back(subject, nova.instance_uuid, "undefine")
+    assert set(subject.driver.guest_holdings()) == {ours.instance_uuid}
 
 
 # --- live migration ------------------------------------------------------------

@@ -72,9 +72,11 @@ def test_a_build_while_libvirtd_is_away_fails_and_succeeds_on_retry(agent,
     finally:
         private_libvirtd.start()
     assert str(failed.value).startswith(f"cannot connect to libvirt at {private_libvirtd.uri}")
-    # Whether a guest was defined is unknown while libvirtd is away: the
-    # claim stays, building, until the conductor retries or deletes.
-    assert agent.manager.get_instance(instance)["running"] is False
+    # What the guests hold is unknown while libvirtd is away, so nothing is
+    # chosen: the build fails before it claims (a claim that stays, building,
+    # is libvirtd going away during the spawn: the test below).
+    assert not agent.manager.tracker.knows(instance)
+    assert agent.manager.tracker.snapshot()[1] == []
 
     retried = build(agent, instance, wanted)
     assert agent.driver.guest_is_running(instance)

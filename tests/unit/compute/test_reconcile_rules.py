@@ -3,6 +3,7 @@ on a host world with the fake driver (which passes the driver contract)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -41,7 +42,8 @@ def test_the_rules_are_named_and_ordered():
         "assignment_without_guest",
         "guest_devices_differ", "mdev_after_reboot", "assignment_without_allocation"]
     assert [r.__name__ for r in rules.HOST_RULES] == [
-        "guest_without_assignments", "allocation_without_record"]
+        "guest_without_assignments", "allocation_without_record",
+        "device_held_outside_the_store"]
 
 
 def test_claim_stuck_claiming(w):
@@ -336,8 +338,40 @@ def test_guest_without_assignments(w):
     instance = built(w)
     w.tracker.release_instance(instance)
     report = w.reconcile(None, at_start=False)
-    assert kinds(report) == ["guest_without_assignments"]
+    # Its VF, which the store gave back, is one the agent hands out.
+    assert kinds(report) == ["guest_without_assignments", "device_held_outside_the_store"]
     assert w.driver.guest_is_running(instance)
+
+
+def test_device_held_outside_the_store(w):
+    """A guest the store does not know holds a VF, and another holds one the
+    store gives to a third instance: each reported, never fixed, and
+    neither device is chosen again."""
+    forgotten, holder, owner = built(w), built(w), built(w)
+    vf_of = {i: next(a.device_id for a in w.live()
+                     if a.instance_uuid == i and a.kind is DeviceKind.VF)
+             for i in (forgotten, holder, owner)}
+    w.tracker.release_instance(forgotten)  # the store forgets; the guest holds on
+    # The holder's definition names the owner's VF too (it runs on its own).
+    w.driver.update_guest(replace(w.driver.guests[holder].saved, devices=tuple(
+        replace(d, device_id=vf_of[owner]) if d.kind is DeviceKind.VF else d
+        for d in w.driver.guests[holder].saved.devices)))
+
+    report = w.reconcile(None, at_start=False)
+    found = [(f.subject, f.detail, f.fixed) for f in report.findings
+             if f.kind == "device_held_outside_the_store"]
+    veto = ": never chosen for a claim while a guest holds it; left alone"
+    assert found == sorted([
+        (forgotten, f"PCI device {vf_of[forgotten]} held by this running guest of ours; "
+                    f"the store does not know this guest{veto}", False),
+        (holder, f"PCI device {vf_of[owner]} held by this running guest of ours; "
+                 f"the store gives it to instance {owner}{veto}", False)])
+    # The fourth VF is the only one left to a build.
+    fourth = built(w)
+    assert [a.device_id for a in w.live()
+            if a.instance_uuid == fourth and a.kind is DeviceKind.VF] == sorted(
+        set(d.address for d in w.driver.host.pci_devices if d.parent_address)
+        - set(vf_of.values()))
 
 
 def test_allocation_without_record(w):
