@@ -88,6 +88,30 @@ class InvalidRequest(AgentError):
         return f"{self.field}: {self.reason} (value: {self.value_shown})"
 
 
+class RetryMismatch(InvalidRequest):
+    """A call names a record (an instance, a move) that an earlier call
+    made or ended here, but asks for something else: it is not that call's
+    retry, so it is not answered from the record. ``fields``: what differs
+    from the recorded call (payload fields, or ``method`` for a move ended
+    by the other step); ``recorded``: what the record says. Nothing was
+    changed; another request takes another uuid."""
+
+    def __init__(self, uuid: str, fields: list[str], recorded: str):
+        AgentError.__init__(self, uuid, fields, recorded)
+        self.uuid = uuid
+        self.fields = fields
+        self.recorded = recorded
+        # InvalidRequest's attributes, for a caller that reads those.
+        self.field = ", ".join(fields)
+        self.value = self.value_shown = uuid
+        self.reason = "not as in the call recorded"
+
+    def __str__(self) -> str:
+        return (f"{self.recorded}; this call differs from that one in "
+                f"{', '.join(self.fields)}: it is not its retry, and nothing was "
+                "changed (another request takes another uuid)")
+
+
 class ClaimFailed(AgentError):
     """The host cannot give what was asked; nothing was changed."""
 

@@ -11,7 +11,7 @@ import random
 import uuid as uuid_lib
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import os_resource_classes as orc
 
@@ -19,6 +19,8 @@ from agent.exception import ClaimFailed, InvalidRequest
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, HostResource, device_resources
 
 MAX_AMOUNT = 1 << 20
+# The classes a guest's vCPUs are allocated as: shared, and dedicated.
+CPU_CLASSES = (orc.VCPU, orc.PCPU)
 
 
 @dataclass(frozen=True)
@@ -285,3 +287,34 @@ class InstanceSpec:
 
     def to_payload(self) -> dict:
         return {"name": self.name, "vcpus": self.vcpus, "memory_mb": self.memory_mb}
+
+
+def carried(resources: Iterable[Mapping[str, int]]) -> tuple[int, int]:
+    """The vCPUs (VCPU plus PCPU) and the memory (MEMORY_MB) that
+    allocations carry, summed over their providers, each given as its
+    class -> amount: wherever the tree mode puts them (the root, NUMA
+    cells, both)."""
+    vcpus = memory_mb = 0
+    for by_class in resources:
+        vcpus += sum(by_class.get(rc, 0) for rc in CPU_CLASSES)
+        memory_mb += by_class.get(orc.MEMORY_MB, 0)
+    return vcpus, memory_mb
+
+
+def check_spec_carried(spec: InstanceSpec, resources: Iterable[Mapping[str, int]]
+                       ) -> None:
+    """A spec asks for the vCPUs and memory its allocations carry, no more
+    and no less: the guest is defined from the spec and Placement counts
+    the allocations, so any difference is CPU or memory that Placement does
+    not know is in use, or holds for nothing. InvalidRequest names the
+    fields that differ, their values and what the allocations carry."""
+    vcpus, memory_mb = carried(resources)
+    differ = [(name, mine, theirs, classes) for name, mine, theirs, classes in (
+        ("spec.vcpus", spec.vcpus, vcpus, "VCPU plus PCPU"),
+        ("spec.memory_mb", spec.memory_mb, memory_mb, "MEMORY_MB")) if mine != theirs]
+    if differ:
+        raise InvalidRequest(
+            ", ".join(d[0] for d in differ), None,
+            "must equal what the allocations carry on this host's providers: "
+            + ", ".join(f"{classes} {theirs}" for _, _, theirs, classes in differ),
+            ", ".join(str(d[1]) for d in differ))

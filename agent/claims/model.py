@@ -8,6 +8,8 @@ carry their values, the same strings as before they were typed.
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -82,6 +84,51 @@ class Assignment:
         return replace(self, **changes)
 
 
+def digest(value) -> str:
+    """A digest of a JSON value, the same for equal values whatever the
+    order of their keys: 128 bits of SHA-256."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class RequestDigest:
+    """What the call that made a record (a build's instance, a move) asked
+    for, recorded with it: a digest of each field of its payload, canonical
+    and checked, the uuids that name the record aside. A later call naming
+    the record is its retry only when every digest matches; the fields
+    whose digests differ are what it changed. A spec is digested key by
+    key, so that the field named is ``spec.vcpus``, not ``spec``."""
+
+    digests: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, **fields) -> "RequestDigest":
+        flat: dict[str, object] = {}
+        for name, value in fields.items():
+            if name == "spec" and isinstance(value, dict):
+                flat.update({f"spec.{k}": v for k, v in value.items()})
+            else:
+                flat[name] = value
+        return cls(tuple(sorted((k, digest(v)) for k, v in flat.items())))
+
+    def differing(self, asked: "RequestDigest") -> list[str]:
+        """The fields, sorted, that ``asked`` has other than this record."""
+        mine, theirs = dict(self.digests), dict(asked.digests)
+        return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+    def to_json(self) -> str:
+        return json.dumps(dict(self.digests), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> "RequestDigest | None":
+        """None for a record made before requests were recorded (store
+        schema 6)."""
+        if text is None:
+            return None
+        return cls(tuple(sorted(json.loads(text).items())))
+
+
 @dataclass(frozen=True)
 class Migration:
     uuid: str
@@ -90,6 +137,8 @@ class Migration:
     role: MigrationRole
     state: MigrationState
     old_spec: dict | None = None  # the spec to restore on revert
+    # The call that made the record here (None: made before schema 6).
+    request: RequestDigest | None = None
 
     @property
     def open(self) -> bool:

@@ -14,10 +14,10 @@ from typing import Callable
 
 from agent.claims.choice import InstanceSpec
 from agent.claims.model import (Assignment, Migration, MigrationRole, MigrationState, MoveKind,
-                                Owner)
-from agent.compute.tracker import Tracker, check_uuid
+                                Owner, RequestDigest)
+from agent.compute.tracker import Tracker, check_move_of, check_retry, check_uuid
 from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
-                             LiveMigrationRefused, MoveInProgress)
+                             LiveMigrationRefused, MoveInProgress, RetryMismatch)
 from agent.moves.evacuation import evacuation_name_free_again
 from agent.moves.live_migration import (live_migratable_devices, mdev_refusals, mdev_type_refusals,
                                         pci_refusals)
@@ -101,10 +101,7 @@ def move_agrees(m: Migration, instance_uuid, roles: tuple[MigrationRole, ...],
                 kinds: tuple[MoveKind, ...]) -> Migration:
     """``m``, once it is checked to move this instance, with this host
     playing one of ``roles`` in a move of one of ``kinds``."""
-    instance_uuid = check_uuid(instance_uuid, "instance_uuid")
-    if m.instance_uuid != instance_uuid:
-        raise InvalidRequest("instance_uuid", instance_uuid,
-                             f"migration {m.uuid} moves instance {m.instance_uuid}")
+    check_move_of(m, instance_uuid)
     if m.role not in roles:
         raise InvalidRequest("migration_uuid", m.uuid,
                              f"this host is the move's {m.role.value}, not its "
@@ -114,6 +111,21 @@ def move_agrees(m: Migration, instance_uuid, roles: tuple[MigrationRole, ...],
                              f"is a {m.kind.value}, not a "
                              f"{' or '.join(k.value for k in kinds)}")
     return m
+
+
+# The step that ends a move, by the state it leaves the move in.
+ENDING_STEPS = {MigrationState.CONFIRMED: "confirm_resize",
+                MigrationState.REVERTED: "revert_resize"}
+
+
+def check_not_ended_otherwise(m: Migration, ends_as: MigrationState) -> None:
+    """A move ends once, confirmed or reverted: the other step on a move
+    ended one way is not a retry of that step, and is refused (answered
+    from the record, it would claim a confirm that was a revert)."""
+    if m.state in ENDING_STEPS and m.state is not ends_as:
+        raise RetryMismatch(m.uuid, ["method"],
+                            f"move {m.uuid} was {m.state.value} here "
+                            f"({ENDING_STEPS[m.state]}), not {ends_as.value}")
 
 
 class ComputeManager:
@@ -257,6 +269,8 @@ class ComputeManager:
 
     def prep_resize(self, migration_uuid, instance_uuid, spec, allocations) -> dict:
         """Destination: claim the new flavor's devices."""
+        self._known_move(migration_uuid, instance_uuid, tuple(MigrationRole),
+                         (MoveKind.RESIZE,))
         self.read_guests()
         rows = self.tracker.claim_move(MoveKind.RESIZE, migration_uuid, instance_uuid,
                                        spec, allocations)
@@ -287,6 +301,7 @@ class ComputeManager:
         first. On the same host the guest must already run on its new
         devices."""
         m = self._move(migration_uuid, instance_uuid, tuple(MigrationRole))
+        check_not_ended_otherwise(m, MigrationState.CONFIRMED)
         if m.role is MigrationRole.SOURCE:
             self.driver.destroy(m.instance_uuid)
         elif m.state not in (MigrationState.CONFIRMED, MigrationState.REVERTED):
@@ -299,6 +314,7 @@ class ComputeManager:
         """Either side: new devices back, old ones to the instance. A guest
         running on the new devices stops before they are given back."""
         m = self._move(migration_uuid, instance_uuid, tuple(MigrationRole))
+        check_not_ended_otherwise(m, MigrationState.REVERTED)
         return self._revert(m)
 
     def _revert(self, m: Migration) -> dict:
@@ -332,12 +348,15 @@ class ComputeManager:
         as announced, on disk before the answer. From then on the instance
         is this move's: a restart neither gives it up nor finds the
         migration's allocations unexplained. Nothing moves yet."""
+        asked = RequestDigest.of(destination_host=destination_host)
         m = self._known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
                              (MoveKind.LIVE_MIGRATION,))
         if m is not None:
             if m.state is MigrationState.REVERTED:
                 raise InvalidRequest("migration_uuid", m.uuid, "this live migration "
                                      "was rolled back; start another")
+            check_retry(m.request, asked, m.uuid,
+                        f"move {m.uuid} was announced here by an earlier call")
             return {"migration_uuid": m.uuid, "state": m.state.value}
         _, rows, _ = self.tracker.instance(instance_uuid)
         state = self.driver.guest_state(instance_uuid)
@@ -350,7 +369,7 @@ class ComputeManager:
         if refusals:
             raise LiveMigrationRefused(instance_uuid, MigrationRole.SOURCE, refusals)
         m = self.tracker.announce_move_source(MoveKind.LIVE_MIGRATION, migration_uuid,
-                                              instance_uuid)
+                                              instance_uuid, asked)
         LOG.info("Live migration %s of instance %s to %s announced", m.uuid,
                  m.instance_uuid, destination_host)
         return {"migration_uuid": m.uuid, "state": m.state.value}

@@ -21,19 +21,21 @@ import threading
 import time
 import uuid as uuid_lib
 from collections import defaultdict
-from typing import Callable
+from dataclasses import replace
+from typing import Callable, Container
 
 from agent.claims.choice import HeldDevices, InstanceSpec, Pool, choose, parse_allocations
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                                MigrationState, MoveKind, Owner)
+                                MigrationState, MoveKind, Owner, RequestDigest)
 from agent.claims.veto import vetoed_resources
-from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance
+from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance, RetryMismatch
 from agent.metrics import Metrics
 from agent.moves.evacuation import evacuation_name_free_again
 from agent.store.store import (Decision, Statement, Store, all_instances, all_migrations,
                                delete_instance_sql, delete_migration_sql, insert_assignments_sql,
-                               live_assignments, new_assignment_id, put_instance_sql,
-                               put_migration_sql, realign_assignments_sql, update_assignments_sql)
+                               instance_requests, live_assignments, new_assignment_id,
+                               put_instance_sql, put_migration_sql, realign_assignments_sql,
+                               update_assignments_sql)
 from drivers.base import GuestHolding, HostResource
 
 
@@ -44,6 +46,42 @@ def check_uuid(value, field_name: str) -> str:
         except ValueError:
             pass
     raise InvalidRequest(field_name, value, "must be a UUID")
+
+
+def check_move_of(m: Migration, instance_uuid) -> Migration:
+    """``m``, once it is checked to move the instance named: every move step
+    asks this before anything else, for a move named with another
+    instance's uuid is not this one's."""
+    instance_uuid = check_uuid(instance_uuid, "instance_uuid")
+    if m.instance_uuid != instance_uuid:
+        raise InvalidRequest("instance_uuid", instance_uuid,
+                             f"migration {m.uuid} moves instance {m.instance_uuid}")
+    return m
+
+
+def check_one_consumer(uuid: str, field_name: str, taken: Container[str],
+                       taken_by: str) -> None:
+    """An instance and a move never share a uuid on a host: each is a
+    consumer of its own in Placement, and the store keys both by it. A
+    call whose ``field_name`` names what is ``taken`` here as ``taken_by``
+    is refused."""
+    if uuid in taken:
+        raise InvalidRequest(field_name, uuid, f"is {taken_by} on this host; an "
+                             "instance and a move never share a uuid")
+
+
+def check_retry(recorded: RequestDigest | None, asked: RequestDigest, uuid: str,
+                what: str) -> None:
+    """A call naming a record that an earlier call made is that call's
+    retry, answered from the record, only when it asks the same; else
+    RetryMismatch names the fields that differ. A record made before
+    requests were recorded (store schema 6) cannot tell: it is answered
+    as before, as its retry."""
+    if recorded is None:
+        return
+    fields = recorded.differing(asked)
+    if fields:
+        raise RetryMismatch(uuid, fields, what)
 
 
 class Tracker:
@@ -63,6 +101,8 @@ class Tracker:
         self._live: dict[str, Assignment] = {}
         self._by_instance: dict[str, set[str]] = defaultdict(set)
         self._instances: dict[str, dict] = {}
+        # The build that made each instance, where one did (check_retry).
+        self._built: dict[str, RequestDigest] = {}
         self._migrations: dict[str, Migration] = {}
         # Providers whose assignments changed since the last
         # take_touched_providers(): where Placement's allocations may have
@@ -71,9 +111,11 @@ class Tracker:
         self._load()
 
     def _load(self) -> None:
-        live, instances, migrations = self.store.read(
-            lambda c: (live_assignments(c), all_instances(c), all_migrations(c)))
+        live, instances, built, migrations = self.store.read(
+            lambda c: (live_assignments(c), all_instances(c), instance_requests(c),
+                       all_migrations(c)))
         self._instances = instances
+        self._built = built
         self._migrations = migrations
         self._index(live)
 
@@ -110,13 +152,16 @@ class Tracker:
     def _change(self, rows: list[Assignment], instances: dict | None = None,
                 migration: Migration | None = None, forget_instance: str | None = None,
                 new_rows: list[Assignment] = (), forget_moves: bool = False,
-                withdrawn_move: str | None = None) -> Decision:
+                withdrawn_move: str | None = None,
+                built: RequestDigest | None = None) -> Decision:
         """Apply changes to the in-memory view now; return the decision
         that writes them and can undo them. ``withdrawn_move``: one move's
-        record forgotten (the others of its instance kept)."""
+        record forgotten (the others of its instance kept); ``built``: the
+        build that makes the instances (one) in ``instances``."""
         before_rows = [self._live[a.id] for a in rows if a.id in self._live]
         touched = set(instances or ()) | ({forget_instance} - {None})
         before_instances = {k: self._instances.get(k) for k in touched}
+        before_built = {k: self._built.get(k) for k in touched}
         forgotten = [u for u, m in self._migrations.items()
                      if m.instance_uuid == forget_instance] if forget_moves else []
         forgotten += [withdrawn_move] if withdrawn_move in self._migrations else []
@@ -126,8 +171,11 @@ class Tracker:
         self._touched_providers.update(a.provider_uuid for a in (*new_rows, *rows))
         if instances:
             self._instances.update(instances)
+            if built is not None:
+                self._built.update(dict.fromkeys(instances, built))
         if forget_instance:
             self._instances.pop(forget_instance, None)
+            self._built.pop(forget_instance, None)
         if migration:
             self._migrations[migration.uuid] = migration
         for uuid in forgotten:
@@ -135,7 +183,7 @@ class Tracker:
 
         write: list[Statement] = []
         for uuid, spec in (instances or {}).items():
-            write.append(put_instance_sql(uuid, spec))
+            write.append(put_instance_sql(uuid, spec, built))
         if new_rows:
             write.append(insert_assignments_sql(list(new_rows)))
         if rows:
@@ -155,6 +203,7 @@ class Tracker:
                     self._index([a.with_(state=AssignmentState.RELEASED)])
                 self._index(before_rows)
                 for saved, live in ((before_instances, self._instances),
+                                    (before_built, self._built),
                                     (before_moves, self._migrations)):
                     for key, value in saved.items():
                         if value is None:
@@ -208,19 +257,26 @@ class Tracker:
 
     def claim_build(self, instance_uuid, spec, allocations) -> list[Assignment]:
         """Choose and record devices for a new instance (state claiming).
-        A retry returns the same assignments."""
+        A retry, the same spec and allocations, returns the same
+        assignments (check_retry)."""
         def decide() -> Decision:
+            check_one_consumer(instance_uuid, "instance_uuid", self._migrations,
+                               "a move's uuid")
             existing = self._rows_of(instance_uuid)
             if instance_uuid in self._instances and existing:
+                check_retry(self._built.get(instance_uuid), asked, instance_uuid,
+                            f"instance {instance_uuid} was built here by an earlier call")
                 return Decision(existing)
             rows = self._choose_rows(instance_uuid, allocations, instance_uuid, None)
-            d = self._change([], {instance_uuid: spec.to_payload()}, new_rows=rows)
+            d = self._change([], {instance_uuid: spec.to_payload()}, new_rows=rows,
+                             built=asked)
             d.result = rows
             return d
 
         with self.metrics.claim("build"):
             instance_uuid = check_uuid(instance_uuid, "instance_uuid")
             spec = InstanceSpec.from_payload(spec)
+            asked = claim_request(spec, allocations)
             return self._run(instance_uuid, decide)
 
     def complete(self, instance_uuid: str, migration_uuid: str | None = None
@@ -303,6 +359,8 @@ class Tracker:
         to the migration in the same commit."""
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
+            if m is not None:
+                check_move_of(m, instance_uuid)
             if m is not None and evacuation_name_free_again(
                     m, kind, instance_uuid in self._instances):
                 m = None  # replaced by the new move's record below
@@ -312,10 +370,16 @@ class Tracker:
                 if m.state is MigrationState.REVERTED:
                     raise InvalidRequest("migration_uuid", migration_uuid,
                                          "this move was reverted")
+                check_retry(m.request, asked, migration_uuid,
+                            f"move {migration_uuid} was claimed here by an earlier call")
                 if m.state is MigrationState.CONFIRMED:
                     return Decision(self._rows_of(instance_uuid, Owner.INSTANCE))
                 return Decision(self._rows_of(instance_uuid, Owner.INSTANCE,
                                               migration_uuid))
+            check_one_consumer(migration_uuid, "migration_uuid", self._instances,
+                               "an instance's uuid")
+            check_one_consumer(instance_uuid, "instance_uuid", self._migrations,
+                               "a move's uuid")
             other = self._open_move(instance_uuid)
             if other is not None and other.uuid != migration_uuid:
                 raise MoveInProgress(instance_uuid, other.uuid)
@@ -335,7 +399,7 @@ class Tracker:
             move = Migration(migration_uuid, instance_uuid, kind,
                              MigrationRole.BOTH if same_host
                              else MigrationRole.DESTINATION,
-                             MigrationState.ACTIVE, old_spec)
+                             MigrationState.ACTIVE, old_spec, asked)
             d = self._change(passed, {instance_uuid: spec.to_payload()}, move,
                              new_rows=rows)
             d.result = rows
@@ -345,29 +409,38 @@ class Tracker:
             migration_uuid = check_uuid(migration_uuid, "migration_uuid")
             instance_uuid = check_uuid(instance_uuid, "instance_uuid")
             spec = InstanceSpec.from_payload(spec)
+            asked = claim_request(spec, allocations)
             return self._run(instance_uuid, decide)
 
-    def announce_move_source(self, kind: MoveKind, migration_uuid, instance_uuid
-                             ) -> Migration:
+    def announce_move_source(self, kind: MoveKind, migration_uuid, instance_uuid,
+                             asked: RequestDigest) -> Migration:
         """The source is told of a move before anything moves: the record
         (state ANNOUNCED) makes the instance this move's, so that a restart
         before the move starts neither gives it up nor finds the
         migration's allocations unexplained. Its devices stay the
-        instance's. A retry answers the record as it is now."""
+        instance's. A retry, asking the same (``asked``: what the
+        announcement says, where to), answers the record as it is now."""
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
         instance_uuid = check_uuid(instance_uuid, "instance_uuid")
 
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
             if m is not None:
+                check_move_of(m, instance_uuid)
+                check_retry(m.request, asked, migration_uuid,
+                            f"move {migration_uuid} was announced here by an earlier "
+                            "call")
                 return Decision(m)
+            check_one_consumer(migration_uuid, "migration_uuid", self._instances,
+                               "an instance's uuid")
             if instance_uuid not in self._instances:
                 raise NoSuchInstance(instance_uuid)
             other = self._open_move(instance_uuid)
             if other is not None:
                 raise MoveInProgress(instance_uuid, other.uuid)
             move = Migration(migration_uuid, instance_uuid, kind, MigrationRole.SOURCE,
-                             MigrationState.ANNOUNCED, self._instances[instance_uuid])
+                             MigrationState.ANNOUNCED, self._instances[instance_uuid],
+                             asked)
             d = self._change([], migration=move)
             d.result = move
             return d
@@ -383,9 +456,13 @@ class Tracker:
 
         def decide() -> Decision:
             m = self._migrations.get(migration_uuid)
+            if m is not None:
+                check_move_of(m, instance_uuid)
             if m is not None and m.state is not MigrationState.ANNOUNCED:
                 return Decision(self._rows_of(instance_uuid, Owner.MIGRATION,
                                               migration_uuid))
+            check_one_consumer(migration_uuid, "migration_uuid", self._instances,
+                               "an instance's uuid")
             if instance_uuid not in self._instances:
                 raise NoSuchInstance(instance_uuid)
             other = self._open_move(instance_uuid)
@@ -394,8 +471,11 @@ class Tracker:
             passed = [a.with_(owner=Owner.MIGRATION, consumer_uuid=migration_uuid,
                               migration_uuid=migration_uuid)
                       for a in self._rows_of(instance_uuid, Owner.INSTANCE)]
+            # An announced move keeps what its announcement asked; one that
+            # starts here unannounced asked nothing a retry could change.
             move = Migration(migration_uuid, instance_uuid, kind, MigrationRole.SOURCE,
-                             MigrationState.ACTIVE, self._instances[instance_uuid])
+                             MigrationState.ACTIVE, self._instances[instance_uuid],
+                             None if m is None else m.request)
             d = self._change(passed, migration=move)
             d.result = passed
             return d
@@ -525,4 +605,11 @@ class Tracker:
 
 
 def _with_state(m: Migration, new_state: MigrationState) -> Migration:
-    return Migration(m.uuid, m.instance_uuid, m.kind, m.role, new_state, m.old_spec)
+    return replace(m, state=new_state)
+
+
+def claim_request(spec: InstanceSpec, allocations) -> RequestDigest:
+    """What a claim asks, as its record keeps it: the spec and the
+    allocations (keyed by provider uuids in lower case, as the RPC layer
+    passes them)."""
+    return RequestDigest.of(spec=spec.to_payload(), allocations=allocations)

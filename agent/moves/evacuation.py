@@ -26,6 +26,7 @@ from enum import Enum
 
 import os_resource_classes as orc
 
+from agent.claims.choice import carried
 from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
 
 # uuid5 namespace of evacuation moves (fixed once: changing it would make a
@@ -33,7 +34,6 @@ from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKin
 EVACUATION_NAMESPACE = uuid_lib.UUID("6f1c1b5e-2f0b-4d7a-9a57-0c1e5e7a1d42")
 
 # The classes a guest's spec is made of, and where they sit in a request.
-CPU_CLASSES = (orc.VCPU, orc.PCPU)
 COMPUTE_CLASSES = frozenset({orc.VCPU, orc.PCPU, orc.MEMORY_MB})
 
 
@@ -78,16 +78,12 @@ def spec_from_allocations(instance_uuid: str,
     dedicated) and memory summed over its providers. Its name is not in
     Placement; the rebuilt instance is named by its uuid (the guest's domain
     is anyway)."""
-    total: dict[str, int] = {}
-    for resources in allocations.values():
-        for rc, n in resources.items():
-            total[rc] = total.get(rc, 0) + n
-    vcpus = sum(total.get(rc, 0) for rc in CPU_CLASSES)
-    if not vcpus or not total.get(orc.MEMORY_MB):
+    vcpus, memory_mb = carried(allocations.values())
+    if not vcpus or not memory_mb:
         raise ValueError(f"instance {instance_uuid}: its allocations hold no CPU or "
                          "no memory; not an instance this agent can rebuild")
     return {"name": f"instance-{instance_uuid}", "vcpus": vcpus,
-            "memory_mb": total[orc.MEMORY_MB]}
+            "memory_mb": memory_mb}
 
 
 # --- the conductor's second run ------------------------------------------------

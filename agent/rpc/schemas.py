@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from jsonschema import Draft202012Validator
 
-from agent.claims.choice import InstanceSpec
+from agent.claims.choice import InstanceSpec, check_spec_carried
 from agent.exception import InvalidRequest
 
 # `\Z`, not `$`: `$` also matches before a final newline. Either case is a
@@ -169,7 +169,9 @@ def check_move_uuids(payload: dict) -> None:
 
 def canonical(payload: dict) -> dict:
     """The payload as the manager takes it: uuids in lower case, the spec
-    checked as the claim will read it, the move's two uuids told apart."""
+    checked as the claim will read it and against the vCPUs and memory its
+    allocations carry (which name only this host's providers, or the claim
+    refuses them), the move's two uuids told apart."""
     out = dict(payload)
     for name in UUID_FIELDS:
         if name in out:
@@ -177,7 +179,9 @@ def canonical(payload: dict) -> dict:
     if "allocations" in out:
         out["allocations"] = canonical_allocations(out["allocations"])
     if "spec" in out:
-        InstanceSpec.from_payload(out["spec"])
+        spec = InstanceSpec.from_payload(out["spec"])
+        check_spec_carried(spec, [body["resources"]
+                                  for body in out["allocations"].values()])
     check_move_uuids(out)
     return out
 

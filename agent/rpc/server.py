@@ -13,7 +13,9 @@ on the instance and migration uuids, so a conductor may retry after a
 timeout. Every error a call raises is one of agent.exception's, which the
 caller gets as the same type: its own mistakes as they are, a failing
 store as StoreUnavailable, and anything else, logged here once with its
-traceback, as InternalError.
+traceback, as InternalError. A call of a method or version this agent does
+not serve is the caller's mistake, answered by oslo.messaging as
+NoSuchMethod or UnsupportedVersion and logged here as one warning line.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ from agent.tree.provider_tree import tree_as_dicts
 LOG = logging.getLogger(__name__)
 # What the caller is told of an error it cannot act on; the log has all.
 REASON_LENGTH = 200
+# Where oslo.messaging's RPC server logs a call its dispatcher refused.
+DISPATCH_LOGGER = "oslo_messaging.rpc.server"
 
 
 def short(error: BaseException) -> str:
@@ -270,10 +274,40 @@ class ComputeAgentEndpoint:
                         "cycle: %s", migration_uuid, short(e))
 
 
+class UnservedCallsAsWarnings(logging.Filter):
+    """oslo.messaging logs a call of a method or version no endpoint serves
+    (its dispatcher's NoSuchMethod, UnsupportedVersion) as an ERROR with
+    its traceback, though the fault is the caller's and the caller is
+    told. Such a record becomes one WARNING line; every other record
+    passes as it is. oslo.log's formatter ends a warning logged while an
+    exception is handled with that exception's one-line summary, which
+    names the method or the version: the message does not repeat it."""
+
+    UNSERVED = (messaging.NoSuchMethod, messaging.UnsupportedVersion)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, self.UNSERVED):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "RPC call refused: this agent does not serve it"
+            record.args = ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def warn_of_unserved_calls() -> None:
+    """Install UnservedCallsAsWarnings on oslo.messaging's server logger,
+    once per process."""
+    dispatch_log = logging.getLogger(DISPATCH_LOGGER)
+    if not any(isinstance(f, UnservedCallsAsWarnings) for f in dispatch_log.filters):
+        dispatch_log.addFilter(UnservedCallsAsWarnings())
+
+
 def make_server(conf, agent):
     """The server; ``start()`` it beside the update loop, ``stop()`` and
     ``wait()`` on the way out."""
     allow_deep_messages()
+    warn_of_unserved_calls()
     target = messaging.Target(topic=TOPIC, server=conf.host)
     fence = SourceFence(conf)
     return messaging.get_rpc_server(

@@ -43,6 +43,12 @@ VERSIONS = (
     Version("1.4", "check_can_live_migrate_source: the source records the live "
                    "migration (announced) before the conductor swaps the "
                    "allocations; rollback_live_migration_at_source ends it"),
+    Version("1.5", "retries must match: a call naming a record an earlier call made "
+                   "(a build's instance, a move) but asking something else, or the "
+                   "step that did not end a move, is refused with RetryMismatch (an "
+                   "InvalidRequest); so are an instance and a move sharing a uuid, "
+                   "prep_resize naming another instance's move, and a spec whose "
+                   "vcpus or memory_mb differ from its allocations'"),
 )
 
 # The oldest version a client can be pinned at, and the newest: what this

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                                MigrationState, MoveKind, Owner)
+                                MigrationState, MoveKind, Owner, RequestDigest)
 # Decision and run_statements belong to the store's API too.
 from agent.store.check import StoreFacts, StoreFile
 from agent.store.errors import StoreError
@@ -32,7 +32,7 @@ from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -128,7 +128,16 @@ DROP TABLE migrations;
 ALTER TABLE migrations_v5 RENAME TO migrations;
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
+# v6: each record a state-changing call makes (a build's instance, a move)
+# keeps a digest of that call's payload (claims.model.RequestDigest), so a
+# retry is answered from the record only when it asks the same. Records
+# from before have none (NULL), and their retries are answered as before.
+_V6 = """
+ALTER TABLE instances ADD COLUMN request TEXT;
+ALTER TABLE migrations ADD COLUMN request TEXT;
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
 
 
 def new_assignment_id() -> str:
@@ -473,9 +482,15 @@ def create_filled(path: Path, root_uuid: str, instances: dict[str, dict],
 _to_json = json.JSONEncoder(sort_keys=True).encode
 
 
-def put_instance_sql(uuid: str, spec: dict) -> Statement:
-    return ("INSERT OR REPLACE INTO instances VALUES (?, ?, ?)",
-            [(uuid, _to_json(spec), time.time())])
+def put_instance_sql(uuid: str, spec: dict, request: RequestDigest | None = None
+                     ) -> Statement:
+    """Record an instance, or its new spec; ``request``: the build that
+    makes it (an instance that stays keeps its build's)."""
+    return ("INSERT INTO instances (uuid, spec, created_at, request) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (uuid) DO UPDATE SET spec = excluded.spec, "
+            "request = coalesce(excluded.request, request)",
+            [(uuid, _to_json(spec), time.time(),
+              None if request is None else request.to_json())])
 
 
 def delete_instance_sql(uuid: str, moves_too: bool) -> list[Statement]:
@@ -524,10 +539,11 @@ def delete_migration_sql(uuid: str) -> Statement:
 
 
 def put_migration_sql(m: Migration) -> Statement:
-    return ("INSERT OR REPLACE INTO migrations VALUES (?,?,?,?,?,?,?)",
+    return ("INSERT OR REPLACE INTO migrations (uuid, instance_uuid, kind, role, state, "
+            "old_spec, updated_at, request) VALUES (?,?,?,?,?,?,?,?)",
             [(m.uuid, m.instance_uuid, m.kind.value, m.role.value, m.state.value,
               None if m.old_spec is None else _to_json(m.old_spec),
-              time.time())])
+              time.time(), None if m.request is None else m.request.to_json())])
 
 
 def live_assignments(conn: sqlite3.Connection) -> list[Assignment]:
@@ -540,10 +556,32 @@ def all_instances(conn: sqlite3.Connection) -> dict[str, dict]:
             for r in conn.execute("SELECT uuid, spec FROM instances")}
 
 
+def _request(row: sqlite3.Row, record: str) -> RequestDigest | None:
+    """The request a record keeps; None in a store older than schema 6
+    (read as it is by upgrade checks) and for a record made before it."""
+    if "request" not in row.keys():
+        return None
+    try:
+        return RequestDigest.from_json(row["request"])
+    except (ValueError, TypeError, AttributeError) as e:
+        raise StoreError(f"{record}: its request is not a request digest: "
+                         f"{type(e).__name__}") from None
+
+
+def instance_requests(conn: sqlite3.Connection) -> dict[str, RequestDigest]:
+    """instance uuid -> the build that made it, for those that have one."""
+    out = {}
+    for r in conn.execute("SELECT uuid, request FROM instances "
+                          "WHERE request IS NOT NULL"):
+        out[r["uuid"]] = _request(r, f"instance {r['uuid']}")
+    return out
+
+
 def all_migrations(conn: sqlite3.Connection) -> dict[str, Migration]:
     return {r["uuid"]: Migration(r["uuid"], r["instance_uuid"], MoveKind(r["kind"]),
                                  MigrationRole(r["role"]), MigrationState(r["state"]),
-                                 json.loads(r["old_spec"]) if r["old_spec"] else None)
+                                 json.loads(r["old_spec"]) if r["old_spec"] else None,
+                                 _request(r, f"migration {r['uuid']}"))
             for r in conn.execute("SELECT * FROM migrations")}
 
 

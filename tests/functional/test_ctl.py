@@ -226,7 +226,7 @@ def test_a_bad_spec_file_is_one_line_naming_the_field(agent):
 
 
 def test_a_claim_the_host_cannot_give_names_the_resource(agent):
-    allocations = {agent.uuid_of(PF): {"resources": {"SRIOV_NET_VF": 9}}}
+    allocations = agent.allocations(vfs=9)
     spec = agent.spec_file("big", instance_uuid=str(uuid.uuid4()), allocations=allocations,
                            spec={"name": "g", "vcpus": 2, "memory_mb": 1024})
     line = one_error_line(agent.ctl("build", agent.name, "--spec", str(spec)))

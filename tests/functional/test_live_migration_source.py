@@ -85,8 +85,12 @@ class Host:
         tree = placement_tree(url, self.agent.policy.root_uuid)
         by_class = {rc: node["uuid"] for node in tree.values()
                     for rc in node["inventories"]}
-        return {by_class["VCPU"]: {"resources": {"VCPU": 1}},
-                by_class["MEMORY_MB"]: {"resources": {"MEMORY_MB": MEMORY_MB}}}
+        # One provider may have both (the root, on a host without NUMA
+        # providers): each class is added to its provider's resources.
+        out: dict = {}
+        for rc, amount in (("VCPU", 1), ("MEMORY_MB", MEMORY_MB)):
+            out.setdefault(by_class[rc], {"resources": {}})["resources"][rc] = amount
+        return out
 
     def providers(self, url: str) -> set[str]:
         return {n["uuid"] for n in placement_tree(url, self.agent.policy.root_uuid).values()}

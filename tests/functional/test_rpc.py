@@ -22,9 +22,9 @@ from lxml import etree
 
 from agent.cmd.common import load_config
 from agent.exception import (ClaimFailed, InvalidRequest, LiveMigrationRefused,
-                             NoSuchInstance,
+                             NoSuchInstance, RetryMismatch,
                              StoreUnavailable, VersionCapped)
-from agent.messaging import messaging
+from agent.messaging import TOPIC, messaging, transport
 from agent.placement.allocations import move_allocations
 from agent.placement.auth import NoAuth2
 from agent.placement.client import PlacementClient
@@ -331,19 +331,229 @@ def test_bad_payloads_name_the_field_and_change_nothing(conductor):
         assert field in str(caught.value).splitlines()[0], (method, payload)
 
     # Well-formed but wrong for this host: unknown classes, providers that
-    # are not ours, more than the host has.
+    # are not ours, more than the host has (each with the vCPUs and memory
+    # the spec asks, which the next test is about).
     cell = agent.provider("numa_1")
-    for allocations, field in [
-            ({cell: {"resources": {"CUSTOM_NO_SUCH_THING": 1}}}, "resources"),
-            ({str(uuid.uuid4()): {"resources": {"VCPU": 1}}}, "allocations."),
-            ({cell: {"resources": {"VCPU": 100_000}}}, "resources.VCPU")]:
+    fitting = {"VCPU": SPEC["vcpus"], "MEMORY_MB": SPEC["memory_mb"]}
+    for spec, allocations, field in [
+            (SPEC, {cell: {"resources": {**fitting, "CUSTOM_NO_SUCH_THING": 1}}},
+             "resources"),
+            (SPEC, {str(uuid.uuid4()): {"resources": fitting}}, "allocations."),
+            ({**SPEC, "vcpus": 4096}, {cell: {"resources": {**fitting, "VCPU": 4096}}},
+             "resources.VCPU")]:
         with pytest.raises(InvalidRequest) as caught:
-            c.rpc.build_instance(agent.name, str(uuid.uuid4()), SPEC, allocations)
+            c.rpc.build_instance(agent.name, str(uuid.uuid4()), spec, allocations)
         assert field in str(caught.value).splitlines()[0]
     with pytest.raises(ClaimFailed):
         c.rpc.build_instance(agent.name, str(uuid.uuid4()), SPEC,
-                             {agent.provider(PF.upper()): {"resources": {"SRIOV_NET_VF": 2}}})
+                             {cell: {"resources": fitting},
+                              agent.provider(PF.upper()): {"resources": {"SRIOV_NET_VF": 2}}})
     assert agent.store_dump() == before
+
+
+def test_bug_a_spec_unlike_its_allocations_is_refused_naming_both(conductor):
+    """vcpus 1 with VCPU 3 and memory_mb 256 with MEMORY_MB 8000 were
+    accepted: the guest defined from the spec, Placement counting other
+    amounts."""
+    c, agent = conductor, conductor.agent()
+    before = agent.store_dump()
+    instance = str(uuid.uuid4())
+    spec = {"name": "guest", "vcpus": 1, "memory_mb": 256}
+    for allocations, message in [
+            (agent.allocations(vcpus=3, memory_mb=256),
+             "spec.vcpus: must equal what the allocations carry on this host's "
+             "providers: VCPU plus PCPU 3 (value: 1)"),
+            (agent.allocations(vcpus=1, memory_mb=8000),
+             "spec.memory_mb: must equal what the allocations carry on this host's "
+             "providers: MEMORY_MB 8000 (value: 256)"),
+            (agent.allocations(vcpus=3, memory_mb=8000),
+             "spec.vcpus, spec.memory_mb: must equal what the allocations carry on this "
+             "host's providers: VCPU plus PCPU 3, MEMORY_MB 8000 (value: 1, 256)")]:
+        with pytest.raises(InvalidRequest) as caught:
+            c.rpc.build_instance(agent.name, instance, spec, allocations)
+        assert str(caught.value).splitlines()[0] == message
+    # And a move's claim, the same way.
+    built, _ = build(c, agent)
+    with pytest.raises(InvalidRequest, match="^spec.vcpus: must equal"):
+        c.rpc.prep_resize(agent.name, str(uuid.uuid4()), built, BIGGER,
+                          agent.allocations(vcpus=2, memory_mb=2048))
+    assert c.rpc.get_instance(agent.name, built)["migrations"] == []
+    assert before != agent.store_dump()  # the build above, and nothing else
+    with pytest.raises(NoSuchInstance):
+        c.rpc.get_instance(agent.name, instance)
+
+
+def cpus_and_memory(agent: AgentDaemon, vcpus: int = 2, memory_mb: int = 1024) -> dict:
+    """Allocations of CPUs and memory only: no device a live migration's
+    source would refuse to move."""
+    return {agent.provider("numa_1"): {"resources": {"VCPU": vcpus, "MEMORY_MB": memory_mb}}}
+
+
+def test_bug_a_retry_asking_something_else_is_refused_naming_what_differs(conductor):
+    """A build retried with other allocations or another spec, a revert
+    after a confirm (and the reverse), a second announcement of a live
+    migration naming another destination: each got the first call's answer
+    and no error."""
+    c, agent = conductor, conductor.agent()
+    instance, built = build(c, agent)
+    assert c.rpc.build_instance(agent.name, instance, SPEC, agent.allocations()) == built
+    dump = agent.store_dump()
+    for spec, allocations, fields in [
+            (SPEC, agent.allocations(vfs=2), ["allocations"]),
+            ({**SPEC, "name": "other"}, agent.allocations(), ["spec.name"]),
+            (BIGGER, agent.allocations(vcpus=4, memory_mb=2048),
+             ["allocations", "spec.memory_mb", "spec.vcpus"])]:
+        with pytest.raises(RetryMismatch) as caught:
+            c.rpc.build_instance(agent.name, instance, spec, allocations)
+        assert caught.value.fields == fields
+        assert str(caught.value).splitlines()[0] == (
+            f"instance {instance} was built here by an earlier call; this call differs "
+            f"from that one in {', '.join(fields)}: it is not its retry, and nothing was "
+            "changed (another request takes another uuid)")
+    assert agent.store_dump() == dump
+
+    # A move claim retried with another flavor.
+    confirmed = same_host_resize_to_finish(c, agent, instance)
+    with pytest.raises(RetryMismatch) as caught:
+        c.rpc.prep_resize(agent.name, confirmed, instance, SPEC, agent.allocations())
+    assert caught.value.fields == ["allocations", "spec.memory_mb", "spec.vcpus"]
+
+    # A move ends once: confirmed, it is not reverted; reverted, not confirmed.
+    c.rpc.confirm_resize(agent.name, confirmed, instance)
+    c.forget(confirmed)
+    dump = agent.store_dump()
+    with pytest.raises(RetryMismatch) as caught:
+        c.rpc.revert_resize(agent.name, confirmed, instance)
+    assert str(caught.value).startswith(
+        f"move {confirmed} was confirmed here (confirm_resize), not reverted; this "
+        "call differs from that one in method:")
+    assert agent.store_dump() == dump
+    reverted = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, reverted)
+    c.schedule(instance, agent.allocations())
+    c.rpc.prep_resize(agent.name, reverted, instance, SPEC, agent.allocations())
+    c.rpc.revert_resize(agent.name, reverted, instance)
+    dump = agent.store_dump()
+    with pytest.raises(RetryMismatch, match=f"^move {reverted} was reverted here "
+                       r"\(revert_resize\), not confirmed"):
+        c.rpc.confirm_resize(agent.name, reverted, instance)
+    assert agent.store_dump() == dump
+
+    # A live migration announced to one destination, then to another (API
+    # 1.4, which the pinned client may not send).
+    newest = ComputeAgentAPI(load_config(["--config-file", str(agent.conf)]), timeout=30)
+    try:
+        moving = str(uuid.uuid4())
+        wanted = cpus_and_memory(agent)
+        c.schedule(moving, wanted)
+        newest.build_instance(agent.name, moving, SPEC, wanted)
+        migration = str(uuid.uuid4())
+        announced = newest.check_can_live_migrate_source(agent.name, migration, moving,
+                                                         "host-b")
+        assert newest.check_can_live_migrate_source(agent.name, migration, moving,
+                                                    "host-b") == announced
+        dump = agent.store_dump()
+        with pytest.raises(RetryMismatch) as caught:
+            newest.check_can_live_migrate_source(agent.name, migration, moving, "host-c")
+        assert caught.value.fields == ["destination_host"]
+        assert agent.store_dump() == dump
+    finally:
+        newest.close()
+
+
+def test_bug_a_confirm_after_a_revert_no_longer_destroys_the_sources_guest(conductor):
+    """A cross-host resize reverted on both sides, then confirmed at the
+    source: the confirm was answered "confirmed", having destroyed the guest
+    the revert had just restarted there."""
+    c = conductor
+    source, dest = c.agent("a"), c.agent("b")
+    instance, built = build(c, source)
+    migration = str(uuid.uuid4())
+    move_allocations(c.placement_client, instance, migration)
+    c.schedule(instance, dest.allocations())
+    c.rpc.prep_resize(dest.name, migration, instance, SPEC, dest.allocations())
+    c.rpc.resize_instance(source.name, migration, instance)
+    c.rpc.finish_resize(dest.name, migration, instance)
+    c.rpc.revert_resize(dest.name, migration, instance)
+    c.rpc.revert_resize(source.name, migration, instance)
+    assert c.rpc.get_instance(source.name, instance)["running"]
+    dump = source.store_dump()
+    with pytest.raises(RetryMismatch, match=f"^move {migration} was reverted here"):
+        c.rpc.confirm_resize(source.name, migration, instance)
+    assert c.rpc.get_instance(source.name, instance)["running"]
+    assert source.store_dump() == dump
+
+
+def test_bug_prep_resize_of_another_instances_move_is_refused(conductor):
+    """prep_resize(migration_uuid=M, instance_uuid=B), M instance A's move,
+    answered OK with no assignments and claimed nothing."""
+    c, agent = conductor, conductor.agent()
+    a, _ = build(c, agent)
+    b = str(uuid.uuid4())
+    c.schedule(b, cpus_and_memory(agent))
+    c.rpc.build_instance(agent.name, b, SPEC, cpus_and_memory(agent))
+    migration = same_host_resize_to_finish(c, agent, a)
+    dump = agent.store_dump()
+    with pytest.raises(InvalidRequest) as caught:
+        c.rpc.prep_resize(agent.name, migration, b, BIGGER,
+                          agent.allocations(vcpus=4, memory_mb=2048))
+    assert str(caught.value).splitlines()[0] == (
+        f"instance_uuid: migration {migration} moves instance {a} (value: '{b}')")
+    assert agent.store_dump() == dump
+
+
+def test_bug_an_instance_and_a_move_never_share_a_uuid(conductor):
+    """build_instance with the uuid of a move open here was accepted: one
+    consumer both an instance and a migration."""
+    c, agent = conductor, conductor.agent()
+    a, _ = build(c, agent)
+    b = str(uuid.uuid4())
+    c.schedule(b, cpus_and_memory(agent))
+    c.rpc.build_instance(agent.name, b, SPEC, cpus_and_memory(agent))
+    migration = same_host_resize_to_finish(c, agent, a)
+    dump = agent.store_dump()
+    with pytest.raises(InvalidRequest) as caught:
+        c.rpc.build_instance(agent.name, migration, SPEC, cpus_and_memory(agent))
+    assert str(caught.value).splitlines()[0] == (
+        f"instance_uuid: is a move's uuid on this host; an instance and a move never "
+        f"share a uuid (value: '{migration}')")
+    with pytest.raises(InvalidRequest) as caught:
+        c.rpc.prep_resize(agent.name, a, b, SPEC, cpus_and_memory(agent))
+    assert str(caught.value).startswith("migration_uuid: is an instance's uuid on this "
+                                        "host")
+    with pytest.raises(InvalidRequest, match="^migration_uuid: is an instance's uuid"):
+        c.rpc.resize_instance(agent.name, a, b)
+    assert agent.store_dump() == dump
+
+
+def test_bug_an_unknown_method_or_version_is_one_warning_line(conductor):
+    """Each wrote a full ERROR traceback to the agent's log."""
+    c, agent = conductor, conductor.agent()
+    # A client of no version cap, which sends any version.
+    newest = messaging.get_rpc_client(transport(load_config(["--config-file",
+                                                            str(agent.conf)])),
+                                      messaging.Target(topic=TOPIC), timeout=30)
+    try:
+        logged = len(agent.log.read_text().splitlines())
+        with pytest.raises(messaging.RemoteError) as caught:
+            c.rpc._call(agent.name, "no_such_method")
+        assert caught.value.exc_type == "NoSuchMethod"
+        for version in ("1.99", "2.0"):
+            with pytest.raises(messaging.RemoteError) as caught:
+                newest.prepare(server=agent.name, version=version).call({}, "get_host_info")
+            assert caught.value.exc_type == "UnsupportedVersion"
+        wait_for(lambda: len(agent.log.read_text().splitlines()) >= logged + 3,
+                 timeout=10)
+        new = agent.log.read_text().splitlines()[logged:]
+        assert len(new) == 3, new
+        assert all(" WARNING oslo_messaging.rpc.server [" in line for line in new), new
+        assert new[0].endswith("RPC call refused: this agent does not serve it: "
+                               "oslo_messaging.rpc.dispatcher.NoSuchMethod: Endpoint "
+                               "does not support RPC method no_such_method"), new[0]
+        assert new[1].endswith("UnsupportedVersion: Endpoint does not support RPC "
+                               "version 1.99. Attempted method: get_host_info"), new[1]
+    finally:
+        newest.transport.cleanup()
 
 
 def twice(c, method: str, host: str, *args):

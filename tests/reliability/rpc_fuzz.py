@@ -23,6 +23,12 @@ once; and a prep_resize that passes its schema, of an instance in a move,
 under a migration the host does not know, is answered MoveInProgress (the
 destination's claim checks nothing else first). Some calls are made to be
 that: another move of an instance the fuzzer put in a resize.
+A build_instance or prep_resize that passes its checks and names a record
+an earlier call made (its instance built, its move claimed here, not
+reverted) is that call's retry only when it asks the same: else it is
+answered RetryMismatch naming exactly the fields that differ, and a true
+retry never is. Some calls are made to be that: the fuzzer's own setup
+calls again, with a field changed.
 After every refused call the store's logical contents (a dump of its
 tables, read-only beside the daemon, as ``audit`` reads it) are the same
 as before it, but for rows that name only UUIDs the call never sent
@@ -42,17 +48,19 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from agent.claims.model import Migration
+from agent.claims.choice import InstanceSpec
+from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind, RequestDigest
 from agent.cmd.common import load_config
 from agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidRequest,
                              LiveMigrationFailed, LiveMigrationRefused, MoveInProgress,
-                             NoSuchInstance, SourceHostUp)
+                             NoSuchInstance, RetryMismatch, SourceHostUp)
+from agent.compute.tracker import claim_request
 from agent.messaging import TOPIC, messaging, transport
 from agent.rpc import schemas
 from agent.rpc.client import ComputeAgentAPI
 from agent.rpc.server import ComputeAgentEndpoint
 from agent.rpc.versions import VERSION
-from agent.store.store import all_migrations
+from agent.store.store import all_instances, all_migrations, instance_requests
 from oslo_messaging._utils import version_is_compatible
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
@@ -179,6 +187,8 @@ class HostFacts:
     instances: list[str]
     migrations: list[str] = field(default_factory=list)
     host: str = ""  # the agent's own [DEFAULT] host
+    # The state-changing calls the setup made, which retries repeat.
+    made: list["Call"] = field(default_factory=list)
 
 
 def uuids(known: list[str]) -> st.SearchStrategy[str]:
@@ -196,6 +206,22 @@ def fitting_allocations(facts: HostFacts) -> st.SearchStrategy[dict]:
             lambda classes: (rp, {"resources": {rc: 1 for rc in classes}})))
     return st.lists(one_provider, min_size=1, max_size=3,
                     unique_by=lambda pair: pair[0]).map(dict)
+
+
+def fitted(payload: dict) -> dict:
+    """``payload`` with its spec asking the vCPUs and memory its
+    allocations carry, where they carry both: so that the agent's
+    spec-against-allocations check passes and the claim is tried."""
+    if "spec" not in payload or "allocations" not in payload:
+        return payload
+    vcpus = memory_mb = 0
+    for body in payload["allocations"].values():
+        resources = body["resources"]
+        vcpus += resources.get("VCPU", 0) + resources.get("PCPU", 0)
+        memory_mb += resources.get("MEMORY_MB", 0)
+    if not vcpus or not memory_mb:
+        return payload
+    return {**payload, "spec": {**payload["spec"], "vcpus": vcpus, "memory_mb": memory_mb}}
 
 
 def valid_shaped(schema: dict, facts: HostFacts) -> st.SearchStrategy[dict]:
@@ -228,8 +254,9 @@ def valid_shaped(schema: dict, facts: HostFacts) -> st.SearchStrategy[dict]:
         "force": st.just(False),
     }
     # A field added to a schema later is fuzzed with junk until it is named.
-    return st.fixed_dictionaries({name: fields.get(name, junk_values)
-                                  for name in schema.get("properties", {})})
+    drawn = st.fixed_dictionaries({name: fields.get(name, junk_values)
+                                   for name in schema.get("properties", {})})
+    return drawn | drawn.map(fitted)
 
 
 def calls(facts: HostFacts) -> st.SearchStrategy[Call]:
@@ -256,8 +283,34 @@ def calls(facts: HostFacts) -> st.SearchStrategy[Call]:
 
     fuzzed = method_names.flatmap(
         lambda m: st.builds(Call, st.just(m), versions, payloads(m)))
-    # About one call in four another move: the rest stays the fuzzing.
-    return st.one_of(fuzzed, fuzzed, fuzzed, another_moves(facts))
+    # About one call in five another move, one a changed retry: the rest
+    # stays the fuzzing.
+    return st.one_of(fuzzed, fuzzed, fuzzed, another_moves(facts),
+                     changed_retries(facts))
+
+
+class RetryChange(str, Enum):
+    NAME = "spec.name"  # another name
+    BIGGER = "spec.vcpus, allocations"  # one vCPU more, asked and allocated
+
+
+def changed(call: Call, change: RetryChange, name: str) -> Call:
+    payload = _copy(call.payload)
+    if change is RetryChange.NAME:
+        payload["spec"]["name"] = name
+    else:
+        payload["spec"]["vcpus"] += 1
+        cpu = next(body["resources"] for body in payload["allocations"].values()
+                   if "VCPU" in body["resources"])
+        cpu["VCPU"] += 1
+    return Call(call.method, call.version, payload)
+
+
+def changed_retries(facts: HostFacts) -> st.SearchStrategy[Call]:
+    """A call the setup made, sent again with a field changed: not a retry
+    (unless the fuzzing has since ended what it made)."""
+    return st.builds(changed, st.sampled_from(facts.made), st.sampled_from(RetryChange),
+                     st.text(min_size=1, max_size=20).filter(str.isprintable))
 
 
 def another_moves(facts: HostFacts) -> st.SearchStrategy[Call]:
@@ -283,10 +336,12 @@ def open_moves(moves: dict[str, Migration]) -> dict[str, set[str]]:
 PREP_RESIZE = schemas.validator(schemas.MOVE_CLAIM)
 
 
-def another_move_to_refuse(call: Call, moves: dict[str, Migration]) -> bool:
+def another_move_to_refuse(call: Call, moves: dict[str, Migration],
+                           instances: set[str]) -> bool:
     """Whether ``call`` (at a served version) must be answered MoveInProgress:
     a prep_resize that passes its schema, of an instance in a move, under a
-    migration this host has no record of (a known one is a retry)."""
+    migration this host has no record of (a known one is a retry) and that
+    is no instance's uuid here (refused as such)."""
     if call.method != "prep_resize":
         return False
     try:
@@ -294,7 +349,49 @@ def another_move_to_refuse(call: Call, moves: dict[str, Migration]) -> bool:
     except InvalidRequest:
         return False
     return payload["migration_uuid"] not in moves \
+        and payload["migration_uuid"] not in instances \
         and payload["instance_uuid"] in open_moves(moves)
+
+
+RETRIED = {"build_instance": schemas.validator(schemas.CLAIM),
+           "prep_resize": PREP_RESIZE}
+
+
+@dataclass(frozen=True)
+class Records:
+    """What a call's retry is judged against, read from the store."""
+    moves: dict[str, Migration]
+    instances: set[str]
+    built: dict[str, RequestDigest]  # instances with live rows, by their build
+    holding: set[str]  # instances with live assignments
+
+
+def differing_from_record(call: Call, records: Records) -> list[str] | None:
+    """For a build_instance or prep_resize that passes its checks and names
+    a record an earlier call made, which the agent answers from the record
+    only for a retry: the fields it asks other than that call ([] for a
+    true retry). None when the call is not judged so."""
+    if call.method not in RETRIED:
+        return None
+    try:
+        payload = schemas.checked(RETRIED[call.method], call.payload)
+    except InvalidRequest:
+        return None
+    asked = claim_request(InstanceSpec.from_payload(payload["spec"]),
+                          payload["allocations"])
+    if call.method == "build_instance":
+        instance = payload["instance_uuid"]
+        recorded = records.built.get(instance)
+        if instance in records.moves or instance not in records.holding:
+            return None
+    else:
+        m = records.moves.get(payload["migration_uuid"])
+        if m is None or m.instance_uuid != payload["instance_uuid"] \
+                or m.kind is not MoveKind.RESIZE or m.role is MigrationRole.SOURCE \
+                or m.state is MigrationState.REVERTED:
+            return None
+        recorded = m.request
+    return None if recorded is None else recorded.differing(asked)
 
 
 # --- the daemon --------------------------------------------------------------
@@ -337,28 +434,40 @@ class FuzzedAgent:
                        if p["inventories"]}
         cell = self.daemon.provider("numa_1")
         instances = [str(uuid.uuid4()) for _ in range(2)]
+        made = []
         # One instance with a VF and a vGPU, one with CPUs and memory only:
         # a VF stays free for the fuzzed calls to claim.
-        for instance, wanted in zip(instances, (
+        small = {"name": "small", "vcpus": 1, "memory_mb": 512}
+        for instance, spec, wanted in zip(instances, (SPEC, small), (
                 self.daemon.allocations(),
                 {cell: {"resources": {"VCPU": 1, "MEMORY_MB": 512}}})):
             put_allocations(self.placement_url, instance, wanted)
-            self.api.build_instance(self.daemon.name, instance, SPEC, wanted)
+            made.append(Call("build_instance", "1.0", {
+                "instance_uuid": instance, "spec": spec, "allocations": wanted}))
+            self.send(made[-1])
         migration = str(uuid.uuid4())
-        self.api.prep_resize(self.daemon.name, migration, instances[1], SPEC,
-                             {cell: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}})
-        return HostFacts(inventories, instances, [migration], self.daemon.name)
+        made.append(Call("prep_resize", "1.0", {
+            "migration_uuid": migration, "instance_uuid": instances[1], "spec": SPEC,
+            "allocations": {cell: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}}}))
+        self.send(made[-1])
+        return HostFacts(inventories, instances, [migration], self.daemon.name, made)
 
-    def moves(self) -> dict[str, Migration]:
-        """The store's move records (read beside the daemon, like
+    def records(self) -> Records:
+        """The store's records (read beside the daemon, like
         ``store_rows``)."""
         path = Path(self.daemon.host.dir) / "state" / "state.db"
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         conn.row_factory = sqlite3.Row
         try:
-            return all_migrations(conn)
+            holding = {r[0] for r in conn.execute(
+                "SELECT DISTINCT instance_uuid FROM assignments WHERE state != 'released'")}
+            return Records(all_migrations(conn), set(all_instances(conn)),
+                           instance_requests(conn), holding)
         finally:
             conn.close()
+
+    def moves(self) -> dict[str, Migration]:
+        return self.records().moves
 
     def store_rows(self) -> Counter:
         """The store's statements (each row one), counted."""
@@ -388,13 +497,23 @@ class FuzzedAgent:
         """One call and its verdict; a violation raises AssertionError."""
         kind = version_kind(call.version)
         known = call.method in served_methods()
-        moves = self.moves()
+        records = self.records()
+        moves = records.moves
         in_progress = open_moves(moves)
-        must_refuse = kind is VersionKind.SERVED and another_move_to_refuse(call, moves)
+        must_refuse = kind is VersionKind.SERVED and another_move_to_refuse(
+            call, moves, records.instances)
+        differing = differing_from_record(call, records) \
+            if kind is VersionKind.SERVED else None
         try:
             self.send(call)
+        except RetryMismatch as error:
+            assert differing, f"{call.method}: {error}, yet it asks what was recorded " \
+                f"({differing})"
+            assert error.fields == differing, f"{call.method}: {error}, not {differing}"
+            outcome = Outcome.REFUSED
         except MoveInProgress as error:
             assert known and kind is VersionKind.SERVED, f"{call.method}: {error}"
+            assert not differing, f"{call.method}: {error}, not RetryMismatch"
             assert error.instance_uuid == str(call.payload.get("instance_uuid")).lower() \
                 and error.migration_uuid in in_progress.get(error.instance_uuid, ()), (
                     f"{call.method}: {error}, but the moves in progress were {in_progress}")
@@ -402,6 +521,8 @@ class FuzzedAgent:
         except AgentError as error:
             assert not must_refuse, f"{call.method}: {type(error).__name__}: {error}, " \
                 f"not MoveInProgress; the moves in progress were {in_progress}"
+            assert not differing, f"{call.method}: {type(error).__name__}: {error}, " \
+                f"not RetryMismatch naming {differing}"
             assert known and kind is VersionKind.SERVED and isinstance(
                 error, CALLER_ERRORS), f"{call.method}: {type(error).__name__}: {error}"
             outcome = Outcome.REFUSED
@@ -417,6 +538,8 @@ class FuzzedAgent:
             assert known and kind is VersionKind.SERVED, call
             assert not must_refuse, f"{call} was taken, not answered MoveInProgress; " \
                 f"the moves in progress were {in_progress}"
+            assert not differing, f"{call} was answered from the record, though it " \
+                f"asks other {differing}"
             outcome = Outcome.RESULT
         assert self.daemon.proc.poll() is None, "the daemon died"
         in_two = {instance: uuids for instance, uuids in open_moves(self.moves()).items()

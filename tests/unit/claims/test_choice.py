@@ -10,7 +10,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
 from agent.claims.choice import (MAX_AMOUNT, Choice, HeldDevices, InstanceSpec, Pool, Slot, Wanted,
-                                 choose, parse_allocations)
+                                 carried, check_spec_carried, choose, parse_allocations)
 from agent.exception import ClaimFailed, InvalidRequest
 from drivers.base import DeviceKind
 
@@ -512,3 +512,39 @@ def test_a_failed_choice_never_changes_held(p, data):
     assert live(held) == before
     for c in got:
         assert c.device_id not in before.get((c.provider_uuid, c.resource_class), ())
+
+
+# --- a spec against its allocations -------------------------------------------
+
+ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"
+
+
+@pytest.mark.parametrize("mode, resources", [
+    # Flat: the root has the CPUs and memory.
+    ("flat", [{"VCPU": 3, "MEMORY_MB": 2048, "DISK_GB": 10}, {"SRIOV_NET_VF": 1}]),
+    # NUMA: each cell has its own; an instance over two cells sums them.
+    ("numa", [{"VCPU": 1, "PCPU": 1, "MEMORY_MB": 1024}, {"PCPU": 1, "MEMORY_MB": 1024},
+              {"DISK_GB": 10}]),
+    # Mixed: shared CPUs on the root, dedicated ones and memory on a cell.
+    ("mixed", [{"VCPU": 2, "DISK_GB": 10}, {"PCPU": 1, "MEMORY_MB": 2048}]),
+])
+def test_a_spec_asks_the_cpus_and_memory_its_allocations_carry_in_every_tree_mode(
+        mode, resources):
+    assert carried(resources) == (3, 2048), mode
+    check_spec_carried(InstanceSpec("vm", 3, 2048), resources)
+
+
+def test_a_spec_unlike_its_allocations_is_one_line_naming_the_fields_and_values():
+    resources = [{"VCPU": 3, "MEMORY_MB": 8000}]
+    with pytest.raises(InvalidRequest) as caught:
+        check_spec_carried(InstanceSpec("vm", 1, 8000), resources)
+    assert str(caught.value) == ("spec.vcpus: must equal what the allocations carry on "
+                                 "this host's providers: VCPU plus PCPU 3 (value: 1)")
+    with pytest.raises(InvalidRequest) as caught:
+        check_spec_carried(InstanceSpec("vm", 1, 256), resources)
+    assert str(caught.value) == (
+        "spec.vcpus, spec.memory_mb: must equal what the allocations carry on this "
+        "host's providers: VCPU plus PCPU 3, MEMORY_MB 8000 (value: 1, 256)")
+    # Devices alone carry no CPU: a spec always asks for some.
+    with pytest.raises(InvalidRequest, match="^spec.vcpus, spec.memory_mb: "):
+        check_spec_carried(InstanceSpec("vm", 1, 256), [{"SRIOV_NET_VF": 1}])

@@ -1,14 +1,18 @@
-"""The tracker on a real store: what an assignment records of its device."""
+"""The tracker on a real store: what an assignment records of its device,
+and what a retry is answered."""
+import json
+import sqlite3
 import uuid
 
 import pytest
 
 from agent.claims.choice import Pool, Slot
-from agent.claims.model import MoveKind
+from agent.claims.model import Assignment, AssignmentState, MoveKind, Owner
 from agent.compute.manager import describe, guest_spec
 from agent.compute.tracker import Tracker
-from agent.exception import ClaimFailed, MoveInProgress
-from agent.store.store import Store, live_assignments
+from agent.exception import ClaimFailed, MoveInProgress, RetryMismatch
+from agent.store.store import (SCHEMA_VERSION, Store, insert_assignments_sql, live_assignments,
+                               migrate, run_statements, schema_version)
 from drivers.base import DeviceDetail, DeviceKind
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
@@ -156,3 +160,56 @@ def test_the_destination_refuses_a_second_move_of_an_instance_in_a_move(tracker,
     assert tracker.store.dump() == stored
     # A retry of the open move is still answered.
     assert tracker.claim_move(kind, first, inst, SPEC, ONE_VF) == before[1]
+
+
+def test_records_of_a_version_5_store_are_answered_as_before_and_new_ones_checked(tmp_path):
+    """A store from before the requests were recorded (schema 5) is
+    migrated; its records keep no request, so a retry of the call that made
+    one cannot be compared: it is answered from the record, as before. A
+    record made since is compared."""
+    path = tmp_path / "state.db"
+    old, moved, migration = (str(uuid.uuid4()) for _ in range(3))
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, target=5)
+    conn.execute("BEGIN")
+    for instance in (old, moved):
+        conn.execute("INSERT INTO instances VALUES (?, ?, 0)", (instance, json.dumps(SPEC)))
+    run_statements(conn, [insert_assignments_sql([
+        a.with_(consumer_uuid=i, instance_uuid=i)
+        for a, i in zip(_rows(), (old, moved))])])
+    conn.execute("UPDATE assignments SET migration_uuid = ? WHERE instance_uuid = ?",
+                 (migration, moved))
+    conn.execute("INSERT INTO migrations VALUES (?, ?, 'resize', 'destination', 'active', "
+                 "NULL, 0)", (migration, moved))
+    conn.execute("COMMIT")
+    conn.close()
+
+    store = Store(path)
+    try:
+        assert store.read(schema_version) == SCHEMA_VERSION == 6
+        t = Tracker(store, "boot-1")
+        t.set_pools(pools())
+        first = t.snapshot()[1]
+        other = {**SPEC, "name": "other"}
+        assert t.claim_build(old, other, ONE_VF) == [
+            a for a in first if a.instance_uuid == old]
+        assert t.claim_move(MoveKind.RESIZE, migration, moved, other, ONE_VF) == [
+            a for a in first if a.instance_uuid == moved]
+        assert t.snapshot()[1] == first
+        # A build made now records its request: a retry must repeat it.
+        t.release_instance(old)
+        new = str(uuid.uuid4())
+        assert t.claim_build(new, SPEC, ONE_VF) == t.claim_build(new, SPEC, ONE_VF)
+        with pytest.raises(RetryMismatch) as caught:
+            t.claim_build(new, other, ONE_VF)
+        assert caught.value.fields == ["spec.name"]
+    finally:
+        store.close()
+
+
+def _rows() -> list:
+    """Two assignments of the PF's two VFs, instance fields to be set."""
+    return [Assignment(str(uuid.uuid4()), "", "", Owner.INSTANCE, None, "SRIOV_NET_VF", PF,
+                       DeviceKind.VF, device, 1, AssignmentState.CLAIMED, "boot-1",
+                       DeviceDetail(numa_node=0))
+            for device in ("0000:81:10.0", "0000:81:10.1")]

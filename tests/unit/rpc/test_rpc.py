@@ -20,7 +20,7 @@ from agent.messaging import messaging
 from agent.rpc import schemas
 from agent.rpc import versions as rpc_versions
 from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.server import ComputeAgentEndpoint, listed_instances
+from agent.rpc.server import ComputeAgentEndpoint, UnservedCallsAsWarnings, listed_instances
 from agent.store.errors import StoreError
 from drivers.base import DeviceKind
 
@@ -28,7 +28,9 @@ SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
 INSTANCE = "3f1c2a44-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
 MIGRATION = "9e8d7c6b-5a49-4382-b1a0-f9e8d7c6b5a4"
 PROVIDER = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
-ALLOCATIONS = {PROVIDER: {"resources": {"VCPU": 1}}}
+# What SPEC's vcpus and memory_mb are allocated as.
+RESOURCES = {"VCPU": 2, "MEMORY_MB": 1024}
+ALLOCATIONS = {PROVIDER: {"resources": RESOURCES}}
 
 
 def refusal(schema: dict, payload: dict) -> str:
@@ -56,7 +58,7 @@ def test_a_trailing_newline_is_refused_naming_the_field(schema, payload, field):
 
 def test_upper_case_uuids_are_accepted_and_made_lower_case():
     payload = {"migration_uuid": MIGRATION.upper(), "instance_uuid": INSTANCE.upper(),
-               "spec": SPEC, "allocations": {PROVIDER.upper(): {"resources": {"VCPU": 1}}}}
+               "spec": SPEC, "allocations": {PROVIDER.upper(): {"resources": RESOURCES}}}
     assert schemas.checked(schemas.validator(schemas.MOVE_CLAIM), payload) == {
         "migration_uuid": MIGRATION, "instance_uuid": INSTANCE, "spec": SPEC,
         "allocations": ALLOCATIONS}
@@ -180,7 +182,7 @@ def endpoint(error: BaseException | None = None) -> Served:
 def test_each_call_reaches_the_manager_with_canonical_uuids():
     e = endpoint()
     e.build_instance({}, instance_uuid=INSTANCE.upper(), spec=SPEC,
-                     allocations={PROVIDER.upper(): {"resources": {"VCPU": 1}}})
+                     allocations={PROVIDER.upper(): {"resources": RESOURCES}})
     e.confirm_resize({}, migration_uuid=MIGRATION.upper(), instance_uuid=INSTANCE)
     assert e.calls == [("build_instance", INSTANCE, SPEC, ALLOCATIONS),
                                       ("confirm_resize", MIGRATION, INSTANCE)]
@@ -250,6 +252,30 @@ def test_a_store_failure_is_store_unavailable_logged_in_one_line(error, caplog):
     assert str(caught.value) == f"delete_instance: the agent's store failed: {error}"
     (record,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert record.exc_info is None and "delete_instance" in record.getMessage()
+
+
+def dispatch_failure(error: Exception) -> logging.LogRecord:
+    """The record oslo.messaging's server makes of a call its dispatcher
+    failed with ``error``, passed through the filter."""
+    try:
+        raise error
+    except Exception:
+        record = logging.getLogger("oslo_messaging.rpc.server").makeRecord(
+            "oslo_messaging.rpc.server", logging.ERROR, __file__, 1,
+            "Exception during message handling", (), sys.exc_info())
+    assert UnservedCallsAsWarnings().filter(record)
+    return record
+
+
+def test_an_unserved_method_or_version_is_a_warning_without_a_traceback():
+    for error in (messaging.NoSuchMethod("no_such_method"),
+                  messaging.UnsupportedVersion("9.0", "get_host_info")):
+        record = dispatch_failure(error)
+        assert (record.levelname, record.exc_info) == ("WARNING", None)
+        assert record.getMessage() == "RPC call refused: this agent does not serve it"
+    # Any other failure is left as it was, traceback and all.
+    record = dispatch_failure(RuntimeError("boom"))
+    assert record.levelname == "ERROR" and record.exc_info[0] is RuntimeError
 
 
 def test_an_unexpected_error_is_internal_error_logged_once_with_its_traceback(caplog):

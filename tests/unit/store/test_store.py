@@ -119,11 +119,12 @@ def _make_v1(path: Path) -> dict:
                        st=AssignmentState.CLAIMING),
             assignment(device="0000:81:10.1", instance=inst, st=AssignmentState.RELEASED)]
     conn.execute("BEGIN")
-    run_statements(conn, [put_instance_sql(inst, {"name": "old", "vcpus": 1, "memory_mb": 512})])
+    # As the version-1 agent wrote them: its tables had fewer columns.
+    conn.execute("INSERT INTO instances VALUES (?, ?, 0)",
+                 (inst, json.dumps({"name": "old", "vcpus": 1, "memory_mb": 512})))
     run_statements(conn, [insert_assignments_sql(rows)])
-    run_statements(conn, [put_migration_sql(Migration(
-        mig, inst, MoveKind.RESIZE, MigrationRole.BOTH, MigrationState.ACTIVE,
-        {"name": "old", "vcpus": 1, "memory_mb": 256}))])
+    conn.execute("INSERT INTO migrations VALUES (?, ?, 'resize', 'both', 'active', ?, 0)",
+                 (mig, inst, json.dumps({"name": "old", "vcpus": 1, "memory_mb": 256})))
     conn.execute("COMMIT")
     conn.close()
     return {"instance": inst, "migration": mig, "rows": rows}
@@ -498,7 +499,7 @@ def _fill(s: Store, order):
         s.write(lambda c, i=i: (
             run_statements(c, [insert_assignments_sql([rows[i]])]),
             c.execute("UPDATE assignments SET updated_at=0 WHERE id=?", (rows[i].id,)),
-            c.execute("INSERT INTO instances VALUES (?, ?, 0)",
+            c.execute("INSERT INTO instances (uuid, spec, created_at) VALUES (?, ?, 0)",
                       (rows[i].instance_uuid, json.dumps({"i": i})))))
 
 
@@ -689,7 +690,7 @@ def test_inspect_finds_a_file_that_is_not_a_database_corrupt(tmp_path):
 def test_inspect_finds_a_truncated_store_corrupt(tmp_path):
     path = tmp_path / "state.db"
     store = Store(path, ROOT_UUID)
-    store.write([("INSERT INTO instances VALUES (?, ?, ?)",
+    store.write([("INSERT INTO instances (uuid, spec, created_at) VALUES (?, ?, ?)",
                   [(f"i{n}", "x" * 2000, 0.0) for n in range(200)])])
     store.close()
     with open(path, "r+b") as f:
