@@ -59,13 +59,15 @@ def describe(args: threading.ExceptHookArgs) -> str:
 
 
 class Supervisor:
-    """The main thread waits on ``wake``: set by a stop request (SIGTERM)
-    or by a thread's death, which ``deaths`` then records."""
+    """The main thread waits on ``wake``: set by a stop request (SIGTERM),
+    by a thread's death, which ``deaths`` then records, or by a refusal to
+    go on (``refusal``: the one line an operator must act on)."""
 
     def __init__(self) -> None:
         self.wake = threading.Event()
         self.deaths: list[ThreadDeath] = []
         self._reported = 0
+        self.refusal: str | None = None
 
     def install(self) -> None:
         """From now on an uncaught exception in any thread is this
@@ -78,6 +80,14 @@ class Supervisor:
         LOG.debug("Thread %s died", name,
                   exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
         self.deaths.append(ThreadDeath(name, describe(args)))
+        self.wake.set()
+
+    def refuse(self, line: str) -> None:
+        """Something the agent relies on is gone for good (its store, say):
+        the main thread stops the daemon in order, which then exits 2 with
+        ``line``. The first refusal is the one told."""
+        if self.refusal is None:
+            self.refusal = line
         self.wake.set()
 
     def request_stop(self) -> None:
