@@ -575,6 +575,8 @@ class Agent:
             # Cleared before the cycle: a change seen during it wakes the
             # next one at once.
             self._wake.clear()
+            if self.manager is not None:
+                self._check_store_file()
             self.observe_broker()
             self.run_cycle()
             self._cycles += 1
@@ -582,6 +584,15 @@ class Agent:
                 self._resume_rebuilds_safely()
             if self.manager is not None and self._cycles % self.settings.reconcile_interval == 0:
                 self._reconcile_safely(at_start=False)
+
+    def _check_store_file(self) -> None:
+        """Every cycle, as before each commit: a store removed or replaced
+        under the agent is found even while nothing is written, and the
+        daemon told (Store.on_moved) stops."""
+        try:
+            self.manager.tracker.store.check_file()
+        except StoreError:
+            pass  # told to the store's listeners, once
 
     def _wait_for_next_cycle(self, seconds: float, watchdog: Watchdog | None) -> None:
         """Sleep until the next cycle is due or something wakes the loop.

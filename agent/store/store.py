@@ -524,6 +524,12 @@ class Store:
         if self.holding is not None:
             self.holding.on_moved(listener)
 
+    def check_file(self) -> None:
+        """Raise StoreMoved if the store is no longer the file at its path
+        (holder only; each commit checks it too)."""
+        if self.holding is not None:
+            self.holding.check()
+
     # --- writing --------------------------------------------------------
 
     def submit(self, work: Callable[[sqlite3.Connection], T] | list[Statement]) -> Job:

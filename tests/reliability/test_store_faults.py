@@ -128,6 +128,16 @@ def test_bug_a_store_removed_under_the_daemon_took_builds_to_a_nameless_file(hos
                          "stops"), text
 
 
+def test_a_store_removed_under_an_idle_daemon_stops_it_within_a_cycle(host):
+    host.start()
+    host.build()
+    host.store.unlink()  # no call follows: the update loop finds it
+    code, errors, text = refusal(host.proc,
+                                 host.daemon.dir / f"agent-{host.daemon.starts}.log")
+    assert code == 2 and len(errors) == 1 and "Traceback" not in text, text
+    assert f"store {host.store} was removed while the agent ran" in errors[0]
+
+
 # --- bugs these faults found, each with the fault that showed it ---------------
 
 @pytest.fixture
