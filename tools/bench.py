@@ -12,7 +12,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CASES = ("placement_loop", "reconcile_loop", "libvirt_discovery", "claims", "rpc", "heal",
-         "device_health", "live_migration", "evacuation", "stop", "guest_holdings")
+         "device_health", "live_migration", "evacuation", "stop", "guest_holdings",
+         "store_check")
 
 
 def main() -> int:

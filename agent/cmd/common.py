@@ -247,6 +247,6 @@ def exit_config_error(error: ConfigError, as_json: bool = False) -> int:
 STORE_ERROR_EXIT = 2
 
 
-def exit_store_error(error: Exception, as_json: bool = False) -> int:
+def exit_store_error(error: Exception | str, as_json: bool = False) -> int:
     """One line (the error names the directory or the file), exit 2."""
     return report_error(error, STORE_ERROR_EXIT, as_json)

@@ -118,6 +118,9 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
 
     supervisor = Supervisor()
     supervisor.install()
+    # A store removed or replaced under the agent: nothing more is
+    # acknowledged, and the daemon stops with exit 2 (agent/store/store.py).
+    agent.manager.tracker.store.on_moved(supervisor.refuse)
 
     def on_term(signum, frame):
         LOG.info("Signal %d: stopping", signum)
@@ -162,7 +165,7 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     if supervisor.deaths:
         supervisor.report()  # any that died on the way out
         return EXIT_THREAD_DIED
-    if supervisor.refusal is not None:  # found by a later cycle
+    if supervisor.refusal is not None:  # found by a later cycle, or the store gone
         return exit_store_error(supervisor.refusal)
     LOG.info("compute-agent stopped")
     return 0

@@ -23,6 +23,12 @@
         (agent/store/rebuild.py says what that covers). Refuses, writing
         nothing, when anything cannot be mapped; never touches a store
         that is there. Exit 1 when refused, 2 when the agent runs.
+    compute-agent-manage --config-file F accept-store
+        With the agent stopped: take the store as it is for this host's
+        latest, after an older copy was put back on purpose (the start
+        refuses a store behind the host's record of its commits). Says
+        what it accepts. Exit 2 when there is no sound store to accept or
+        the agent runs.
     compute-agent-manage --config-file F heal [--dry-run] [--json] [--yes]
         With the agent stopped: move the allocations a change of model left
         on old providers, and end every reserved-until-healed hold, in one
@@ -70,7 +76,8 @@ from agent.store.check import StoreFile
 from agent.store.errors import (RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable,
                                 StoreError)
 from agent.store.rebuild import RebuiltStore, plan_rebuild
-from agent.store.store import SCHEMA_VERSION, create_filled, inspect_store, new_assignment_id
+from agent.store.store import (SCHEMA_VERSION, accept_store, create_filled, inspect_store,
+                               new_assignment_id)
 from agent.tree.host_tree import build_tree
 from agent.tree.policy import tree_policy_from_conf
 from agent.tree.provider_tree import tree_as_dicts, tree_lines
@@ -131,6 +138,8 @@ def add_parsers(subparsers) -> None:
     mode.add_argument("--dry-run", action="store_true",
                       help="Show what would be written; write nothing.")
     mode.add_argument("--yes", action="store_true", help="Write it.")
+    add("accept-store", "Take the store as it is for this host's latest (an older "
+        "copy put back on purpose), the agent stopped; say what is accepted.")
     heal = add("heal", "Move the allocations a change of model left on old "
                "providers to the current ones, in one reshape (the agent stopped).")
     heal.add_argument("--dry-run", action="store_true",
@@ -255,6 +264,14 @@ def rebuild_store(conf: cfg.ConfigOpts) -> int:
     return 0
 
 
+def accept(conf: cfg.ConfigOpts) -> int:
+    """Holding the state directory (the agent must be stopped)."""
+    state_lock.acquire(conf.state_path)
+    accepted = accept_store(Path(conf.state_path) / STORE_FILE)
+    print_output(accepted.describe())
+    return 0
+
+
 def _plan_from_host(conf: cfg.ConfigOpts, driver, client: PlacementClient,
                     root_uuid: str) -> RebuiltStore:
     """What the guests and Placement say, mapped (store_rebuild)."""
@@ -365,6 +382,8 @@ def main(argv=None) -> int:
             return status(conf)
         if conf.command.name == "rebuild-store":
             return rebuild_store(conf)
+        if conf.command.name == "accept-store":
+            return accept(conf)
         if conf.command.name == "heal":
             return heal(conf)
         if conf.command.name == "upgrade-check":

@@ -166,27 +166,41 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
              len(store.instances), len(store.assignments), path)
 
 
-def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
-               driver: ComputeDriver, client: PlacementClient,
-               holder: bool = True, policy: TreePolicy | None = None) -> Store:
-    """The store, once judged this host's (store_check): opened, created
-    for a new host, or created holding the guests of the host it adopts
-    (``policy`` needed then). Raises StoreRefused with the line(s) that say
-    why not. ``holder``: the caller holds the state directory's lock
-    (state_lock); any other caller gets the store read-only, and never a
-    new one."""
+def judge_store(path: Path, root_uuid: str, compute_id_existed: bool,
+                driver: ComputeDriver, client: PlacementClient
+                ) -> tuple[store_check.StoreFacts, HostReading, store_check.Judgement]:
+    """The start decision about the store (store_check), from facts read
+    without writing anything: the store's file, checked whole, and its
+    commit sequence's record; the hypervisor and Placement only when the
+    store is missing or empty."""
     facts = inspect_store(path)
     reading = (host_facts(driver, client, root_uuid, compute_id_existed)
                if store_check.needs_host_facts(facts)
                else HostReading(store_check.HostFacts(root_uuid, compute_id_existed,
                                                       None, None)))
-    judgement = store_check.judge(facts, reading.facts)
+    return facts, reading, store_check.judge(facts, reading.facts)
+
+
+def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
+               driver: ComputeDriver, client: PlacementClient,
+               holder: bool = True, policy: TreePolicy | None = None) -> Store:
+    """The store, once judged this host's (judge_store): opened, created
+    for a new host, or created holding the guests of the host it adopts
+    (``policy`` needed then). Raises StoreRefused with the line(s) that say
+    why not, having written nothing. ``holder``: the caller holds the state
+    directory's lock (state_lock); any other caller gets the store
+    read-only, and never a new one. A ``root_uuid`` new at this start
+    (no compute_id) is written once the store is judged, before the store."""
+    facts, reading, judgement = judge_store(path, root_uuid, compute_id_existed,
+                                            driver, client)
     if judgement.verdict is store_check.StoreVerdict.REFUSE:
         raise StoreRefused(judgement.reason)
     if judgement.verdict in (store_check.StoreVerdict.CREATE, store_check.StoreVerdict.ADOPT):
         if not holder:
             raise StoreRefused(f"store {path} is {facts.file.value}: "
                                "the agent has not run on this host yet")
+    if holder and not compute_id_existed:
+        node_identity.record(str(path.parent), root_uuid)
     if judgement.verdict is store_check.StoreVerdict.CREATE:
         LOG.info("New host: creating store %s", path)
     if judgement.verdict is store_check.StoreVerdict.ADOPT:
@@ -321,9 +335,9 @@ class Agent:
         metrics = Metrics()
         client = PlacementClient(adapter_from_conf(conf), metrics)
         driver = load_driver(conf)
-        # The first write to the state directory: after every read of the
-        # config (agent.config_check has checked it all by now).
-        root_uuid = compute_id or node_identity.load_or_create(conf.state_path)
+        # Written only once the store is judged (open_store): nothing is
+        # written before the start's decision.
+        root_uuid = compute_id or node_identity.new_uuid()
         policy = tree_policy_from_conf(conf, root_uuid)
         host = conf.host
         sync, allocations = placement_sync(
@@ -589,6 +603,8 @@ class Agent:
             # Cleared before the cycle: a change seen during it wakes the
             # next one at once.
             self._wake.clear()
+            if self.manager is not None:
+                self._check_store_file()
             self.observe_broker()
             self.run_cycle()
             self._cycles += 1
@@ -596,6 +612,15 @@ class Agent:
                 self._resume_rebuilds_safely()
             if self.manager is not None and self._cycles % self.settings.reconcile_interval == 0:
                 self._reconcile_safely(at_start=False)
+
+    def _check_store_file(self) -> None:
+        """Every cycle, as before each commit: a store removed or replaced
+        under the agent is found even while nothing is written, and the
+        daemon told (Store.on_moved) stops."""
+        try:
+            self.manager.tracker.store.check_file()
+        except StoreError:
+            pass  # told to the store's listeners, once
 
     def _wait_for_next_cycle(self, seconds: float, watchdog: Watchdog | None) -> None:
         """Sleep until the next cycle is due or something wakes the loop.

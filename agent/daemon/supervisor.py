@@ -64,13 +64,13 @@ def describe(args: threading.ExceptHookArgs) -> str:
 
 class Supervisor:
     """The main thread waits on ``wake``: set by a stop request (SIGTERM),
-    by a thread's death, which ``deaths`` then records, or by a refusal,
-    which ``refusal`` holds."""
+    by a thread's death, which ``deaths`` then records, or by a refusal to
+    go on (``refusal``: the one line an operator must act on)."""
 
     def __init__(self) -> None:
         self.wake = threading.Event()
         self.deaths: list[ThreadDeath] = []
-        self.refusal: AnotherAgentServesHost | None = None
+        self.refusal: str | None = None
         self._reported = 0
 
     def install(self) -> None:
@@ -81,13 +81,20 @@ class Supervisor:
 
     def _on_thread_death(self, args: threading.ExceptHookArgs) -> None:
         if isinstance(args.exc_value, AnotherAgentServesHost):
-            self.refusal = self.refusal or args.exc_value
-            self.wake.set()
+            self.refuse(str(args.exc_value))
             return
         name = args.thread.name if args.thread is not None else "unknown"
         LOG.debug("Thread %s died", name,
                   exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
         self.deaths.append(ThreadDeath(name, describe(args)))
+        self.wake.set()
+
+    def refuse(self, line: str) -> None:
+        """Something the agent relies on is gone for good (its store, say):
+        the main thread stops the daemon in order, which then exits 2 with
+        ``line``. The first refusal is the one told."""
+        if self.refusal is None:
+            self.refusal = line
         self.wake.set()
 
     def request_stop(self) -> None:

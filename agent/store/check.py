@@ -9,6 +9,14 @@ hand those devices out again. That is a lost store: the agent refuses to
 serve, says so in one line, and ``compute-agent-manage rebuild-store``
 rebuilds it.
 
+A store that is there is believed only once it has been checked whole:
+SQLite's ``integrity_check`` (every page, and every index against its
+table), and its commit sequence against the host's record of it
+(agent/store/sequence.py): a store behind its record has lost writes the
+agent acknowledged, however it lost them. An operator who put an older
+store back on purpose accepts it with ``compute-agent-manage
+accept-store``.
+
 One missing store is not lost: a host that nova-compute ran until today,
 whose compute_id the agent found, runs nova's guests (no metadata of
 ours, no guest of ours) and has no store of ours yet. That host is
@@ -24,6 +32,9 @@ from dataclasses import dataclass
 
 
 REBUILD_HINT = "run 'compute-agent-manage rebuild-store' to rebuild it"
+ACCEPT_HINT = "'compute-agent-manage accept-store' accepts it as it is"
+# A refusal is one line: SQLite's messages carry newlines and may be long.
+DETAIL_CHARACTERS = 200
 
 
 class StoreFile(str, enum.Enum):
@@ -44,6 +55,12 @@ class StoreFacts:
     # write-ahead log, which held every write since, is gone.
     wal_lost: bool = False
     root_uuid: str | None = None  # the root provider it was created for
+    # Its commit sequence; None in a store from before the sequence.
+    sequence: int | None = None
+    # The host's record of the sequence (agent/store/sequence.py), and
+    # where it is; None when there is none, or it cannot be read.
+    recorded: int | None = None
+    record_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,15 @@ class Judgement:
     reason: str = ""  # one line naming the file, when REFUSE
 
 
+def one_line(text: str, limit: int = DETAIL_CHARACTERS) -> str:
+    """``text`` on one line (its whitespace runs made one space), cut to
+    ``limit`` characters with its whole length said."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return f"{flat[:limit]}... ({len(flat)} characters)"
+
+
 def needs_host_facts(store: StoreFacts) -> bool:
     """Only a store with nothing in it raises the question of what it lost."""
     return store.file in (StoreFile.ABSENT, StoreFile.EMPTY)
@@ -89,8 +115,8 @@ def needs_host_facts(store: StoreFacts) -> bool:
 def corrupt_store(store: StoreFacts) -> Judgement | None:
     if store.file is StoreFile.CORRUPT:
         return Judgement(StoreVerdict.REFUSE,
-                         f"store {store.path} is unusable ({store.detail}); move it "
-                         f"aside and {REBUILD_HINT}")
+                         f"store {store.path} is unusable ({one_line(store.detail)}); "
+                         f"move it aside and {REBUILD_HINT}")
     return None
 
 
@@ -100,6 +126,51 @@ def lost_write_ahead_log(store: StoreFacts) -> Judgement | None:
                          f"store {store.path} was not closed cleanly and its "
                          f"write-ahead log {store.path}-wal is missing: its latest "
                          f"writes are lost; move it aside and {REBUILD_HINT}")
+    return None
+
+
+def store_behind_its_record(store: StoreFacts) -> Judgement | None:
+    """Acknowledged writes are gone: the store's sequence is behind the
+    one the host recorded after them. A store from before the sequence
+    counts as 0: it is accepted once, while the host has recorded no
+    commit of its own since it started one."""
+    if (store.file is StoreFile.VALID and store.recorded is not None
+            and (store.sequence or 0) < store.recorded):
+        at = ("no commit sequence" if store.sequence is None
+              else f"commit sequence {store.sequence}")
+        return Judgement(StoreVerdict.REFUSE,
+                         f"store {store.path} is at {at}, but the host recorded "
+                         f"{store.recorded} in {store.record_path}: writes it "
+                         "acknowledged are lost (a write-ahead log emptied or rolled "
+                         f"back, or an older copy put back); move it aside and "
+                         f"{REBUILD_HINT}, or, if it was restored on purpose, "
+                         f"{ACCEPT_HINT}")
+    return None
+
+
+def record_missing(store: StoreFacts) -> Judgement | None:
+    """Unknown is never empty: a store with a sequence was opened by an
+    agent that wrote the record first, so a missing record is one taken
+    away, and what the store lost cannot be told."""
+    if (store.file is StoreFile.VALID and store.sequence is not None
+            and store.recorded is None):
+        return Judgement(StoreVerdict.REFUSE,
+                         f"store {store.path} is at commit sequence {store.sequence}, "
+                         f"but the host's record of it, {store.record_path}, is missing "
+                         "or unreadable: whether writes were lost cannot be told; "
+                         f"if this store is the latest, {ACCEPT_HINT}")
+    return None
+
+
+def compute_id_missing(store: StoreFacts, host: HostFacts | None) -> Judgement | None:
+    """A store made for a root, and no compute_id naming any: the file was
+    lost, not the host. A new root would orphan the host's providers."""
+    if (store.file is StoreFile.VALID and host is not None and store.root_uuid
+            and not host.compute_id_existed):
+        return Judgement(StoreVerdict.REFUSE,
+                         f"compute_id is missing beside store {store.path}, which "
+                         f"belongs to root provider {store.root_uuid}: write that UUID "
+                         "into compute_id and start again; nothing was written")
     return None
 
 
@@ -160,13 +231,15 @@ def cannot_tell(store: StoreFacts, host: HostFacts) -> Judgement | None:
 def judge(store: StoreFacts, host: HostFacts | None) -> Judgement:
     """``host`` is needed when ``needs_host_facts(store)``; otherwise it is
     optional and only checks the store's root."""
-    for rule in (corrupt_store, lost_write_ahead_log):
+    for rule in (corrupt_store, lost_write_ahead_log, store_behind_its_record,
+                 record_missing):
         found = rule(store)
         if found:
             return found
-    found = store_of_another_root(store, host)
-    if found:
-        return found
+    for host_rule in (compute_id_missing, store_of_another_root):
+        found = host_rule(store, host)
+        if found:
+            return found
     if store.file is StoreFile.VALID:
         return Judgement(StoreVerdict.OPEN)
     if host is None:

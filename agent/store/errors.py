@@ -34,3 +34,8 @@ class RebuildRefused(AgentError):
 
 class AdoptionRefused(RebuildRefused):
     """What cannot be adopted, one problem a line; nothing was written."""
+
+
+class StoreMoved(StoreError):
+    """The store is no longer the file at its path (removed or replaced
+    under the running agent): nothing more is acknowledged."""

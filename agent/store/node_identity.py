@@ -26,11 +26,11 @@ def load(state_path: str) -> str | None:
         raise ConfigError(f"{path}: not a UUID (value: {text[:80]!r})") from None
 
 
-def load_or_create(state_path: str) -> str:
-    return load(state_path) or _create(Path(state_path) / FILENAME)
+def new_uuid() -> str:
+    """A UUID for a host that has none yet; nothing is written until the
+    start has decided to serve with it (``record``)."""
+    return str(uuid.uuid4())
 
 
-def _create(path: Path) -> str:
-    node_uuid = str(uuid.uuid4())
-    write_private(path, node_uuid + "\n")
-    return node_uuid
+def record(state_path: str, node_uuid: str) -> None:
+    write_private(Path(state_path) / FILENAME, node_uuid + "\n")

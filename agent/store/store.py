@@ -7,30 +7,40 @@ for 32.
 
 The database itself refuses a device held by two live assignments (a
 partial unique index), whatever the code above it does.
+
+The agent that holds the state directory guards every group commit
+(``Holding``): before its jobs are answered, the store must still be the
+file at its path (not removed or replaced under the running agent), and
+the commit's sequence is on disk in the host's record
+(agent/store/sequence.py), which the next start compares with the store.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import sqlite3
 import stat
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner, RequestDigest)
+from agent.store import sequence as sequence_record
+from agent.store.check import StoreFacts, StoreFile, one_line
+from agent.store.errors import StoreError, StoreMoved
 # Decision and run_statements belong to the store's API too.
-from agent.store.check import StoreFacts, StoreFile
-from agent.store.errors import StoreError
 from agent.store.writer import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
                                 run_statements)
 from agent.tree.provider_tree import Provider
 from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
+LOG = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 6
 
@@ -240,6 +250,9 @@ ROOT_UUID = "root_uuid"  # the root provider the store was created for
 # "open" from the moment the holder opened the store (checkpointed into
 # the database file itself) until it closed it; "closed" after.
 IN_USE = "in_use"
+# The number of group commits the holders made (agent/store/sequence.py);
+# absent in a store from before it.
+COMMIT_SEQUENCE = "commit_sequence"
 
 
 def wal_path(path: Path) -> Path:
@@ -260,8 +273,12 @@ def inspect_store(path: Path) -> StoreFacts:
     size = info.st_size
     if size == 0 and not wal_there:
         return StoreFacts(str(path), StoreFile.EMPTY)
+    # Without a write-ahead log the file is all there is: read it as
+    # immutable, or SQLite would make an empty log, and the next start
+    # would no longer see the log as lost.
+    uri = f"file:{path}?mode=ro" + ("" if wal_there else "&immutable=1")
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(uri, uri=True)
         try:
             return _inspect(conn, path, wal_there)
         finally:
@@ -270,6 +287,8 @@ def inspect_store(path: Path) -> StoreFacts:
         if not damaged(e):
             raise _unreadable(path, e) from None
         return StoreFacts(str(path), StoreFile.CORRUPT, f"{type(e).__name__}: {e}")
+    except ValueError as e:  # a meta value that is not what we wrote
+        return StoreFacts(str(path), StoreFile.CORRUPT, str(e))
 
 
 def stored_schema_version(path: Path) -> int:
@@ -297,11 +316,11 @@ def damaged(e: sqlite3.Error) -> bool:
     return getattr(e, "sqlite_errorcode", 0) & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
 
 
-def _unreadable(path: Path, e: sqlite3.Error) -> StoreError:
-    """A sound store its file system keeps us from reading: never called
-    corrupt, which would send the operator to rebuild it."""
+def _unreadable(path: Path, e: sqlite3.Error, doing: str = "read") -> StoreError:
+    """A sound store its file system keeps us from reading (or opening):
+    never called corrupt, which would send the operator to rebuild it."""
     full = os.statvfs(path.parent).f_bavail == 0
-    return StoreError(f"store {path}: cannot be read: {type(e).__name__}: {e}"
+    return StoreError(f"store {path}: cannot be {doing}: {type(e).__name__}: {e}"
                       + ("; its file system is full" if full else ""))
 
 
@@ -317,7 +336,10 @@ def openable(path: Path, info: os.stat_result) -> None:
 
 
 def _inspect(conn: sqlite3.Connection, path: Path, wal_there: bool) -> StoreFacts:
-    check = [r[0] for r in conn.execute("PRAGMA quick_check(3)")]
+    # Whole, at every start: quick_check does not compare the indexes with
+    # their tables, and a row missing from the unique index of live
+    # devices would let a device be handed out twice.
+    check = [r[0] for r in conn.execute("PRAGMA integrity_check(3)")]
     if check != ["ok"]:
         return StoreFacts(str(path), StoreFile.CORRUPT,
                           "integrity check: " + "; ".join(check))
@@ -329,13 +351,106 @@ def _inspect(conn: sqlite3.Connection, path: Path, wal_there: bool) -> StoreFact
         return StoreFacts(str(path), StoreFile.CORRUPT,
                           f"not a compute-agent store: tables {sorted(tables)}")
     meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    record = sequence_record.record_path(path)
     return StoreFacts(str(path), StoreFile.VALID,
                       wal_lost=meta.get(IN_USE) == "open" and not wal_there,
-                      root_uuid=meta.get(ROOT_UUID))
+                      root_uuid=meta.get(ROOT_UUID),
+                      sequence=stored_sequence(meta),
+                      recorded=sequence_record.read_recorded(record),
+                      record_path=str(record))
+
+
+def stored_sequence(meta: dict[str, str]) -> int | None:
+    """The store's commit sequence from its meta rows; None before it."""
+    value = meta.get(COMMIT_SEQUENCE)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"meta {COMMIT_SEQUENCE} is not a number (value: {value[:40]!r})")
+    return int(value)
 
 
 def _named(path: Path, e: sqlite3.Error) -> StoreError:
     return StoreError(f"store {path}: {type(e).__name__}: {e}")
+
+
+class Holding:
+    """The CommitGuard (agent/store/writer.py) of the agent that holds the
+    state directory. Before a group commit's jobs are answered: the store
+    is still the file at its path, and the commit's sequence is recorded.
+    Once the file is found gone, every later write is refused too, and
+    ``on_moved`` learns it (the daemon then stops)."""
+
+    def __init__(self, path: Path, identity: tuple[int, int], sequence: int,
+                 record: sequence_record.SequenceRecord):
+        self.path = path
+        self._identity = identity  # (device, inode) of the file opened
+        self.sequence = sequence
+        self._record = record
+        self.moved: StoreMoved | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self._lock = threading.Lock()
+
+    def on_moved(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener`` with the one line once the store is found
+        moved (at once, when it already was)."""
+        with self._lock:
+            self._listeners.append(listener)
+            moved = self.moved
+        if moved is not None:
+            listener(str(moved))
+
+    def check(self) -> None:
+        if self.moved is None:
+            found = still_at_path(self.path, self._identity)
+            if found:
+                self._found_moved(found)
+        if self.moved is not None:
+            raise self.moved
+
+    def in_transaction(self, conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                     (COMMIT_SEQUENCE, str(self.sequence + 1)))
+
+    def committed(self) -> None:
+        self.sequence += 1
+        # The file checked again: it may have gone during the transaction,
+        # whose rows are then in a file no longer named.
+        self.check()
+        try:
+            self._record.record(self.sequence)
+        except OSError as e:
+            # The commit is in the store: it is acknowledged. A record left
+            # behind the store is never a refusal, only a weaker check.
+            LOG.warning("Commit %d of store %s not recorded in %s: %s", self.sequence,
+                        self.path, self._record.path, e.strerror)
+
+    def _found_moved(self, why: str) -> None:
+        with self._lock:
+            self.moved = StoreMoved(f"store {self.path} {why} while the agent ran: "
+                                    "nothing more is written or acknowledged; the "
+                                    "agent stops")
+            listeners = list(self._listeners)
+        LOG.error("%s", self.moved)
+        for listener in listeners:
+            listener(str(self.moved))
+
+    def close(self) -> None:
+        self._record.close()
+
+
+def still_at_path(path: Path, identity: tuple[int, int]) -> str:
+    """What happened to the file, or "" when ``path`` still names the file
+    whose (device, inode) is ``identity``."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "was removed"
+    except OSError as e:
+        return f"cannot be looked at ({e.strerror})"
+    if (info.st_dev, info.st_ino) != identity:
+        return "was replaced by another file"
+    return ""
 
 
 class Store:
@@ -343,20 +458,33 @@ class Store:
                  read_only: bool = False):
         """Open (creating if need be) the store at ``path``. The agent that
         holds the state directory passes ``root_uuid``: the store then
-        records it, and marks itself in use until ``close`` (inspect_store
-        reads both at the next start). Any other process opens it
-        ``read_only``: it creates, migrates and writes nothing."""
+        records it, marks itself in use until ``close`` (inspect_store
+        reads both at the next start) and guards every commit
+        (``Holding``). Any other process opens it ``read_only``: it
+        creates, migrates and writes nothing."""
         self.path = Path(path)
         self._holder = root_uuid is not None
         self._read_only = read_only
         self._closed = False
+        self.holding: Holding | None = None
+        # Held open while the store is: its (device, inode) is the file
+        # the connections write. Closed last (closing any descriptor of the
+        # file drops SQLite's locks on it).
+        self._fd: int | None = None
         try:
             if not read_only:
                 create_private(self.path)
+            if self._holder:
+                self._fd = os.open(self.path, os.O_RDONLY)
             self._writer = _connect(self.path, read_only)
         except sqlite3.Error as e:
-            raise _named(self.path, e) from None
+            self._close_fd()
+            # inspect_store read it whole: what fails here is the file
+            # system (SQLite cannot make its log on a full disk, say).
+            raise (_named(self.path, e) if damaged(e)
+                   else _unreadable(self.path, e, "opened")) from None
         except OSError as e:
+            self._close_fd()
             raise StoreError(f"store {self.path}: {e.strerror}") from None
         try:
             if read_only:
@@ -364,30 +492,59 @@ class Store:
             else:
                 migrate(self._writer)
             if self._holder:
-                self._mark_in_use(root_uuid)
+                self.holding = self._mark_in_use(root_uuid)
         except sqlite3.Error as e:
             self._writer.close()
+            self._close_fd()
             raise _named(self.path, e) from None
-        except StoreError as e:
+        except (StoreError, OSError, ValueError) as e:
             self._writer.close()
+            self._close_fd()
             raise StoreError(f"store {self.path}: {e}") from None
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._commits = GroupCommitter(self._writer, f"store {self.path}")
+        self._commits = GroupCommitter(self._writer, f"store {self.path}", self.holding)
         if read_only:
             self._commits.close()  # every write is refused, naming the store
 
-    def _mark_in_use(self, root_uuid: str) -> None:
+    def _mark_in_use(self, root_uuid: str) -> Holding:
         """Record the root (first time only) and that the store is open,
         then checkpoint: the mark must be in the database file itself, so
-        that a write-ahead log lost later is seen as lost."""
-        self._writer.execute("BEGIN IMMEDIATE")
-        self._writer.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)",
-                             (ROOT_UUID, root_uuid))
-        self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, 'open')", (IN_USE,))
-        self._writer.execute("COMMIT")
-        self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        that a write-ahead log lost later is seen as lost. The host's
+        record of the commit sequence is made to hold the store's before
+        the store holds one: a crash in between leaves a store from before
+        the sequence with a record of 0, which the next start accepts."""
+        conn = self._writer
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            sequence = stored_sequence(meta) or 0
+            record = sequence_record.SequenceRecord(sequence_record.record_path(self.path),
+                                                    sequence)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)", (ROOT_UUID, root_uuid))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'open')", (IN_USE,))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                     (COMMIT_SEQUENCE, str(sequence)))
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        info = os.fstat(self._fd)
+        return Holding(self.path, (info.st_dev, info.st_ino), sequence, record)
+
+    def on_moved(self, listener: Callable[[str], None]) -> None:
+        """``listener`` gets the one line if the store is found removed or
+        replaced under the agent (holder only)."""
+        if self.holding is not None:
+            self.holding.on_moved(listener)
+
+    def check_file(self) -> None:
+        """Raise StoreMoved if the store is no longer the file at its path
+        (holder only; each commit checks it too)."""
+        if self.holding is not None:
+            self.holding.check()
 
     # --- writing --------------------------------------------------------
 
@@ -437,7 +594,7 @@ class Store:
         again does nothing."""
         self._commits.close()
         try:
-            if self._holder and not self._closed:
+            if self.holding is not None and self.holding.moved is None and not self._closed:
                 self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, 'closed')",
                                      (IN_USE,))
         except sqlite3.Error as e:
@@ -451,6 +608,61 @@ class Store:
         with self._readers_lock:
             for conn in self._readers:
                 conn.close()
+        if self.holding is not None:
+            self.holding.close()
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What ``accept_store`` accepted."""
+
+    path: Path
+    sequence: int | None  # the store's commit sequence; None before it
+    recorded: int | None  # what the host had recorded; None: no record
+    wal_lost: bool  # its write-ahead log was gone after a crash
+
+    def describe(self) -> str:
+        at = ("no commit sequence" if self.sequence is None
+              else f"commit sequence {self.sequence}")
+        was = ("no record" if self.recorded is None
+               else f"the host recorded {self.recorded}")
+        return (f"accepting store {self.path} at {at}; {was}"
+                + ("; its write-ahead log, lost after a crash, is accepted as lost"
+                   if self.wal_lost else ""))
+
+
+def accept_store(path: Path) -> Acceptance:
+    """Take the store at ``path`` for this host's latest, whatever the
+    host recorded (an older copy an operator put back on purpose): the
+    record then holds its sequence, and a write-ahead log lost after a
+    crash is no longer asked for. Holding the state directory's lock, the
+    agent stopped. A store that is not there or not sound is refused with
+    StoreError."""
+    facts = inspect_store(path)
+    if facts.file is not StoreFile.VALID:
+        detail = f" ({one_line(facts.detail)})" if facts.detail else ""
+        raise StoreError(f"store {path} is {facts.file.value}{detail}: there is no "
+                         "store to accept; rebuild-store makes one")
+    accepted = Acceptance(path, facts.sequence, facts.recorded, facts.wal_lost)
+    # The record first: a crash before the store's own write leaves a
+    # record no store is behind.
+    sequence_record.write_recorded(sequence_record.record_path(path), facts.sequence or 0)
+    if facts.wal_lost:
+        try:
+            conn = _connect(path)
+            try:
+                conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'closed')", (IN_USE,))
+            finally:
+                conn.close()
+        except sqlite3.Error as e:
+            raise _named(path, e) from None
+    return accepted
 
 
 def create_filled(path: Path, root_uuid: str, instances: dict[str, dict],

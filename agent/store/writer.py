@@ -27,6 +27,12 @@ have to answer.
 A batch that fails is retried job by job, each in a savepoint, so a bad
 job fails alone. A failed decision's undo runs in this thread before any
 later decision is made.
+
+A committer may be given a ``CommitGuard`` (the agent that holds the
+state directory gives one: agent/store/store.py): it adds its own write
+to every transaction, and is asked before the transaction and once it is
+committed, before any job of it is answered. When it refuses, the batch's
+jobs fail (their undo runs) and nothing of them is acknowledged.
 """
 from __future__ import annotations
 
@@ -37,7 +43,8 @@ import re
 import sqlite3
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
+
 from agent.store.errors import StoreError
 
 LOG = logging.getLogger(__name__)
@@ -136,12 +143,28 @@ class Job:
         self.error = self.error or error
 
 
+class CommitGuard(Protocol):
+    """What the holder of the store checks and records at each group
+    commit. ``check`` and ``committed`` raise StoreError to refuse."""
+
+    def check(self) -> None:
+        """Before the transaction: may it be written at all?"""
+
+    def in_transaction(self, conn: sqlite3.Connection) -> None:
+        """The guard's own write, last in every transaction."""
+
+    def committed(self) -> None:
+        """After the commit, before any of its jobs is answered."""
+
+
 class GroupCommitter:
     """The writer thread of one connection, and the queue that feeds it."""
 
-    def __init__(self, conn: sqlite3.Connection, label: str):
+    def __init__(self, conn: sqlite3.Connection, label: str,
+                 guard: CommitGuard | None = None):
         self._conn = conn
         self._label = label  # what error messages call the store
+        self._guard = guard
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         # Orders submissions against close(): a job queued before the
         # closing sentinel is committed, none is queued after it.
@@ -232,8 +255,17 @@ class GroupCommitter:
     def _commit(self, batch: list[Job]) -> None:
         conn = self._conn
         try:
-            if not self._commit_merged(conn, batch):
-                self._commit_one_by_one(conn, batch)
+            if self._guard is not None:
+                self._guard.check()
+            committed = (self._commit_merged(conn, batch)
+                         or self._commit_one_by_one(conn, batch))
+            if committed and self._guard is not None:
+                self._guard.committed()
+        except StoreError as e:  # the guard's refusal: it says why
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for job in batch:
+                job.fail(e)
         except BaseException as e:  # noqa: BLE001 - the writer outlives any batch
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -250,8 +282,11 @@ class GroupCommitter:
                         LOG.exception("Undoing a decision whose write failed")
                 job.finish()
 
-    @staticmethod
-    def _commit_merged(conn: sqlite3.Connection, batch: list[Job]) -> bool:
+    def _guard_write(self, conn: sqlite3.Connection) -> None:
+        if self._guard is not None:
+            self._guard.in_transaction(conn)
+
+    def _commit_merged(self, conn: sqlite3.Connection, batch: list[Job]) -> bool:
         """The fast path, for a batch of statement jobs: consecutive jobs
         of one shape run as one statement each. Their order within a job is
         kept; jobs of one batch never touch the same rows (decisions are
@@ -273,6 +308,7 @@ class GroupCommitter:
                     if rows:
                         _run_rows(conn, sql, rows)
                 start = end
+            self._guard_write(conn)
             conn.execute("COMMIT")
             return True
         except Exception:  # noqa: BLE001 - the jobs are retried one by one
@@ -280,7 +316,9 @@ class GroupCommitter:
                 conn.execute("ROLLBACK")
             return False
 
-    def _commit_one_by_one(self, conn: sqlite3.Connection, batch: list[Job]) -> None:
+    def _commit_one_by_one(self, conn: sqlite3.Connection, batch: list[Job]) -> bool:
+        """Each job in a savepoint of one transaction; False when that
+        transaction could not be committed (every job failed)."""
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in batch:
@@ -292,9 +330,12 @@ class GroupCommitter:
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     job.error = e
+            self._guard_write(conn)
             conn.execute("COMMIT")
+            return True
         except sqlite3.Error as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             for job in batch:
                 job.fail(StoreError(f"{self._label}: commit failed: {e}"))
+            return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -19,9 +20,12 @@ from lxml import etree
 
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
+from agent.store import node_identity
 from tests.functional.helpers import put_allocations, unallocate, wait_for, write_conf
 from tests.functional.test_ctl import HOST, PF, RABBIT, VF_SPEC, ctl
 from tests.functional.test_daemon import run
+from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
+                                strip_sequence)
 
 BIN = Path(sys.executable).parent
 
@@ -194,6 +198,137 @@ def test_a_second_agent_on_the_same_state_directory_exits_2(tmp_path, placement,
         assert first.poll() is None
     finally:
         stop(first)
+
+
+# --- a store checked before it is believed --------------------------------------
+
+def live_assignment_ids(store: Path) -> list[str]:
+    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in conn.execute(
+            "SELECT id FROM assignments WHERE state != 'released' ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_bug_a_row_missing_from_an_index_was_served(tmp_path, placement, services):
+    # quick_check at start passed a store whose unique index of assignments
+    # lacked a row; integrity_check does not.
+    d = Daemon(tmp_path, placement.url)
+    proc = d.start_serving()
+    instance, _ = d.build()
+    try:
+        stop(proc)
+        ids = live_assignment_ids(d.store)
+        drop_from_unique_index(d.store, ids[len(ids) // 2])
+        line = refused(*d.start())
+        assert f"store {d.store} is unusable (integrity check: row " in line, line
+        assert "missing from index sqlite_autoindex_assignments_1" in line
+        assert "compute-agent-manage rebuild-store" in line
+    finally:
+        unallocate(placement.url, instance)
+
+
+def test_bug_sqlites_message_over_several_lines_made_a_refusal_of_several(
+        tmp_path, placement, services):
+    d = Daemon(tmp_path, placement.url)
+    stop(d.start_serving())
+    page_with_free_space_corruption(d.store)
+    line = refused(*d.start())  # one error line
+    # SQLite's "*** in database main ***\n..." made one line.
+    assert f"store {d.store} is unusable (integrity check: *** in database main *** " in line
+
+
+def test_bug_an_emptied_log_after_a_crash_gave_a_forgotten_guests_vf_again(
+        tmp_path, placement, services):
+    # The agent started without the build it had acknowledged, and the
+    # next build got the VF the forgotten guest still held.
+    wal = Path(f"{tmp_path}/state/state.db-wal")
+
+    def crash_and_empty_the_log(d: Daemon, proc) -> None:
+        proc.kill()
+        proc.wait()
+        assert wal.stat().st_size > 0  # the build is only in the log
+        wal.write_bytes(b"")
+
+    d, instance = lose_store_after_a_build(tmp_path, placement, crash_and_empty_the_log)
+    try:
+        line = refused(*d.start())
+        assert f"store {d.store} is at commit sequence" in line, line
+        assert "but the host recorded" in line and "acknowledged are lost" in line
+        assert "rebuild-store" in line and "accept-store" in line
+    finally:
+        unallocate(placement.url, instance)
+
+
+def test_bug_an_older_copy_of_the_store_put_back_was_believed_until_accepted(
+        tmp_path, placement, services):
+    d = Daemon(tmp_path, placement.url)
+    proc = d.start_serving()
+    first, _ = d.build()
+    second = None
+    try:
+        stop(proc)
+        older = d.store.read_bytes()  # stopped cleanly: the whole store
+        proc = d.start_serving()
+        second, _ = d.build()
+        stop(proc)
+        d.store.write_bytes(older)
+        line = refused(*d.start())
+        assert "but the host recorded" in line and "older copy put back" in line, line
+
+        done = run("compute-agent-manage", d.conf, "accept-store")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"accepting store {d.store} at commit sequence "), \
+            done.stdout
+        assert "; the host recorded " in done.stdout
+        stop(d.start_serving())
+    finally:
+        for instance in (first, second):
+            if instance:
+                unallocate(placement.url, instance)
+
+
+def test_a_store_from_before_the_commit_sequence_is_accepted_once(
+        tmp_path, placement, services):
+    d = Daemon(tmp_path, placement.url)
+    proc = d.start_serving()
+    instance, _ = d.build()
+    try:
+        stop(proc)
+        strip_sequence(d.store)  # as the agent before the sequence left it
+        before = d.store.read_bytes()
+        proc = d.start_serving()  # accepted: it starts a sequence
+        second, _ = d.build()  # a commit the host records
+        unallocate(placement.url, second)
+        stop(proc)
+        d.store.write_bytes(before)  # that same copy again
+        line = refused(*d.start())
+        assert f"store {d.store} is at no commit sequence, but the host recorded" in line
+    finally:
+        unallocate(placement.url, instance)
+
+
+def test_bug_a_deleted_compute_id_was_replaced_before_the_refusal(
+        tmp_path, placement, services):
+    # The start wrote a new random compute_id, then refused "...but
+    # compute_id names <that new uuid>".
+    d = Daemon(tmp_path, placement.url)
+    stop(d.start_serving())
+    state = d.store.parent
+    compute_id = state / node_identity.FILENAME
+    root = compute_id.read_text().strip()
+    compute_id.unlink()
+    before = {p.name: p.read_bytes() for p in state.iterdir() if p.name != "lock"}
+    line = refused(*d.start())
+    assert line.endswith(f"compute_id is missing beside store {d.store}, which belongs "
+                         f"to root provider {root}: write that UUID into compute_id and "
+                         "start again; nothing was written"), line
+    assert not compute_id.exists()
+    after = {p.name: p.read_bytes() for p in state.iterdir() if p.name != "lock"}
+    assert after == before
+    compute_id.write_text(root + "\n")  # what the line says to do
+    stop(d.start_serving())
 
 
 # --- rebuild-store, with a real QEMU guest on the real libvirtd ---------------

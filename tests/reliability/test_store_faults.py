@@ -59,7 +59,8 @@ def test_bug_a_full_disk_at_start_was_called_a_corrupt_store_to_rebuild(host):
     assert host.stop() == 0
     host.disk.fill()
     line = assert_refused_in_one_line(host)
-    assert f"store {host.store}: cannot be read" in line, line
+    # Read whole by the start check, it cannot be opened for writing.
+    assert f"store {host.store}: cannot be opened" in line, line
     assert "file system is full" in line and "rebuild" not in line, line
     host.disk.unfill()
     host.start()
@@ -109,6 +110,32 @@ def test_a_store_cut_in_half_while_stopped_is_refused_in_one_line(host):
     cut_in_half(host.store)
     line = assert_refused_in_one_line(host)
     assert str(host.store) in line
+
+
+def test_bug_a_store_removed_under_the_daemon_took_builds_to_a_nameless_file(host):
+    # Two builds and their get_instance calls were answered OK with no
+    # warning, the writes going to a file that no longer had a name.
+    host.start()
+    first = host.build()
+    host.store.unlink()
+    host.build()  # refused; then the daemon stops, answering nothing more
+    assert len(host.ledger.refused) == 1 and list(host.ledger.acknowledged) == [first]
+    code, errors, text = refusal(host.proc,
+                                 host.daemon.dir / f"agent-{host.daemon.starts}.log")
+    assert code == 2 and len(errors) == 1 and "Traceback" not in text, text
+    assert errors[0] == (f"compute-agent: error: store {host.store} was removed while the "
+                         "agent ran: nothing more is written or acknowledged; the agent "
+                         "stops"), text
+
+
+def test_a_store_removed_under_an_idle_daemon_stops_it_within_a_cycle(host):
+    host.start()
+    host.build()
+    host.store.unlink()  # no call follows: the update loop finds it
+    code, errors, text = refusal(host.proc,
+                                 host.daemon.dir / f"agent-{host.daemon.starts}.log")
+    assert code == 2 and len(errors) == 1 and "Traceback" not in text, text
+    assert f"store {host.store} was removed while the agent ran" in errors[0]
 
 
 # --- bugs these faults found, each with the fault that showed it ---------------

@@ -16,13 +16,18 @@ import pytest
 from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner)
 from agent.store import lock as state_lock
-from agent.store.check import StoreFile
-from agent.store.errors import StoreError
-from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
+from agent.store import sequence as sequence_record
+from agent.store.check import StoreFile, StoreVerdict, judge
+from agent.store.errors import StoreError, StoreMoved
+from agent.store.store import (COMMIT_SEQUENCE, MIGRATIONS, SCHEMA_VERSION, Store,
+                               accept_store, all_instances, all_migrations,
                                insert_assignments_sql, inspect_store, live_assignments, migrate,
                                placement_view, put_instance_sql, put_migration_sql,
                                put_placement_view_sql, run_statements, schema_version,
                                update_assignments_sql)
+from agent.store.writer import Decision
+from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
+                                strip_sequence)
 from agent.tree.provider_tree import Provider, inventory
 from drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
@@ -733,6 +738,17 @@ def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
     assert inspect_store(path).wal_lost
 
 
+def test_bug_looking_at_a_store_whose_log_was_lost_made_an_empty_log(tmp_path):
+    # SQLite's read-only connection made an empty log in the lost one's
+    # place: the start after a refusal saw none lost.
+    path = tmp_path / "state.db"
+    crash_after_a_write(path)
+    Path(f"{path}-wal").unlink()
+    assert inspect_store(path).wal_lost
+    assert not Path(f"{path}-wal").exists()
+    assert inspect_store(path).wal_lost
+
+
 def test_readers_opened_read_only_never_remove_the_log(tmp_path):
     path = tmp_path / "state.db"
     crash_after_a_write(path)
@@ -784,4 +800,181 @@ def test_the_state_directory_has_one_holder(tmp_path):
 def test_a_holders_store_closes_twice_without_error(tmp_path):
     store = Store(tmp_path / "state.db", ROOT_UUID)
     store.close()
+    store.close()
+
+
+# --- checked before it is believed ---------------------------------------------------
+
+def held_store_with_assignments(path: Path, n: int = 5) -> list[Assignment]:
+    rows = [assignment(device=f"0000:81:10.{i}") for i in range(n)]
+    store = Store(path, ROOT_UUID)
+    store.write([insert_assignments_sql(rows)])
+    store.close()
+    return rows
+
+
+def test_bug_a_row_missing_from_an_index_passed_the_start_check(tmp_path):
+    # The start ran quick_check, which does not compare indexes with their
+    # tables: bit rot there let the agent serve from a broken store.
+    path = tmp_path / "state.db"
+    rows = held_store_with_assignments(path)
+    middle = sorted(a.id for a in rows)[2]
+    drop_from_unique_index(path, middle)
+    quick = sqlite3.connect(path).execute("PRAGMA quick_check").fetchall()
+    assert quick == [("ok",)]  # what the old check saw
+    facts = inspect_store(path)
+    assert facts.file is StoreFile.CORRUPT, facts
+    assert "missing from index sqlite_autoindex_assignments_1" in facts.detail
+
+
+def test_sqlites_several_lines_make_one_refusal_line(tmp_path):
+    path = tmp_path / "state.db"
+    held_store_with_assignments(path)
+    page_with_free_space_corruption(path)
+    facts = inspect_store(path)
+    assert facts.file is StoreFile.CORRUPT and "\n" in facts.detail
+    j = judge(facts, None)
+    assert j.verdict is StoreVerdict.REFUSE and "\n" not in j.reason
+    assert f"store {path} is unusable" in j.reason and "rebuild-store" in j.reason
+
+
+def meta_value(path: Path, key: str) -> str | None:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else row[0]
+
+
+def recorded(path: Path) -> int | None:
+    return sequence_record.read_recorded(sequence_record.record_path(path))
+
+
+def test_each_group_commit_raises_the_sequence_in_the_store_and_the_record(tmp_path):
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    assert meta_value(path, COMMIT_SEQUENCE) == "0" and recorded(path) == 0
+    for n in range(1, 4):
+        store.write([put_instance_sql(f"i{n}", {})])
+        assert meta_value(path, COMMIT_SEQUENCE) == str(n) and recorded(path) == n
+    store.close()
+    facts = inspect_store(path)
+    assert (facts.sequence, facts.recorded) == (3, 3)
+    assert judge(facts, None).verdict is StoreVerdict.OPEN
+
+
+def test_a_store_nobody_holds_keeps_no_sequence(tmp_path):
+    path = tmp_path / "state.db"
+    store = Store(path)
+    store.write([put_instance_sql("i", {})])
+    store.close()
+    assert meta_value(path, COMMIT_SEQUENCE) is None and recorded(path) is None
+
+
+def test_bug_an_emptied_log_after_a_crash_passed_the_start_check(tmp_path):
+    # The in_use mark catches a missing log, not an emptied one: the
+    # acknowledged write was gone and the store opened.
+    path = tmp_path / "state.db"
+    crash_after_a_write(path)
+    Path(f"{path}-wal").write_bytes(b"")
+    facts = inspect_store(path)
+    assert not facts.wal_lost
+    assert (facts.sequence, facts.recorded) == (0, 1)
+    j = judge(facts, None)
+    assert j.verdict is StoreVerdict.REFUSE and "the host recorded 1" in j.reason
+
+
+def test_bug_an_older_copy_put_back_passed_the_start_check(tmp_path):
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    store.write([put_instance_sql("a", {})])
+    store.close()
+    older = path.read_bytes()
+    store = Store(path, ROOT_UUID)
+    store.write([put_instance_sql("b", {})])
+    store.close()
+    path.write_bytes(older)
+    j = judge(inspect_store(path), None)
+    assert j.verdict is StoreVerdict.REFUSE
+    assert "is at commit sequence 1, but the host recorded 2" in j.reason
+
+
+def test_a_store_from_before_the_sequence_is_accepted_once_and_starts_one(tmp_path):
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    store.write([put_instance_sql("a", {})])
+    store.close()
+    strip_sequence(path)
+    before = path.read_bytes()
+    facts = inspect_store(path)
+    assert (facts.sequence, facts.recorded) == (None, None)
+    assert judge(facts, None).verdict is StoreVerdict.OPEN
+    store = Store(path, ROOT_UUID)
+    assert meta_value(path, COMMIT_SEQUENCE) == "0" and recorded(path) == 0
+    store.write([put_instance_sql("b", {})])
+    store.close()
+    # The same copy from before, put back after a commit: refused.
+    path.write_bytes(before)
+    j = judge(inspect_store(path), None)
+    assert j.verdict is StoreVerdict.REFUSE and "at no commit sequence" in j.reason
+
+
+def test_accept_store_takes_an_older_copy_and_says_what_it_accepts(tmp_path):
+    path = tmp_path / "state.db"
+    crash_after_a_write(path)
+    older = path.read_bytes()  # checkpointed at the open: sequence 0
+    Path(f"{path}-wal").unlink()
+    path.write_bytes(older)
+    facts = inspect_store(path)
+    assert facts.wal_lost and (facts.sequence, facts.recorded) == (0, 1)
+    accepted = accept_store(path)
+    assert accepted.describe() == (
+        f"accepting store {path} at commit sequence 0; the host recorded 1; its "
+        "write-ahead log, lost after a crash, is accepted as lost")
+    facts = inspect_store(path)
+    assert not facts.wal_lost and (facts.sequence, facts.recorded) == (0, 0)
+    assert judge(facts, None).verdict is StoreVerdict.OPEN
+
+
+def test_accept_store_refuses_when_there_is_no_store(tmp_path):
+    with pytest.raises(StoreError, match="is missing: there is no store to accept"):
+        accept_store(tmp_path / "state.db")
+    assert recorded(tmp_path / "state.db") is None
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_bug_a_store_removed_under_its_holder_took_writes_to_a_nameless_file(
+        tmp_path, how):
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    told: list[str] = []
+    store.on_moved(told.append)
+    store.write([put_instance_sql("a", {})])
+    if how == "removed":
+        path.unlink()
+    else:
+        copy = tmp_path / "copy.db"
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+    for name in ("b", "c"):
+        with pytest.raises(StoreMoved, match=f"store {path} was {how}"):
+            store.write([put_instance_sql(name, {})])
+    assert len(told) == 1 and f"store {path} was {how}" in told[0]
+    late: list[str] = []
+    store.on_moved(late.append)
+    assert late == told
+    store.close()
+
+
+def test_a_decision_whose_store_was_removed_is_undone(tmp_path):
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    undone = threading.Event()
+    path.unlink()
+    job = store.submit_decision("k", lambda: Decision(
+        "claimed", [put_instance_sql("a", {})], undone.set))
+    with pytest.raises(StoreMoved):
+        job.wait()
+    assert undone.is_set()
     store.close()
