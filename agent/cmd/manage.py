@@ -60,7 +60,7 @@ from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
 from agent.compute.reconcile import Report
-from agent.daemon.service import STORE_FILE, Agent, load_driver
+from agent.daemon.service import Agent, load_driver
 from agent.dependencies import Unknown
 from agent.exception import AgentError, ConfigError
 from agent.health.rules import UnhealthyProvider, unhealthy_providers
@@ -76,8 +76,8 @@ from agent.store.check import StoreFile
 from agent.store.errors import (RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable,
                                 StoreError)
 from agent.store.rebuild import RebuiltStore, plan_rebuild
-from agent.store.store import (SCHEMA_VERSION, accept_store, create_filled, inspect_store,
-                               new_assignment_id)
+from agent.store.store import (SCHEMA_VERSION, STORE_FILE, accept_store, create_filled,
+                               inspect_store, new_assignment_id)
 from agent.tree.host_tree import build_tree
 from agent.tree.policy import tree_policy_from_conf
 from agent.tree.provider_tree import tree_as_dicts, tree_lines

@@ -28,14 +28,13 @@ from oslo_upgradecheck import upgradecheck
 from oslo_upgradecheck.upgradecheck import Code, Result
 
 from agent.claims.model import Migration
-from agent.daemon.service import STORE_FILE
 from agent.exception import AgentError
 from agent.reports.probes import read_beside_agent, tree_report
 from agent.reports.tree import UnhealedClass
 from agent.store import node_identity
 from agent.store.check import StoreFile
 from agent.store.errors import StoreError
-from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_migrations,
+from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, STORE_FILE, Store, all_migrations,
                                downgrade_refusal, inspect_store, stored_schema_version)
 from drivers.errors import DriverUnavailable
 

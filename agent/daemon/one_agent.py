@@ -37,6 +37,10 @@ class ThisAgent:
     # The root provider's UUID from <state_path>/compute_id; None when
     # there is none yet (this start would make a new one).
     compute_id: str | None
+    # The root provider the store names, read only when compute_id is
+    # missing: a store there makes the start refuse on its own, naming
+    # its root (agent/store/check.py), which is this agent's, not another's.
+    store_root: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ def _ours(me: ThisAgent) -> str:
 def root_of_another_agent(me: ThisAgent, roots: frozenset[str]) -> str | None:
     """``roots``: the UUIDs of Placement's root providers named as the host
     (names are unique: none or one). The refusal line, or None."""
-    others = sorted(roots - {me.compute_id})
+    others = sorted(roots - {me.compute_id or me.store_root})
     if not others:
         return None
     return (f"another agent serves host {me.host}: Placement's root provider "

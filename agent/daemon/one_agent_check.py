@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from oslo_config import cfg
 
@@ -24,6 +25,7 @@ from agent.exception import DependencyUnavailable, PlacementError
 from agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
 from agent.rpc.heartbeat import agent_serving
 from agent.store import node_identity
+from agent.store.store import STORE_FILE, inspect_store
 
 LOG = logging.getLogger(__name__)
 
@@ -58,7 +60,10 @@ def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
     (at the first cycle that reaches Placement) when Placement could not
     be asked, else None. ``ask_the_bus``: the daemon, which joins the
     host's queues (``--once`` does not)."""
-    me = ThisAgent(conf.host, conf.state_path, node_identity.load(conf.state_path))
+    compute_id = node_identity.load(conf.state_path)
+    store_root = (None if compute_id is not None
+                  else inspect_store(Path(conf.state_path) / STORE_FILE).root_uuid)
+    me = ThisAgent(conf.host, conf.state_path, compute_id, store_root)
     conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
     check = PlacementCheck(me.host, me.state_path)
     pending: PlacementCheck | None = None

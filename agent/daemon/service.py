@@ -40,8 +40,8 @@ from agent.store import check as store_check
 from agent.store import node_identity
 from agent.store.adoption import plan_adoption
 from agent.store.errors import AdoptionRefused, StoreError, StoreRefused
-from agent.store.store import (Store, create_filled, inspect_store, new_assignment_id,
-                               placement_view, put_placement_view_sql)
+from agent.store.store import (STORE_FILE, Store, create_filled, inspect_store,
+                               new_assignment_id, placement_view, put_placement_view_sql)
 from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.tree.policy import tree_policy_from_conf
 from agent.tree.provider_tree import Provider, ProviderTree
@@ -75,7 +75,6 @@ def unavailable_result(dependency: Dependency) -> CycleResult:
                 dependency, CycleResult.PLACEMENT_UNAVAILABLE)
 
 
-STORE_FILE = "state.db"
 # The update loop asks the broker once a cycle (agent/rpc/broker.py): a broker
 # that accepts no connection (a black hole) delays the cycle this long.
 BROKER_PROBE_TIMEOUT_SECONDS = 5

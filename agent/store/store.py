@@ -40,6 +40,9 @@ from agent.tree.provider_tree import Provider
 from drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
+
+# The store's file in the state directory ([DEFAULT] state_path).
+STORE_FILE = "state.db"
 LOG = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 6

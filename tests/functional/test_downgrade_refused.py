@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon.service import STORE_FILE
-from agent.store.store import IN_USE, SCHEMA_VERSION
+from agent.store.store import IN_USE, SCHEMA_VERSION, STORE_FILE
 from tests.functional.helpers import write_conf
 
 BIN = Path(sys.executable).parent

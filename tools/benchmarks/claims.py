@@ -31,8 +31,7 @@ from pathlib import Path
 
 from agent.claims.model import AssignmentState
 from agent.compute.tracker import Tracker
-from agent.daemon.service import STORE_FILE
-from agent.store.store import Store, live_assignments
+from agent.store.store import STORE_FILE, Store, live_assignments
 from agent.tree.device_spec import parse_specs
 from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
 from drivers.fake import FakeDriver

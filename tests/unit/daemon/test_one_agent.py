@@ -37,6 +37,15 @@ def test_a_state_path_without_compute_id_is_refused_before_it_makes_one():
     assert "state path /var/lib/compute-agnet has no compute_id" in line
 
 
+def test_bug_a_deleted_compute_id_beside_the_roots_store_was_called_another_agent():
+    """The store names the root: its own start check tells the operator
+    to write that UUID back into compute_id; no other agent is involved."""
+    lost_id = ThisAgent("node1", "/var/lib/compute-agent", None, store_root=THEIRS)
+    assert root_of_another_agent(lost_id, frozenset({THEIRS})) is None
+    elsewhere = ThisAgent("node1", "/var/lib/compute-agent", None, store_root=OURS)
+    assert root_of_another_agent(elsewhere, frozenset({THEIRS})) is not None
+
+
 def test_any_answer_on_the_bus_is_another_agent():
     assert agent_answering_for_host(ME, None) is None
     said = AnsweringAgent.from_report({"root_uuid": THEIRS, "state_path": "/srv/state",
