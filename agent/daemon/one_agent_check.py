@@ -43,12 +43,14 @@ class PlacementCheck:
     host: str
     state_path: str
 
-    def run(self, client: PlacementClient, compute_id: str | None) -> None:
+    def run(self, client: PlacementClient, compute_id: str | None,
+            store_root: str | None = None) -> None:
         """One request. ``compute_id``: the state path's now (None: none
-        yet). Raises AnotherAgentServesHost with the line, or the client's
-        errors when Placement cannot be asked."""
-        refused = root_of_another_agent(ThisAgent(self.host, self.state_path, compute_id),
-                                        frozenset(client.get_roots_named(self.host)))
+        yet), ``store_root`` as ThisAgent's. Raises AnotherAgentServesHost
+        with the line, or the client's errors when Placement cannot be
+        asked."""
+        me = ThisAgent(self.host, self.state_path, compute_id, store_root)
+        refused = root_of_another_agent(me, frozenset(client.get_roots_named(self.host)))
         if refused:
             raise AnotherAgentServesHost(refused)
 
@@ -68,7 +70,7 @@ def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
     check = PlacementCheck(me.host, me.state_path)
     pending: PlacementCheck | None = None
     try:
-        check.run(PlacementClient(adapter_from_conf(conf)), me.compute_id)
+        check.run(PlacementClient(adapter_from_conf(conf)), me.compute_id, me.store_root)
     except (DependencyUnavailable, PlacementError) as e:
         # The first cycle says that Placement is away, once.
         LOG.debug("Whether another agent serves host %s is asked of Placement at the "
