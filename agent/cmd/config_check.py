@@ -138,6 +138,11 @@ def written_as(conf: cfg.ConfigOpts, option: Option) -> tuple[str, str, str | No
     return option.section, option.name, None
 
 
+# A refusal's longest: with the command's name and "error: " before it,
+# the line stays within 300 characters (agent.cmd.common.ERROR_LINE_LIMIT).
+REFUSAL_LENGTH = 270
+
+
 def refusal(conf: cfg.ConfigOpts, option: Option, reason: str,
             value: Any = None) -> ConfigError:
     """The one line for a bad value: where the operator wrote it, why it is
@@ -155,7 +160,11 @@ def refusal(conf: cfg.ConfigOpts, option: Option, reason: str,
         text_shown = shown(masked_url(text))
     else:
         text_shown = shown(text)
-    return ConfigError(f"[{section}] {name}: {reason} (value: {text_shown})")
+    head, tail = f"[{section}] {name}: ", f" (value: {text_shown})"
+    room = max(REFUSAL_LENGTH - len(head) - len(tail), 40)
+    if len(reason) > room:
+        reason = reason[:room - 3] + "..."
+    return ConfigError(f"{head}{reason}{tail}")
 
 
 # --- the registry -----------------------------------------------------------
@@ -900,6 +909,16 @@ def auth_section(conf: cfg.ConfigOpts) -> None:
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
 
 
+def plugin_names_shown(known: list[str]) -> str:
+    """keystoneauth's plugins, those for a Keystone version (v2password,
+    v3oidcpassword...) counted rather than named, so that the line stays
+    one."""
+    versioned = [n for n in known if re.match(r"v\d", n)]
+    named = [n for n in known if n not in versioned]
+    return ", ".join(named) + (f" and {len(versioned)} Keystone v2/v3 plugins (v3password...)"
+                               if versioned else "")
+
+
 def auth_plugin(conf: cfg.ConfigOpts, required: bool) -> None:
     """[placement] auth_type: present when Placement is used, a plugin
     keystoneauth has, and registered with its options so that the walk
@@ -915,7 +934,10 @@ def auth_plugin(conf: cfg.ConfigOpts, required: bool) -> None:
         return
     known = sorted(ks_loading.get_available_plugin_names())
     if name not in known:
-        raise refusal(conf, option, "unknown auth plugin; known: " + ", ".join(known))
+        near = misspelling_of(name, known)
+        raise refusal(conf, option, "unknown auth plugin"
+                      + (f"; did you mean {near}?" if near else "")
+                      + "; known: " + plugin_names_shown(known))
     loader = ks_loading.get_plugin_loader(name)
     conf.register_opts(ks_loading.get_auth_plugin_conf_options(loader), group=group)
 

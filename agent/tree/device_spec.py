@@ -80,8 +80,9 @@ PLACEMENT_NAME_LENGTH = 255
 
 
 def _fail(text: str, field: str, value, reason: str) -> ConfigError:
+    entry = text if len(text) <= 60 else f"{text[:57]}... ({len(text)} characters)"
     return ConfigError(f"{OPTION}: {field}: {reason} (value: {shown(value)}; "
-                       f"entry: {text})")
+                       f"entry: {entry})")
 
 
 def _hex_id(text: str, field: str, value) -> int:
@@ -137,8 +138,8 @@ def _traits(text: str, value) -> frozenset[str]:
         known = t in os_traits.get_traits() or os_traits.is_custom(t)
         name = t if known else os_traits.normalize_name(t)
         if len(name) > PLACEMENT_NAME_LENGTH:
-            raise _fail(text, "traits", value, f"a trait name is longer than "
-                        f"{PLACEMENT_NAME_LENGTH} characters, Placement's limit")
+            raise _fail(text, "traits", name, f"longer than Placement's "
+                        f"{PLACEMENT_NAME_LENGTH} characters")
         out.add(name)
     return frozenset(out)
 
