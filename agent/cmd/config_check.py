@@ -1054,11 +1054,9 @@ def _metrics_address(conf: cfg.ConfigOpts, port: int | None) -> None:
         try:
             probe.bind((address[0], listen_port if port is None else port, *address[2:]))
         except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                raise refusal(conf, option, "not an address of this host") from None
-            if e.errno == errno.EADDRINUSE:
-                raise refusal(conf, option, "port already in use") from None
-            raise refusal(conf, option, f"cannot be bound ({e.strerror})") from None
+            reason = {errno.EADDRNOTAVAIL: "not an address of this host",
+                      errno.EADDRINUSE: "address already in use"}.get(e.errno, e.strerror)
+            raise refusal(conf, option, f"cannot serve metrics there: {reason}") from None
 
 
 def metrics_address_local(conf: cfg.ConfigOpts) -> None:

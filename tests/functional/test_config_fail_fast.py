@@ -194,8 +194,8 @@ def test_bug_a_log_file_name_too_long_is_one_line_in_every_command(tmp_path, mod
      "[DEFAULT] owner_trait: not an OWNER_* trait of os-traits nor CUSTOM_ followed by up "
      "to 248"),
     ("[DEFAULT]\nowner_trait = CUSTOM_lower\n", "[DEFAULT] owner_trait: not an OWNER_*"),
-    ("[metrics]\nlisten = 192.0.2.1:9100\n",
-     "[metrics] listen: not an address of this host (value: '192.0.2.1:9100')"),
+    ("[metrics]\nlisten = 192.0.2.1:9100\n", "[metrics] listen: cannot serve metrics there: "
+     "not an address of this host (value: '192.0.2.1:9100')"),
     ("[metrics]\nlisten = nosuchhost.invalid:9100\n",
      "[metrics] listen: the host name does not resolve"),
 ])
@@ -217,8 +217,8 @@ def test_bug_a_busy_metrics_port_stops_the_daemon_before_it_writes_anything(tmp_
         # Beside a running agent its port is rightly in use: not a refusal
         # for the commands that do not serve it.
         status = run("agent.cmd.manage", conf, "status")
-    assert_refused(done, tmp_path / "state", "[metrics] listen: port already in use",
-                   f"'127.0.0.1:{port}'")
+    assert_refused(done, tmp_path / "state", "[metrics] listen: cannot serve metrics there: "
+                   "address already in use", f"'127.0.0.1:{port}'")
     assert "listen" not in status.stderr
 
 
