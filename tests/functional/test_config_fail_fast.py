@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.functional.helpers import write_conf
+from tests.functional.private_services import PrivateRabbitMQ
 
 TOP = Path(__file__).resolve().parents[2]
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-7", "memory_mb": 4096}]}
@@ -284,3 +285,37 @@ def test_a_broker_that_does_not_answer_is_waited_for(tmp_path):
             _, stderr = daemon.communicate(timeout=30)
     assert "did not answer (connection refused)" in stderr, stderr
     assert "error:" not in stderr
+
+
+def test_bug_a_broker_that_comes_back_refusing_the_credentials_is_exit_2_in_one_line(
+        tmp_path):
+    """A RabbitMQ node of the test's own, away when the daemon starts (it
+    goes on, and waits for it), back refusing guest's wrong password: the
+    daemon stops with the same one line, not a traceback and exit 1."""
+    node = PrivateRabbitMQ().start()
+    try:
+        node.stop_app()
+        conf = conf_with(tmp_path, "[DEFAULT]\ntransport_url = "
+                         f"rabbit://guest:not-the-password@127.0.0.1:{node.port}/\n")
+        env = {**os.environ, "PYTHONPATH": str(TOP)}
+        daemon = subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+                                   str(conf)], stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                daemon.wait(timeout=6)
+            node.start_app()
+            daemon.wait(timeout=90)
+        finally:
+            daemon.kill()
+            _, stderr = daemon.communicate(timeout=30)
+    finally:
+        node.close()
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert daemon.returncode == 2, stderr
+    assert errors == [line for line in stderr.splitlines() if " ERROR " in line
+                      or "Traceback" in line or "error:" in line], stderr
+    assert len(errors) == 1 and errors[0].endswith(
+        f"[DEFAULT] transport_url: the message broker at rabbit://127.0.0.1:{node.port}/ "
+        "refused the credentials of user 'guest': correct the user or password in "
+        "transport_url, or the broker's users"), stderr
+    assert "not-the-password" not in stderr
