@@ -210,6 +210,11 @@ def json_requested(argv: list[str]) -> bool:
     return "--json" in argv
 
 
+def _prog() -> str:
+    """The command's name, as its error lines begin."""
+    return os.path.basename(sys.argv[0]).removesuffix(".py")
+
+
 def report_error(error: Exception | str, exit_code: int, as_json: bool = False,
                  prefix: str = "error: ") -> int:
     """An error the command ends with, returning ``exit_code``: with
@@ -220,7 +225,7 @@ def report_error(error: Exception | str, exit_code: int, as_json: bool = False,
     if as_json:
         print_output(json.dumps({"error": message, "exit_code": exit_code}))
         return exit_code
-    prog = os.path.basename(sys.argv[0]).removesuffix(".py")
+    prog = _prog()
     for line in message.splitlines() or [""]:
         print(f"{prog}: {prefix}{line}", file=sys.stderr)
     return exit_code
@@ -242,8 +247,7 @@ def bounded_line(text: str, limit: int) -> str:
 
 def exit_config_error(error: ConfigError, as_json: bool = False) -> int:
     """One line (see ERROR_LINE_LIMIT), exit 2."""
-    prog = os.path.basename(sys.argv[0]).removesuffix(".py")
-    room = ERROR_LINE_LIMIT - len(f"{prog}: error: ")
+    room = ERROR_LINE_LIMIT - len(f"{_prog()}: error: ")
     return report_error(bounded_line(str(error), room), CONFIG_ERROR_EXIT, as_json)
 
 
