@@ -8,7 +8,7 @@ import socket
 from keystoneauth1 import loading as ks_loading
 
 from agent import messaging
-from oslo_config import cfg
+from oslo_config import cfg, iniparser
 from oslo_log import log as logging
 from oslo_log import versionutils
 
@@ -385,6 +385,19 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     # only when something is deprecated, so a bad value would go unseen.
     conf.register_opts(versionutils.deprecated_opts)
     messaging.register_opts(conf)
+
+
+def _parse_with_byte_order_mark(parser: cfg.ConfigParser) -> None:
+    with open(parser.filename, encoding="utf-8-sig") as f:
+        iniparser.BaseParser.parse(parser, f.readlines())
+
+
+def read_byte_order_marks() -> None:
+    """oslo.config opens a config file as plain text, so the byte-order
+    mark some editors put first becomes part of the first line, which
+    then parses as neither a section nor an option: read the files as
+    UTF-8 that may start with one (the same text otherwise)."""
+    cfg.ConfigParser.parse = _parse_with_byte_order_mark
 
 
 def register_mdev_type_groups(conf: cfg.ConfigOpts) -> None:

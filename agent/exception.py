@@ -69,8 +69,13 @@ class GenerationConflict(PlacementError):
 
 
 def shown(value) -> str:
+    """A value as an error line shows it: its repr, cut after 77
+    characters with its length given, so that a line stays a line."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    if len(text) <= 80:
+        return text
+    length = len(value) if isinstance(value, (str, bytes)) else len(text)
+    return f"{text[:77]}... ({length} characters)"
 
 
 class InvalidRequest(AgentError):

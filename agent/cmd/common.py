@@ -10,6 +10,7 @@ import contextlib
 import io
 import itertools
 import json
+import logging as std_logging
 import os
 import sys
 from dataclasses import dataclass
@@ -148,6 +149,47 @@ def _files_named(argv: list[str], project: str) -> list[str]:
     return files
 
 
+# The loggers that speak while the config is read: oslo.config's
+# (deprecated names) and the check's (names it does not read).
+READING_LOGGERS = ("oslo_config", "agent.cmd.config_check")
+
+
+class _HeldRecords(std_logging.Handler):
+    """Keeps what the reading loggers say until oslo.log is set up
+    (setup_logging), so that it is formatted and sent where the operator
+    asked; dropped when the config is refused, whose one line is then
+    all that is said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[std_logging.LogRecord] = []
+
+    def emit(self, record: std_logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_held = _HeldRecords()
+
+
+@contextlib.contextmanager
+def _holding_reading_lines():
+    loggers = [std_logging.getLogger(name) for name in READING_LOGGERS]
+    propagated = [logger.propagate for logger in loggers]
+    _held.records.clear()
+    for logger in loggers:
+        logger.addHandler(_held)
+        logger.propagate = False
+    try:
+        yield
+    except ConfigError:
+        _held.records.clear()
+        raise
+    finally:
+        for logger, propagate in zip(loggers, propagated):
+            logger.removeHandler(_held)
+            logger.propagate = propagate
+
+
 def load_config(argv: list[str], cli_opts=(), project="compute-agent",
                 placement_required: bool = False,
                 command_help: CommandHelp | None = None) -> cfg.ConfigOpts:
@@ -155,20 +197,28 @@ def load_config(argv: list[str], cli_opts=(), project="compute-agent",
     before the caller writes anything or starts a thread. Raises
     ConfigError naming the option and the value. ``placement_required``:
     the command talks to Placement, so its auth plugin must be set.
-    ``command_help``: what a console script's --help says first."""
+    ``command_help``: what a console script's --help says first. What the
+    reading logs (a deprecated name, names not read) is logged by
+    setup_logging."""
+    config.read_byte_order_marks()
     conf = _ConfigOpts()
     config.register_opts(conf)
     conf.set_default("use_stderr", True)
     conf.register_cli_opts(list(cli_opts))
-    _parse(conf, argv, project, command_help)
-    check_config(conf, placement_required)
+    with _holding_reading_lines():
+        _parse(conf, argv, project, command_help)
+        check_config(conf, placement_required)
     return conf
 
 
 def setup_logging(conf: cfg.ConfigOpts, project="compute-agent") -> None:
     """Console scripts only: oslo.log replaces the root logger's handlers.
-    Logs go to stderr unless a log file is set, so stdout stays for data."""
+    Logs go to stderr unless a log file is set, so stdout stays for data.
+    Then the lines held while the config was read are logged."""
     logging.setup(conf, project)
+    held, _held.records[:] = list(_held.records), []
+    for record in held:
+        std_logging.getLogger(record.name).handle(record)
 
 
 class _ClosedPipeTolerant:
@@ -222,6 +272,11 @@ def json_requested(argv: list[str]) -> bool:
     return "--json" in argv
 
 
+def _prog() -> str:
+    """The command's name, as its error lines begin."""
+    return os.path.basename(sys.argv[0]).removesuffix(".py")
+
+
 def report_error(error: Exception | str, exit_code: int, as_json: bool = False,
                  prefix: str = "error: ") -> int:
     """An error the command ends with, returning ``exit_code``: with
@@ -232,14 +287,30 @@ def report_error(error: Exception | str, exit_code: int, as_json: bool = False,
     if as_json:
         print_output(json.dumps({"error": message, "exit_code": exit_code}))
         return exit_code
-    prog = os.path.basename(sys.argv[0]).removesuffix(".py")
+    prog = _prog()
     for line in message.splitlines() or [""]:
         print(f"{prog}: {prefix}{line}", file=sys.stderr)
     return exit_code
 
 
+# An error line's length at most, the command's name and "error: " included.
+ERROR_LINE_LIMIT = 300
+
+
+def bounded_line(text: str, limit: int) -> str:
+    """``text`` on one line of at most ``limit`` characters: its lines
+    joined, and cut with its whole length given."""
+    line = " ".join(text.split("\n"))
+    if len(line) <= limit:
+        return line
+    tail = f"... ({len(line)} characters)"
+    return line[:limit - len(tail)] + tail
+
+
 def exit_config_error(error: ConfigError, as_json: bool = False) -> int:
-    return report_error(error, CONFIG_ERROR_EXIT, as_json)
+    """One line (see ERROR_LINE_LIMIT), exit 2."""
+    room = ERROR_LINE_LIMIT - len(f"{_prog()}: error: ")
+    return report_error(bounded_line(str(error), room), CONFIG_ERROR_EXIT, as_json)
 
 
 # The state directory is another agent's, or its store is lost, corrupt

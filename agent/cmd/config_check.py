@@ -19,26 +19,34 @@ FREE_FORM with the reason any value is valid.
 from __future__ import annotations
 
 import configparser
+import errno
 import functools
 import logging
 import logging.handlers
 import math
 import os
 import re
+import socket
 import ssl
 import syslog
+import threading
 import uuid
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 from keystoneauth1 import discover
 from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
+from oslo_config import iniparser
+from oslo_context import context as request_context
+from oslo_log import formatters as log_formatters
+from oslo_log import log as oslo_log
 
+from agent import config
 from agent.cmd.errors import BadValue
 from agent.config import PLACEMENT_GROUP
 from agent.exception import ConfigError, shown
@@ -46,6 +54,8 @@ from agent.messaging import messaging
 from agent.metrics import parse_listen
 from agent.rpc import versions as rpc_versions
 from agent.tree.policy import tree_policy_from_conf
+
+LOG = logging.getLogger(__name__)
 
 DEFAULT = "DEFAULT"
 
@@ -109,7 +119,7 @@ def undecodable_config_file(files: list[str], error: UnicodeDecodeError) -> Conf
 def _read_files(conf: cfg.ConfigOpts) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     try:
-        parser.read(_config_files(conf))
+        parser.read(_config_files(conf), encoding="utf-8-sig")
     except configparser.Error:
         pass  # oslo.config read them: what configparser cannot is not shown
     return parser
@@ -128,12 +138,20 @@ def written_as(conf: cfg.ConfigOpts, option: Option) -> tuple[str, str, str | No
     return option.section, option.name, None
 
 
+# A refusal's longest: with the command's name and "error: " before it,
+# the line stays within 300 characters (agent.cmd.common.ERROR_LINE_LIMIT).
+REFUSAL_LENGTH = 270
+
+
 def refusal(conf: cfg.ConfigOpts, option: Option, reason: str,
             value: Any = None) -> ConfigError:
     """The one line for a bad value: where the operator wrote it, why it is
     bad, and the value as written (a secret as ***)."""
     section, name, raw = written_as(conf, option)
     text = raw if raw is not None else value
+    if isinstance(text, str) and len(repr(text)) > 80:
+        # A library's reason may quote the value whole: shown once, cut.
+        reason = reason.replace(repr(text), "the value").replace(text, "the value")
     if text is None:
         text_shown = "unset"
     elif option.opt.secret and VALUE_RULES.get(_key(option)) is not transport_url:
@@ -142,7 +160,11 @@ def refusal(conf: cfg.ConfigOpts, option: Option, reason: str,
         text_shown = shown(masked_url(text))
     else:
         text_shown = shown(text)
-    return ConfigError(f"[{section}] {name}: {reason} (value: {text_shown})")
+    head, tail = f"[{section}] {name}: ", f" (value: {text_shown})"
+    room = max(REFUSAL_LENGTH - len(head) - len(tail), 40)
+    if len(reason) > room:
+        reason = reason[:room - 3] + "..."
+    return ConfigError(f"{head}{reason}{tail}")
 
 
 # --- the registry -----------------------------------------------------------
@@ -156,14 +178,206 @@ def registered_options(conf: cfg.ConfigOpts) -> list[Option]:
     return out
 
 
+# --- names: read, misspelt, unknown ------------------------------------------
+# A name no part of the agent reads is either a misspelling of one it
+# reads (a refusal: the operator's setting would silently not apply) or
+# a name of another version or another service (one warning: a fleet's
+# shared config may carry options a newer agent reads).
+
+MDEV_SECTION_PREFIX = "mdev_"
+MDEV_OPTIONS = frozenset(o.dest for o in config.mdev_type_opts)
+
+
+@dataclass(frozen=True)
+class UnknownName:
+    """A section, or an option in a section, that the agent does not read;
+    ``known``: the name it reads that this one is a misspelling of."""
+    file: str
+    section: str
+    option: str | None = None  # None: the section itself
+    known: str | None = None
+
+    def where(self) -> str:
+        return f"[{self.section}]" + ("" if self.option is None else f" {self.option}")
+
+    def refusal(self) -> ConfigError:
+        kind = "section" if self.option is None else "option"
+        known = f"[{self.known}]" if self.option is None else self.known
+        return ConfigError(f"{self.file}: {self.where()}: unknown {kind}; "
+                           f"did you mean {known}?")
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of two neighbours
+    that turn ``a`` into ``b`` (the optimal string alignment distance)."""
+    previous, row = None, list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        before, row = row, [i] + [0] * len(b)
+        for j, y in enumerate(b, 1):
+            row[j] = min(before[j] + 1, row[j - 1] + 1, before[j - 1] + (x != y))
+            if (previous is not None and i > 1 and j > 1 and x == b[j - 2]
+                    and a[i - 2] == y):
+                row[j] = min(row[j], previous[j - 2] + 1)
+        previous = before
+    return row[-1]
+
+
+def typo_allowance(length: int) -> int:
+    """The edits a misspelling of a name this long is within: none below
+    four characters ([api] is not [pci]), one up to nine, two beyond. A
+    newer version's name that extends one of ours
+    (update_interval_max) is further off, and only warned of."""
+    return 0 if length < 4 else 1 if length < 10 else 2
+
+
+def misspelling_of(name: str, known: Iterable[str]) -> str | None:
+    """The nearest of ``known`` that ``name`` is within typo_allowance
+    edits of, letter case aside (a name in the wrong case is not read
+    either); None when none is that near."""
+    near = [(edit_distance(name.lower(), k.lower()), k) for k in known if k != name]
+    near = [(d, k) for d, k in near if d <= typo_allowance(max(len(name), len(k)))]
+    return min(near)[1] if near else None
+
+
+def group_key(section: str) -> str:
+    """A section as oslo.config matches it to a group (letter case aside,
+    but for DEFAULT)."""
+    return section if section == DEFAULT else section.lower()
+
+
+def file_sections(path: str) -> dict[str, dict[str, list[str]]]:
+    """A config file's sections and their options, read by oslo.config's
+    own parser; {} for a file oslo.config has already refused."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    try:
+        cfg.ConfigParser(path, sections).parse()
+    except (OSError, UnicodeDecodeError, iniparser.ParseError):
+        return {}
+    return sections
+
+
+@functools.cache
+def _plugin_option_names() -> dict[str, frozenset[str]]:
+    """Each auth plugin keystoneauth has, and the options it reads."""
+    out = {}
+    for name, loader in ks_loading.get_available_plugin_loaders().items():
+        out[name] = frozenset(n.replace("-", "_") for o in loader.get_options()
+                              for n in [o.dest, *(d.name for d in o.deprecated)])
+    return out
+
+
+def read_names(conf: cfg.ConfigOpts) -> dict[str, set[str]]:
+    """Section (as group_key gives it) -> the option names read there:
+    every registered option, under its own name and its deprecated ones,
+    and the chosen auth plugin's options."""
+    names: dict[str, set[str]] = {}
+    for option in registered_options(conf):
+        names.setdefault(group_key(option.section), set()).add(option.name)
+        for old in option.opt.deprecated_opts:
+            names.setdefault(group_key(old.group or option.section), set()).add(
+                (old.name or option.opt.dest).replace("-", "_"))
+    group = auth_group(conf)
+    plugin = _plugin_option_names().get(conf[group].auth_type or "", frozenset())
+    names.setdefault(group_key(group), set()).update(plugin)
+    return names
+
+
+def _enabled_mdev_sections(conf: cfg.ConfigOpts) -> None:
+    """Register the [mdev_<type>] groups of the enabled types; a bad
+    enabled_mdev_types is refused by the walk over the values."""
+    try:
+        config.register_mdev_type_groups(conf)
+    except (ValueError, cfg.Error):
+        pass
+
+
+def unknown_names(conf: cfg.ConfigOpts) -> list[UnknownName]:
+    """Every section and option of the config files that the agent does
+    not read, a misspelling with the name it misspells. The sections of
+    [DEFAULT] config_source are their source driver's to read."""
+    _enabled_mdev_sections(conf)
+    read = read_names(conf)
+    auth = group_key(auth_group(conf))
+    other_plugins = frozenset().union(*_plugin_option_names().values())
+    sources = {group_key(s) for s in _config_source_names(conf)}
+    out = []
+    for path in _config_files(conf):
+        for section, options in file_sections(path).items():
+            key = group_key(section)
+            if key in sources:
+                continue
+            if key not in read:
+                # [mdev_<type>] of a type not enabled here: another host's.
+                near = (None if key.startswith(MDEV_SECTION_PREFIX)
+                        else misspelling_of(key, read))
+                out.append(UnknownName(path, section, None, near))
+                continue
+            for name in options:
+                if name in read[key]:
+                    continue
+                near = (None if key == auth and name in other_plugins
+                        else misspelling_of(name, read[key]))
+                out.append(UnknownName(path, section, name, near))
+    return out
+
+
+def _config_source_names(conf: cfg.ConfigOpts) -> list[str]:
+    try:
+        return list(conf.config_source or [])
+    except (ValueError, cfg.Error):
+        return []
+
+
+WARNING_LINE_LIMIT = 300
+
+
+def unknown_names_line(unknown: list[UnknownName]) -> str:
+    """The one warning line naming what is not read, cut to
+    WARNING_LINE_LIMIT characters with how many names there are."""
+    by_file: dict[str, list[str]] = {}
+    for u in unknown:
+        by_file.setdefault(u.file, []).append(u.where())
+    text = ("Not read by this version, ignored: "
+            + "; ".join(f"{f}: {', '.join(ws)}" for f, ws in by_file.items()))
+    if len(text) <= WARNING_LINE_LIMIT:
+        return text
+    tail = f"... ({len(unknown)} names in all)"
+    return text[:WARNING_LINE_LIMIT - len(tail)] + tail
+
+
+def check_names(conf: cfg.ConfigOpts) -> None:
+    """Refuse the first misspelt name; log the others in one warning."""
+    unknown = unknown_names(conf)
+    for u in unknown:
+        if u.known is not None:
+            raise u.refusal()
+    if unknown:
+        LOG.warning("%s", unknown_names_line(unknown))
+
+
 # --- rules on one value -----------------------------------------------------
 # Each takes the value oslo.config converted and raises BadValue.
+
+# Linux's limits: a whole path, and one name in it (a file system's own).
+PATH_MAX = 4095
+NAME_MAX = 255
+
+
+def path_lengths(value: str) -> None:
+    """A path the kernel takes: asked about a longer one, every call fails
+    with ENAMETOOLONG, which no later step expects."""
+    if len(os.fsencode(value)) > PATH_MAX:
+        raise BadValue(f"longer than a path may be ({PATH_MAX} bytes)")
+    for name in Path(value).parts:
+        if len(os.fsencode(name)) > NAME_MAX:
+            raise BadValue(f"a name in the path is longer than {NAME_MAX} bytes "
+                           f"({len(os.fsencode(name))})")
+
 
 def absolute_path(value: str) -> None:
     if not value.strip() or not os.path.isabs(value):
         raise BadValue("not an absolute path")
-    if len(value) > 4095:
-        raise BadValue("longer than a path may be (4095)")
+    path_lengths(value)
 
 
 def existing_directory(value: str) -> None:
@@ -176,10 +390,23 @@ def readable_file(value: str) -> None:
     """'' is unset: the libraries' defaults for their file options."""
     if value == "":
         return
+    path_lengths(value)
+    if os.path.isdir(value):
+        raise BadValue("a directory, not a file")
     if not os.path.isfile(value):
         raise BadValue("no such file")
     if not os.access(value, os.R_OK):
         raise BadValue("not readable")
+
+
+def file_to_write(value: str) -> None:
+    """A file the agent writes, there or not yet: not a directory, and in
+    a directory that is there. Nothing is created here."""
+    absolute_path(value)
+    if os.path.isdir(value):
+        raise BadValue("a directory, not a file")
+    if not os.path.isdir(os.path.dirname(value)):
+        raise BadValue(f"no such directory {os.path.dirname(value)}")
 
 
 def state_directory(value: str) -> None:
@@ -229,6 +456,20 @@ def _known_transports() -> tuple[str, ...]:
     return _drivers("oslo.messaging.drivers")
 
 
+@functools.cache
+def driver_import_problem(name: str) -> str | None:
+    """Why oslo.messaging's driver ``name`` cannot be loaded (its module,
+    or a library it needs, is not installed), or None when it loads. The
+    entry point is listed whether or not its library is there."""
+    for point in entry_points(group="oslo.messaging.drivers"):
+        if point.name == name:
+            try:
+                point.load()
+            except ImportError as e:
+                return str(e)
+    return None
+
+
 def transport_url(value: str) -> None:
     """oslo.messaging's URL: driver://[user:pass@]host:port[,...]/[vhost],
     with a driver it has, and hosts and ports that can be connected to.
@@ -244,6 +485,9 @@ def transport_url(value: str) -> None:
     if url.transport not in _known_transports():
         raise BadValue(f"unknown driver {url.transport!r}; known: "
                        f"{', '.join(_known_transports())}")
+    missing = driver_import_problem(url.transport)
+    if missing is not None:
+        raise BadValue(f"the {url.transport} driver is not installed ({missing})")
     for host in url.hosts:
         if not host.hostname or not re.fullmatch(r"[A-Za-z0-9_.:\[\]-]+", host.hostname):
             raise BadValue(f"bad host {host.hostname!r}")
@@ -265,17 +509,70 @@ def libvirt_uri(value: str) -> None:
                        "or test:///<file>")
 
 
-class _AnyField(dict):
-    def __missing__(self, key):
-        return 0
+@functools.cache
+def request_context_values() -> dict[str, Any]:
+    """A request context's logging values, as oslo.log fills a record
+    with them. The context is made in a thread of its own: oslo.context
+    makes a new context its thread's current one, which every later line
+    the thread logs would carry."""
+    values: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: values.update(
+        request_context.RequestContext().get_logging_values()))
+    thread.start()
+    thread.join()
+    return values
 
 
-def percent_format(value: str) -> None:
-    """A %-style format string, as oslo.log fills them from a record."""
+@functools.cache
+def log_record_fields(with_context: bool) -> dict[str, Any]:
+    """The fields of a record as oslo.log's formatter fills them, with
+    its defaults: the standard ones, oslo.log's own, and with a request
+    context, the context's. A record logged outside a request has no
+    context (the default format's record)."""
+    defaults = cfg.ConfigOpts()
+    oslo_log.register_options(defaults)
+    defaults([], default_config_files=[], default_config_dirs=[])
+    formatter = log_formatters.ContextFormatter(config=defaults, project="compute-agent",
+                                                version="0")
+    record = logging.LogRecord("agent", logging.DEBUG, __file__, 1, "message %s", ("x",),
+                               None)
+    if with_context:
+        record.context = dict(request_context_values())
+    formatter.format(record)
+    return dict(record.__dict__)
+
+
+def _rendered(value: str, fields: dict[str, Any]) -> None:
+    """``value`` filled from ``fields`` as oslo.log fills it: a field a
+    record lacks or a conversion its value does not take would make every
+    log line a "Logging error" traceback."""
     try:
-        value % _AnyField()
-    except (ValueError, TypeError, KeyError) as e:
-        raise BadValue(f"not a %-format string: {e}") from None
+        value % fields
+    except KeyError as e:
+        raise BadValue(f"a log record has no field {e.args[0]!r}") from None
+    except (ValueError, TypeError) as e:
+        raise BadValue(f"not a %-format string for a log record: {e}") from None
+
+
+def record_format(value: str) -> None:
+    """A format of a record logged outside a request (the default format,
+    the debug suffix and the exception prefix of every record)."""
+    _rendered(value, log_record_fields(with_context=False))
+
+
+def context_record_format(value: str) -> None:
+    """The format of a record logged within a request."""
+    _rendered(value, log_record_fields(with_context=True))
+
+
+def user_identity_format(value: str) -> None:
+    """Filled from a request context's logging values."""
+    _rendered(value, request_context_values())
+
+
+def instance_format(value: str) -> None:
+    """Filled with an instance's uuid."""
+    _rendered(value, {"uuid": "00000000-0000-0000-0000-000000000000"})
 
 
 def log_levels(value: list[str]) -> None:
@@ -405,13 +702,13 @@ VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
     (DEFAULT, "log_config_append"): readable_file,
     (DEFAULT, "log_dir"): existing_directory,
     (DEFAULT, "syslog_log_facility"): syslog_facility,
-    (DEFAULT, "logging_context_format_string"): percent_format,
-    (DEFAULT, "logging_default_format_string"): percent_format,
-    (DEFAULT, "logging_debug_format_suffix"): percent_format,
-    (DEFAULT, "logging_exception_prefix"): percent_format,
-    (DEFAULT, "logging_user_identity_format"): percent_format,
-    (DEFAULT, "instance_format"): percent_format,
-    (DEFAULT, "instance_uuid_format"): percent_format,
+    (DEFAULT, "logging_context_format_string"): context_record_format,
+    (DEFAULT, "logging_default_format_string"): record_format,
+    (DEFAULT, "logging_debug_format_suffix"): record_format,
+    (DEFAULT, "logging_exception_prefix"): record_format,
+    (DEFAULT, "logging_user_identity_format"): user_identity_format,
+    (DEFAULT, "instance_format"): instance_format,
+    (DEFAULT, "instance_uuid_format"): instance_format,
     (DEFAULT, "default_log_levels"): log_levels,
     (DEFAULT, "transport_url"): transport_url,
     (DEFAULT, "control_exchange"): queue_name,
@@ -420,7 +717,7 @@ VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("libvirt", "instances_path"): absolute_path,
     ("pmem", "ndctl_json"): readable_file,
     ("fake", "host_file"): readable_file,
-    ("fake", "state_file"): absolute_path,
+    ("fake", "state_file"): file_to_write,
     ("metrics", "listen"): listen_address,
     (PLACEMENT_GROUP, "cafile"): readable_file,
     (PLACEMENT_GROUP, "certfile"): readable_file,
@@ -612,6 +909,16 @@ def auth_section(conf: cfg.ConfigOpts) -> None:
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
 
 
+def plugin_names_shown(known: list[str]) -> str:
+    """keystoneauth's plugins, those for a Keystone version (v2password,
+    v3oidcpassword...) counted rather than named, so that the line stays
+    one."""
+    versioned = [n for n in known if re.match(r"v\d", n)]
+    named = [n for n in known if n not in versioned]
+    return ", ".join(named) + (f" and {len(versioned)} Keystone v2/v3 plugins (v3password...)"
+                               if versioned else "")
+
+
 def auth_plugin(conf: cfg.ConfigOpts, required: bool) -> None:
     """[placement] auth_type: present when Placement is used, a plugin
     keystoneauth has, and registered with its options so that the walk
@@ -627,7 +934,10 @@ def auth_plugin(conf: cfg.ConfigOpts, required: bool) -> None:
         return
     known = sorted(ks_loading.get_available_plugin_names())
     if name not in known:
-        raise refusal(conf, option, "unknown auth plugin; known: " + ", ".join(known))
+        near = misspelling_of(name, known)
+        raise refusal(conf, option, "unknown auth plugin"
+                      + (f"; did you mean {near}?" if near else "")
+                      + "; known: " + plugin_names_shown(known))
     loader = ks_loading.get_plugin_loader(name)
     conf.register_opts(ks_loading.get_auth_plugin_conf_options(loader), group=group)
 
@@ -712,6 +1022,10 @@ def log_destination(conf: cfg.ConfigOpts) -> None:
     if not conf.log_file:
         return
     path = Path(conf.log_dir or "", conf.log_file) if conf.log_dir else Path(conf.log_file)
+    try:
+        path_lengths(str(path))
+    except BadValue as e:
+        raise refusal(conf, _option(conf, DEFAULT, "log_file"), str(e)) from None
     if path.is_dir():
         problem = "a directory, not a file"
     elif not path.parent.is_dir():
@@ -721,6 +1035,43 @@ def log_destination(conf: cfg.ConfigOpts) -> None:
     else:
         return
     raise refusal(conf, _option(conf, DEFAULT, "log_file"), problem)
+
+
+def _metrics_address(conf: cfg.ConfigOpts, port: int | None) -> None:
+    """Bind a socket to [metrics] listen's address (and to ``port``, or to
+    one the kernel picks), then close it: the test the server's own bind
+    would make, without serving."""
+    listen = conf.metrics.listen
+    host, listen_port = parse_listen(listen)
+    option = _option(conf, "metrics", "listen")
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(
+            host, listen_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise refusal(conf, option, f"the host name does not resolve ({e})") from None
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address[0], listen_port if port is None else port, *address[2:]))
+        except OSError as e:
+            reason = {errno.EADDRNOTAVAIL: "not an address of this host",
+                      errno.EADDRINUSE: "address already in use"}.get(e.errno, e.strerror)
+            raise refusal(conf, option, f"cannot serve metrics there: {reason}") from None
+
+
+def metrics_address_local(conf: cfg.ConfigOpts) -> None:
+    """[metrics] listen names an address of this host (every command: it
+    is a mistake whoever reads it). Its port is the daemon's to test
+    (metrics_port_free): beside a running agent it is rightly in use."""
+    if conf.metrics.listen:
+        _metrics_address(conf, port=0)
+
+
+def metrics_port_free(conf: cfg.ConfigOpts) -> None:
+    """For the daemon that will serve [metrics] listen, before it writes
+    anything: the address and port can be bound now."""
+    if conf.metrics.listen:
+        _metrics_address(conf, port=None)
 
 
 def config_sources(conf: cfg.ConfigOpts) -> None:
@@ -765,10 +1116,11 @@ def check_config(conf: cfg.ConfigOpts, placement_required: bool) -> None:
     nothing. ``placement_required``: the command talks to Placement, so
     [placement] auth_type must be set."""
     auth_section(conf)
+    check_names(conf)
     auth_plugin(conf, placement_required)
     for option in registered_options(conf):
         check_option(conf, option)
     for rule in (auth_plugin_options, adapter_versions, auth_plugin_loads,
                  compute_driver_needs, log_destination, config_sources,
-                 policy_rules):
+                 metrics_address_local, policy_rules):
         rule(conf)

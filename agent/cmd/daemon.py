@@ -14,15 +14,16 @@ from oslo_log import log as logging
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
+from agent.cmd.config_check import metrics_port_free
 from agent.daemon.errors import AnotherAgentServesHost
 from agent.daemon.one_agent_check import check_one_agent_per_host
 from agent.daemon.reload_signal import ReloadSignal
-from agent.daemon.service import Agent, CycleOutcome
+from agent.daemon.service import BROKER_PROBE_TIMEOUT_SECONDS, Agent, CycleOutcome
 from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
 from agent.daemon.systemd import notify, watchdog_from_environment
 from agent.exception import ConfigError
 from agent.messaging import bound_broker_waits
-from agent.rpc.broker import quiet_own_fanout_cancels, quiet_reconnect_lines
+from agent.rpc import broker
 from agent.rpc.heartbeat import make_server as heartbeat_server
 from agent.rpc.server import make_server
 from agent.store import lock as state_lock
@@ -91,9 +92,17 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     # secret ones (passwords, transport_url) as "****".
     conf.log_opt_values(LOG, logging.DEBUG)
     # The broker's outage is the loop's one line each way (agent/rpc/broker.py).
-    quiet_reconnect_lines()
-    quiet_own_fanout_cancels()
+    broker.quiet_reconnect_lines()
+    broker.quiet_own_fanout_cancels()
     bound_broker_waits(conf, STOP_POLL)
+    try:
+        # What only the serving daemon needs, asked before anything is
+        # written: its metrics port, and a broker that takes its login.
+        if not conf.once:
+            metrics_port_free(conf)
+            broker.refuse_rejected_credentials(conf, BROKER_PROBE_TIMEOUT_SECONDS)
+    except ConfigError as e:
+        return exit_config_error(e)
     try:
         # Held until the process ends: before anything in the state
         # directory is read, so two agents never serve one store.
@@ -137,9 +146,16 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
         agent.stop()
         return exit_store_error(e)
     heartbeat = heartbeat_server(conf, agent)
-    heartbeat.start()
     server = make_server(conf, agent)
-    server.start()
+    try:
+        heartbeat.start()
+        server.start()
+    except Exception as e:
+        # The broker was down at the check above, and refuses the login now.
+        if not broker.refuses_credentials(e):
+            raise
+        agent.stop()
+        return exit_config_error(broker.credentials_refusal(conf))
     # What start-up made (modules, config, the host's pools, the store's
     # rows) lives as long as the process: keep it out of the collector's
     # full passes, each of which would stall every call in flight (about

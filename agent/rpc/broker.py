@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import kombu
+from amqp import exceptions as amqp_exceptions
 from amqp import spec as amqp_spec
 from oslo_config import cfg
 
 from agent.dependencies import Dependencies, Dependency, Probe, Unknown
+from agent.exception import ConfigError
 from agent.messaging import messaging
 
 # oslo.messaging's rabbit driver reaches these when the URL names no host.
@@ -84,6 +86,18 @@ def connect(connection: kombu.Connection) -> None:
                                  interval_max=0, reraise_as_library_errors=False)
 
 
+def login(host: RabbitHost, timeout: float) -> Exception | None:
+    """One connection, logged in and closed; the error, or None."""
+    connection = host.connection(timeout)
+    try:
+        connect(connection)
+    except Exception as e:  # noqa: BLE001 - any failure is this probe's finding
+        return e
+    finally:
+        connection.release()
+    return None
+
+
 def probe(conf: cfg.ConfigOpts, timeout: float) -> Probe | Unknown:
     """A connection to each host of ``transport_url`` in turn, logged in
     and closed: answered when one accepts it. The URL is shown without its
@@ -93,14 +107,10 @@ def probe(conf: cfg.ConfigOpts, timeout: float) -> Probe | Unknown:
         return hosts
     problems = []
     for host in hosts:
-        connection = host.connection(timeout)
-        try:
-            connect(connection)
-        except Exception as e:  # noqa: BLE001 - any failure is this probe's finding
-            problems.append(problem(e))
+        error = login(host, timeout)
+        if error is not None:
+            problems.append(problem(error))
             continue
-        finally:
-            connection.release()
         return Probe(Dependency.BROKER, f"rabbit://{host.shown}/")
     shown = ",".join(h.shown for h in hosts)
     if len(hosts) == 1:
@@ -147,14 +157,51 @@ def observe(board: Dependencies, answer: Probe | Unknown) -> None:
         board.failed(Dependency.BROKER, answer.url, answer.problem)
 
 
+def refuses_credentials(error: BaseException) -> bool:
+    """The broker answered, and refused transport_url's user or password
+    (AMQP's 403 ACCESS_REFUSED): no retry makes it accept them."""
+    return isinstance(error, amqp_exceptions.AccessRefused) or "ACCESS_REFUSED" in str(error)
+
+
 def problem(error: Exception) -> str:
     if isinstance(error, ConnectionRefusedError):
         return "did not answer (connection refused)"
     if isinstance(error, TimeoutError):
         return "did not answer (timed out)"
-    if "ACCESS_REFUSED" in str(error):
+    if refuses_credentials(error):
         return "refused the credentials in transport_url"
     return f"did not answer ({type(error).__name__}: {error})"
+
+
+def credentials_refusal(conf: cfg.ConfigOpts) -> ConfigError:
+    """The one line for a broker that refuses transport_url's credentials
+    (its hosts and users, never a password)."""
+    hosts = rabbit_hosts(conf)
+    if isinstance(hosts, Unknown):
+        raise ValueError("only a rabbit transport_url has credentials to refuse")
+    where = ",".join(h.shown for h in hosts)
+    users = ", ".join(sorted({repr(h.username or "guest") for h in hosts}))
+    return ConfigError(f"[DEFAULT] transport_url: the message broker at rabbit://{where}/ "
+                       f"refused the credentials of user {users}: correct the user or "
+                       "password in transport_url, or the broker's users")
+
+
+def refuse_rejected_credentials(conf: cfg.ConfigOpts, timeout: float) -> None:
+    """At the daemon's start, before it writes anything: raise ConfigError
+    when no host of transport_url takes a login and one refused its
+    credentials. A broker that does not answer is the driver's to wait
+    for, as at any time."""
+    hosts = rabbit_hosts(conf)
+    if isinstance(hosts, Unknown):
+        return
+    refused = False
+    for host in hosts:
+        error = login(host, timeout)
+        if error is None:
+            return
+        refused = refused or refuses_credentials(error)
+    if refused:
+        raise credentials_refusal(conf)
 
 
 def is_reconnect_line(record: logging.LogRecord) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import os_resource_classes as orc
 import os_traits
 
-from agent.exception import ConfigError
+from agent.exception import ConfigError, shown
 from compute_common.pci_address import PARTS as _ADDRESS_PARTS, split_address
 from drivers.base import PciDevice
 
@@ -75,9 +75,14 @@ class DeviceSpec:
         return all(v in r for v, r in zip(parts, self.address))
 
 
+# Placement's limit on a trait's name.
+PLACEMENT_NAME_LENGTH = 255
+
+
 def _fail(text: str, field: str, value, reason: str) -> ConfigError:
-    return ConfigError(f"{OPTION}: {field}: {reason} (value: {value!r}; "
-                       f"entry: {text})")
+    entry = text if len(text) <= 60 else f"{text[:57]}... ({len(text)} characters)"
+    return ConfigError(f"{OPTION}: {field}: {reason} (value: {shown(value)}; "
+                       f"entry: {entry})")
 
 
 def _hex_id(text: str, field: str, value) -> int:
@@ -131,7 +136,11 @@ def _traits(text: str, value) -> frozenset[str]:
     for t in value:
         t = t.strip().upper()
         known = t in os_traits.get_traits() or os_traits.is_custom(t)
-        out.add(t if known else os_traits.normalize_name(t))
+        name = t if known else os_traits.normalize_name(t)
+        if len(name) > PLACEMENT_NAME_LENGTH:
+            raise _fail(text, "traits", name, f"longer than Placement's "
+                        f"{PLACEMENT_NAME_LENGTH} characters")
+        out.add(name)
     return frozenset(out)
 
 
@@ -162,7 +171,7 @@ def parse_spec(text: str) -> DeviceSpec:
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise ConfigError(f"{OPTION}: not valid JSON: {e} (value: {text!r})") from None
+        raise ConfigError(f"{OPTION}: not valid JSON: {e} (value: {shown(text)})") from None
     if not isinstance(data, dict):
         raise _fail(text, "entry", data, "must be a JSON object")
     unknown = set(data) - _KNOWN_KEYS

@@ -9,15 +9,16 @@ import os_traits
 from oslo_config import cfg
 
 from agent.config import register_mdev_type_groups
-from agent.exception import ConfigError
-from agent.tree.device_spec import parse_specs
+from agent.exception import ConfigError, shown
+from agent.tree.device_spec import PLACEMENT_NAME_LENGTH, parse_specs
 from agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import canonical_address
 
 
-# What os-resource-classes and os-traits accept as a custom name.
-_CUSTOM_NAME = re.compile(r"CUSTOM_[A-Z0-9_]+")
+# What os-resource-classes and os-traits accept as a custom name, within
+# the 255 characters Placement takes for a trait or a resource class.
+_CUSTOM_NAME = re.compile(r"CUSTOM_[A-Z0-9_]{1,%d}" % (PLACEMENT_NAME_LENGTH - len("CUSTOM_")))
 
 
 def _cpu_option(conf: cfg.ConfigOpts, name: str) -> frozenset[int] | None:
@@ -29,14 +30,14 @@ def _cpu_option(conf: cfg.ConfigOpts, name: str) -> frozenset[int] | None:
         return None
     if any(not item.strip() for item in text.split(",")):
         raise ConfigError(f"[compute] {name}: an empty item in the CPU list "
-                          f"(value: {text!r})")
+                          f"(value: {shown(text)})")
     try:
         cpus = parse_cpu_set(text)
     except ValueError as e:
-        raise ConfigError(f"[compute] {name}: {e} (value: {text!r})") from None
+        raise ConfigError(f"[compute] {name}: {e} (value: {shown(text)})") from None
     if not cpus:
         raise ConfigError(f"[compute] {name}: names no CPU; leave it unset "
-                          f"instead (value: {text!r})")
+                          f"instead (value: {shown(text)})")
     return cpus
 
 
@@ -54,17 +55,17 @@ def _pmem_labels(conf: cfg.ConfigOpts) -> tuple[tuple[str, frozenset[str]], ...]
         members = [n.strip() for n in names.split("|")]
         if not sep or not label or not all(members):
             raise ConfigError(f"[pmem] namespaces: expected LABEL:ns0|ns1 "
-                              f"(value: {entry!r})")
+                              f"(value: {shown(entry)})")
         if not _PMEM_LABEL.fullmatch(label):
-            raise ConfigError(f"[pmem] namespaces: label {label!r} is not "
-                              f"letters, digits and _ (value: {entry!r})")
+            raise ConfigError(f"[pmem] namespaces: label {shown(label)} is not "
+                              f"letters, digits and _ (value: {shown(entry)})")
         bad = [n for n in members if not _PMEM_NAMESPACE.fullmatch(n)]
         if bad:
-            raise ConfigError(f"[pmem] namespaces: namespace {bad[0]!r} is not "
-                              f"letters, digits, '.', '-' and _ (value: {entry!r})")
+            raise ConfigError(f"[pmem] namespaces: namespace {shown(bad[0])} is not "
+                              f"letters, digits, '.', '-' and _ (value: {shown(entry)})")
         if label in dict(out):
-            raise ConfigError(f"[pmem] namespaces: label {label!r} given twice "
-                              f"(value: {entry!r})")
+            raise ConfigError(f"[pmem] namespaces: label {shown(label)} given twice "
+                              f"(value: {shown(entry)})")
         out.append((label, frozenset(members)))
     return tuple(out)
 
@@ -79,14 +80,14 @@ def _mdev_addresses(type_id: str, texts: list[str]) -> frozenset[str] | None:
         return frozenset(canonical_address(a.strip()) for a in texts) or None
     except ValueError as e:
         raise ConfigError(f"[mdev_{type_id}] device_addresses: {e} "
-                          f"(value: {','.join(texts)!r})") from None
+                          f"(value: {shown(','.join(texts))})") from None
 
 
 def _mdev_types(conf: cfg.ConfigOpts) -> tuple[MdevTypePolicy, ...]:
     for type_id in conf.devices.enabled_mdev_types:
         if not _MDEV_TYPE.fullmatch(type_id):
             raise ConfigError("[devices] enabled_mdev_types: not an mdev type "
-                              f"id of letters, digits, '-' and _ (value: {type_id!r})")
+                              f"id of letters, digits, '-' and _ (value: {shown(type_id)})")
     register_mdev_type_groups(conf)
     out = []
     for type_id in conf.devices.enabled_mdev_types:
@@ -94,8 +95,8 @@ def _mdev_types(conf: cfg.ConfigOpts) -> tuple[MdevTypePolicy, ...]:
         rc = group.mdev_class.strip().upper()
         if rc not in orc.STANDARDS and not _CUSTOM_NAME.fullmatch(rc):
             raise ConfigError(f"[mdev_{type_id}] mdev_class: not a standard "
-                              "class nor CUSTOM_ followed by A-Z, 0-9 and _ "
-                              f"(value: {group.mdev_class!r})")
+                              "class nor CUSTOM_ followed by up to 248 of A-Z, 0-9 and _ "
+                              f"(value: {shown(group.mdev_class)})")
         out.append(MdevTypePolicy(type_id, rc,
                                   _mdev_addresses(type_id, group.device_addresses)))
     return tuple(out)
@@ -106,8 +107,8 @@ def _owner_trait(conf: cfg.ConfigOpts) -> str:
     standard = name.startswith("OWNER_") and name in os_traits.get_traits()
     if not standard and not _CUSTOM_NAME.fullmatch(name):
         raise ConfigError("[DEFAULT] owner_trait: not an OWNER_* trait of "
-                          "os-traits nor a CUSTOM_* name of A-Z, 0-9 and _ "
-                          f"(value: {conf.owner_trait!r})")
+                          "os-traits nor CUSTOM_ followed by up to 248 of A-Z, 0-9 and _ "
+                          f"(value: {shown(conf.owner_trait)})")
     return name
 
 

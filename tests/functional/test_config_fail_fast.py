@@ -4,6 +4,7 @@ to state_path. No Placement is needed: nothing gets that far."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.functional.helpers import write_conf
+from tests.functional.private_services import PrivateRabbitMQ
 
 TOP = Path(__file__).resolve().parents[2]
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-7", "memory_mb": 4096}]}
@@ -117,3 +119,203 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert f"store {store}: cannot be opened: not a regular file" in lines[0]
+
+
+# --- names the agent does not read --------------------------------------------
+
+COMMANDS = [
+    ("agent.cmd.agent", ["--once"]),
+    ("agent.cmd.agent", []),
+    ("agent.cmd.manage", ["status"]),
+    ("agent.cmd.manage", ["upgrade-check"]),
+    ("agent.cmd.ctl", ["host-info", "somehost"]),
+]
+
+
+def conf_with(tmp_path: Path, extra: str) -> Path:
+    conf = write_conf(tmp_path, NO_PLACEMENT, "failfast", HOST)
+    conf.write_text(conf.read_text() + extra)
+    return conf
+
+
+@pytest.mark.parametrize("module,args", COMMANDS)
+@pytest.mark.parametrize("extra,named", [
+    ("[devices]\nenabled_mdev_type = nvidia-35\n",
+     "[devices] enabled_mdev_type: unknown option; did you mean enabled_mdev_types?"),
+    ("[pmemm]\nnamespaces = LABEL:ns0\n", "[pmemm]: unknown section; did you mean [pmem]?"),
+    ("[DEFAULT]\nUPDATE_INTERVAL = 5\n",
+     "[DEFAULT] UPDATE_INTERVAL: unknown option; did you mean update_interval?"),
+    ("[placement]\nendpont = http://127.0.0.1:9\n",
+     "[placement] endpont: unknown option; did you mean endpoint?"),
+])
+def test_bug_a_misspelt_name_stops_every_command_naming_the_file_and_the_known_name(
+        tmp_path, module, args, extra, named):
+    conf = conf_with(tmp_path, extra)
+    done = run(module, conf, *args)
+    assert_refused(done, tmp_path / "state", f"{conf}: {named}")
+
+
+def test_names_of_another_version_are_one_warning_and_the_agent_runs(tmp_path):
+    """A fleet's config that a newer agent reads more of: the older one
+    says so once and goes on (here to its cycle, which fails for want of
+    a Placement)."""
+    conf = conf_with(tmp_path, "[DEFAULT]\nupdate_interval_max = 5\n"
+                     "[newer_feature]\nenabled = true\n"
+                     "[mdev_nvidia-36]\ndevice_addresses = 0000:81:00.0\n")
+    done = run("agent.cmd.agent", conf, "--once")
+    warnings = [line for line in done.stderr.splitlines() if "Not read by this version" in line]
+    assert done.returncode == 1 and "cycle failed" in done.stderr, done.stderr
+    assert len(warnings) == 1 and " WARNING " in warnings[0], done.stderr
+    assert all(name in warnings[0] for name in (
+        "[DEFAULT] update_interval_max", "[newer_feature]", "[mdev_nvidia-36]"))
+
+
+# --- values checked before anything is written ---------------------------------
+
+LONG_NAME = "x" * 300
+
+
+@pytest.mark.parametrize("module,args", COMMANDS[:3])
+def test_bug_a_log_file_name_too_long_is_one_line_in_every_command(tmp_path, module, args):
+    conf = conf_with(tmp_path, f"[DEFAULT]\nlog_file = {tmp_path}/{LONG_NAME}.log\n")
+    done = run(module, conf, *args)
+    assert_refused(done, tmp_path / "state", "[DEFAULT] log_file: a name in the path is "
+                   "longer than 255 bytes (304)")
+
+
+@pytest.mark.parametrize("extra,named", [
+    ("[fake]\nstate_file = {tmp}\n", "[fake] state_file: a directory, not a file"),
+    ("[DEFAULT]\ntransport_url = kafka://127.0.0.1:9092/\n",
+     "[DEFAULT] transport_url: the kafka driver is not installed"),
+    ("[DEFAULT]\nlogging_default_format_string = %(nosuchkey)s\n",
+     "[DEFAULT] logging_default_format_string: a log record has no field 'nosuchkey'"),
+    ("[DEFAULT]\nlogging_context_format_string = %(message)d\n",
+     "[DEFAULT] logging_context_format_string: not a %-format string"),
+    ("[DEFAULT]\nowner_trait = CUSTOM_" + "X" * 250 + "\n",
+     "[DEFAULT] owner_trait: not an OWNER_* trait of os-traits nor CUSTOM_ followed by up "
+     "to 248"),
+    ("[DEFAULT]\nowner_trait = CUSTOM_lower\n", "[DEFAULT] owner_trait: not an OWNER_*"),
+    ("[metrics]\nlisten = 192.0.2.1:9100\n", "[metrics] listen: cannot serve metrics there: "
+     "not an address of this host (value: '192.0.2.1:9100')"),
+    ("[metrics]\nlisten = nosuchhost.invalid:9100\n",
+     "[metrics] listen: the host name does not resolve"),
+])
+@pytest.mark.parametrize("once", [True, False])
+def test_bug_a_value_that_cannot_work_is_refused_before_anything_is_written(
+        tmp_path, extra, named, once):
+    conf = conf_with(tmp_path, extra.format(tmp=tmp_path))
+    done = run("agent.cmd.agent", conf, *(["--once"] if once else []))
+    assert_refused(done, tmp_path / "state", named)
+
+
+def test_bug_a_busy_metrics_port_stops_the_daemon_before_it_writes_anything(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        conf = conf_with(tmp_path, f"[metrics]\nlisten = 127.0.0.1:{port}\n")
+        done = run("agent.cmd.agent", conf)
+        # Beside a running agent its port is rightly in use: not a refusal
+        # for the commands that do not serve it.
+        status = run("agent.cmd.manage", conf, "status")
+    assert_refused(done, tmp_path / "state", "[metrics] listen: cannot serve metrics there: "
+                   "address already in use", f"'127.0.0.1:{port}'")
+    assert "listen" not in status.stderr
+
+
+# --- the lines themselves ------------------------------------------------------
+
+@pytest.mark.parametrize("section,option,value,length", [
+    ("placement", "timeout", "x" * 200_000, 200_000),
+    ("pmem", "namespaces", "x" * 200_000, 200_000),
+    ("compute", "cpu_dedicated_set", "0," * 200_000 + "a", 400_001),
+    ("DEFAULT", "host", "h" * 200_000, 200_000),
+])
+def test_bug_a_long_value_is_cut_with_its_length_in_a_line_of_300(
+        tmp_path, section, option, value, length):
+    conf = conf_with(tmp_path, f"[{section}]\n{option} = {value}\n")
+    done = run("agent.cmd.agent", conf, "--once")
+    assert_refused(done, tmp_path / "state", f"[{section}] {option}:",
+                   f"({length} characters)")
+    assert len(done.stderr.strip()) <= 300, done.stderr[:400]
+
+
+def test_bug_a_bad_value_of_a_deprecated_option_is_one_line(tmp_path):
+    conf = conf_with(tmp_path, "[DEFAULT]\nreserved_host_memory_mb = abc\n")
+    done = run("agent.cmd.agent", conf, "--once")
+    assert_refused(done, tmp_path / "state", "[DEFAULT] reserved_host_memory_mb:", "'abc'")
+
+
+def test_bug_a_config_file_starting_with_a_byte_order_mark_is_read(tmp_path):
+    conf = conf_with(tmp_path, "[DEFAULT]\nupdate_interval = 7\n")
+    conf.write_bytes(b"\xef\xbb\xbf" + conf.read_bytes())
+    done = run("agent.cmd.agent", conf, "--once")
+    assert done.returncode == 1 and "cycle failed" in done.stderr, done.stderr
+    assert "error:" not in done.stderr and "Not read" not in done.stderr
+
+
+# --- the broker ------------------------------------------------------------------
+
+def test_bug_a_broker_that_refuses_the_credentials_is_exit_2_in_one_line(tmp_path, services):
+    """The machine's RabbitMQ, asked with guest and a wrong password (which
+    changes nothing there): refused for good, so systemd must not retry."""
+    conf = conf_with(tmp_path, "[DEFAULT]\n"
+                     "transport_url = rabbit://guest:not-the-password@127.0.0.1:5672/\n")
+    done = run("agent.cmd.agent", conf)
+    assert_refused(done, tmp_path / "state", "[DEFAULT] transport_url: the message broker "
+                   "at rabbit://127.0.0.1:5672/ refused the credentials of user 'guest'")
+    assert "not-the-password" not in done.stderr
+
+
+def test_a_broker_that_does_not_answer_is_waited_for(tmp_path):
+    """Not a refusal: the daemon goes on and its driver keeps trying."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: refused
+        conf = conf_with(tmp_path, f"[DEFAULT]\ntransport_url = "
+                         f"rabbit://guest:guest@127.0.0.1:{port}/\n")
+        env = {**os.environ, "PYTHONPATH": str(TOP)}
+        daemon = subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+                                   str(conf)], stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                daemon.wait(timeout=10)
+        finally:
+            daemon.kill()
+            _, stderr = daemon.communicate(timeout=30)
+    assert "did not answer (connection refused)" in stderr, stderr
+    assert "error:" not in stderr
+
+
+def test_bug_a_broker_that_comes_back_refusing_the_credentials_is_exit_2_in_one_line(
+        tmp_path):
+    """A RabbitMQ node of the test's own, away when the daemon starts (it
+    goes on, and waits for it), back refusing guest's wrong password: the
+    daemon stops with the same one line, not a traceback and exit 1."""
+    node = PrivateRabbitMQ().start()
+    try:
+        node.stop_app()
+        conf = conf_with(tmp_path, "[DEFAULT]\ntransport_url = "
+                         f"rabbit://guest:not-the-password@127.0.0.1:{node.port}/\n")
+        env = {**os.environ, "PYTHONPATH": str(TOP)}
+        daemon = subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+                                   str(conf)], stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                daemon.wait(timeout=6)
+            node.start_app()
+            daemon.wait(timeout=90)
+        finally:
+            daemon.kill()
+            _, stderr = daemon.communicate(timeout=30)
+    finally:
+        node.close()
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert daemon.returncode == 2, stderr
+    assert errors == [line for line in stderr.splitlines() if " ERROR " in line
+                      or "Traceback" in line or "error:" in line], stderr
+    assert len(errors) == 1 and errors[0].endswith(
+        f"[DEFAULT] transport_url: the message broker at rabbit://127.0.0.1:{node.port}/ "
+        "refused the credentials of user 'guest': correct the user or password in "
+        "transport_url, or the broker's users"), stderr
+    assert "not-the-password" not in stderr

@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from oslo_config import cfg
 
+from agent import config
 from agent.cmd import config_check as cc
 from agent.cmd.common import load_config
 from agent.cmd.errors import BadValue
@@ -34,7 +36,11 @@ GOOD = {
     cc.http_url: ["http://127.0.0.1:8778", "https://keystone.example.org/v3"],
     cc.transport_url: ["rabbit://", "rabbit://u:p@h1:5672,u:p@h2:5672/vhost", "fake://"],
     cc.libvirt_uri: ["qemu:///system", "qemu+ssh://root@h/system", "test:///default"],
-    cc.percent_format: ["%(asctime)s %(levelname)s %(message)s", "[instance: %(uuid)s] "],
+    cc.record_format: ["%(asctime)s %(levelname)s %(message)s", "%(funcName)s %(lineno)d"],
+    cc.context_record_format: ["%(asctime)s [%(request_id)s %(user_identity)s] %(message)s"],
+    cc.user_identity_format: ["%(user)s %(project)s %(domain)s"],
+    cc.instance_format: ["[instance: %(uuid)s] "],
+    cc.file_to_write: ["/tmp/fake-state.json", f"{ABSENT}"],
     cc.log_levels: [["amqp=WARN", "oslo.messaging=INFO"]],
     cc.syslog_facility: ["LOG_USER", "local0"],
     cc.queue_name: ["openstack", "compute-agent.v1"],
@@ -54,16 +60,20 @@ GOOD = {
                         "[::1]:9180", "[::]:9180"],
 }
 BAD = {
-    cc.absolute_path: ["relative", " "],
+    cc.absolute_path: ["relative", " ", "/tmp/" + "x" * 256, "/x" * 2048],
     cc.existing_directory: [ABSENT, "/etc/hostname"],
-    cc.readable_file: [ABSENT, "/tmp"],
+    cc.readable_file: [ABSENT, "/tmp", "/tmp/" + "x" * 256],
     cc.state_directory: ["relative", "/etc/hostname", "/etc/hostname/x"],
     cc.host_name: ["", "a b", "x" * 101, "-x/y"],
     cc.http_url: ["", "127.0.0.1:8778", "ftp://h/", "http://h:0/", "http://h:70000/"],
     cc.transport_url: ["h:5672", "amqp1://h/", "rabbit://h:0/", "rabbit://h:x/",
-                       "rabbit://bad host/"],
+                       "rabbit://bad host/", "kafka://h:9092/"],
     cc.libvirt_uri: ["", "qemu", "xen:///system", "qemu+bogus://h/system"],
-    cc.percent_format: ["%(", "%(x)q"],
+    cc.record_format: ["%(", "%(x)q", "%(nosuchkey)s", "%(request_id)s", "%(message)d"],
+    cc.context_record_format: ["%(nosuchkey)s"],
+    cc.user_identity_format: ["%(message)s"],
+    cc.instance_format: ["%(name)s"],
+    cc.file_to_write: ["relative", "/tmp", f"{ABSENT}/no/such/dir/file", "/" + "x" * 256],
     cc.log_levels: [["amqp"], ["amqp=LOUD"], ["=INFO"]],
     cc.syslog_facility: ["LOG_NOPE"],
     cc.queue_name: ["", "a b"],
@@ -126,8 +136,15 @@ def test_auth_type_is_required_only_where_placement_is_used(tmp_path):
 
 
 def test_an_unknown_auth_plugin_is_one_line_listing_the_known_ones(tmp_path):
-    line = refused(tmp_path, "[placement]\nauth_type = nope\n", placement_required=False)
-    assert "unknown auth plugin; known: admin_token," in line and "(value: 'nope')" in line
+    line = refused(tmp_path, "[placement]\nauth_type = nosuchplugin\n",
+                   placement_required=False)
+    assert "unknown auth plugin; known: admin_token," in line
+    assert "(value: 'nosuchplugin')" in line and len(line) < 270
+
+
+def test_a_misspelt_auth_plugin_is_named_with_the_one_it_misspells(tmp_path):
+    line = refused(tmp_path, "[placement]\nauth_type = pasword\n", placement_required=False)
+    assert "unknown auth plugin; did you mean password?; known: " in line
 
 
 @pytest.mark.parametrize("placement,missing", [
@@ -237,3 +254,74 @@ def test_a_store_the_agent_may_not_read_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda p, mode: False)
     with pytest.raises(StoreError, match=r"state.db: cannot be opened: permission denied"):
         inspect_store(path)
+
+
+@pytest.mark.parametrize("a,b,distance", [
+    ("pmem", "pmem", 0), ("pmemm", "pmem", 1), ("enabled_mdev_type", "enabled_mdev_types", 1),
+    ("debgu", "debug", 1), ("api", "pci", 2), ("update_interval_max", "update_interval", 4),
+    ("", "abc", 3),
+])
+def test_edit_distance_counts_each_typing_slip_once(a, b, distance):
+    assert cc.edit_distance(a, b) == cc.edit_distance(b, a) == distance
+
+
+@pytest.mark.parametrize("name,known", [
+    ("pmemm", "pmem"), ("enabled_mdev_type", "enabled_mdev_types"),
+    ("UPDATE_INTERVAL", "update_interval"), ("default", "DEFAULT"),
+    ("reconcile_intreval", "reconcile_interval"), ("pcii", "pci"),
+    # Not misspellings: a short name of another service, and a newer
+    # version's name that extends one of ours.
+    ("api", None), ("update_interval_max", None), ("newer_feature", None),
+])
+def test_a_misspelling_is_a_typing_slip_or_two_from_a_name_read(name, known):
+    read = ["pmem", "pci", "DEFAULT", "devices", "enabled_mdev_types", "update_interval",
+            "reconcile_interval", "update_jitter"]
+    assert cc.misspelling_of(name, read) == known
+
+
+def unknown(tmp_path, text: str) -> list[tuple[str, str | None, str | None]]:
+    """The names read as the check reads them, unchecked otherwise."""
+    conf = cfg.ConfigOpts()
+    config.register_opts(conf)
+    conf(conf_file(tmp_path, text + "[placement]\nauth_type = placement_noauth2\n"))
+    return [(u.where(), u.known, u.file) for u in cc.unknown_names(conf)]
+
+
+def test_every_name_the_agent_reads_is_known(tmp_path):
+    """Ours, a deprecated (nova's) name, oslo.log's, oslo.messaging's and
+    its drivers', keystoneauth's and the chosen plugin's, [mdev_<type>]
+    of an enabled type, and a section a config_source names."""
+    assert unknown(tmp_path, "reserved_host_memory_mb = 512\ndebug = true\n"
+                   "config_source = remote\n"
+                   "[pci]\npassthrough_whitelist = {\"vendor_id\": \"8086\"}\n"
+                   "[oslo_messaging_rabbit]\nheartbeat_rate = 3\n"
+                   "[oslo_messaging_kafka]\nconsumer_group = agents\n"
+                   "[devices]\nenabled_mdev_types = nvidia-35\n"
+                   "[mdev_nvidia-35]\ndevice_addresses = 0000:81:00.0\n"
+                   "[remote]\ndriver = remote_file\nuri = http://config/agent.conf\n"
+                   "[Placement]\ntimeout = 10\n") == []
+
+
+def test_unknown_names_are_listed_and_only_a_misspelling_names_a_known_one(tmp_path):
+    path = str(tmp_path / "agent.conf")
+    assert unknown(tmp_path, "update_interval_max = 5\n[devices]\nenabled_mdev_type = a\n"
+                   "[mdev_nvidia-36]\nmdev_class = VGPU\n[newer]\nx = 1\n"
+                   "[placement]\nusername = other-plugin\n") == [
+        ("[DEFAULT] update_interval_max", None, path),
+        ("[devices] enabled_mdev_type", "enabled_mdev_types", path),
+        ("[mdev_nvidia-36]", None, path),
+        ("[newer]", None, path),
+        ("[placement] username", None, path),
+    ]
+
+
+def test_a_misspelt_name_is_refused_before_any_value(tmp_path):
+    line = refused(tmp_path, "update_interval = 0\n[pmemm]\nnamespaces = L:ns0\n")
+    assert line == f"{tmp_path / 'agent.conf'}: [pmemm]: unknown section; did you mean [pmem]?"
+
+
+def test_the_unknown_names_line_is_one_line_of_at_most_300_characters():
+    names = [cc.UnknownName("/etc/compute-agent/compute-agent.conf", f"section_{i}")
+             for i in range(100)]
+    line = cc.unknown_names_line(names)
+    assert len(line) == 300 and line.endswith("... (100 names in all)")
