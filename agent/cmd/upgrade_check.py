@@ -35,8 +35,8 @@ from agent.reports.tree import UnhealedClass
 from agent.store import node_identity
 from agent.store.check import StoreFile
 from agent.store.errors import StoreError
-from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_migrations, inspect_store,
-                               stored_schema_version)
+from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_migrations,
+                               downgrade_refusal, inspect_store, stored_schema_version)
 from drivers.errors import DriverUnavailable
 
 # An exception escaping a check: oslo.upgradecheck's code for it, apart
@@ -46,13 +46,13 @@ CHECK_BROKE = 255
 
 # --- the rules (pure) ---------------------------------------------------------
 
-def schema_result(found: int, ours: int, migrations: Collection[int]) -> Result:
-    """A store at schema ``found``, this code at ``ours`` with the steps in
-    ``migrations`` (version -> its migration, MIGRATIONS)."""
+def schema_result(store: Path, found: int, ours: int, migrations: Collection[int]
+                  ) -> Result:
+    """The store at ``store``, at schema ``found``; this code at ``ours``
+    with the steps in ``migrations`` (version -> its migration, MIGRATIONS).
+    A newer store fails as the agent refuses it."""
     if found > ours:
-        return Result(Code.FAILURE, f"the store's schema version {found} is newer "
-                      f"than this version's {ours}: the agent would refuse to open "
-                      "it (a downgrade); install the version that wrote it")
+        return Result(Code.FAILURE, f"store {store}: {downgrade_refusal(found, ours)}")
     missing = [v for v in range(found + 1, ours + 1) if v not in migrations]
     if missing:
         return Result(Code.FAILURE, f"the store's schema version {found} cannot be "
@@ -118,7 +118,7 @@ class UpgradeChecks(upgradecheck.UpgradeCommands):
             found = stored_schema_version(self.store_path)
         except StoreError as e:
             return cannot_tell("the store", e)
-        return schema_result(found, SCHEMA_VERSION, MIGRATIONS)
+        return schema_result(self.store_path, found, SCHEMA_VERSION, MIGRATIONS)
 
     def check_unhealed(self) -> Result:
         conf = self.conf

@@ -192,11 +192,18 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
+def downgrade_refusal(found: int, newest: int) -> str:
+    """Why a store at schema ``found`` is refused by code that knows schemas
+    up to ``newest``: a newer agent wrote it, and this one cannot know what
+    it means. The agent and upgrade-check say it alike."""
+    return (f"schema version {found} is newer than the newest this version knows, "
+            f"{newest} (a downgrade): install the version that wrote it")
+
+
 def _check_version(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     current = schema_version(conn)
     if current > target:
-        raise StoreError(f"schema version {current} is newer than this "
-                         f"agent's {target}; refusing to downgrade")
+        raise StoreError(downgrade_refusal(current, target))
     return current
 
 

@@ -5,12 +5,16 @@ libvirt.
 The assignment ids live in our own ``<metadata>`` namespace. libvirt keeps
 custom metadata verbatim, so after a restart ``parse_metadata`` tells the
 agent which domains are its own and which claims they still hold.
+
+A guest defined again keeps its DomainIdentity: the name and VF MACs its
+definition has, which earlier versions wrote differently (see
+docs/drivers.md).
 """
 from __future__ import annotations
 
 import hashlib
-
 import uuid as uuid_lib
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from lxml import etree
@@ -39,10 +43,29 @@ _DEVDAX_ALIGN_KIB = 2048
 _GUEST_CELL = 0
 
 
+@dataclass(frozen=True)
+class DomainIdentity:
+    """What a guest's domain keeps when the agent defines it again.
+
+    ``name``: libvirt refuses a definition under a new name for a UUID it
+    knows, and renames only a domain that is shut off (and has no
+    snapshots), so a guest keeps the name it has: ``instance-<uuid>`` when
+    this version defined it, the instance's name when a version before
+    88f9c57 did (until a live migration, which names it by its uuid where
+    it arrives). ``vf_macs``: assignment id -> the MAC of the VF interface
+    it holds; a guest's NIC keeps its MAC while it keeps the VF (before
+    7563c52 libvirt drew it; a live migration carries it over)."""
+
+    name: str
+    vf_macs: Mapping[str, str] = field(default_factory=dict)
+
+
 def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
-                     mdev_models: Mapping[str, str] | None = None) -> str:
+                     mdev_models: Mapping[str, str] | None = None,
+                     identity: DomainIdentity | None = None) -> str:
     """The persistent definition of ``spec``. ``mdev_models`` maps an mdev
-    UUID to its type's device_api; unknown ones are vfio-pci."""
+    UUID to its type's device_api; unknown ones are vfio-pci. ``identity``:
+    that of the domain the guest has, when it has one."""
     if spec.vcpus < 1 or spec.memory_mb < 1:
         raise ValueError(f"{spec.instance_uuid}: needs at least one vCPU "
                          f"and 1 MiB, got {spec.vcpus}, {spec.memory_mb}")
@@ -53,9 +76,9 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
 
     root = etree.Element("domain", type=domain_type)
     # libvirt wants a name unique on the host; an instance's name is not
-    # (two tenants' "web"), so the domain is named by the instance's uuid
+    # (two tenants' "web"), so a new domain is named by the instance's uuid
     # and its name is the title.
-    _text(root, "name", domain_name(spec.instance_uuid))
+    _text(root, "name", identity.name if identity else domain_name(spec.instance_uuid))
     _text(root, "title", spec.name)
     _text(root, "uuid", str(uuid_lib.UUID(spec.instance_uuid)))
     root.append(_metadata(spec))
@@ -96,7 +119,8 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
         # PF before handing it over, which a plain hostdev does not.
         interface = etree.SubElement(devices, "interface", type="hostdev",
                                      managed="yes")
-        etree.SubElement(interface, "mac", address=vf_mac(device.assignment_id))
+        kept = identity.vf_macs.get(device.assignment_id) if identity else None
+        etree.SubElement(interface, "mac", address=kept or vf_mac(device.assignment_id))
         _pci_source(interface, device, with_type=True)
     for device in by_kind[DeviceKind.MDEV]:
         mdev_uuid = str(uuid_lib.UUID(device.device_id))
@@ -124,6 +148,44 @@ def vf_mac(assignment_id: str) -> str:
     QEMU's locally administered prefix 52:54:00."""
     digest = hashlib.sha256(assignment_id.encode()).digest()
     return "52:54:00:" + ":".join(f"{b:02x}" for b in digest[:3])
+
+
+def domain_identity(domain_xml: str) -> DomainIdentity:
+    """The identity of a defined domain, from its saved definition. Raises
+    InvalidHostData naming the domain and the element that cannot be read."""
+    root = parse_xml(domain_xml, "domain")
+    where = (root.findtext("uuid") or "domain").strip()
+    name = (root.findtext("name") or "").strip()
+    if not name:
+        raise InvalidHostData(where, "name", "missing")
+    return DomainIdentity(name, _vf_macs(root, where))
+
+
+def _vf_macs(root: etree._Element, where: str) -> dict[str, str]:
+    """Assignment id -> the MAC of the VF interface on the device our
+    metadata says the assignment holds."""
+    mac_at: dict[str, str] = {}
+    for interface in root.iterfind("devices/interface[@type='hostdev']"):
+        address = interface.find("source/address[@type='pci']")
+        mac = (interface.find("mac[@address]") if address is not None else None)
+        if mac is not None and mac.get("address").strip():
+            mac_at[_pci_resource(address, where).id] = mac.get("address").strip()
+    vf_macs = {}
+    instance = root.find(f"metadata/{_NS}instance")
+    for entry in () if instance is None else instance.iterfind(f"{_NS}assignment"):
+        if entry.get("kind") != DeviceKind.VF.value or not (entry.get("id") or "").strip():
+            continue
+        try:
+            address = parse_pci_address(entry.get("device") or "", where,
+                                        "metadata assignment device")
+        except InvalidHostData:
+            # No device it can be matched to: the guest's saved devices are
+            # the store's again after this definition, whose VFs then get
+            # the MAC derived from their assignment.
+            continue
+        if address in mac_at:
+            vf_macs[entry.get("id").strip()] = mac_at[address]
+    return vf_macs
 
 
 def parse_metadata(domain_xml: str) -> tuple[str | None, frozenset[str]]:

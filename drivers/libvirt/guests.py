@@ -14,8 +14,8 @@ import libvirt
 from drivers.base import DeviceKind, ForeignGuest, GuestSpec, GuestState, MigrationFailure
 from drivers.errors import InvalidHostData, LiveMigrationError, MdevError
 from drivers.libvirt.connection import Connection
-from drivers.libvirt.guest_xml import (build_domain_xml, parse_foreign, parse_live,
-                                       parse_metadata)
+from drivers.libvirt.guest_xml import (build_domain_xml, domain_identity, domain_name,
+                                       parse_foreign, parse_live, parse_metadata)
 from drivers.libvirt.mdev import MdevSysfs
 
 LOG = logging.getLogger(__name__)
@@ -68,10 +68,10 @@ class GuestManager:
         self._domain_type = domain_type
 
     def spawn(self, guest: GuestSpec) -> None:
-        xml = self._prepare(guest)
+        models = self._prepare(guest)
 
         def define_and_start(conn: libvirt.virConnect) -> None:
-            dom = conn.defineXML(xml)
+            dom = self._define(conn, guest, models)
             if dom.isActive():
                 return
             try:
@@ -85,8 +85,8 @@ class GuestManager:
         # A running guest keeps its live devices; the new definition takes
         # effect at its next start. A guest not defined here yet is defined
         # and left stopped.
-        xml = self._prepare(guest)
-        self._conn.call(lambda conn: conn.defineXML(xml))
+        models = self._prepare(guest)
+        self._conn.call(lambda conn: self._define(conn, guest, models))
 
     def power_off(self, instance_uuid: str) -> None:
         def power_off(conn: libvirt.virConnect) -> None:
@@ -192,8 +192,11 @@ class GuestManager:
             if dom is None:
                 raise LiveMigrationError(MigrationFailure.NO_RUNNING_GUEST,
                                          f"{what}: no such guest here")
+            # Named by its uuid where it arrives: a guest an earlier version
+            # named after its instance would clash with another of that name.
             params = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: dest_xml,
-                      libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: dest_xml}
+                      libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: dest_xml,
+                      libvirt.VIR_MIGRATE_PARAM_DEST_NAME: domain_name(instance_uuid)}
             try:
                 dom.migrateToURI3(dest_uri, params, _LIVE_MIGRATION_FLAGS)
             except libvirt.libvirtError as exc:
@@ -221,9 +224,20 @@ class GuestManager:
     def remove_mdev(self, mdev_uuid: str) -> None:
         self._mdevs.remove(mdev_uuid)
 
-    def _prepare(self, guest: GuestSpec) -> str:
-        """Create the guest's missing mdevs (gone after a host reboot) and
-        build its XML, with each mdev's model read from its type."""
+    def _define(self, conn: libvirt.virConnect, guest: GuestSpec,
+                models: dict[str, str]) -> libvirt.virDomain:
+        """Define the guest, keeping the identity (name, VF MACs) of the
+        domain it has: one defined by an earlier version, or moved here by
+        a live migration, is defined again as it is named."""
+        dom = _lookup(conn, guest.instance_uuid)
+        saved = None if dom is None else _saved_xml(dom)
+        identity = None if saved is None else domain_identity(saved)
+        return conn.defineXML(build_domain_xml(guest, self._domain_type,
+                                               mdev_models=models, identity=identity))
+
+    def _prepare(self, guest: GuestSpec) -> dict[str, str]:
+        """Create the guest's missing mdevs (gone after a host reboot);
+        returns each mdev's model, read from its type."""
         models: dict[str, str] = {}
         for device in guest.devices:
             if DeviceKind(device.kind) is not DeviceKind.MDEV:
@@ -237,7 +251,17 @@ class GuestManager:
                 raise MdevError(
                     f"{guest.instance_uuid}: mdev {device.device_id} is "
                     "missing and its parent and type are unknown")
-        return build_domain_xml(guest, self._domain_type, mdev_models=models)
+        return models
+
+
+def _saved_xml(dom: libvirt.virDomain) -> str | None:
+    """The domain's saved definition; None when it went away meanwhile."""
+    try:
+        return dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise
 
 
 def _lookup(conn: libvirt.virConnect, instance_uuid: str

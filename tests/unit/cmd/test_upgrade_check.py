@@ -18,6 +18,7 @@ from agent.reports.tree import Holder, UnhealedClass
 from agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
 
 ROOT = "3f0b6c1e-8a57-4d52-9c3e-2b1f6e0a9d47"
+STORE = Path("/var/lib/compute-agent/state.db")
 
 
 @pytest.fixture
@@ -52,22 +53,24 @@ def move(state_: MigrationState, role=MigrationRole.BOTH) -> Migration:
 # --- the rules ---------------------------------------------------------------
 
 def test_an_older_schema_with_every_step_migrates():
-    result = schema_result(2, 4, {1: "", 2: "", 3: "", 4: ""})
+    result = schema_result(STORE, 2, 4, {1: "", 2: "", 3: "", 4: ""})
     assert result.code is Code.SUCCESS and "migrates it to 4" in result.details
 
 
 def test_the_same_schema_is_a_success():
-    assert schema_result(4, 4, {1: "", 2: "", 3: "", 4: ""}).code is Code.SUCCESS
+    assert schema_result(STORE, 4, 4, {1: "", 2: "", 3: "", 4: ""}).code is Code.SUCCESS
 
 
-def test_a_newer_schema_is_a_failure_naming_both_versions():
-    result = schema_result(5, 4, {1: "", 2: "", 3: "", 4: ""})
+def test_a_newer_schema_is_a_failure_naming_the_store_and_both_versions():
+    result = schema_result(STORE, 5, 4, {1: "", 2: "", 3: "", 4: ""})
     assert result.code is Code.FAILURE
-    assert "schema version 5 is newer than this version's 4" in result.details
+    assert result.details == (f"store {STORE}: schema version 5 is newer than the newest "
+                              "this version knows, 4 (a downgrade): install the version "
+                              "that wrote it")
 
 
 def test_a_schema_this_version_has_no_step_from_is_a_failure():
-    result = schema_result(1, 4, {3: "", 4: ""})
+    result = schema_result(STORE, 1, 4, {3: "", 4: ""})
     assert result.code is Code.FAILURE and "no step to 2" in result.details
 
 

@@ -5,7 +5,11 @@ from lxml import etree
 
 from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from drivers.errors import InvalidHostData
-from drivers.libvirt.guest_xml import NAMESPACE, build_domain_xml, parse_metadata
+from drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
+                                       domain_identity, parse_metadata, vf_mac)
+from tests.functional.earlier_guests import (DERIVED_MAC, NO_MAC, derived_mac,
+                                             earlier_domain_xml)
+from tests.functional.nova_host import nova_domain_xml
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
 MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
@@ -233,3 +237,43 @@ def test_round_trip_generated(instance_uuid, ids):
     devices = tuple(GuestDevice(i, DeviceKind.NUMA, "0") for i in ids)
     text = build_domain_xml(GuestSpec(instance_uuid, "g", 1, 64, devices))
     assert parse_metadata(text) == (instance_uuid, frozenset(ids))
+
+
+# --- the identity a guest keeps when it is defined again ---------------------------
+
+def test_an_earlier_versions_domain_is_known_by_its_name_and_vf_mac():
+    spec = full_spec(name="web")
+    assert domain_identity(earlier_domain_xml(spec, DERIVED_MAC)) == DomainIdentity(
+        "web", {"a-vf": derived_mac("a-vf")})
+    # d1b250d wrote no MAC (libvirt draws one when it defines the domain).
+    assert domain_identity(earlier_domain_xml(spec, NO_MAC)) == DomainIdentity("web", {})
+
+
+def test_a_vf_mac_is_the_one_of_the_device_its_assignment_names():
+    text = build_domain_xml(full_spec(), identity=DomainIdentity(
+        "web", {"a-vf": "52:54:00:aa:bb:cc"}))
+    text = text.replace("0x81", "0x82", 1)  # the interface on another VF
+    root = etree.fromstring(text)
+    assert root.xpath("//interface/source/address/@bus") == ["0x82"]
+    assert domain_identity(text) == DomainIdentity("web", {})
+
+
+def test_a_domain_of_novas_keeps_its_name_and_has_no_vf_of_ours():
+    text = nova_domain_xml(INSTANCE, 10, "web", 2, 64)
+    assert domain_identity(text) == DomainIdentity("instance-0000000a", {})
+
+
+def test_a_domain_without_a_name_is_refused_naming_the_field():
+    text = build_domain_xml(full_spec()).replace(f"<name>instance-{INSTANCE}</name>", "")
+    with pytest.raises(InvalidHostData, match=f"{INSTANCE}.*name"):
+        domain_identity(text)
+
+
+def test_a_guest_defined_again_keeps_its_identity_and_new_vfs_get_derived_macs():
+    devices = full_spec().devices + (GuestDevice("b-vf", DeviceKind.VF, "0000:81:10.2"),)
+    root = etree.fromstring(build_domain_xml(
+        full_spec(name="web", devices=devices),
+        identity=DomainIdentity("web", {"a-vf": "52:54:00:aa:bb:cc", "gone": "x"})))
+    assert one(root, "/domain/name/text()") == "web"
+    assert one(root, "/domain/title/text()") == "web"
+    assert root.xpath("//interface/mac/@address") == ["52:54:00:aa:bb:cc", vf_mac("b-vf")]

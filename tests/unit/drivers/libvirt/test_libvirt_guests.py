@@ -1,6 +1,7 @@
 """GuestManager against the real libvirt test driver, with mdevs written to
 a fake sysfs tree. The test driver keeps state per connection, so each test
 uses one Connection throughout."""
+from dataclasses import replace
 from pathlib import Path
 
 import libvirt
@@ -11,8 +12,10 @@ from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from drivers.errors import MdevError
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
+from drivers.libvirt.guest_xml import vf_mac
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.mdev import MdevSysfs
+from tests.functional.earlier_guests import DERIVED_MAC, NO_MAC, earlier_domain_xml
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"
@@ -284,3 +287,71 @@ def test_mdev_model_comes_from_the_type(guests, conn, host):
     guests.spawn(spec(host))
     assert domain_xml(conn).xpath("//hostdev[@type='mdev']/@model") == [
         "vfio-pci"]
+
+
+# --- guests an earlier version defined ------------------------------------------
+
+def define_earlier(conn, guest: GuestSpec, shape: str, start: bool = True) -> None:
+    """``guest`` defined as the commit ``shape`` wrote it, and started."""
+    def define(c):
+        dom = c.defineXML(earlier_domain_xml(guest, shape))
+        if start:
+            dom.create()
+    conn.call(define)
+
+
+def domain_name_and_macs(conn, flags=libvirt.VIR_DOMAIN_XML_INACTIVE
+                         ) -> tuple[str, list[str]]:
+    root = domain_xml(conn, flags=flags)
+    return (root.findtext("name"),
+            root.xpath("//interface[@type='hostdev']/mac/@address"))
+
+
+@pytest.mark.parametrize("shape", [NO_MAC, DERIVED_MAC])
+def test_bug_spawn_of_a_running_guest_an_earlier_version_named_failed(
+        guests, conn, host, shape):
+    """Before 88f9c57 a domain was named after its instance; libvirt refuses
+    a definition under another name for a UUID it knows ("domain 'web' is
+    already defined with uuid ...")."""
+    define_earlier(conn, replace(spec(host), name="web"), shape)
+    _, macs = domain_name_and_macs(conn)
+
+    guests.spawn(spec(host, vf_index=2, vf_id="a-vf-new"))
+
+    state = guests.list_guests()[INSTANCE]
+    assert state.running and "a-vf" in state.live and "a-vf-new" in state.saved
+    # Redefined under the name it has; the running guest's VF kept its MAC.
+    assert domain_name_and_macs(conn, flags=0) == ("web", macs)
+    saved = domain_xml(conn, flags=libvirt.VIR_DOMAIN_XML_INACTIVE)
+    assert saved.findtext("name") == "web"
+    assert saved.findtext("title") == spec(host).name
+    assert vfs(saved) == [host.vf_address(PF, 2)]
+
+
+@pytest.mark.parametrize("running_before", [True, False])
+@pytest.mark.parametrize("shape", [NO_MAC, DERIVED_MAC])
+def test_bug_update_guest_of_a_guest_an_earlier_version_named_failed(
+        guests, conn, host, shape, running_before):
+    define_earlier(conn, replace(spec(host), name="web"), shape, start=running_before)
+    name, macs = domain_name_and_macs(conn)
+    assert name == "web" and len(macs) == 1  # libvirt drew one where none was written
+
+    # The same devices: nothing about the guest's identity changes, its
+    # VF's MAC included (d1b250d's was libvirt's draw).
+    guests.update_guest(spec(host))
+    assert domain_name_and_macs(conn) == ("web", macs)
+    assert running(guests, INSTANCE) is running_before
+
+    # A new VF assignment gets the MAC derived from it, as a new guest's.
+    guests.update_guest(spec(host, vf_index=2, vf_id="a-vf-new"))
+    assert domain_name_and_macs(conn) == ("web", [vf_mac("a-vf-new")])
+    assert saved_ids(guests) == {INSTANCE: frozenset(
+        {"a-vf-new", "a-mdev", "a-pmem", "a-pcpu", "a-numa"})}
+
+
+def test_a_guest_defined_now_is_named_by_its_uuid_with_its_name_as_title(guests, conn,
+                                                                         host):
+    guests.spawn(replace(spec(host), name="web"))
+    root = domain_xml(conn, flags=libvirt.VIR_DOMAIN_XML_INACTIVE)
+    assert root.findtext("name") == f"instance-{INSTANCE}"
+    assert root.findtext("title") == "web"

@@ -8,8 +8,9 @@ from lxml import etree
 from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           device_resources)
 from drivers.errors import MigrationXmlError
-from drivers.libvirt.guest_xml import (NAMESPACE, build_domain_xml, held_resources,
-                                       parse_metadata)
+from drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
+                                       domain_identity, held_resources, parse_metadata,
+                                       vf_mac)
 from drivers.libvirt.migration_xml import rewrite_for_destination
 from drivers.migration import DeviceMove, LiveMigrationTarget
 
@@ -125,6 +126,14 @@ def test_libvirt_s_own_xml_is_rewritten_and_accepted():
         conn.lookupByUUIDString(INSTANCE).undefine()
     finally:
         conn.close()
+
+
+def test_the_vf_mac_carried_over_is_kept_when_the_destination_defines_the_guest_again():
+    """The destination's assignment id derives another MAC; a redefinition
+    there keeps the one the guest arrived with."""
+    after = rewrite_for_destination(source_xml(), TARGET)
+    assert domain_identity(after) == DomainIdentity(f"instance-{INSTANCE}",
+                                                    {"d-vf": vf_mac("s-vf")})
 
 
 def test_the_guests_own_addresses_stay():
