@@ -126,17 +126,37 @@ class OldVersion:
         return env
 
     def run(self, script: str, request: dict, timeout: float = 300) -> dict:
-        """Runs old_side/<script>.py in the old version's venv with
-        ``request`` as JSON on its stdin; returns the JSON it prints last."""
-        result = subprocess.run([str(self.python), str(OLD_SIDE / f"{script}.py")],
-                                input=json.dumps(request), capture_output=True, text=True,
-                                env=self.env(), cwd=str(self.dir), timeout=timeout)
-        if result.returncode != 0:
-            raise RuntimeError(f"{script} on {self.commit[:7]} exited {result.returncode}:\n"
-                               f"{result.stderr[-6000:]}")
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        """Runs old_side/<script>.py in the old version's venv."""
+        return run_script(self.python, self.env(), self.dir, script, request, timeout,
+                          self.commit[:7])
+
+    def rpc_version(self) -> str:
+        """The newest RPC API version its ledger lists."""
+        return subprocess.run([str(self.python), "-c", "from agent.rpc_versions import "
+                               "VERSION; print(VERSION)"], env=self.env(), cwd=str(self.dir),
+                              capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
 
     def popen(self, args: list[str], log: Path) -> subprocess.Popen:
         """A long-running command of the old version (its daemon, say)."""
         return subprocess.Popen(args, env=self.env(), cwd=str(self.dir),
                                 stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+
+
+def run_script(python: str | Path, env: dict[str, str], cwd: Path, script: str,
+               request: dict, timeout: float = 300, who: str = "") -> dict:
+    """Runs old_side/<script>.py with ``python`` and ``request`` as JSON on
+    its stdin; returns the JSON it prints last."""
+    result = subprocess.run([str(python), str(OLD_SIDE / f"{script}.py")],
+                            input=json.dumps(request), capture_output=True, text=True,
+                            env=env, cwd=str(cwd), timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{script} on {who} exited {result.returncode}:\n"
+                           f"{result.stderr[-6000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_here(script: str, request: dict, timeout: float = 300) -> dict:
+    """Runs old_side/<script>.py with this checkout's code (the new side)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return run_script(sys.executable, env, REPO, script, request, timeout, "this checkout")
