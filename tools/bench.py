@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CASES = ("placement_loop", "reconcile_loop", "libvirt_discovery", "claims", "rpc", "heal",
-         "device_health", "live_migration", "evacuation")
+         "device_health", "live_migration", "evacuation", "store_migration")
 
 
 def main() -> int:
