@@ -35,17 +35,17 @@ def cache_root() -> Path:
                                Path.home() / ".cache" / "compute-agent" / "upgrade"))
 
 
-def _git(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(REPO), *args], check=False,
-                          capture_output=True, timeout=120, **kwargs)
+def _git(*args: str, repo: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], check=False,
+                          capture_output=True, timeout=120)
 
 
-def check_in_history(commit: str) -> None:
+def check_in_history(commit: str, repo: Path = REPO) -> None:
     """Raises HistoryMissing, naming the commit and the fix, when the
-    clone does not hold it."""
-    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode == 0:
+    clone at ``repo`` does not hold it."""
+    if _git("cat-file", "-e", f"{commit}^{{commit}}", repo=repo).returncode == 0:
         return
-    shallow = _git("rev-parse", "--is-shallow-repository").stdout.decode().strip()
+    shallow = _git("rev-parse", "--is-shallow-repository", repo=repo).stdout.decode().strip()
     raise HistoryMissing(
         f"commit {commit} is not in this clone's history"
         + (" (a shallow clone: run 'git fetch --unshallow')" if shallow == "true" else "")

@@ -141,8 +141,8 @@ def test_an_upgraded_host_keeps_its_guests_and_every_operation_on_them_works(
 
     # --- upgrade in place: this checkout's agent on the same state ----------
     check = manage(a, "upgrade-check")
-    print(f"upgrade-check on {short(pinned)}'s state: exit {check.returncode}\n"
-          f"{check.stdout}{check.stderr}")
+    # At worst a warning: the resize left open.
+    assert check.returncode in (0, 1), check.stdout + check.stderr
     phases.done("upgrade-check")
     agents: list[NewAgent] = []
     try:
