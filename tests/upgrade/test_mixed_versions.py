@@ -136,6 +136,9 @@ def test_an_old_conductor_drives_this_agent_with_every_call_it_knows(
                                        "host": host.name, "steps": sequence})
         assert outcomes(sequence, answer) == expected(old.rpc_version(), VERSION,
                                                       capped_here=False), answer
+        if as_tuple(old.rpc_version()) < (1, 2):
+            refusal = answer["answers"][[m for m, _ in sequence].index("live_migrate")]
+            assert refusal.startswith("destination: missing"), refusal
         assert_nothing_left(api, host)
     finally:
         agent.stop()
