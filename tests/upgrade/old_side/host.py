@@ -8,12 +8,12 @@ step is one of
   {"op": "build", "instance": uuid, "spec": {...}, "allocations": {...}}
   {"op": "resize", "migration": uuid, "instance": uuid, "spec": {...},
    "allocations": {...}}   (a same-host resize, finished, left unconfirmed)
-Answer: {"instances": {uuid: {kind: [device ids]}}, "providers": {name: uuid},
-"domains": [XML, ...] (with dump_domains)}.
+Answer: {"instances": {uuid: {"owner:kind": [device ids]}}, "domains": [XML,
+...] (with dump_domains)}.
 
 The oldest pinned version (d1b250d) has no manager: its tracker records
-the claim and its driver runs the guest, glued here as its manager later
-did it (a guest stops before its devices change). Nothing of the checkout
+the claim and its guest manager runs the guest, glued here as its manager
+later did it (a guest stops before its devices change). Nothing of the checkout
 under test is imported: this file sees only the old version's packages.
 """
 from __future__ import annotations
@@ -42,8 +42,8 @@ def main() -> None:
                         step["allocations"])
         else:
             raise ValueError(f"unknown step {step['op']!r}")
-    answer = {"instances": host.devices(),
-              "providers": {p.name: p.uuid for p in agent.sync.cache}}
+    instances, rows, _ = host.tracker.snapshot()
+    answer = {"instances": held(instances, rows)}
     if request.get("dump_domains"):
         answer["domains"] = dump_domains(agent.driver)
     host.close()
@@ -66,10 +66,6 @@ class Manager:
         m.prep_resize(migration, instance, spec, allocations)
         m.resize_instance(migration, instance)
         m.finish_resize(migration, instance)
-
-    def devices(self):
-        instances, rows, _ = self.tracker.snapshot()
-        return held(instances, rows)
 
     def close(self):
         self.tracker.store.close()
@@ -121,10 +117,6 @@ class FirstCut:
         self.guests.destroy(instance)
         self.guests.spawn(self._guest(instance, migration))
         self.tracker.finish_move(migration)
-
-    def devices(self):
-        instances, rows, _ = self.tracker.snapshot()
-        return held(instances, rows)
 
     def close(self):
         self.store.close()
