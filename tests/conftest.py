@@ -104,3 +104,20 @@ def private_rabbitmq():
         yield node.start()
     finally:
         node.close()
+
+
+# The upgrade tests (tests/upgrade) install earlier versions and run for
+# minutes: outside the suite's 10-minute budget, collected only when asked
+# for (tools/test --upgrade, a CI step of its own).
+def pytest_addoption(parser):
+    parser.addoption("--upgrade", action="store_true",
+                     help="collect tests/upgrade (upgrades from earlier versions)")
+
+
+UPGRADE_TESTS = Path(__file__).resolve().parent / "upgrade"
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path == UPGRADE_TESTS and not config.getoption("--upgrade"):
+        return True
+    return None

@@ -464,7 +464,9 @@ class Store:
         records it, marks itself in use until ``close`` (inspect_store
         reads both at the next start) and guards every commit
         (``Holding``). Any other process opens it ``read_only``: it
-        creates, migrates and writes nothing."""
+        creates, migrates and writes nothing; a store of an older schema
+        (upgrade-check's, before the new agent's start) is then read through
+        a copy in memory migrated to this version's."""
         self.path = Path(path)
         self._holder = root_uuid is not None
         self._read_only = read_only
@@ -474,6 +476,7 @@ class Store:
         # the connections write. Closed last (closing any descriptor of the
         # file drops SQLite's locks on it).
         self._fd: int | None = None
+        self._migrated_copy: sqlite3.Connection | None = None
         try:
             if not read_only:
                 create_private(self.path)
@@ -491,7 +494,8 @@ class Store:
             raise StoreError(f"store {self.path}: {e.strerror}") from None
         try:
             if read_only:
-                _check_version(self._writer)
+                if _check_version(self._writer) < SCHEMA_VERSION:
+                    self._migrated_copy = migrated_copy(self._writer)
             else:
                 migrate(self._writer)
             if self._holder:
@@ -572,14 +576,24 @@ class Store:
 
     def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on a consistent snapshot, from this thread's own
-        connection (WAL lets readers run beside the writer)."""
-        try:
-            conn = getattr(self._local, "conn", None)
-            if conn is None:
+        connection (WAL lets readers run beside the writer), or from the
+        migrated copy of an older store, one reader at a time."""
+        if self._migrated_copy is not None:
+            with self._readers_lock:
+                return self._read_on(self._migrated_copy, fn)
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
                 conn = _connect(self.path, self._read_only)
-                self._local.conn = conn
-                with self._readers_lock:
-                    self._readers.append(conn)
+            except sqlite3.Error as e:
+                raise _named(self.path, e) from None
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return self._read_on(conn, fn)
+
+    def _read_on(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
             conn.execute("BEGIN")
             try:
                 return fn(conn)
@@ -608,6 +622,8 @@ class Store:
     def _close_connections(self) -> None:
         self._closed = True
         self._writer.close()
+        if self._migrated_copy is not None:
+            self._migrated_copy.close()
         with self._readers_lock:
             for conn in self._readers:
                 conn.close()
@@ -666,6 +682,16 @@ def accept_store(path: Path) -> Acceptance:
         except sqlite3.Error as e:
             raise _named(path, e) from None
     return accepted
+
+
+def migrated_copy(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """A copy in memory of the store ``conn`` reads, migrated to this
+    version's schema; the store itself is left as it is."""
+    copy = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    conn.backup(copy)
+    copy.row_factory = sqlite3.Row
+    migrate(copy)
+    return copy
 
 
 def create_filled(path: Path, root_uuid: str, instances: dict[str, dict],

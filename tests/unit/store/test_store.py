@@ -24,7 +24,7 @@ from agent.store.store import (COMMIT_SEQUENCE, MIGRATIONS, SCHEMA_VERSION, Stor
                                insert_assignments_sql, inspect_store, live_assignments, migrate,
                                placement_view, put_instance_sql, put_migration_sql,
                                put_placement_view_sql, run_statements, schema_version,
-                               update_assignments_sql)
+                               stored_schema_version, update_assignments_sql)
 from agent.store.writer import Decision
 from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
                                 strip_sequence)
@@ -978,3 +978,21 @@ def test_a_decision_whose_store_was_removed_is_undone(tmp_path):
         job.wait()
     assert undone.is_set()
     store.close()
+
+
+def test_a_store_of_an_older_schema_opened_read_only_reads_as_this_versions(tmp_path):
+    """upgrade-check reads the store an older version left, before the new
+    agent migrates it: through a migrated copy, the file left at its
+    schema."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, 2)  # d1b250d's schema: provider names, no saved view yet
+    conn.execute("INSERT INTO providers VALUES ('host', ?)", (ROOT_UUID,))
+    conn.execute("INSERT INTO migrations VALUES ('m', 'i', 'resize', 'both', 'finished', "
+                 "NULL, 0)")
+    conn.close()
+    reader = Store(path, read_only=True)
+    assert [(p.uuid, p.name) for p in reader.read(placement_view)] == [(ROOT_UUID, "host")]
+    assert reader.read(all_migrations)["m"].state is MigrationState.FINISHED
+    reader.close()
+    assert stored_schema_version(path) == 2
