@@ -441,6 +441,11 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
         for rule in INSTANCE_RULES:
             if rule(p, uuid):
                 break
+    if any(f.fixed for f in p.report.findings):
+        # The host rules judge the guests as the fixes left them: a guest
+        # just redefined from the store no longer holds what it held.
+        p.holdings = driver.guest_holdings()
+        tracker.set_guests(p.holdings)
     for host_rule in HOST_RULES:
         host_rule(p)
     if allocations is None:

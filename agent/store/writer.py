@@ -165,6 +165,10 @@ class GroupCommitter:
         self._conn = conn
         self._label = label  # what error messages call the store
         self._guard = guard
+        # Whether the batch being committed changed a row: a batch that
+        # changed none (every job refused, or statements that matched
+        # nothing) is no commit of the store's, and leaves its sequence.
+        self._changed = False
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         # Orders submissions against close(): a job queued before the
         # closing sentinel is committed, none is queued after it.
@@ -254,12 +258,13 @@ class GroupCommitter:
 
     def _commit(self, batch: list[Job]) -> None:
         conn = self._conn
+        self._changed = False
         try:
             if self._guard is not None:
                 self._guard.check()
             committed = (self._commit_merged(conn, batch)
                          or self._commit_one_by_one(conn, batch))
-            if committed and self._guard is not None:
+            if committed and self._changed and self._guard is not None:
                 self._guard.committed()
         except StoreError as e:  # the guard's refusal: it says why
             if conn.in_transaction:
@@ -282,8 +287,9 @@ class GroupCommitter:
                         LOG.exception("Undoing a decision whose write failed")
                 job.finish()
 
-    def _guard_write(self, conn: sqlite3.Connection) -> None:
-        if self._guard is not None:
+    def _guard_write(self, conn: sqlite3.Connection, changed: bool) -> None:
+        self._changed = changed
+        if changed and self._guard is not None:
             self._guard.in_transaction(conn)
 
     def _commit_merged(self, conn: sqlite3.Connection, batch: list[Job]) -> bool:
@@ -297,6 +303,7 @@ class GroupCommitter:
             return False
         try:
             conn.execute("BEGIN IMMEDIATE")
+            before = conn.total_changes
             start = 0
             while start < len(batch):
                 shape = shapes[start]
@@ -308,7 +315,7 @@ class GroupCommitter:
                     if rows:
                         _run_rows(conn, sql, rows)
                 start = end
-            self._guard_write(conn)
+            self._guard_write(conn, conn.total_changes != before)
             conn.execute("COMMIT")
             return True
         except Exception:  # noqa: BLE001 - the jobs are retried one by one
@@ -321,16 +328,19 @@ class GroupCommitter:
         transaction could not be committed (every job failed)."""
         try:
             conn.execute("BEGIN IMMEDIATE")
+            changed = False
             for job in batch:
                 conn.execute("SAVEPOINT job")
+                before = conn.total_changes
                 try:
                     job.run(conn)
                     conn.execute("RELEASE job")
+                    changed = changed or conn.total_changes != before
                 except BaseException as e:
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     job.error = e
-            self._guard_write(conn)
+            self._guard_write(conn, changed)
             conn.execute("COMMIT")
             return True
         except sqlite3.Error as e:

@@ -29,6 +29,7 @@ from agent.placement.allocations import move_allocations
 from agent.placement.auth import NoAuth2
 from agent.placement.client import PlacementClient
 from agent.rpc.client import ComputeAgentAPI
+from agent.store.store import COMMIT_SEQUENCE
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.libvirt_host import GPU, PF, Host
 
@@ -75,13 +76,16 @@ class AgentDaemon:
 
     def store_dump(self) -> str:
         """Every row of the agent's store, read beside the running agent,
-        but for its saved view of Placement: a cache that follows the
-        generations every allocation moves."""
+        but for its saved view of Placement, a cache that follows the
+        generations every allocation moves, and the commit sequence, which
+        each write of that cache moves too."""
         path = Path(self.host.dir) / "state" / "state.db"
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            return "\n".join(sorted(line for line in conn.iterdump()
-                                     if not line.startswith('INSERT INTO "placement_view"')))
+            return "\n".join(sorted(
+                line for line in conn.iterdump()
+                if not line.startswith('INSERT INTO "placement_view"')
+                and not line.startswith(f'INSERT INTO "meta" VALUES(\'{COMMIT_SEQUENCE}\'')))
         finally:
             conn.close()
 

@@ -17,6 +17,7 @@ import pytest
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from agent.store import lock as state_lock
+from agent.store.store import SCHEMA_VERSION
 from agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.keystone_standin import KeystoneStandin
 from tests.functional.libvirt_host import Host
@@ -110,7 +111,7 @@ def test_healthy_host(running):
     assert checks["placement"]["line"] == (f"Placement at {running.host.url} answered "
                                            "(microversion 1.39)")
     assert checks["broker"]["line"] == "the message broker at rabbit://127.0.0.1:5672/ answered"
-    assert checks["store_schema"]["line"] == "store schema version 5"
+    assert checks["store_schema"]["line"] == f"store schema version {SCHEMA_VERSION}"
     assert checks["last_cycle"]["line"].startswith("last successful cycle ")
     assert lines[-1] == "healthy"
     # No credential of the transport URL is ever shown.

@@ -20,7 +20,7 @@ from agent.store import sequence as sequence_record
 from agent.store.check import StoreFile, StoreVerdict, judge
 from agent.store.errors import StoreError, StoreMoved
 from agent.store.store import (COMMIT_SEQUENCE, MIGRATIONS, SCHEMA_VERSION, Store,
-                               accept_store, all_instances, all_migrations,
+                               accept_store, all_instances, all_migrations, delete_instance_sql,
                                insert_assignments_sql, inspect_store, live_assignments, migrate,
                                placement_view, put_instance_sql, put_migration_sql,
                                put_placement_view_sql, run_statements, schema_version,
@@ -862,6 +862,24 @@ def test_each_group_commit_raises_the_sequence_in_the_store_and_the_record(tmp_p
     facts = inspect_store(path)
     assert (facts.sequence, facts.recorded) == (3, 3)
     assert judge(facts, None).verdict is StoreVerdict.OPEN
+
+
+def test_a_write_that_changes_no_row_is_no_commit(tmp_path):
+    """Alone, and in a group commit with another that does change rows."""
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    store.write([put_instance_sql("a", {})])
+    store.write(delete_instance_sql("nobody", moves_too=True))
+    assert meta_value(path, COMMIT_SEQUENCE) == "1" and recorded(path) == 1
+    gate = hold_writer(store._commits)  # a job that changes nothing either
+    jobs = [store.submit(delete_instance_sql("nobody", moves_too=True)),
+            store.submit([put_instance_sql("b", {})])]
+    wait_queued(store._commits, 2)
+    gate.set()
+    for job in jobs:
+        job.wait()
+    assert meta_value(path, COMMIT_SEQUENCE) == "2" and recorded(path) == 2
+    store.close()
 
 
 def test_a_store_nobody_holds_keeps_no_sequence(tmp_path):
