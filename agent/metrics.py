@@ -30,6 +30,11 @@ What is served, all named ``compute_agent_*``:
   reconciliation pass, ``outcome`` fixed or reported.
 - ``device_unhealthy{device,reason}`` (gauge): 1 for each reason a device
   is out of scheduling; no series for a healthy device.
+- ``provider_total``, ``provider_reserved`` and ``provider_used``
+  ``{provider,provider_uuid,resource_class}`` (gauges): each inventory of
+  each provider of the host's tree, nested ones included, read at scrape
+  time from what the update loop last read (ProviderCapacity); a provider
+  gone from the tree has no series.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ import re
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -51,6 +57,7 @@ from agent.claims.model import MoveKind
 from agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
                              MoveInProgress)
 from agent.store.errors import StoreError
+from agent.tree.provider_tree import Provider
 
 LOG = logging.getLogger(__name__)
 
@@ -140,6 +147,73 @@ class _AssignedCollector:
         for (resource_class, state), units in sorted(self._read().items()):
             family.add_metric([resource_class, state], units)
         yield family
+
+
+@dataclass(frozen=True)
+class ProviderCapacity:
+    """One inventory of one provider: its total and reserved as the tree
+    last read from Placement has them, and the units its consumers use as
+    Placement's allocations were last read; None when they have not been
+    (unknown, not 0)."""
+
+    provider: str
+    provider_uuid: str
+    resource_class: str
+    total: int
+    reserved: int
+    used: int | None
+
+
+def provider_capacity(providers: Iterable[Provider],
+                      usages: Mapping[str, Mapping[str, int]]
+                      ) -> list[ProviderCapacity]:
+    """Each inventory of each provider; ``usages``: provider uuid -> class
+    -> units used, for the providers whose allocations were read."""
+    out = []
+    for p in providers:
+        used = usages.get(p.uuid)
+        for resource_class, inventory in sorted(p.inventories.items()):
+            out.append(ProviderCapacity(
+                p.name, p.uuid, resource_class, int(inventory["total"]),
+                int(inventory.get("reserved", 0)),
+                None if used is None else used.get(resource_class, 0)))
+    return out
+
+
+class _CapacityCollector:
+    """The provider_* gauges, read from the update loop's last reads when
+    scraped: a provider that left the tree leaves no series behind."""
+
+    LABELS = ["provider", "provider_uuid", "resource_class"]
+    FAMILIES = (
+        ("total", "Units of each provider's inventory, by resource class "
+         "(Placement's total)."),
+        ("reserved", "Units of each provider's inventory kept from "
+         "scheduling (Placement's reserved)."),
+        ("used", "Units of each provider's inventory its consumers' "
+         "allocations hold, as last read from Placement."),
+    )
+
+    def __init__(self, read: Callable[[], Iterable[ProviderCapacity]]):
+        self._read = read
+
+    def _families(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(f"{PREFIX}_provider_{field}", text,
+                                  labels=self.LABELS)
+                for field, text in self.FAMILIES]
+
+    def describe(self):
+        return self._families()
+
+    def collect(self):
+        families = self._families()
+        for row in self._read():
+            labels = [row.provider, row.provider_uuid, row.resource_class]
+            for family, (field, _) in zip(families, self.FAMILIES):
+                amount = getattr(row, field)
+                if amount is not None:
+                    family.add_metric(labels, amount)
+        yield from families
 
 
 class Metrics:
@@ -239,6 +313,10 @@ class Metrics:
     def watch_assignments(self, read: Callable[[], Mapping[tuple[str, str], int]]) -> None:
         """Serve ``assigned`` from ``read()``: (class, state) -> units."""
         self.registry.register(_AssignedCollector(read))
+
+    def watch_capacity(self, read: Callable[[], Iterable[ProviderCapacity]]) -> None:
+        """Serve the provider_* gauges from ``read()``."""
+        self.registry.register(_CapacityCollector(read))
 
     # --- the endpoint -------------------------------------------------------
 

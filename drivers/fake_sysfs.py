@@ -82,6 +82,7 @@ class _Pci:
     vf_driver: str | None = None
     vfs: list[str] = field(default_factory=list)
     mdev_types: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    vpd_serial: str | None = None
 
 
 def vf_address(pf_address: str, index: int) -> str:
@@ -193,6 +194,11 @@ class SysfsBuilder:
         return list(pf.vfs)
 
     vf_address = staticmethod(vf_address)
+
+    def set_vpd_serial(self, address: str, serial_number: str) -> None:
+        """Give a device VPD with this serial number in the test driver's
+        host file (escaped there; libvirt 9.0 writes it back unescaped)."""
+        self._pci[address].vpd_serial = serial_number
 
     def set_num_vfs(self, pf_address: str, num_vfs: int) -> list[str]:
         """Enable exactly ``num_vfs`` VFs, as writing sriov_numvfs does."""
@@ -501,6 +507,12 @@ class SysfsBuilder:
                 "</type>"
                 for type_id, (name, available) in dev.mdev_types.items())
                 + "</capability>")
+        if dev.vpd_serial is not None:
+            caps.append("<capability type='vpd'><name>Example adapter</name>"
+                        "<fields access='readonly'>"
+                        "<change_level>A1</change_level>"
+                        f"<serial_number>{escape(dev.vpd_serial)}"
+                        "</serial_number></fields></capability>")
         numa = ("" if dev.numa_node is None
                 else f"<numa node='{dev.numa_node}'/>")
         driver = (f"<driver><name>{escape(dev.driver)}</name></driver>"

@@ -29,7 +29,7 @@ from agent.heal.hold import UnhealedHold
 from agent.heal.realign import DeviceIndex
 from agent.heal.run import align_store, run_heal
 from agent.health.watch import HealthWatch
-from agent.metrics import CycleResult, Metrics
+from agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from agent.moves.evacuation import evacuation_migration_uuid
 from agent.placement.allocations import AllocationView, move_allocations, tree_allocations
 from agent.placement.client import (DEFAULT_TIMEOUT_SECONDS, PlacementClient,
@@ -290,6 +290,7 @@ class Agent:
         # Placement's view after the last cycle that reached it, for RPC
         # readers: replaced whole, never changed in place.
         self.last_tree = ProviderTree()
+        self.metrics.watch_capacity(self.capacity)
         # Placement's view as last saved: a restart trusts each provider in
         # it until its generation moves.
         saved = saved_view(manager.tracker.store) if manager else ProviderTree()
@@ -456,6 +457,12 @@ class Agent:
                            clock=self.wall_clock)
         self.metrics.findings(report.findings)
         return report
+
+    def capacity(self) -> list[ProviderCapacity]:
+        """Each provider's inventories and usage, from what the loop last
+        read of Placement (the tree each cycle, the allocations when a
+        reconciliation or heal read them): no request of its own."""
+        return provider_capacity(self.last_tree, self.allocations.read_usages())
 
     def _our_providers(self) -> set[str]:
         return {p.uuid for p in self.sync.cache}

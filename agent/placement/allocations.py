@@ -114,6 +114,12 @@ class AllocationView:
         be too high (a deletion not seen yet), never too low."""
         return self._read(uuid, generation).usages()
 
+    def read_usages(self) -> dict[str, dict[str, int]]:
+        """provider uuid -> what its consumers use of each class, as last
+        read, for the providers read; no request. Safe from another thread
+        (the metrics endpoint): the reads are copied first."""
+        return {uuid: read.usages() for uuid, read in dict(self._reads).items()}
+
     def _read(self, uuid: str, generation: int) -> ProviderRead:
         now = self.clock()
         last = self._reads.get(uuid)

@@ -20,6 +20,13 @@ from drivers.libvirt.capabilities import parse_xml
 
 # libvirt >= 7.3 names an mdev "mdev_<uuid>_<parent>"; before, "mdev_<uuid>".
 _MDEV_NAME = re.compile(r"^mdev_([0-9a-fA-F_]{36})(?:_.*)?$")
+# A PCI device's VPD sub-capability. libvirt 9.0 writes its text fields
+# unescaped (a serial number "MT2113X00000><" comes out as is), which
+# makes the whole document malformed; the agent uses nothing in it. Its
+# fields hold no elements of the same name, so the first closing tag
+# after the opening one ends it.
+_VPD = re.compile(r"<capability\s+type\s*=\s*(['\"])vpd\1\s*>.*?</capability\s*>",
+                  re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,8 @@ class NodeDevice:
     pci: PciDevice | None = None
     mdev_parent: MdevParent | None = None
     mdev: Mdev | None = None
+    # What was left out of a device that is kept (its malformed VPD).
+    warning: str | None = None
 
 
 def pci_address_from_name(name: str, device: str, field: str) -> str:
@@ -44,21 +53,43 @@ def pci_address_from_name(name: str, device: str, field: str) -> str:
 
 def parse_node_device(text: object) -> NodeDevice:
     """One node device. Raises InvalidHostData naming the device and the
-    field when the XML cannot be used."""
-    root = parse_xml(text, "node device")
+    field when the XML cannot be used. A document malformed only inside
+    its VPD is read without it, the device kept with a warning."""
+    root, vpd_error = _parse_document(text)
     name = (root.findtext("name") or "").strip()
     device = name or "node device"
     if root.tag != "device" or not name:
         raise InvalidHostData(device, "name", "not a node device", text)
+    warning = (f"{device}: vpd: {vpd_error} (libvirt wrote a field unescaped);"
+               " the device is read without its VPD" if vpd_error else None)
     for cap in root.iterfind("capability"):
         kind = cap.get("type")
         if kind == "pci":
             pci, parent = _parse_pci(cap, device, root.findtext("driver/name"))
-            return NodeDevice(name, pci=pci, mdev_parent=parent)
+            return NodeDevice(name, pci=pci, mdev_parent=parent,
+                              warning=warning)
         if kind == "mdev":
             return NodeDevice(name, mdev=_parse_mdev(cap, device, root))
     raise InvalidHostData(device, "capability", "neither pci nor mdev",
                           [c.get("type") for c in root.iterfind("capability")])
+
+
+def _parse_document(text: object) -> tuple[etree._Element, str | None]:
+    """The document's root, and what the parser said of the whole document
+    when its VPD element had to be cut out for the rest to parse. Any
+    other malformed XML is refused with the error the whole document
+    gave."""
+    try:
+        return parse_xml(text, "node device"), None
+    except InvalidHostData as whole:
+        if not isinstance(text, str) or not (match := _VPD.search(text)):
+            raise
+        try:
+            root = parse_xml(text[:match.start()] + text[match.end():],
+                             "node device")
+        except InvalidHostData:
+            raise whole from None
+        return root, whole.reason
 
 
 def parse_node_devices(items: Iterable[tuple[str, object]]
@@ -68,11 +99,15 @@ def parse_node_devices(items: Iterable[tuple[str, object]]
     devices, warnings = [], []
     for name, text in items:
         try:
-            devices.append(parse_node_device(text))
+            device = parse_node_device(text)
         except InvalidHostData as exc:
             if exc.device == "node device":
                 exc = InvalidHostData(name, exc.field, exc.reason, exc.value)
             warnings.append(str(exc))
+            continue
+        devices.append(device)
+        if device.warning:
+            warnings.append(device.warning)
     return devices, warnings
 
 

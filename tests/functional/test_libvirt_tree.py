@@ -179,6 +179,26 @@ def test_malformed_sysfs_values_are_skipped_with_a_warning(host, caplog):
     assert host.p("0000:3B:00.0") in tree and host.p("0000:00:05.0") in tree
 
 
+def test_a_pf_whose_vpd_libvirt_writes_unescaped_is_still_found(
+        tmp_path, placement, caplog):
+    # The test driver, like libvirt 9.0's udev backend, writes VPD text
+    # fields back unescaped: the PF's document is malformed in its VPD.
+    h = Host(tmp_path, placement.url)
+    h.build_default()
+    h.sys.set_vpd_serial(PF, "SN0042X99999><")
+    h.make_agent()
+    try:
+        with caplog.at_level(logging.WARNING):
+            h.cycle()
+            h.cycle()
+        vpd = [w for w in warnings_of(caplog) if ": vpd: " in w]
+        assert len(vpd) == 1 and vpd[0].startswith(
+            "pci_0000_81_00_0: vpd: malformed XML"), vpd
+        assert totals(h.tree()[h.p("0000:81:00.0")]) == {"SRIOV_NET_VF": 2}
+    finally:
+        h.agent.driver.cleanup()
+
+
 def test_a_non_numeric_numa_node_puts_only_that_device_aside(host, caplog):
     # numa_node junk in sysfs for a device libvirt reports without NUMA:
     # the warning names it; it stays under the root with libvirt's view.

@@ -2,6 +2,7 @@
 Placement: scraped over HTTP, its counters move by what the agent did."""
 from __future__ import annotations
 
+import copy
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from agent.exception import ConfigError, InvalidRequest
 from agent.testing.local_placement import free_port
-from tests.functional.helpers import placement_tree, put_allocations, write_conf
+from tests.functional.helpers import placement_tree, put_allocations, wait_for, write_conf
 
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
 SPEC = {"name": "scraped", "vcpus": 2, "memory_mb": 512}
@@ -116,6 +117,77 @@ def test_cycles_requests_claims_and_findings_move_the_counters(tmp_path, placeme
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         s.listen()
+
+
+VF_HOST = {**HOST, "pci_devices": [
+    {"address": address, "vendor_id": "8086", "product_id": "1572", "numa_node": 0,
+     "vfs": {"count": count, "product_id": "154c"}}
+    for address, count in (("0000:3b:00.0", 8), ("0000:5e:00.0", 4))]}
+VF_SPEC = '{"vendor_id": "8086", "product_id": "154c", "resource_class": "SRIOV_NET_VF"}'
+
+
+def capacity(samples: Samples, provider: tuple[str, dict], resource_class: str) -> dict:
+    """total, reserved and used of one provider's class (its name and
+    Placement's record); a missing series is left out (not 0)."""
+    name, record = provider
+    labels = frozenset({"provider": name, "provider_uuid": record["uuid"],
+                        "resource_class": resource_class}.items())
+    return {field: samples[(f"compute_agent_provider_{field}", labels)]
+            for field in ("total", "reserved", "used")
+            if (f"compute_agent_provider_{field}", labels) in samples}
+
+
+def test_capacity_per_provider_shows_a_vf_pool_before_and_after_a_claim(
+        tmp_path, placement):
+    port = free_port()
+    conf = write_conf(tmp_path, placement.url, f"metrics-{uuid.uuid4().hex[:8]}", VF_HOST,
+                      DEFAULT={"update_interval": 3600},
+                      metrics={"listen": f"127.0.0.1:{port}"},
+                      pci={"device_spec": [VF_SPEC]})
+    agent = Agent.from_conf(load_config(["--config-file", str(conf)]))
+    agent.start()
+    try:
+        tree = placement_tree(placement.url, agent.policy.root_uuid)
+        host = agent.policy.host
+        pool, other, cell = ((name, tree[name]) for name in (
+            f"{host}_0000:3B:00.0", f"{host}_0000:5E:00.0", f"{host}_numa_0"))
+        before = scrape(port)
+        assert capacity(before, pool, "SRIOV_NET_VF") == {
+            "total": 8, "reserved": 0, "used": 0}
+        assert capacity(before, other, "SRIOV_NET_VF") == {
+            "total": 4, "reserved": 0, "used": 0}
+        assert capacity(before, cell, "VCPU") == {"total": 4, "reserved": 0, "used": 0}
+
+        instance = str(uuid.uuid4())
+        allocations = {cell[1]["uuid"]: {"resources": {"VCPU": 2, "MEMORY_MB": 512}},
+                       pool[1]["uuid"]: {"resources": {"SRIOV_NET_VF": 1}}}
+        put_allocations(placement.url, instance, allocations)
+        agent.manager.build_instance(instance, SPEC, allocations)
+        # Usage comes from the allocations reconciliation reads (the claim
+        # touched these providers): the scrape itself asks Placement nothing.
+        agent.reconcile(at_start=False)
+        mark = placement.mark()
+        after = scrape(port)
+        assert placement.requests_since(mark) == []
+        assert capacity(after, pool, "SRIOV_NET_VF") == {"total": 8, "reserved": 0, "used": 1}
+        assert capacity(after, other, "SRIOV_NET_VF") == {"total": 4, "reserved": 0, "used": 0}
+        assert capacity(after, cell, "VCPU") == {"total": 4, "reserved": 0, "used": 2}
+        assert capacity(after, cell, "MEMORY_MB")["used"] == 512
+
+        # The second PF leaves the host (the change wakes the loop's cycle),
+        # its provider the tree: its series go.
+        smaller = copy.deepcopy(VF_HOST)
+        del smaller["pci_devices"][1]
+        agent.driver.set_host(smaller)
+
+        def without_other() -> Samples | None:
+            samples = scrape(port)
+            return samples if capacity(samples, other, "SRIOV_NET_VF") == {} else None
+
+        gone = wait_for(without_other)
+        assert capacity(gone, pool, "SRIOV_NET_VF") == {"total": 8, "reserved": 0, "used": 1}
+    finally:
+        agent.stop()
 
 
 def test_a_placement_that_does_not_answer_is_counted(tmp_path, placement):

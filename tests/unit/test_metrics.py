@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent.exception import ClaimFailed, InvalidRequest
-from agent.metrics import Metrics, parse_listen
+from agent.metrics import Metrics, ProviderCapacity, parse_listen, provider_capacity
 from agent.store.errors import StoreError
+from agent.tree.provider_tree import Provider
 
 
 def series(metrics: Metrics, name: str) -> dict[frozenset, float]:
@@ -56,3 +57,31 @@ def test_assignments_are_read_when_scraped_not_before():
 def test_an_ipv6_address_is_given_without_its_brackets():
     assert parse_listen("[::1]:9180") == ("::1", 9180)
     assert parse_listen("localhost:80") == ("localhost", 80)
+
+
+def test_capacity_is_each_inventory_with_used_only_where_allocations_were_read():
+    pool = Provider("u-pool", "h_0000:3B:00.0", "u-cell", inventories={
+        "SRIOV_NET_VF": {"total": 8, "reserved": 1}})
+    cell = Provider("u-cell", "h_numa_0", inventories={
+        "VCPU": {"total": 4, "reserved": 0}, "MEMORY_MB": {"total": 4096, "reserved": 512}})
+    assert provider_capacity([cell, pool], {"u-pool": {"SRIOV_NET_VF": 3}}) == [
+        ProviderCapacity("h_numa_0", "u-cell", "MEMORY_MB", 4096, 512, None),
+        ProviderCapacity("h_numa_0", "u-cell", "VCPU", 4, 0, None),
+        ProviderCapacity("h_0000:3B:00.0", "u-pool", "SRIOV_NET_VF", 8, 1, 3)]
+
+
+def test_capacity_is_read_when_scraped_and_a_gone_provider_has_no_series():
+    m = Metrics()
+    rows = [ProviderCapacity("h_gpu", "u-gpu", "VGPU", 4, 0, 1),
+            ProviderCapacity("h_pf", "u-pf", "SRIOV_NET_VF", 8, 2, None)]
+    m.watch_capacity(lambda: rows)
+    gpu = frozenset({"provider": "h_gpu", "provider_uuid": "u-gpu",
+                     "resource_class": "VGPU"}.items())
+    pf = frozenset({"provider": "h_pf", "provider_uuid": "u-pf",
+                    "resource_class": "SRIOV_NET_VF"}.items())
+    assert series(m, "compute_agent_provider_total") == {gpu: 4, pf: 8}
+    assert series(m, "compute_agent_provider_reserved") == {gpu: 0, pf: 2}
+    assert series(m, "compute_agent_provider_used") == {gpu: 1}  # unknown: no series
+    rows.pop(0)
+    assert series(m, "compute_agent_provider_total") == {pf: 8}
+    assert series(m, "compute_agent_provider_used") == {}

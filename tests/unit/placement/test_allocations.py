@@ -119,3 +119,13 @@ def test_usages_are_read_again_once_the_generation_moves(setup):
     assert view.usages(CELL, 1) == {}  # as read by the fixture: none yet
     assert view.usages(CELL, 2) == {"VGPU": 1}
     assert client.reads == [CELL]
+
+
+def test_read_usages_gives_what_was_last_read_and_asks_nothing(setup):
+    view, client, clock = setup
+    client.allocations[CELL] = {"vm": {"resources": {"VCPU": 2}, "generation": 1}}
+    assert view.read_usages() == {ROOT: {}, CELL: {}}  # as read, before the change
+    clock.now += 120  # stale: a read would go to Placement; this one does not
+    assert view.read_usages() == {ROOT: {}, CELL: {}} and client.reads == []
+    view.consumers({ROOT: 1, CELL: 2}, ROOT)
+    assert view.read_usages()[CELL] == {"VCPU": 2}

@@ -207,3 +207,57 @@ def test_domain_past_32_bits_is_refused_naming_the_field():
     with pytest.raises(InvalidHostData) as info:
         nodedev.parse_node_device(text)
     assert info.value.field == "domain"
+
+
+# A PF as libvirt 9.0 writes it when its VPD serial number holds "<" and
+# ">": the text fields of <capability type='vpd'> come out unescaped.
+PF_BAD_VPD = """<device>
+  <name>pci_0000_a1_00_0</name>
+  <parent>computer</parent>
+  <driver><name>mlx5_core</name></driver>
+  <capability type='pci'>
+    <class>0x020000</class>
+    <domain>0</domain><bus>161</bus><slot>0</slot><function>0</function>
+    <product id='0xa2d6'/><vendor id='0x15b3'/>
+    <capability type='virt_functions' maxCount='8'>
+      <address domain='0x0000' bus='0xa1' slot='0x00' function='0x2'/>
+    </capability>
+    <capability type='vpd'>
+      <name>Example DPU, two ports</name>
+      <fields access='readonly'>
+        <change_level>B2</change_level>
+        <part_number>EX-7781-A</part_number>
+        <serial_number>EX4420Z11111><</serial_number>
+      </fields>
+      <fields access='readwrite'><asset_tag>row4</asset_tag></fields>
+    </capability>
+    <numa node='1'/>
+  </capability>
+</device>"""
+
+
+def test_a_pf_whose_vpd_is_malformed_is_read_without_it():
+    device = nodedev.parse_node_device(PF_BAD_VPD)
+    assert device.pci is not None
+    assert (device.pci.address, device.pci.kind, device.pci.total_vfs,
+            device.pci.numa_node) == ("0000:a1:00.0", PciKind.PF, 8, 1)
+    assert device.warning.startswith("pci_0000_a1_00_0: vpd: malformed XML")
+    assert device.warning.endswith("the device is read without its VPD")
+
+
+def test_a_malformed_vpd_gives_the_device_and_one_warning():
+    devices, warnings = nodedev.parse_node_devices(
+        [("pci_0000_a1_00_0", PF_BAD_VPD), ("pci_0000_3b_02_1", VF)])
+    assert [d.name for d in devices] == ["pci_0000_a1_00_0",
+                                         "pci_0000_3b_02_1"]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "pci_0000_a1_00_0: vpd: "), warnings
+
+
+def test_a_document_malformed_outside_its_vpd_is_still_refused():
+    text = PF_BAD_VPD.replace("<numa node='1'/>", "<numa node='1'>")
+    with pytest.raises(InvalidHostData) as info:
+        nodedev.parse_node_device(text)
+    assert info.value.field == "xml" and "malformed XML" in info.value.reason
+    devices, warnings = nodedev.parse_node_devices([("pci_0000_a1_00_0", text)])
+    assert devices == [] and len(warnings) == 1
