@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.exception import ClaimFailed, InvalidRequest
-from agent.metrics import Metrics, parse_listen
+from agent.metrics import Metrics, parse_listen, probe_response
 from agent.store.errors import StoreError
 
 
@@ -56,3 +56,12 @@ def test_assignments_are_read_when_scraped_not_before():
 def test_an_ipv6_address_is_given_without_its_brackets():
     assert parse_listen("[::1]:9180") == ("::1", 9180)
     assert parse_listen("localhost:80") == ("localhost", 80)
+
+
+def test_a_probe_answers_its_status_and_its_reason_on_one_line():
+    status, headers, body = probe_response((503, "stopping:\n  store closed"))
+    assert status == "503 Service Unavailable"
+    assert dict(headers) == {"Content-Type": "text/plain; charset=utf-8",
+                             "Content-Length": str(len(body))}
+    assert body == b"stopping: store closed\n"
+    assert probe_response((200, "ready"))[::2] == ("200 OK", b"ready\n")
