@@ -335,7 +335,21 @@ metrics_opts = [
         "daemon serves Prometheus metrics at /metrics, over plain HTTP. "
         "Unset (the default): no endpoint. The metrics carry host and "
         "device names, not secrets; bind to an address your Prometheus "
-        "reaches and others do not. A port in use stops the start, exit 2.",
+        "reaches and others do not. A port in use stops the start, exit 2. "
+        "The same listener answers /healthz and /readyz, for the liveness "
+        "and readiness probes of a pod.",
+    ),
+    cfg.IntOpt(
+        "healthz_turn_limit",
+        default=120,
+        min=1,
+        max=86400,
+        help="Seconds a turn of the update loop (a cycle, and the "
+        "reconciliation every reconcile_interval cycles) may run before "
+        "/healthz answers 503, the loop taken for stuck: the pod's "
+        "equivalent of the systemd unit's WatchdogSec=120. Keep it above "
+        "twice [placement] timeout, so that a Placement that hangs only "
+        "fails cycles.",
     ),
 ]
 

@@ -35,6 +35,9 @@ What is served, all named ``compute_agent_*``:
   each provider of the host's tree, nested ones included, read at scrape
   time from what the update loop last read (ProviderCapacity); a provider
   gone from the tree has no series.
+
+The same listener answers the probes the daemon gives it (/healthz and
+/readyz, agent/daemon/probes.py): a status and one line of text/plain.
 """
 from __future__ import annotations
 
@@ -43,15 +46,18 @@ import errno
 import ipaddress
 import logging
 import re
+import socket
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Callable, Iterable, Iterator, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from agent.claims.model import MoveKind
 from agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
@@ -63,6 +69,8 @@ LOG = logging.getLogger(__name__)
 
 PREFIX = "compute_agent"
 
+# A probe served beside the metrics: its HTTP status and one line saying why.
+Probe = Callable[[], tuple[int, str]]
 
 
 class CycleResult(str, enum.Enum):
@@ -122,6 +130,35 @@ def parse_listen(text: str) -> tuple[str, int]:
             raise ValueError(f"{match['v6']!r} is not an IPv6 address") from None
         return match["v6"], port
     return match["host"], port
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No line per request: a probe every few seconds would fill the log."""
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+
+def probe_response(answer: tuple[int, str]) -> tuple[str, list[tuple[str, str]], bytes]:
+    """A probe's answer as HTTP: status line, headers, body of one line."""
+    code, reason = answer
+    body = (" ".join(reason.split()) + "\n").encode()
+    return (f"{code} {HTTPStatus(code).phrase}",
+            [("Content-Type", "text/plain; charset=utf-8"),
+             ("Content-Length", str(len(body)))], body)
+
+
+def with_probes(metrics_app: Callable, probes: Mapping[str, Probe]) -> Callable:
+    """A WSGI app answering each probe's path from the probe, and every
+    other path as ``metrics_app`` does."""
+    def app(environ, start_response):
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            return metrics_app(environ, start_response)
+        status, headers, body = probe_response(probe())
+        start_response(status, headers)
+        return [body]
+    return app
 
 
 class _AssignedCollector:
@@ -320,20 +357,28 @@ class Metrics:
 
     # --- the endpoint -------------------------------------------------------
 
-    def serve(self, listen: str) -> None:
+    def serve(self, listen: str, probes: Mapping[str, Probe] | None = None) -> None:
         """Serve GET /metrics on ``listen`` (host:port) from a thread of its
-        own. Raises ConfigError naming the option when it cannot be bound
-        (a port in use, an address not of this host)."""
+        own, and each of ``probes`` on its path. Raises ConfigError naming
+        the option when it cannot be bound (a port in use, an address not
+        of this host)."""
         host, port = parse_listen(listen)
+        app = with_probes(make_wsgi_app(self.registry), probes or {})
         try:
-            self._server, self._server_thread = start_http_server(
-                port, host, registry=self.registry)
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                        flags=socket.AI_PASSIVE)[0][0]
+            server_class = type("MetricsServer", (ThreadingWSGIServer,),
+                                {"address_family": family})
+            self._server = make_server(host, port, app, server_class,
+                                       handler_class=_QuietHandler)
         except OSError as e:
             reason = ("address already in use" if e.errno == errno.EADDRINUSE
                       else e.strerror or str(e))
             raise ConfigError(f"[metrics] listen: cannot serve metrics there: "
                               f"{reason} (value: {listen!r})") from None
-        self._server_thread.name = "metrics-http"
+        self._server_thread = threading.Thread(target=self._server.serve_forever,
+                                               name="metrics-http", daemon=True)
+        self._server_thread.start()
         LOG.info("Serving metrics on http://%s/metrics", listen)
 
     def stop(self) -> None:

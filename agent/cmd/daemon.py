@@ -17,6 +17,7 @@ from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
 from agent.cmd.config_check import metrics_port_free
 from agent.daemon.errors import AnotherAgentServesHost
 from agent.daemon.one_agent_check import check_one_agent_per_host
+from agent.daemon.probes import Phase
 from agent.daemon.reload_signal import ReloadSignal
 from agent.daemon.service import BROKER_PROBE_TIMEOUT_SECONDS, Agent, CycleOutcome
 from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
@@ -130,6 +131,7 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     # A store removed or replaced under the agent: nothing more is
     # acknowledged, and the daemon stops with exit 2 (agent/store/store.py).
     agent.manager.tracker.store.on_moved(supervisor.refuse)
+    agent.dead_threads = lambda: tuple(f"{d.thread}: {d.error}" for d in supervisor.deaths)
 
     def on_term(signum, frame):
         LOG.info("Signal %d: stopping", signum)
@@ -164,9 +166,11 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     if not supervisor.wake.is_set():
         # Start-up reconciliation is done and RPC's queue is declared; not
         # when a signal or a thread's death came during start-up.
+        agent.phase = Phase.SERVING
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
+    agent.phase = Phase.STOPPING
     if supervisor.deaths:
         supervisor.exit_unless_stopped_in_time()
     else:

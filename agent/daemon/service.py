@@ -21,6 +21,7 @@ from agent.compute.tracker import Tracker
 from agent.daemon import cycle_record
 from agent.daemon.errors import AnotherAgentServesHost, RecordUnreadable
 from agent.daemon.one_agent_check import PlacementCheck
+from agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
 from agent.daemon.systemd import Watchdog
 from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown, describe
 from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
@@ -236,6 +237,8 @@ class AgentSettings:
     heal_on_startup: bool = False
     # host:port the metrics are served on; None: not served.
     metrics_listen: str | None = None
+    # Seconds a turn of the update loop may run before /healthz says stuck.
+    healthz_turn_limit: float = 120
     health_poll_interval: float = 1.0
     health_correctable_per_minute: int = 100
     # <state_path>/last_cycle.json, for status (agent/daemon/cycle_record.py);
@@ -250,6 +253,7 @@ class AgentSettings:
             orphan_grace_period=conf.orphan_grace_period,
             live_migration_announced_timeout=conf.live_migration_announced_timeout,
             heal_on_startup=conf.heal.on_startup, metrics_listen=conf.metrics.listen,
+            healthz_turn_limit=conf.metrics.healthz_turn_limit,
             health_poll_interval=conf.devices.health_poll_interval,
             health_correctable_per_minute=conf.devices.health_correctable_errors_per_minute,
             record_path=cycle_record.path_in(conf.state_path) if holder else None)
@@ -318,6 +322,19 @@ class Agent:
         # Whether another agent serves this host, when the start could not
         # ask Placement: asked by the first cycle that reaches it.
         self.placement_check: PlacementCheck | None = None
+        # What the probes read (probe_facts). The daemon (agent/cmd/daemon.py)
+        # moves the phase on once RPC is served, and tells the threads that
+        # died.
+        self.phase = Phase.STARTING
+        self.dead_threads: Callable[[], tuple[str, ...]] = tuple
+        self._cycle_succeeded = False
+        self._last_problem = ""
+        # time.monotonic() when the loop's turn in progress began; None
+        # while it waits.
+        self._turn_started: float | None = None
+        self._store_problem = ""
+        if manager is not None:
+            manager.tracker.store.on_moved(self._store_moved)
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
@@ -515,6 +532,21 @@ class Agent:
                  "is taken for gone: allocations returned, move ended", move.uuid,
                  move.instance_uuid)
 
+    def probe_facts(self) -> ProbeFacts:
+        """The daemon's state, as /healthz and /readyz judge it
+        (agent/daemon/probes.py): read from memory, Placement never asked."""
+        started = self._turn_started
+        return ProbeFacts(
+            phase=self.phase,
+            loop_running=self._thread is not None and self._thread.is_alive(),
+            turn_seconds=None if started is None else time.monotonic() - started,
+            turn_limit=self.settings.healthz_turn_limit,
+            dead_threads=self.dead_threads(), cycle_succeeded=self._cycle_succeeded,
+            last_problem=self._last_problem, store_problem=self._store_problem)
+
+    def _store_moved(self, line: str) -> None:
+        self._store_problem = line
+
     def run_cycle(self) -> CycleOutcome:
         """A cycle, timed and counted by result (metrics) and recorded
         (record_path). A dependency that goes away or comes back is one
@@ -526,6 +558,8 @@ class Agent:
         self.metrics.cycle_done(time.monotonic() - started, outcome.kind)
         if outcome.ok:
             self._last_success_at = time.time()
+            self._cycle_succeeded = True
+        self._last_problem = outcome.reason
         self._record(outcome)
         return outcome
 
@@ -606,6 +640,7 @@ class Agent:
                                       watchdog)
             if self.stopping.is_set():
                 return
+            self._turn_started = time.monotonic()
             # Cleared before the cycle: a change seen during it wakes the
             # next one at once.
             self._wake.clear()
@@ -618,6 +653,7 @@ class Agent:
                 self._resume_rebuilds_safely()
             if self.manager is not None and self._cycles % self.settings.reconcile_interval == 0:
                 self._reconcile_safely(at_start=False)
+            self._turn_started = None
 
     def _check_store_file(self) -> None:
         """Every cycle, as before each commit: a store removed or replaced
@@ -692,7 +728,9 @@ class Agent:
         the loop going in its thread, pinging ``watchdog`` while it is
         healthy."""
         if self.settings.metrics_listen:
-            self.metrics.serve(self.settings.metrics_listen)
+            self.metrics.serve(self.settings.metrics_listen, {
+                "/healthz": lambda: liveness(self.probe_facts()),
+                "/readyz": lambda: readiness(self.probe_facts())})
         self.driver.init_host()
         if self.settings.heal_on_startup:
             self._heal_safely()
@@ -710,6 +748,7 @@ class Agent:
     def stop(self, timeout: float = 60) -> None:
         """Let a cycle in flight finish (its Placement calls time out on
         their own), then release the driver."""
+        self.phase = Phase.STOPPING
         self.stopping.set()
         self._wake.set()
         self.health.stop()
@@ -718,6 +757,7 @@ class Agent:
         self.metrics.stop()
         self.driver.cleanup()
         if self.manager is not None:
+            self._store_problem = "closed"
             try:
                 self.manager.tracker.store.close()
             except StoreError as e:

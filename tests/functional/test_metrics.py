@@ -1,8 +1,11 @@
 """The Prometheus endpoint ([metrics] listen) of an agent against the real
-Placement: scraped over HTTP, its counters move by what the agent did."""
+Placement: scraped over HTTP, its counters move by what the agent did; and
+the probes it answers beside them (/healthz, /readyz) for a real daemon,
+with Placement held away or hanging through the fault proxy."""
 from __future__ import annotations
 
 import copy
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from agent.exception import ConfigError, InvalidRequest
+from agent.testing.fault_proxy import FaultProxy, PlacementFault
 from agent.testing.local_placement import free_port
 from tests.functional.helpers import placement_tree, put_allocations, wait_for, write_conf
 
@@ -242,3 +246,83 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, placement):
     assert len(errors) == 1, done.stderr
     assert errors[0].endswith(f": error: [metrics] listen: cannot serve metrics there: "
                               f"address already in use (value: '127.0.0.1:{port}')")
+
+
+def probe(port: int, path: str) -> tuple[int, str] | None:
+    """The probe's status and its one line; None while nothing listens."""
+    try:
+        resp = requests.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+    except requests.ConnectionError:
+        return None
+    assert resp.headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert resp.text.endswith("\n") and resp.text.count("\n") == 1, resp.text
+    return resp.status_code, resp.text.strip()
+
+
+def answered(port: int, path: str, code: int) -> tuple[int, str] | None:
+    """The probe's answer when it is ``code``, for wait_for."""
+    answer = probe(port, path)
+    return answer if answer is not None and answer[0] == code else None
+
+
+def start_daemon(conf: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+                             str(conf)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+def test_readyz_is_503_until_a_cycle_reaches_placement_then_200(tmp_path, placement):
+    port = free_port()
+    with FaultProxy(placement.url, {PlacementFault.ERROR_503_BEFORE: 1.0}) as proxy:
+        conf = write_conf(tmp_path, proxy.url, "probed-ready", HOST,
+                          metrics={"listen": f"127.0.0.1:{port}"})
+        log = tmp_path / "agent.log"
+        proc = start_daemon(conf, log)
+        try:
+            wait_for(lambda: "compute-agent running as host" in log.read_text(), 60)
+            # Serving RPC, its cycles failing: alive, not ready.
+            code, reason = probe(port, "/readyz")
+            assert code == 503
+            assert reason.startswith("no cycle has reached Placement yet: "), reason
+            assert probe(port, "/healthz")[0] == 200
+
+            proxy.set_rates({})
+            ready = wait_for(lambda: answered(port, "/readyz", 200))
+            assert ready[1] == ("ready: a cycle reached Placement, RPC is served, the "
+                                "store is open")
+        finally:
+            stop_daemon(proc)
+
+
+def test_healthz_is_503_while_a_turn_runs_beyond_its_limit(tmp_path, placement):
+    """A Placement that accepts requests and never answers holds the
+    cycle for [placement] timeout: beyond a limit of 1 s, the loop is
+    stuck; alive again once the cycle ends."""
+    port = free_port()
+    with FaultProxy(placement.url) as proxy:
+        conf = write_conf(tmp_path, proxy.url, "probed-stuck", HOST,
+                          placement={"timeout": 8},
+                          metrics={"listen": f"127.0.0.1:{port}",
+                                   "healthz_turn_limit": 1})
+        log = tmp_path / "agent.log"
+        proc = start_daemon(conf, log)
+        try:
+            alive = wait_for(lambda: answered(port, "/healthz", 200), 60)
+            assert alive[1].startswith("alive: "), alive
+
+            proxy.set_rates({PlacementFault.BLACK_HOLE: 1.0})
+            stuck = wait_for(lambda: answered(port, "/healthz", 503))
+            assert stuck[1].startswith("the update loop's turn has run "), stuck
+            assert stuck[1].endswith(" s, beyond its limit of 1 s ([metrics] "
+                                     "healthz_turn_limit)"), stuck
+            # Still ready: a Placement that hangs is no reason to stop serving.
+            assert probe(port, "/readyz")[0] == 200
+
+            proxy.set_rates({})
+            wait_for(lambda: answered(port, "/healthz", 200))
+        finally:
+            stop_daemon(proc)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agent.exception import ClaimFailed, InvalidRequest
-from agent.metrics import Metrics, ProviderCapacity, parse_listen, provider_capacity
+from agent.metrics import (Metrics, ProviderCapacity, parse_listen, probe_response,
+                           provider_capacity)
 from agent.store.errors import StoreError
 from agent.tree.provider_tree import Provider
 
@@ -85,3 +86,12 @@ def test_capacity_is_read_when_scraped_and_a_gone_provider_has_no_series():
     rows.pop(0)
     assert series(m, "compute_agent_provider_total") == {pf: 8}
     assert series(m, "compute_agent_provider_used") == {}
+
+
+def test_a_probe_answers_its_status_and_its_reason_on_one_line():
+    status, headers, body = probe_response((503, "stopping:\n  store closed"))
+    assert status == "503 Service Unavailable"
+    assert dict(headers) == {"Content-Type": "text/plain; charset=utf-8",
+                             "Content-Length": str(len(body))}
+    assert body == b"stopping: store closed\n"
+    assert probe_response((200, "ready"))[::2] == ("200 OK", b"ready\n")
