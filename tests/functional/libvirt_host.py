@@ -7,6 +7,9 @@ import json
 import uuid
 from pathlib import Path
 
+import libvirt
+from lxml import etree
+
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from agent.store import node_identity
@@ -98,3 +101,14 @@ class Host:
         return f"{self.name}_{suffix}"
 
 
+def live_pins(uri: str, instance: str) -> list[str]:
+    """The host CPUs the running guest's vCPUs are pinned to, read from
+    libvirt's live XML over a connection of the test's own."""
+    conn = libvirt.open(uri)
+    try:
+        dom = conn.lookupByUUIDString(instance)
+        assert dom.isActive(), f"guest {instance} is not running"
+        root = etree.fromstring(dom.XMLDesc(0).encode())
+    finally:
+        conn.close()
+    return [p.get("cpuset") for p in root.iterfind("cputune/vcpupin")]

@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 
-import libvirt
 import pytest
-from lxml import etree
 
 from agent.claims.model import Owner
 from agent.cmd.common import load_config
@@ -22,6 +20,7 @@ from agent.daemon.service import Agent
 from agent.exception import DevicesInUse
 from drivers.base import DeviceKind
 from tests.functional.helpers import placement_tree, write_conf
+from tests.functional.libvirt_host import live_pins
 
 @pytest.fixture
 def agent(tmp_path, placement, private_libvirtd):
@@ -49,19 +48,6 @@ def pcpu_allocations(agent: Agent, placement) -> dict:
     cell = placement_tree(placement.url, agent.policy.root_uuid)[
         f"{agent.policy.host}_numa_0"]["uuid"]
     return {cell: {"resources": {"PCPU": 1, "MEMORY_MB": 64}}}
-
-
-def live_pins(uri: str, instance: str) -> list[str]:
-    """The host CPUs the running guest's vCPUs are pinned to, read from
-    libvirt's live XML over a connection of the test's own."""
-    conn = libvirt.open(uri)
-    try:
-        dom = conn.lookupByUUIDString(instance)
-        assert dom.isActive(), f"guest {instance} is not running"
-        root = etree.fromstring(dom.XMLDesc(0).encode())
-    finally:
-        conn.close()
-    return [p.get("cpuset") for p in root.iterfind("cputune/vcpupin")]
 
 
 def build(agent: Agent, made: list[str], allocations: dict) -> str:

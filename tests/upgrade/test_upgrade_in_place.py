@@ -17,9 +17,7 @@ import json
 import time
 import uuid
 
-import libvirt
 import pytest
-from lxml import etree
 
 from agent.conductor.live_migration import live_migrate_instance
 from agent.exception import DevicesInUse
@@ -27,6 +25,7 @@ from agent.placement.allocations import move_allocations
 from agent.store.store import SCHEMA_VERSION
 from agent.tree.ownership import agent_owns_trait
 from tests.functional.helpers import put_allocations, unallocate
+from tests.functional.libvirt_host import live_pins
 from tests.upgrade.hosts import (DEDICATED_CPU, NewAgent, QemuHost, DeviceHost,
                                  consumer_allocations, manage, placement_view, store_schema)
 from tests.upgrade.old_version import descends_from
@@ -39,19 +38,6 @@ ACPI = "88f9c57"
 
 def spec(instance: str) -> dict:
     return {"name": f"up-{instance[:8]}", "vcpus": 1, "memory_mb": 64}
-
-
-def live_pins(daemon, instance: str) -> list[str]:
-    """The host CPUs the running guest's vCPUs are pinned to, from
-    libvirt's live XML."""
-    conn = libvirt.open(daemon.uri)
-    try:
-        dom = conn.lookupByUUIDString(instance)
-        assert dom.isActive(), f"guest {instance} is not running"
-        root = etree.fromstring(dom.XMLDesc(0).encode())
-    finally:
-        conn.close()
-    return [p.get("cpuset") for p in root.iterfind("cputune/vcpupin")]
 
 
 def held(view: dict) -> dict[str, list[str]]:
@@ -177,7 +163,7 @@ def test_an_upgraded_host_keeps_its_guests_and_every_operation_on_them_works(
         assert libvirtd_pair[0].domain(g1).isActive()
         # Before 88f9c57 a finished resize redefined a running guest and
         # left it running on its old devices.
-        g2_moved = live_pins(libvirtd_pair[0], g2) == []
+        g2_moved = live_pins(libvirtd_pair[0].uri, g2) == []
         assert g2_moved == descends_from(pinned.commit, ACPI) or not pinned.has_manager
         # Placement: what the old version wrote, kept; allocations untouched.
         added = {host.name: owns_no_less(before[host.name],
@@ -199,7 +185,7 @@ def test_an_upgraded_host_keeps_its_guests_and_every_operation_on_them_works(
             assert held(api.get_instance(a.name, g2)) == built_a["instances"][g2]
             api.revert_resize(a.name, m2, g2)
             move_allocations(placement_client, m2, g2, "INSTANCE")
-            assert live_pins(libvirtd_pair[0], g2) == [str(DEDICATED_CPU)]
+            assert live_pins(libvirtd_pair[0].uri, g2) == [str(DEDICATED_CPU)]
             m2 = str(uuid.uuid4())
             move_allocations(placement_client, g2, m2, replacement=g2_new)
             api.prep_resize(a.name, m2, g2, spec(g2), g2_new)
@@ -208,7 +194,7 @@ def test_an_upgraded_host_keeps_its_guests_and_every_operation_on_them_works(
         # The pending resize confirmed: the migration's allocations go.
         api.confirm_resize(a.name, m2, g2)
         unallocate(url, m2)
-        assert live_pins(libvirtd_pair[0], g2) == []
+        assert live_pins(libvirtd_pair[0].uri, g2) == []
 
         phases.done("confirm")
         # g1 resized on the same host to a dedicated CPU, then reverted.
@@ -218,10 +204,10 @@ def test_an_upgraded_host_keeps_its_guests_and_every_operation_on_them_works(
         api.prep_resize(a.name, m1, g1, spec(g1), g1_new)
         api.resize_instance(a.name, m1, g1)
         api.finish_resize(a.name, m1, g1)
-        assert live_pins(libvirtd_pair[0], g1) == [str(DEDICATED_CPU)]
+        assert live_pins(libvirtd_pair[0].uri, g1) == [str(DEDICATED_CPU)]
         api.revert_resize(a.name, m1, g1)
         move_allocations(placement_client, m1, g1, "INSTANCE")
-        assert live_pins(libvirtd_pair[0], g1) == []
+        assert live_pins(libvirtd_pair[0].uri, g1) == []
         assert held(api.get_instance(a.name, g1)) == built_a["instances"][g1]
 
         phases.done("resize and revert")
