@@ -7,11 +7,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from tests.functional.helpers import write_conf
+from tests.functional.helpers import wait_for, write_conf
 from tests.functional.private_services import PrivateRabbitMQ
 
 TOP = Path(__file__).resolve().parents[2]
@@ -267,6 +268,13 @@ def test_bug_a_broker_that_refuses_the_credentials_is_exit_2_in_one_line(tmp_pat
     assert "not-the-password" not in done.stderr
 
 
+def agent_daemon(conf: Path) -> subprocess.Popen:
+    """The daemon started on ``conf``, its standard error piped."""
+    env = {**os.environ, "PYTHONPATH": str(TOP)}
+    return subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+                             str(conf)], stderr=subprocess.PIPE, text=True, env=env)
+
+
 def test_a_broker_that_does_not_answer_is_waited_for(tmp_path):
     """Not a refusal: the daemon goes on and its driver keeps trying."""
     with socket.socket() as closed:
@@ -274,15 +282,26 @@ def test_a_broker_that_does_not_answer_is_waited_for(tmp_path):
         port = closed.getsockname()[1]  # bound, not listening: refused
         conf = conf_with(tmp_path, f"[DEFAULT]\ntransport_url = "
                          f"rabbit://guest:guest@127.0.0.1:{port}/\n")
-        env = {**os.environ, "PYTHONPATH": str(TOP)}
-        daemon = subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
-                                   str(conf)], stderr=subprocess.PIPE, text=True, env=env)
+        daemon = agent_daemon(conf)
+        seen: list[str] = []
+
+        def read_lines() -> None:
+            for line in daemon.stderr:
+                seen.append(line)
+
+        reader = threading.Thread(target=read_lines, daemon=True)
+        reader.start()
         try:
-            with pytest.raises(subprocess.TimeoutExpired):
-                daemon.wait(timeout=10)
+            # Until the driver says it waits: a fixed wait would be too
+            # short on a loaded machine, where start-up alone takes seconds.
+            wait_for(lambda: any("did not answer (connection refused)" in line
+                                 for line in seen) or daemon.poll() is not None, 120)
+            assert daemon.poll() is None, "".join(seen)
         finally:
             daemon.kill()
-            _, stderr = daemon.communicate(timeout=30)
+            daemon.wait(30)
+            reader.join(30)
+    stderr = "".join(seen)
     assert "did not answer (connection refused)" in stderr, stderr
     assert "error:" not in stderr
 
@@ -297,9 +316,7 @@ def test_bug_a_broker_that_comes_back_refusing_the_credentials_is_exit_2_in_one_
         node.stop_app()
         conf = conf_with(tmp_path, "[DEFAULT]\ntransport_url = "
                          f"rabbit://guest:not-the-password@127.0.0.1:{node.port}/\n")
-        env = {**os.environ, "PYTHONPATH": str(TOP)}
-        daemon = subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
-                                   str(conf)], stderr=subprocess.PIPE, text=True, env=env)
+        daemon = agent_daemon(conf)
         try:
             with pytest.raises(subprocess.TimeoutExpired):
                 daemon.wait(timeout=6)

@@ -161,15 +161,17 @@ def test_placement_away_at_start_is_asked_by_the_first_cycle_that_reaches_it(
     assert "compute-agent stopped" not in second.text()
 
 
+def killed_9(tmp_path, daemon) -> tuple[str, Daemon]:
+    """An agent of a new host, started, then killed with SIGKILL: its host
+    and the stopped Daemon (its log set aside as killed.log)."""
+    host, agent = killed_9(tmp_path, daemon)
+    return host, agent
+
+
 def test_a_restart_after_kill_9_is_not_refused(tmp_path, daemon):
     """The host's heartbeat queue outlives the killed agent: a queue, with
     nobody on it, is not an agent."""
-    host = new_host()
-    agent = daemon(tmp_path, host).start()
-    agent.wait_running()
-    agent.proc.kill()
-    agent.proc.wait(30)
-    agent.log.rename(tmp_path / "killed.log")
+    _, agent = killed_9(tmp_path, daemon)
     agent.start()
     try:
         agent.wait_running()
@@ -211,12 +213,7 @@ def test_a_consumer_that_does_not_answer_does_not_block_a_start(tmp_path, daemon
     """The probe needs an answer: a consumer left on the queue (the broker
     has not yet found its agent gone) gets the question, does not answer,
     and the start goes on after the probe's deadline."""
-    host = new_host()
-    agent = daemon(tmp_path, host).start()
-    agent.wait_running()
-    agent.proc.kill()
-    agent.proc.wait(30)
-    agent.log.rename(tmp_path / "killed.log")
+    host, agent = killed_9(tmp_path, daemon)
     stale = SilentConsumer(host)
     try:
         agent.start()

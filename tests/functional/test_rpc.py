@@ -488,15 +488,21 @@ def test_bug_a_confirm_after_a_revert_no_longer_destroys_the_sources_guest(condu
     assert source.store_dump() == dump
 
 
-def test_bug_prep_resize_of_another_instances_move_is_refused(conductor):
-    """prep_resize(migration_uuid=M, instance_uuid=B), M instance A's move,
-    answered OK with no assignments and claimed nothing."""
-    c, agent = conductor, conductor.agent()
+def a_resizing_and_b_built(c, agent: AgentDaemon) -> tuple[str, str, str]:
+    """Instance A built and resized on ``agent`` up to finish_resize, and
+    instance B built beside it: A's, B's and the move's uuids."""
     a, _ = build(c, agent)
     b = str(uuid.uuid4())
     c.schedule(b, cpus_and_memory(agent))
     c.rpc.build_instance(agent.name, b, SPEC, cpus_and_memory(agent))
-    migration = same_host_resize_to_finish(c, agent, a)
+    return a, b, same_host_resize_to_finish(c, agent, a)
+
+
+def test_bug_prep_resize_of_another_instances_move_is_refused(conductor):
+    """prep_resize(migration_uuid=M, instance_uuid=B), M instance A's move,
+    answered OK with no assignments and claimed nothing."""
+    c, agent = conductor, conductor.agent()
+    a, b, migration = a_resizing_and_b_built(c, agent)
     dump = agent.store_dump()
     with pytest.raises(InvalidRequest) as caught:
         c.rpc.prep_resize(agent.name, migration, b, BIGGER,
@@ -510,11 +516,7 @@ def test_bug_an_instance_and_a_move_never_share_a_uuid(conductor):
     """build_instance with the uuid of a move open here was accepted: one
     consumer both an instance and a migration."""
     c, agent = conductor, conductor.agent()
-    a, _ = build(c, agent)
-    b = str(uuid.uuid4())
-    c.schedule(b, cpus_and_memory(agent))
-    c.rpc.build_instance(agent.name, b, SPEC, cpus_and_memory(agent))
-    migration = same_host_resize_to_finish(c, agent, a)
+    a, b, migration = a_resizing_and_b_built(c, agent)
     dump = agent.store_dump()
     with pytest.raises(InvalidRequest) as caught:
         c.rpc.build_instance(agent.name, migration, SPEC, cpus_and_memory(agent))
