@@ -10,7 +10,7 @@ import pytest
 from oslo_config import cfg
 
 from agent import config
-from agent.cmd import config_check as cc
+from agent.cmd.config_check import values as cc
 from agent.cmd.common import load_config
 from agent.cmd.errors import BadValue
 from agent.exception import ConfigError

@@ -14,7 +14,7 @@ import pytest
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
-from agent.cmd import config_check as cc
+from agent.cmd.config_check import values as cc
 from agent.cmd.common import load_config
 from agent.exception import ConfigError, shown
 from tests.unit.cmd.test_config_check import ABSENT, owned
