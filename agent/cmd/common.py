@@ -20,8 +20,8 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from agent import config
-from agent.cmd.config_check.values import (check_config, cli_file_value_refusal,
-                                           files_in_config_dir, undecodable_config_file)
+from agent.cmd.config_check.options import files_in_config_dir, undecodable_config_file
+from agent.cmd.config_check.whole import check_config, cli_file_value_refusal
 from agent.exception import ConfigError
 
 CONFIG_ERROR_EXIT = 2

@@ -14,7 +14,7 @@ from oslo_log import log as logging
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
-from agent.cmd.config_check.values import metrics_port_free
+from agent.cmd.config_check.whole import metrics_port_free
 from agent.daemon.errors import AnotherAgentServesHost
 from agent.daemon.one_agent_check import check_one_agent_per_host
 from agent.daemon.probes import Phase

@@ -19,7 +19,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from agent.cmd.common import load_config
-from agent.cmd.config_check.values import registered_options
+from agent.cmd.config_check.options import registered_options
 from agent.cmd.daemon import cli_opts
 from agent.exception import ConfigError
 from tests.functional.helpers import write_conf

@@ -10,7 +10,7 @@ import pytest
 from oslo_config import cfg
 
 from agent import config
-from agent.cmd.config_check import values as cc
+from agent.cmd.config_check import names, options, value_rules
 from agent.cmd.common import load_config
 from agent.cmd.errors import BadValue
 from agent.exception import ConfigError
@@ -28,69 +28,71 @@ def owned(value, tmp_path: Path):
 
 
 GOOD = {
-    cc.absolute_path: ["/var/lib/compute-agent"],
-    cc.existing_directory: ["/tmp"],
-    cc.readable_file: ["/etc/hostname", ""],
-    cc.state_directory: ["/tmp", f"{ABSENT}/not/yet/there"],
-    cc.host_name: ["compute-1.example.org", "host_1"],
-    cc.http_url: ["http://127.0.0.1:8778", "https://keystone.example.org/v3"],
-    cc.transport_url: ["rabbit://", "rabbit://u:p@h1:5672,u:p@h2:5672/vhost", "fake://"],
-    cc.libvirt_uri: ["qemu:///system", "qemu+ssh://root@h/system", "test:///default"],
-    cc.record_format: ["%(asctime)s %(levelname)s %(message)s", "%(funcName)s %(lineno)d"],
-    cc.context_record_format: ["%(asctime)s [%(request_id)s %(user_identity)s] %(message)s"],
-    cc.user_identity_format: ["%(user)s %(project)s %(domain)s"],
-    cc.instance_format: ["[instance: %(uuid)s] "],
-    cc.file_to_write: ["/tmp/fake-state.json", f"{ABSENT}"],
-    cc.log_levels: [["amqp=WARN", "oslo.messaging=INFO"]],
-    cc.syslog_facility: ["LOG_USER", "local0"],
-    cc.queue_name: ["openstack", "compute-agent.v1"],
-    cc.queue_names: [["notifications"]],
-    cc.notification_drivers: [["messagingv2", "noop"]],
-    cc.rabbit_ssl_version: ["", "tlsv1_2"],
-    cc.kombu_compression: ["gzip"],
-    cc.kafka_sasl_mechanism: ["PLAIN"],
-    cc.tls_ciphers: ["HIGH:!aNULL"],
-    cc.service_type: ["placement"],
-    cc.endpoint_interfaces: [["internal", "public"]],
-    cc.api_version: ["1.0", "latest"],
-    cc.http_status_codes: [[503, 502]],
-    cc.rpc_version: ["1.0", "1.1"],
-    cc.keystone_system_scope: ["all"],
-    cc.listen_address: ["127.0.0.1:9180", "0.0.0.0:1", "metrics.example.org:65535",
-                        "[::1]:9180", "[::]:9180"],
+    value_rules.absolute_path: ["/var/lib/compute-agent"],
+    value_rules.existing_directory: ["/tmp"],
+    value_rules.readable_file: ["/etc/hostname", ""],
+    value_rules.state_directory: ["/tmp", f"{ABSENT}/not/yet/there"],
+    value_rules.host_name: ["compute-1.example.org", "host_1"],
+    value_rules.http_url: ["http://127.0.0.1:8778", "https://keystone.example.org/v3"],
+    value_rules.transport_url: ["rabbit://", "rabbit://u:p@h1:5672,u:p@h2:5672/vhost", "fake://"],
+    value_rules.libvirt_uri: ["qemu:///system", "qemu+ssh://root@h/system", "test:///default"],
+    value_rules.record_format: ["%(asctime)s %(levelname)s %(message)s",
+                                "%(funcName)s %(lineno)d"],
+    value_rules.context_record_format: [
+        "%(asctime)s [%(request_id)s %(user_identity)s] %(message)s"],
+    value_rules.user_identity_format: ["%(user)s %(project)s %(domain)s"],
+    value_rules.instance_format: ["[instance: %(uuid)s] "],
+    value_rules.file_to_write: ["/tmp/fake-state.json", f"{ABSENT}"],
+    value_rules.log_levels: [["amqp=WARN", "oslo.messaging=INFO"]],
+    value_rules.syslog_facility: ["LOG_USER", "local0"],
+    value_rules.queue_name: ["openstack", "compute-agent.v1"],
+    value_rules.queue_names: [["notifications"]],
+    value_rules.notification_drivers: [["messagingv2", "noop"]],
+    value_rules.rabbit_ssl_version: ["", "tlsv1_2"],
+    value_rules.kombu_compression: ["gzip"],
+    value_rules.kafka_sasl_mechanism: ["PLAIN"],
+    value_rules.tls_ciphers: ["HIGH:!aNULL"],
+    value_rules.service_type: ["placement"],
+    value_rules.endpoint_interfaces: [["internal", "public"]],
+    value_rules.api_version: ["1.0", "latest"],
+    value_rules.http_status_codes: [[503, 502]],
+    value_rules.rpc_version: ["1.0", "1.1"],
+    value_rules.keystone_system_scope: ["all"],
+    value_rules.listen_address: ["127.0.0.1:9180", "0.0.0.0:1", "metrics.example.org:65535",
+                                 "[::1]:9180", "[::]:9180"],
 }
 BAD = {
-    cc.absolute_path: ["relative", " ", "/tmp/" + "x" * 256, "/x" * 2048],
-    cc.existing_directory: [ABSENT, "/etc/hostname"],
-    cc.readable_file: [ABSENT, "/tmp", "/tmp/" + "x" * 256],
-    cc.state_directory: ["relative", "/etc/hostname", "/etc/hostname/x"],
-    cc.host_name: ["", "a b", "x" * 101, "-x/y"],
-    cc.http_url: ["", "127.0.0.1:8778", "ftp://h/", "http://h:0/", "http://h:70000/"],
-    cc.transport_url: ["h:5672", "amqp1://h/", "rabbit://h:0/", "rabbit://h:x/",
-                       "rabbit://bad host/", "kafka://h:9092/"],
-    cc.libvirt_uri: ["", "qemu", "xen:///system", "qemu+bogus://h/system"],
-    cc.record_format: ["%(", "%(x)q", "%(nosuchkey)s", "%(request_id)s", "%(message)d"],
-    cc.context_record_format: ["%(nosuchkey)s"],
-    cc.user_identity_format: ["%(message)s"],
-    cc.instance_format: ["%(name)s"],
-    cc.file_to_write: ["relative", "/tmp", f"{ABSENT}/no/such/dir/file", "/" + "x" * 256],
-    cc.log_levels: [["amqp"], ["amqp=LOUD"], ["=INFO"]],
-    cc.syslog_facility: ["LOG_NOPE"],
-    cc.queue_name: ["", "a b"],
-    cc.queue_names: [[], ["a b"]],
-    cc.notification_drivers: [["nope"]],
-    cc.rabbit_ssl_version: ["tlsv9"],
-    cc.kombu_compression: ["zip"],
-    cc.kafka_sasl_mechanism: ["plain"],
-    cc.tls_ciphers: ["NOPE"],
-    cc.service_type: ["", "Placement"],
-    cc.endpoint_interfaces: [[], ["private"]],
-    cc.api_version: ["", "one"],
-    cc.http_status_codes: [[99], [600]],
-    cc.rpc_version: ["", "2.0", "abc"],
-    cc.keystone_system_scope: ["some"],
-    cc.listen_address: ["", "9180", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536",
-                        "::1:9180", "[::1]", "[::g]:9180", "a b:9180"],
+    value_rules.absolute_path: ["relative", " ", "/tmp/" + "x" * 256, "/x" * 2048],
+    value_rules.existing_directory: [ABSENT, "/etc/hostname"],
+    value_rules.readable_file: [ABSENT, "/tmp", "/tmp/" + "x" * 256],
+    value_rules.state_directory: ["relative", "/etc/hostname", "/etc/hostname/x"],
+    value_rules.host_name: ["", "a b", "x" * 101, "-x/y"],
+    value_rules.http_url: ["", "127.0.0.1:8778", "ftp://h/", "http://h:0/", "http://h:70000/"],
+    value_rules.transport_url: ["h:5672", "amqp1://h/", "rabbit://h:0/", "rabbit://h:x/",
+                                "rabbit://bad host/", "kafka://h:9092/"],
+    value_rules.libvirt_uri: ["", "qemu", "xen:///system", "qemu+bogus://h/system"],
+    value_rules.record_format: ["%(", "%(x)q", "%(nosuchkey)s", "%(request_id)s", "%(message)d"],
+    value_rules.context_record_format: ["%(nosuchkey)s"],
+    value_rules.user_identity_format: ["%(message)s"],
+    value_rules.instance_format: ["%(name)s"],
+    value_rules.file_to_write: ["relative", "/tmp", f"{ABSENT}/no/such/dir/file", "/" + "x" * 256],
+    value_rules.log_levels: [["amqp"], ["amqp=LOUD"], ["=INFO"]],
+    value_rules.syslog_facility: ["LOG_NOPE"],
+    value_rules.queue_name: ["", "a b"],
+    value_rules.queue_names: [[], ["a b"]],
+    value_rules.notification_drivers: [["nope"]],
+    value_rules.rabbit_ssl_version: ["tlsv9"],
+    value_rules.kombu_compression: ["zip"],
+    value_rules.kafka_sasl_mechanism: ["plain"],
+    value_rules.tls_ciphers: ["NOPE"],
+    value_rules.service_type: ["", "Placement"],
+    value_rules.endpoint_interfaces: [[], ["private"]],
+    value_rules.api_version: ["", "one"],
+    value_rules.http_status_codes: [[99], [600]],
+    value_rules.rpc_version: ["", "2.0", "abc"],
+    value_rules.keystone_system_scope: ["some"],
+    value_rules.listen_address: ["", "9180", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536",
+                                 "::1:9180", "[::1]", "[::g]:9180", "a b:9180"],
 }
 
 
@@ -106,11 +108,11 @@ def test_a_rule_refuses_a_bad_value(rule, value, tmp_path):
 
 
 def test_every_rule_is_tested():
-    assert set(cc.VALUE_RULES.values()) <= set(GOOD) & set(BAD)
+    assert set(value_rules.VALUE_RULES.values()) <= set(GOOD) & set(BAD)
 
 
 def test_a_url_is_shown_with_its_passwords_masked():
-    assert cc.masked_url("rabbit://a:pw1@h1:5672,b:pw2@h2/v") == (
+    assert options.masked_url("rabbit://a:pw1@h1:5672,b:pw2@h2/v") == (
         "rabbit://a:***@h1:5672,b:***@h2/v")
 
 
@@ -186,9 +188,9 @@ def test_a_secret_is_never_shown(tmp_path):
                    "[placement]\nauth_type = password\nauth_url = nope\n"
                    "password = s3cret\nusername = u\n")
     assert line.startswith("[placement] auth_url:") and "s3cret" not in line
-    option = cc.Option("placement", cc.cfg.StrOpt("password", secret=True))
+    option = options.Option("placement", cfg.StrOpt("password", secret=True))
     conf = load_config(conf_file(tmp_path, "[placement]\npassword = s3cret\n"))
-    assert str(cc.refusal(conf, option, "bad")).endswith("(value: ***)")
+    assert str(value_rules.refusal(conf, option, "bad")).endswith("(value: ***)")
 
 
 def test_an_empty_number_is_refused_where_unset_is_not_the_default(tmp_path):
@@ -262,7 +264,7 @@ def test_a_store_the_agent_may_not_read_is_named(tmp_path, monkeypatch):
     ("", "abc", 3),
 ])
 def test_edit_distance_counts_each_typing_slip_once(a, b, distance):
-    assert cc.edit_distance(a, b) == cc.edit_distance(b, a) == distance
+    assert names.edit_distance(a, b) == names.edit_distance(b, a) == distance
 
 
 @pytest.mark.parametrize("name,known", [
@@ -276,7 +278,7 @@ def test_edit_distance_counts_each_typing_slip_once(a, b, distance):
 def test_a_misspelling_is_a_typing_slip_or_two_from_a_name_read(name, known):
     read = ["pmem", "pci", "DEFAULT", "devices", "enabled_mdev_types", "update_interval",
             "reconcile_interval", "update_jitter"]
-    assert cc.misspelling_of(name, read) == known
+    assert names.misspelling_of(name, read) == known
 
 
 def unknown(tmp_path, text: str) -> list[tuple[str, str | None, str | None]]:
@@ -284,7 +286,7 @@ def unknown(tmp_path, text: str) -> list[tuple[str, str | None, str | None]]:
     conf = cfg.ConfigOpts()
     config.register_opts(conf)
     conf(conf_file(tmp_path, text + "[placement]\nauth_type = placement_noauth2\n"))
-    return [(u.where(), u.known, u.file) for u in cc.unknown_names(conf)]
+    return [(u.where(), u.known, u.file) for u in names.unknown_names(conf)]
 
 
 def test_every_name_the_agent_reads_is_known(tmp_path):
@@ -321,7 +323,7 @@ def test_a_misspelt_name_is_refused_before_any_value(tmp_path):
 
 
 def test_the_unknown_names_line_is_one_line_of_at_most_300_characters():
-    names = [cc.UnknownName("/etc/compute-agent/compute-agent.conf", f"section_{i}")
-             for i in range(100)]
-    line = cc.unknown_names_line(names)
+    unknown = [names.UnknownName("/etc/compute-agent/compute-agent.conf", f"section_{i}")
+               for i in range(100)]
+    line = names.unknown_names_line(unknown)
     assert len(line) == 300 and line.endswith("... (100 names in all)")

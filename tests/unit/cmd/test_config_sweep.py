@@ -14,7 +14,7 @@ import pytest
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
-from agent.cmd.config_check import values as cc
+from agent.cmd.config_check import options, value_rules, whole
 from agent.cmd.common import load_config
 from agent.exception import ConfigError, shown
 from tests.unit.cmd.test_config_check import ABSENT, owned
@@ -24,38 +24,38 @@ SAMPLE = TOP / "etc/compute-agent/compute-agent.conf.sample"
 
 # Invalid values for the options each rule checks.
 RULE_EXAMPLES = {
-    cc.absolute_path: ["relative/path", "", "/" + "x" * 5000],
-    cc.existing_directory: [f"{ABSENT}/directory", "relative", "/etc/hostname"],
-    cc.readable_file: [f"{ABSENT}/file", "/"],
-    cc.state_directory: ["relative", "/etc/hostname", "/etc/hostname/below"],
-    cc.host_name: ["", "has space", "x" * 300, "bad/slash"],
-    cc.http_url: ["", "not a url", "ftp://h/", "http://", "http://h:99999/"],
-    cc.transport_url: ["nohost", "foo://h/", "rabbit://u:pw@h:99999/",
-                       "rabbit://h:abc/", "rabbit://h:0/"],
-    cc.libvirt_uri: ["", "qemu", "xen:///system", "qemu+bogus://h/system"],
-    cc.record_format: ["%(", "%(name", "%q", "%(nosuchkey)s"],
-    cc.context_record_format: ["%(", "%(nosuchkey)s"],
-    cc.user_identity_format: ["%(", "%(message)s"],
-    cc.instance_format: ["%(", "%(name)s"],
-    cc.file_to_write: ["relative", "/", f"{ABSENT}/directory/file", "/tmp/" + "x" * 256],
-    cc.log_levels: ["noequals", "x=LOUD", "=INFO"],
-    cc.syslog_facility: ["LOG_NOPE", "nope"],
-    cc.queue_name: ["", "has space", "x" * 300],
-    cc.queue_names: ["", "a b"],
-    cc.notification_drivers: ["nope"],
-    cc.rabbit_ssl_version: ["tlsv9"],
-    cc.kombu_compression: ["nope"],
-    cc.kafka_sasl_mechanism: ["nope"],
-    cc.tls_ciphers: ["NOPE-CIPHER"],
-    cc.service_type: ["", "Has Caps", "a b"],
-    cc.endpoint_interfaces: ["", "private", "public,bogus"],
-    cc.api_version: ["", "abc", "1.x"],
-    cc.http_status_codes: ["abc", "99", "600"],
-    cc.rpc_version: ["abc", "9.9", ""],
-    cc.keystone_system_scope: ["some"],
-    cc.listen_address: ["", "9180", "127.0.0.1", "127.0.0.1:", ":9180",
-                        "127.0.0.1:0", "127.0.0.1:65536", "[::1:9180",
-                        "[nope]:9180", "has space:9180"],
+    value_rules.absolute_path: ["relative/path", "", "/" + "x" * 5000],
+    value_rules.existing_directory: [f"{ABSENT}/directory", "relative", "/etc/hostname"],
+    value_rules.readable_file: [f"{ABSENT}/file", "/"],
+    value_rules.state_directory: ["relative", "/etc/hostname", "/etc/hostname/below"],
+    value_rules.host_name: ["", "has space", "x" * 300, "bad/slash"],
+    value_rules.http_url: ["", "not a url", "ftp://h/", "http://", "http://h:99999/"],
+    value_rules.transport_url: ["nohost", "foo://h/", "rabbit://u:pw@h:99999/",
+                                "rabbit://h:abc/", "rabbit://h:0/"],
+    value_rules.libvirt_uri: ["", "qemu", "xen:///system", "qemu+bogus://h/system"],
+    value_rules.record_format: ["%(", "%(name", "%q", "%(nosuchkey)s"],
+    value_rules.context_record_format: ["%(", "%(nosuchkey)s"],
+    value_rules.user_identity_format: ["%(", "%(message)s"],
+    value_rules.instance_format: ["%(", "%(name)s"],
+    value_rules.file_to_write: ["relative", "/", f"{ABSENT}/directory/file", "/tmp/" + "x" * 256],
+    value_rules.log_levels: ["noequals", "x=LOUD", "=INFO"],
+    value_rules.syslog_facility: ["LOG_NOPE", "nope"],
+    value_rules.queue_name: ["", "has space", "x" * 300],
+    value_rules.queue_names: ["", "a b"],
+    value_rules.notification_drivers: ["nope"],
+    value_rules.rabbit_ssl_version: ["tlsv9"],
+    value_rules.kombu_compression: ["nope"],
+    value_rules.kafka_sasl_mechanism: ["nope"],
+    value_rules.tls_ciphers: ["NOPE-CIPHER"],
+    value_rules.service_type: ["", "Has Caps", "a b"],
+    value_rules.endpoint_interfaces: ["", "private", "public,bogus"],
+    value_rules.api_version: ["", "abc", "1.x"],
+    value_rules.http_status_codes: ["abc", "99", "600"],
+    value_rules.rpc_version: ["abc", "9.9", ""],
+    value_rules.keystone_system_scope: ["some"],
+    value_rules.listen_address: ["", "9180", "127.0.0.1", "127.0.0.1:", ":9180",
+                                 "127.0.0.1:0", "127.0.0.1:65536", "[::1:9180",
+                                 "[nope]:9180", "has space:9180"],
 }
 POLICY_EXAMPLES = {
     "owner_trait": ["owner_nova", "CUSTOM_", "OWNER_ME", ""],
@@ -134,7 +134,7 @@ class Sweep:
                 load_config(["--config-file", str(path)], placement_required=True)
             else:
                 assert conf.reload_config_files()
-                cc.check_config(conf, placement_required=True)
+                whole.check_config(conf, placement_required=True)
         except ConfigError as e:
             return e
         return None
@@ -145,16 +145,16 @@ def is_cli_option(conf: cfg.ConfigOpts, section: str, name: str) -> bool:
                for opt, group in conf._all_cli_opts())
 
 
-def registered(conf: cfg.ConfigOpts) -> dict[tuple[str, str], cc.Option]:
-    return {(o.section, o.name): o for o in cc.registered_options(conf)}
+def registered(conf: cfg.ConfigOpts) -> dict[tuple[str, str], options.Option]:
+    return {(o.section, o.name): o for o in options.registered_options(conf)}
 
 
-def invalid_values(option: cc.Option) -> tuple[list[str], bool]:
+def invalid_values(option: options.Option) -> tuple[list[str], bool]:
     """Invalid values for an option, by its type and rule; and whether it
     is free-form (then the values are valid ones)."""
     t, key = option.opt.type, (option.section, option.name)
     if isinstance(t, (cfg.types.Integer, cfg.types.Float)):
-        low, high = cc.number_bounds(option)
+        low, high = value_rules.number_bounds(option)
         # Empty reads as unset: invalid only where unset is not the default.
         values = ["abc", "1.5" if isinstance(t, cfg.types.Integer) else "nan",
                   "9" * 30, str(low - 1), str(high + 1)]
@@ -165,20 +165,20 @@ def invalid_values(option: cc.Option) -> tuple[list[str], bool]:
         return ["maybe", "2", "yes please"], False
     if getattr(t, "choices", None):
         return ["not-a-choice", "x" * 300], False
-    if key in cc.VALUE_RULES:
-        return RULE_EXAMPLES[cc.VALUE_RULES[key]], False
-    if key in cc.POLICY_OPTIONS:
+    if key in value_rules.VALUE_RULES:
+        return RULE_EXAMPLES[value_rules.VALUE_RULES[key]], False
+    if key in value_rules.POLICY_OPTIONS:
         return POLICY_EXAMPLES[option.name], False
-    if key in cc.CROSS_OPTIONS:
+    if key in value_rules.CROSS_OPTIONS:
         return CROSS_EXAMPLES[option.name], False
-    assert key in cc.FREE_FORM, f"[{key[0]}] {key[1]}: no rule, and not listed free-form"
+    assert key in value_rules.FREE_FORM, f"[{key[0]}] {key[1]}: no rule, and not listed free-form"
     return FREE_FORM_EXAMPLES, True
 
 
-def names_it(error: ConfigError, option: cc.Option, value: str) -> bool:
+def names_it(error: ConfigError, option: options.Option, value: str) -> bool:
     text = str(error)
     expected = "***" if option.opt.secret and "url" not in option.name else shown(
-        cc.masked_url(value))
+        options.masked_url(value))
     # [pci] device_spec names the entry, whose field it names too.
     return ("\n" not in text and text.startswith(f"[{option.section}] {option.name}: ")
             and (f"(value: {expected})" in text or f"entry: {value})" in text))
@@ -186,14 +186,14 @@ def names_it(error: ConfigError, option: cc.Option, value: str) -> bool:
 
 def test_every_option_of_the_sample_is_refused_when_invalid_or_is_free_form(tmp_path):
     sweep = Sweep(tmp_path)
-    options = {**registered(sweep.conf_for(False)[1]), **registered(sweep.conf_for(True)[1])}
+    by_key = {**registered(sweep.conf_for(False)[1]), **registered(sweep.conf_for(True)[1])}
     listed = sample_options()
     tried = rejected = accepted = 0
     wrong = []
     for section, name in listed:
-        option = options[(section, name)]
-        values, free_form = invalid_values(option)
-        for value in (owned(v, tmp_path) for v in values):
+        option = by_key[(section, name)]
+        tried_values, free_form = invalid_values(option)
+        for value in (owned(v, tmp_path) for v in tried_values):
             tried += 1
             error = sweep.check(section, name, value)
             if free_form:
@@ -212,9 +212,9 @@ def test_every_option_of_the_sample_is_refused_when_invalid_or_is_free_form(tmp_
 
 def test_every_number_is_bounded_on_both_sides(tmp_path):
     conf = Sweep(tmp_path).conf_for(True)[1]
-    unbounded = [f"[{o.section}] {o.name}" for o in cc.registered_options(conf)
+    unbounded = [f"[{o.section}] {o.name}" for o in options.registered_options(conf)
                  if isinstance(o.opt.type, (cfg.types.Integer, cfg.types.Float))
-                 and None in cc.number_bounds(o)]
+                 and None in value_rules.number_bounds(o)]
     assert unbounded == []
 
 
