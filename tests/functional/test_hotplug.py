@@ -13,8 +13,6 @@ libvirtd sends one when udev reports a device.
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from agent.tree.host_tree import gpu_provider_name
@@ -24,8 +22,10 @@ from tests.functional.libvirt_host import Host
 
 # A second GPU, plain PCI until its vendor driver binds.
 LATE_GPU = "0000:07:00.0"
-# Far under update_interval: only the event can start the cycle in time.
-BOUND_S = 5.0
+# Far under update_interval (an hour), so only the event can start the
+# cycle in time, and far over a cycle on a loaded machine: how soon is
+# tools/bench hotplug's business.
+BOUND_S = 60.0
 
 
 @pytest.fixture
@@ -44,26 +44,22 @@ def late_gpu(host: Host, resources: str = "") -> list[dict]:
     return providers_named(host.url, gpu_provider_name(host.name, LATE_GPU), resources)
 
 
-def seconds_until(host: Host, reached, event) -> float:
-    start = time.monotonic()
+def on_event(host: Host, event, reached) -> None:
+    """Make libvirt send the event (``event(conn)`` on the agent's own
+    connection); Placement shows ``reached`` within BOUND_S."""
     host.agent.driver._conn.call(event)
-    wait_for(reached, timeout=BOUND_S * 3, interval=0.05)
-    return time.monotonic() - start
+    wait_for(reached, timeout=BOUND_S, interval=0.05)
 
 
 def test_a_gpu_bound_then_unbound_reaches_placement_on_the_node_device_event(host):
     assert late_gpu(host) == []
     host.sys.bind_mdev_driver(LATE_GPU, {"nvidia-35": ("GRID M60-2Q", 4)})
     vhbas = []
-    latency = seconds_until(
-        host, lambda: late_gpu(host, "VGPU:4"),
-        lambda conn: vhbas.append(conn.nodeDeviceCreateXML(vhba_xml(host.hba, 1), 0)))
-    assert latency < BOUND_S, f"{latency:.2f} s"
+    on_event(host, lambda conn: vhbas.append(conn.nodeDeviceCreateXML(vhba_xml(host.hba, 1), 0)),
+             lambda: late_gpu(host, "VGPU:4"))
     provider = late_gpu(host)[0]["uuid"]
     assert get(host.url, f"/resource_providers/{provider}/inventories")[
         "inventories"]["VGPU"]["total"] == 4
 
     host.sys.unbind_mdev_driver(LATE_GPU)
-    latency = seconds_until(host, lambda: late_gpu(host) == [],
-                            lambda conn: vhbas.pop().destroy())
-    assert latency < BOUND_S, f"{latency:.2f} s"
+    on_event(host, lambda conn: vhbas.pop().destroy(), lambda: late_gpu(host) == [])
