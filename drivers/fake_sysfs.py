@@ -36,6 +36,8 @@ _KERNEL_MODES = {"sector": "safe", "fsdax": "memory", "devdax": "dax",
 _HOLDER_KINDS = {"sector": "btt", "fsdax": "pfn", "devdax": "dax"}
 _DAX_ALIGN = 2 << 20
 _CONFIG_HEADER = 64
+# The SCSI host number of the vport an NPIV HBA has made (add_npiv_hba).
+_TEST_DRIVER_VPORT = 11
 # The errors each AER statistics file lists, in the kernel's words, before
 # its TOTAL_ERR_* line (Documentation/ABI/testing/
 # sysfs-bus-pci-devices-aer_stats).
@@ -106,6 +108,7 @@ class SysfsBuilder:
         self._mdevs: dict[str, tuple[str, str]] = {}
         self._holders: dict[tuple[int, str], int] = {}
         self._next_group = 1
+        self._npiv_hba: int | None = None
 
     # files
 
@@ -171,11 +174,16 @@ class SysfsBuilder:
         self._link(group_dir / "devices" / address, path)
         self._link(path / "iommu_group", group_dir)
         if driver:
-            driver_dir = self.root / "bus" / "pci" / "drivers" / driver
-            driver_dir.mkdir(parents=True, exist_ok=True)
-            self._link(path / "driver", driver_dir)
-            self._link(driver_dir / address, path)
+            self._bind(address, driver)
         return path
+
+    def _bind(self, address: str, driver: str) -> None:
+        path = self.device_dir(address)
+        driver_dir = self.root / "bus" / "pci" / "drivers" / driver
+        driver_dir.mkdir(parents=True, exist_ok=True)
+        self._link(path / "driver", driver_dir)
+        self._link(driver_dir / address, path)
+        self._pci[address].driver = driver
 
     def add_pf(self, address: str, vendor: str, product: str,
                vf_product: str, numa_node: int | None, total_vfs: int,
@@ -312,8 +320,20 @@ class SysfsBuilder:
                         vendor: str = _NVIDIA_VENDOR,
                         product: str = "13f2") -> None:
         """A GPU offering mdev types: ``{type_id: (name, available)}``."""
-        path = self.add_pci_device(address, vendor, product, "030000",
-                                   numa_node, "nvidia")
+        self.add_pci_device(address, vendor, product, "030000", numa_node)
+        self.bind_mdev_driver(address, types)
+
+    def bind_mdev_driver(self, address: str,
+                         types: dict[str, tuple[str | None, int]],
+                         driver: str = "nvidia") -> None:
+        """The vendor's driver bound to a device (``types`` as for
+        add_mdev_parent): probing it registers the device as an mdev parent,
+        which adds its class/mdev_bus link and its mdev_supported_types
+        (Documentation/driver-api/vfio-mediated-device.rst). The test
+        driver's host file keeps what it was written with, as libvirt's
+        view before its node-device event."""
+        path = self.device_dir(address)
+        self._bind(address, driver)
         self._link(self.root / "class" / "mdev_bus" / address, path)
         for type_id, (name, available) in types.items():
             type_dir = path / "mdev_supported_types" / type_id
@@ -323,6 +343,22 @@ class SysfsBuilder:
             self._write(type_dir / "device_api", "vfio-pci")
             (type_dir / "devices").mkdir(exist_ok=True)
         self._pci[address].mdev_types = dict(types)
+
+    def unbind_mdev_driver(self, address: str) -> None:
+        """The vendor's driver unbound: the device is no mdev parent any
+        more, its mdev_supported_types and class/mdev_bus link gone. The
+        kernel refuses while mdevs of it exist; so does this."""
+        dev = self._pci[address]
+        held = sorted(u for u, (parent, _) in self._mdevs.items()
+                      if parent == address)
+        if held:
+            raise ValueError(f"{address}: mdevs {held} still exist")
+        path = self.device_dir(address)
+        shutil.rmtree(path / "mdev_supported_types")
+        (self.root / "class" / "mdev_bus" / address).unlink()
+        (self.root / "bus" / "pci" / "drivers" / str(dev.driver) / address).unlink()
+        (path / "driver").unlink()
+        dev.driver, dev.mdev_types = None, {}
 
     def add_mdev(self, mdev_uuid: str, parent: str, type_id: str) -> None:
         """Create an mdev; its type's available_instances drops by one."""
@@ -462,9 +498,25 @@ class SysfsBuilder:
 
     # the libvirt view
 
+    def add_npiv_hba(self, host: int) -> str:
+        """A Fibre Channel HBA that can make NPIV vports, with one vport
+        made, in the test driver's host file only (the agent reads nothing
+        of Fibre Channel); returns the HBA's node-device name. A vHBA
+        created on it through libvirt (``vhba_xml``) is the one node device
+        the test driver creates and destroys, and so the one source of its
+        node-device lifecycle events (CREATED, DELETED). libvirt 9.0's test
+        driver makes each vHBA as a copy of the node device scsi_host11,
+        which is therefore the made vport's name."""
+        if host == _TEST_DRIVER_VPORT or self._npiv_hba is not None:
+            raise ValueError(f"scsi_host{host}: one NPIV HBA per host file, "
+                             f"not scsi_host{_TEST_DRIVER_VPORT} (its vport)")
+        self._npiv_hba = host
+        return f"scsi_host{host}"
+
     def test_driver_host_xml(self, memory_mb: int | None = None) -> str:
         """The libvirt test driver's host file for the same host: its CPUs,
-        memory and the PCI and mdev node devices built so far."""
+        memory, the PCI and mdev node devices and the NPIV HBA built so
+        far."""
         cpus = sum(len(parse_cpu_set(c, allow_exclusions=False))
                    for c, _ in self._numa.values()) or 4
         memory_mb = memory_mb or sum(m for _, m in self._numa.values()) or 8192
@@ -477,6 +529,8 @@ class SysfsBuilder:
         parts += [self._pci_xml(dev) for _, dev in sorted(self._pci.items())]
         parts += [_mdev_xml(u, parent, type_id)
                   for u, (parent, type_id) in sorted(self._mdevs.items())]
+        if self._npiv_hba is not None:
+            parts.append(_npiv_hba_xml(self._npiv_hba))
         parts.append("</node>")
         return "\n".join(parts) + "\n"
 
@@ -542,3 +596,34 @@ def _mdev_xml(mdev_uuid: str, parent: str, type_id: str) -> str:
             f"<capability type='mdev'><type id={quoteattr(type_id)}/>"
             f"<uuid>{mdev_uuid}</uuid></capability></device>")
 
+
+def _scsi_host_xml(host: int, parent: str, wwnn: str, wwpn: str,
+                   max_vports: int | None) -> str:
+    """A Fibre Channel SCSI host as libvirt's node-device XML describes
+    one; ``max_vports``, when given, says it can make NPIV vports."""
+    vport_ops = ("" if max_vports is None else
+                 f"<capability type='vport_ops'><max_vports>{max_vports}"
+                 "</max_vports><vports>1</vports></capability>")
+    return (f"  <device><name>scsi_host{host}</name><parent>{parent}</parent>"
+            f"<capability type='scsi_host'><host>{host}</host>"
+            f"<unique_id>{host}</unique_id><capability type='fc_host'>"
+            f"<wwnn>{wwnn}</wwnn><wwpn>{wwpn}</wwpn>"
+            f"<fabric_wwn>2001000dec9877c1</fabric_wwn></capability>"
+            f"{vport_ops}</capability></device>")
+
+
+def _npiv_hba_xml(host: int) -> str:
+    return "\n".join((
+        _scsi_host_xml(host, "computer", f"2000{host:012x}", f"1000{host:012x}", 127),
+        _scsi_host_xml(_TEST_DRIVER_VPORT, f"scsi_host{host}", f"2001{host:012x}",
+                       f"2002{host:012x}", None)))
+
+
+def vhba_xml(hba: str, index: int) -> str:
+    """The XML that asks libvirt (nodeDeviceCreateXML) for vHBA number
+    ``index`` on the NPIV HBA named ``hba``: its parent and its own
+    world-wide node and port names."""
+    return (f"<device><parent>{escape(hba)}</parent>"
+            "<capability type='scsi_host'><capability type='fc_host'>"
+            f"<wwnn>2003{index:012x}</wwnn><wwpn>2004{index:012x}</wwpn>"
+            "</capability></capability></device>")

@@ -56,6 +56,14 @@ def get(url: str, path: str):
     return resp.json()
 
 
+def providers_named(url: str, name: str, resources: str = "") -> list[dict]:
+    """The provider called ``name`` (none or one), in one request, so never
+    half-made nor half-gone; with ``resources`` ("VGPU:1") only when it
+    has that much free, as a scheduler would see it."""
+    query = f"name={name}" + (f"&resources={resources}" if resources else "")
+    return get(url, f"/resource_providers?{query}")["resource_providers"]
+
+
 def placement_tree(url: str, root_uuid: str) -> dict[str, dict]:
     """Placement's view of a tree, by provider name: parent name,
     inventories, traits, generation."""

@@ -98,6 +98,32 @@ def test_mdev_types_and_mdevs(reader):
     assert (mdevs, warnings) == ([Mdev(UUID, "nvidia-35", GPU)], [])
 
 
+def test_a_gpu_whose_driver_binds_then_unbinds_becomes_then_stops_being_a_parent(
+        builder, reader):
+    late = "0000:07:00.0"
+    builder.add_pci_device(late, "10de", "13f2", "030000", numa_node=0)
+    assert late not in reader.mdev_types()[0]
+    builder.bind_mdev_driver(late, {"nvidia-35": ("GRID M60-2Q", 4)})
+    assert reader.mdev_types()[0][late] == (MdevType("nvidia-35", 4, "GRID M60-2Q"),)
+    assert reader.pci_devices([late])[0][late].driver == "nvidia"
+    builder.unbind_mdev_driver(late)
+    assert late not in reader.mdev_types()[0]
+    assert reader.pci_devices([late])[0][late].driver is None
+
+
+def test_a_gpu_holding_mdevs_cannot_be_unbound(builder, reader):
+    with pytest.raises(ValueError, match=UUID):
+        builder.unbind_mdev_driver(GPU)
+    assert GPU in reader.mdev_types()[0]
+
+
+def test_one_npiv_hba_per_host_file(builder):
+    assert builder.add_npiv_hba(5) == "scsi_host5"
+    with pytest.raises(ValueError, match="one NPIV HBA"):
+        builder.add_npiv_hba(6)
+    assert builder.test_driver_host_xml().count("<capability type='vport_ops'>") == 1
+
+
 def test_vanished_mdev_type_is_skipped(builder, reader, monkeypatch):
     types_dir = builder.device_dir(GPU) / "mdev_supported_types"
     real_listdir = os.listdir
