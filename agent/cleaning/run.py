@@ -90,7 +90,7 @@ class Cleaner:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        tracker.on_freed = self.wake
+        tracker.on_uses_changed = self._uses_changed
 
     def set_specs(self, specs: Mapping[str, DeviceSpec]) -> None:
         """The one-time-use devices' specs, each cycle; a device new to
@@ -102,6 +102,13 @@ class Cleaner:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def _uses_changed(self) -> None:
+        """A device used or freed: the update loop reports it (a whole
+        device out from its claim on, a VF from its release), and a freed
+        one waits for its cleaning."""
+        self._on_change()
+        self.wake()
 
     def running(self, address: str) -> bool:
         with self._lock:

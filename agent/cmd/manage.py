@@ -437,7 +437,8 @@ def wait_for_cleaning(api, host: str, address: str, deadline: float) -> dict:
         if entry is None:
             return {"address": address, "state": "clean", "reason": "",
                     "held": False, "cleaning": False}
-        if entry["state"] != UseState.USED.value or time.monotonic() > deadline:
+        ended = entry["state"] != UseState.USED.value and not entry["cleaning"]
+        if ended or time.monotonic() > deadline:
             return entry
         time.sleep(CLEAN_POLL_S)
 

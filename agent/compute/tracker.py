@@ -113,10 +113,11 @@ class Tracker:
         # One-time-use devices not clean since a claim chose them, by
         # address: never chosen again until cleaned (agent/cleaning/).
         self._uses: dict[str, DeviceUse] = {}
-        # Told, once a release that left a used device unheld is on disk,
-        # so that its cleaning starts (agent/cleaning/run.py).
-        self.on_freed: Callable[[], None] = lambda: None
-        self._freed = False
+        # Told once a claim that used a one-time-use device, or a release
+        # that left one unheld, is on disk: the update loop reports it out
+        # of scheduling, the cleaner starts its cleaning (agent/cleaning/).
+        self.on_uses_changed: Callable[[], None] = lambda: None
+        self._uses_changed = False
         self._load()
 
     def _load(self) -> None:
@@ -179,7 +180,8 @@ class Tracker:
         before_moves = {k: self._migrations.get(k) for k in moves_touched}
         marked = self._newly_used(new_rows)
         self._uses.update((u.address, u) for u in marked)
-        self._freed |= any(a.device_id in self._uses and not a.state.live for a in rows)
+        self._uses_changed |= bool(marked) or any(
+            a.device_id in self._uses and not a.state.live for a in rows)
         self._index(list(new_rows) + list(rows))
         self._touched_providers.update(a.provider_uuid for a in (*new_rows, *rows))
         if instances:
@@ -244,9 +246,9 @@ class Tracker:
 
         result = self.store.submit_decision(instance_uuid, locked).wait()
         with self._lock:
-            freed, self._freed = self._freed, False
-        if freed:
-            self.on_freed()
+            changed, self._uses_changed = self._uses_changed, False
+        if changed:
+            self.on_uses_changed()
         return result
 
     def _newly_used(self, rows: list[Assignment]) -> list[DeviceUse]:

@@ -4,7 +4,6 @@ the record survives a restart (schema 7, migrated from 6), and the
 cleaner runs its command outside the tracker's lock."""
 import logging
 import sqlite3
-import threading
 import uuid
 
 import pytest
@@ -17,6 +16,7 @@ from agent.exception import ClaimFailed, InvalidRequest
 from agent.store.store import Store, device_uses, migrate, schema_version
 from agent.tree.device_spec import DeviceSpec
 from drivers.base import DeviceKind
+from tests.functional.helpers import wait_for
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 GPU = "7d2b4f6e-1c3a-4e5b-8f9d-0a1b2c3d4e5f"
@@ -82,13 +82,16 @@ def test_a_device_whose_spec_dropped_one_time_use_is_chosen_again(tracker):
     build(tracker, THE_GPU)
 
 
-def test_the_release_that_frees_a_used_device_tells_the_cleaner_once_on_disk(tracker):
+def test_a_claim_or_release_of_a_used_device_is_told_once_on_disk(tracker):
     told = []
-    tracker.on_freed = lambda: told.append(tracker.store.read(device_uses))
+    tracker.on_uses_changed = lambda: told.append(
+        (tracker.store.read(device_uses), tracker.awaiting_cleaning()))
     instance = build(tracker)
-    assert told == []
+    assert told == [({VF0: DeviceUse(VF0)}, [])]
     tracker.release_instance(instance)
-    assert told == [{VF0: DeviceUse(VF0)}]
+    assert told[1:] == [({VF0: DeviceUse(VF0)}, [VF0])]
+    tracker.complete(build(tracker))  # no device newly used: not told
+    assert len(told) == 3
 
 
 def test_a_failed_cleaning_and_a_release_are_durable(tmp_path):
@@ -146,12 +149,17 @@ def spec(command=("clean",), timeout=5.0) -> DeviceSpec:
                       clean_command=command, clean_timeout=timeout)
 
 
-def cleaned_by(tracker, run, specs) -> tuple[list, threading.Event]:
-    woken = threading.Event()
-    cleaner = Cleaner(tracker, woken.set, run=run)
+def cleaned_by(tracker, run, specs) -> Cleaner:
+    cleaner = Cleaner(tracker, lambda: None, run=run)
     cleaner.set_specs(specs)
     cleaner.start()
-    return cleaner, woken
+    return cleaner
+
+
+def until_cleaned(tracker, cleaner, address: str) -> None:
+    """Until the cleaning of ``address`` that is due has ended."""
+    wait_for(lambda: address not in tracker.awaiting_cleaning()
+             and not cleaner.running(address), timeout=5, interval=0.01)
 
 
 def test_a_cleaning_that_succeeds_gives_the_device_back(tracker, caplog):
@@ -165,9 +173,9 @@ def test_a_cleaning_that_succeeds_gives_the_device_back(tracker, caplog):
         return "", "formatted\n"
 
     tracker.release_instance(build(tracker, THE_GPU))
-    cleaner, woken = cleaned_by(tracker, run, {WHOLE: spec(timeout=7)})
+    cleaner = cleaned_by(tracker, run, {WHOLE: spec(timeout=7)})
     try:
-        assert woken.wait(5)
+        until_cleaned(tracker, cleaner, WHOLE)
         assert ran == [(("clean",), WHOLE, 7)]
         assert all(u.address != WHOLE for u, _ in tracker.device_uses())
         assert "formatted" in caplog.text
@@ -177,10 +185,10 @@ def test_a_cleaning_that_succeeds_gives_the_device_back(tracker, caplog):
 
 def test_a_cleaning_that_fails_keeps_the_device_out_with_its_reason(tracker, caplog):
     tracker.release_instance(build(tracker, THE_GPU))
-    cleaner, woken = cleaned_by(tracker, lambda c, a, t: ("exit status 2: no disk", ""),
-                                {WHOLE: spec()})
+    cleaner = cleaned_by(tracker, lambda c, a, t: ("exit status 2: no disk", ""),
+                         {WHOLE: spec()})
     try:
-        assert woken.wait(5)
+        until_cleaned(tracker, cleaner, WHOLE)
         assert tracker.device_uses() == [
             (DeviceUse(WHOLE, UseState.CLEANING_FAILED, "exit status 2: no disk"), False)]
         warnings = [r for r in caplog.records if r.levelname == "WARNING"]
