@@ -396,6 +396,38 @@ class Tracker:
             return [a for a, u in sorted(self._uses.items())
                     if u.state is UseState.USED and not self._device_held(a)]
 
+    def _held_unrecorded(self) -> list[DeviceUse]:
+        """The one-time-use devices held with no record of their use."""
+        return [DeviceUse(a) for a in sorted({
+            a for by_class in self._pools.values() for pool in by_class.values()
+            for a in pool.one_time_use if a not in self._uses and self._device_held(a)})]
+
+    def mark_held_used(self) -> list[str]:
+        """Record used every one-time-use device an instance holds with no
+        record of its use: one held before its spec said one_time_use, or
+        by a guest adopted from nova-compute. Its cleaning then follows its
+        release, as for a device a claim chose. Returns their addresses,
+        once on disk."""
+        def decide() -> Decision:
+            marked = self._held_unrecorded()
+            if not marked:
+                return Decision([])
+            self._uses.update((u.address, u) for u in marked)
+            self._uses_changed = True
+
+            def undo():
+                with self._lock:
+                    for u in marked:
+                        self._uses.pop(u.address, None)
+
+            return Decision([u.address for u in marked], [put_device_uses_sql(marked)],
+                            undo)
+
+        with self._lock:
+            if not self._held_unrecorded():
+                return []
+        return self._run("device uses", decide)
+
     def _use_step(self, address: str, step: Callable[[DeviceUse], DeviceUse | None]
                   ) -> DeviceUse | None:
         """Change one used device's record: ``step`` answers its new use

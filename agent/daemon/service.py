@@ -408,9 +408,23 @@ class Agent:
             if self.manager is not None:
                 self.manager.tracker.set_pools(built.pools_by_uuid(
                     {p.name: p.uuid for p in self._saved_view}))
+                self._mark_held_used()
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
+
+    def _mark_held_used(self) -> None:
+        """One-time-use devices held with no record of their use (their
+        spec marked them since, or their guest was adopted) are recorded
+        used, so their release is followed by their cleaning. A store that
+        cannot be written costs this cycle's try, not the cycle."""
+        try:
+            for address in self.manager.tracker.mark_held_used():
+                LOG.info("Device %s is one-time-use and held: cleaned once given back",
+                         address)
+        except StoreError as e:
+            LOG.warning("Held one-time-use devices not recorded used; the next cycle "
+                        "tries again: %s", e)
 
     def _read_guests(self) -> None:
         """Once a cycle, every guest's definition read afresh (claims read

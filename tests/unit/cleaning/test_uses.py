@@ -207,3 +207,18 @@ def test_run_command_passes_the_address_and_bounds_the_time(tmp_path):
     assert run_command(("sh", "-c", "sleep 5", "sh"), WHOLE, 0.2)[0] == "timed out after 0.2 s"
     assert run_command((str(tmp_path / "missing"),), WHOLE, 5)[0].startswith(
         f"cannot run {tmp_path / 'missing'}: ")
+
+
+def test_a_device_held_before_it_was_one_time_use_is_recorded_used(tracker):
+    """Its spec said one_time_use after a claim chose it (or its guest was
+    adopted): recorded used once, so its release is followed by its
+    cleaning."""
+    tracker.set_pools(pools(one_time_use=False))
+    instance = build(tracker)
+    assert tracker.mark_held_used() == []
+    tracker.set_pools(pools())
+    assert tracker.mark_held_used() == [VF0]
+    assert tracker.mark_held_used() == []
+    assert tracker.store.read(device_uses) == {VF0: DeviceUse(VF0)}
+    tracker.release_instance(instance)
+    assert tracker.awaiting_cleaning() == [VF0]
