@@ -117,7 +117,8 @@ class Tracker:
         # that left one unheld, is on disk: the update loop reports it out
         # of scheduling, the cleaner starts its cleaning (agent/cleaning/).
         self.on_uses_changed: Callable[[], None] = lambda: None
-        self._uses_changed = False
+        # Moves on with each decision that used or freed such a device.
+        self._uses_moved = 0
         self._load()
 
     def _load(self) -> None:
@@ -180,8 +181,8 @@ class Tracker:
         before_moves = {k: self._migrations.get(k) for k in moves_touched}
         marked = self._newly_used(new_rows)
         self._uses.update((u.address, u) for u in marked)
-        self._uses_changed |= bool(marked) or any(
-            a.device_id in self._uses and not a.state.live for a in rows)
+        if marked or any(a.device_id in self._uses and not a.state.live for a in rows):
+            self._uses_moved += 1
         self._index(list(new_rows) + list(rows))
         self._touched_providers.update(a.provider_uuid for a in (*new_rows, *rows))
         if instances:
@@ -236,18 +237,21 @@ class Tracker:
 
     def _run(self, instance_uuid: str, decide: Callable[[], Decision]):
         """Have the store make the decision, under the lock, and return its
-        result once its write is on disk."""
+        result once its write is on disk; tell on_uses_changed then when
+        the decision used or freed a one-time-use device."""
         asked = time.perf_counter()
+        uses_moved = []
 
         def locked() -> Decision:
             with self._lock:
                 self.metrics.waited_for_lock(asked)
-                return decide()
+                before = self._uses_moved
+                decision = decide()
+                uses_moved.append(self._uses_moved != before)
+                return decision
 
         result = self.store.submit_decision(instance_uuid, locked).wait()
-        with self._lock:
-            changed, self._uses_changed = self._uses_changed, False
-        if changed:
+        if any(uses_moved):
             self.on_uses_changed()
         return result
 
@@ -413,7 +417,7 @@ class Tracker:
             if not marked:
                 return Decision([])
             self._uses.update((u.address, u) for u in marked)
-            self._uses_changed = True
+            self._uses_moved += 1
 
             def undo():
                 with self._lock:
