@@ -253,7 +253,11 @@ pci_opts = [
         "product_id, address (a string with '*' wildcards, or an object of "
         "domain/bus/slot/function where each part may be a range 'a-b'), "
         "resource_class and traits. A spec that matches a PF's VFs reports "
-        "them on the PF's provider. Nothing is assignable without a match.",
+        "them on the PF's provider. Nothing is assignable without a match. "
+        "one_time_use (yes/no, nova's): a device used once is out of "
+        "scheduling until cleaned; clean_command (a list of arguments or a "
+        "string, run with the device's PCI address appended) and "
+        "clean_timeout (seconds, default 600) say how the agent cleans it.",
     ),
 ]
 

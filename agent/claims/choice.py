@@ -11,7 +11,7 @@ import random
 import uuid as uuid_lib
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Mapping
+from typing import Container, Iterable, Mapping
 
 import os_resource_classes as orc
 
@@ -54,6 +54,10 @@ class Pool:
     # slots never chosen, and an MDEV pool whose parent is here creates no
     # mdev. Whoever holds one keeps it.
     unhealthy: frozenset[str] = frozenset()
+    # One-time-use slots ([pci] device_spec one_time_use): a claim marks
+    # them used, and used they are chosen no more until cleaned
+    # (agent/cleaning/).
+    one_time_use: frozenset[str] = frozenset()
 
     @property
     def exclusive(self) -> bool:
@@ -185,8 +189,10 @@ def counted_device_id(pool: Pool) -> str:
 
 def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
                  earlier: set[str], prefer_numa: int | None,
-                 vetoed: frozenset[HostResource]) -> list[Choice]:
-    """``earlier``: devices of this pool chosen earlier in the same claim."""
+                 vetoed: frozenset[HostResource], used: Container[str]) -> list[Choice]:
+    """``earlier``: devices of this pool chosen earlier in the same claim;
+    ``used``: devices not cleaned since their last use, which keep out
+    while their pool says they are one-time-use."""
     if not pool.exclusive:
         return [Choice(provider_uuid, pool.resource_class, pool.kind,
                        counted_device_id(pool), amount, DeviceDetail(pool.numa_node))]
@@ -195,6 +201,7 @@ def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
     others: list[Slot] = []
     for s in pool.ordered_slots:
         if (s.device_id not in earlier and s.device_id not in pool.unhealthy
+                and not (s.device_id in pool.one_time_use and s.device_id in used)
                 and not held.is_held(pool.kind, s.device_id)
                 and not (vetoed and slot_resources(pool, s) & vetoed)):
             (local if s.numa_node == prefer_numa else others).append(s)
@@ -239,10 +246,12 @@ def instance_cell(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]]
 
 def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
            held: HeldDevices, prefer_numa: int | None = None,
-           vetoed: frozenset[HostResource] = frozenset()) -> list[Choice]:
+           vetoed: frozenset[HostResource] = frozenset(),
+           used: Container[str] = frozenset()) -> list[Choice]:
     """Concrete devices for every wanted amount, or ClaimFailed naming the
     first resource that cannot be met. ``held`` is not changed. No slot
-    that holds any of ``vetoed`` (what guests hold: veto.py) is chosen."""
+    that holds any of ``vetoed`` (what guests hold: veto.py) is chosen,
+    nor a one-time-use device in ``used`` (not cleaned since its use)."""
     if prefer_numa is None:
         prefer_numa = instance_cell(wanted, pools)
     out: list[Choice] = []
@@ -253,7 +262,7 @@ def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
                    if (c.provider_uuid, c.resource_class) == (w.provider_uuid,
                                                               w.resource_class)}
         out.extend(_choose_from(pool, w.provider_uuid, w.amount, held, earlier,
-                                prefer_numa, vetoed))
+                                prefer_numa, vetoed, used))
     return out
 
 

@@ -64,6 +64,26 @@ class MigrationState(str, enum.Enum):
     REVERTED = "reverted"
 
 
+class UseState(str, enum.Enum):
+    """A one-time-use device ([pci] device_spec one_time_use) once a claim
+    chose it: used until it is cleaned (agent/cleaning/), which gives it
+    back; a failed cleaning keeps it until cleaned again or released by
+    an operator."""
+
+    USED = "used"
+    CLEANING_FAILED = "cleaning_failed"
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """A one-time-use device not clean since a claim chose it, by its PCI
+    address; ``reason``: why its last cleaning failed."""
+
+    address: str
+    state: UseState = UseState.USED
+    reason: str = ""
+
+
 @dataclass(frozen=True)
 class Assignment:
     id: str

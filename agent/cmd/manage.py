@@ -35,6 +35,13 @@
         POST /reshaper. Asks first on a terminal unless --yes. Exit 1 when
         it refuses, 2 when the agent runs. With --dry-run: the plan, or
         "nothing to heal"; read-only, beside a running agent.
+    compute-agent-manage --config-file F device list|clean|release [ADDRESS] [--yes] [--json]
+        One-time-use devices, through the running agent (its RPC API, as
+        conductors reach it): ``list`` those used and not clean; ``clean
+        ADDRESS`` runs a device's cleaning command again and waits for its
+        end (exit 1 when it fails); ``release ADDRESS --yes`` gives back a
+        device an operator cleaned by hand. Exit 2 when the agent does not
+        answer.
     compute-agent-manage --config-file F upgrade-check [--json]
         With the new version installed and its config, before the service
         restarts: the store's schema can be migrated, the configured model
@@ -48,7 +55,9 @@ With --json, an error is one object on stdout, {"error": ..., "exit_code":
 """
 from __future__ import annotations
 
+import enum
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -59,6 +68,7 @@ from agent.cmd import upgrade_check
 from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
+from agent.claims.model import UseState
 from agent.compute.reconcile import Report
 from agent.daemon.service import Agent, load_driver
 from agent.dependencies import Unknown
@@ -81,6 +91,7 @@ from agent.store.store import (SCHEMA_VERSION, STORE_FILE, accept_store, create_
 from agent.tree.host_tree import build_tree
 from agent.tree.policy import tree_policy_from_conf
 from agent.tree.provider_tree import tree_as_dicts, tree_lines
+from compute_common.pci_address import canonical_address
 from drivers.errors import DriverUnavailable
 
 PROG = "compute-agent-manage"
@@ -148,6 +159,17 @@ def add_parsers(subparsers) -> None:
     heal.add_argument("--json", action="store_true",
                       help="Print the plan as JSON; an error as {\"error\": ...}.")
     heal.add_argument("--yes", action="store_true", help="Do not ask.")
+    device = add("device", "One-time-use devices, through the running agent: list "
+                 "those used and not clean, clean one again (its clean_command), or "
+                 "release one cleaned by hand (--yes). Exit 1 refused or the cleaning "
+                 "failed, 2 the agent does not answer.")
+    device.add_argument("action", choices=[a.value for a in DeviceAction],
+                        help="list, clean ADDRESS or release ADDRESS --yes")
+    device.add_argument("address", nargs="?", metavar="ADDRESS",
+                        help="The device's PCI address, dddd:bb:ss.f.")
+    device.add_argument("--yes", action="store_true",
+                        help="release: the device is clean, give it back.")
+    device.add_argument("--json", action="store_true", help=JSON_HELP)
     upgrade = add("upgrade-check", "Before restarting on a new version: can it "
                   "migrate the store, does its model leave the host healed, is any "
                   "move in flight. Exit 0 success, 1 warning, 2 failure.")
@@ -364,6 +386,110 @@ def heal(conf: cfg.ConfigOpts) -> int:
     return 0
 
 
+class DeviceAction(str, enum.Enum):
+    LIST = "list"
+    CLEAN = "clean"
+    RELEASE = "release"
+
+
+# device clean waits for the cleaning's end this much longer than the
+# longest clean_timeout, and asks this often.
+CLEAN_WAIT_MARGIN_S = 30.0
+CLEAN_POLL_S = 0.2
+# What device waits for each answer of the agent.
+DEVICE_CALL_TIMEOUT_S = 30.0
+AGENT_UNANSWERED = 2
+
+
+def device_use_line(entry: dict) -> str:
+    state = ("held by an instance" if entry["held"] else "being cleaned"
+             if entry["cleaning"] else entry["state"].replace("_", " "))
+    reason = f" ({entry['reason']})" if entry["reason"] else ""
+    return f"{entry['address']}: {state}{reason}"
+
+
+def device_request(conf: cfg.ConfigOpts) -> tuple[DeviceAction, str | None]:
+    """The action and its canonical address, or ConfigError naming what
+    is wrong with them, before the agent is asked anything."""
+    args = conf.command
+    action = DeviceAction(args.action)
+    if action is DeviceAction.LIST:
+        return action, None
+    if args.address is None:
+        raise ConfigError(f"device {action.value}: ADDRESS is required")
+    try:
+        address = canonical_address(args.address)
+    except ValueError:
+        raise ConfigError(f"device {action.value}: ADDRESS: not a PCI address "
+                          f"dddd:bb:ss.f (value: {args.address!r})") from None
+    if action is DeviceAction.RELEASE and not args.yes:
+        raise ConfigError("device release: gives the device back to scheduling; "
+                          "say --yes once it is clean")
+    return action, address
+
+
+def wait_for_cleaning(api, host: str, address: str, deadline: float) -> dict:
+    """The device's entry once its cleaning ended: its failure, or
+    {"state": "clean"} when it is back."""
+    while True:
+        entry = next((e for e in api.list_device_uses(host)
+                      if e["address"] == address), None)
+        if entry is None:
+            return {"address": address, "state": "clean", "reason": "",
+                    "held": False, "cleaning": False}
+        ended = entry["state"] != UseState.USED.value and not entry["cleaning"]
+        if ended or time.monotonic() > deadline:
+            return entry
+        time.sleep(CLEAN_POLL_S)
+
+
+def device(conf: cfg.ConfigOpts) -> int:
+    """Through the running agent, over RPC: nothing is read or written
+    around its store."""
+    from agent.cmd.ctl import REPLY_POLL, first_line
+    from agent.messaging import bound_broker_waits
+    from agent.rpc.client import ComputeAgentAPI
+    from agent.rpc.errors import BrokerUnreachable, NoAnswer
+
+    as_json = conf.command.json
+    try:
+        action, address = device_request(conf)
+    except ConfigError as e:
+        return report_error(e, 1, as_json, prefix="")
+    longest = max((s.clean_timeout for s in tree_policy_from_conf(
+        conf, node_identity.new_uuid()).device_specs if s.clean_command), default=0)
+    if not conf.debug:  # the error is our one line; its retries are noise
+        logging.getLogger("oslo.messaging").setLevel(logging.CRITICAL)
+    bound_broker_waits(conf, REPLY_POLL)
+    api = ComputeAgentAPI(conf, timeout=DEVICE_CALL_TIMEOUT_S)
+    try:
+        if action is DeviceAction.LIST:
+            result: dict | list = api.list_device_uses(conf.host)
+        elif action is DeviceAction.RELEASE:
+            result = api.release_device(conf.host, address)
+        else:
+            api.clean_device(conf.host, address)
+            result = wait_for_cleaning(api, conf.host, address,
+                                       time.monotonic() + longest + CLEAN_WAIT_MARGIN_S)
+    except (NoAnswer, BrokerUnreachable) as e:
+        return report_error(f"the agent of {conf.host} did not answer: is compute-agent "
+                            f"running? ({first_line(e)})", AGENT_UNANSWERED, as_json,
+                            prefix="")
+    except AgentError as e:
+        return report_error(first_line(e), 1, as_json, prefix="")
+    finally:
+        api.close()
+    entries = result if isinstance(result, list) else [result]
+    if as_json:
+        print_output(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print_output("\n".join(device_use_line({"reason": "", "held": False,
+                                                "cleaning": False, **e})
+                               for e in entries) or "no one-time-use device waits")
+    failed = action is DeviceAction.CLEAN and result["state"] != "clean"
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     tolerate_closed_stdout()
     argv = sys.argv[1:] if argv is None else argv
@@ -386,6 +512,8 @@ def main(argv=None) -> int:
             return accept(conf)
         if conf.command.name == "heal":
             return heal(conf)
+        if conf.command.name == "device":
+            return device(conf)
         if conf.command.name == "upgrade-check":
             return upgrade_check.run(conf)
         return tree(conf)

@@ -25,18 +25,20 @@ from dataclasses import replace
 from typing import Callable, Container
 
 from agent.claims.choice import HeldDevices, InstanceSpec, Pool, choose, parse_allocations
-from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                                MigrationState, MoveKind, Owner, RequestDigest)
+from agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
+                                MigrationRole, MigrationState, MoveKind, Owner, RequestDigest,
+                                UseState)
 from agent.claims.veto import vetoed_resources
 from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance, RetryMismatch
 from agent.metrics import Metrics
 from agent.moves.evacuation import evacuation_name_free_again
 from agent.store.store import (Decision, Statement, Store, all_instances, all_migrations,
-                               delete_instance_sql, delete_migration_sql, insert_assignments_sql,
-                               instance_requests, live_assignments, new_assignment_id,
+                               delete_device_uses_sql, delete_instance_sql, delete_migration_sql,
+                               device_uses, insert_assignments_sql, instance_requests,
+                               live_assignments, new_assignment_id, put_device_uses_sql,
                                put_instance_sql, put_migration_sql, realign_assignments_sql,
                                update_assignments_sql)
-from drivers.base import GuestHolding, HostResource
+from drivers.base import DeviceKind, GuestHolding, HostResource
 
 
 def check_uuid(value, field_name: str) -> str:
@@ -108,12 +110,22 @@ class Tracker:
         # take_touched_providers(): where Placement's allocations may have
         # changed too (agent/placement/allocations.py).
         self._touched_providers: set[str] = set()
+        # One-time-use devices not clean since a claim chose them, by
+        # address: never chosen again until cleaned (agent/cleaning/).
+        self._uses: dict[str, DeviceUse] = {}
+        # Told once a claim that used a one-time-use device, or a release
+        # that left one unheld, is on disk: the update loop reports it out
+        # of scheduling, the cleaner starts its cleaning (agent/cleaning/).
+        self.on_uses_changed: Callable[[], None] = lambda: None
+        # Moves on with each decision that used or freed such a device.
+        self._uses_moved = 0
         self._load()
 
     def _load(self) -> None:
-        live, instances, built, migrations = self.store.read(
+        live, instances, built, migrations, uses = self.store.read(
             lambda c: (live_assignments(c), all_instances(c), instance_requests(c),
-                       all_migrations(c)))
+                       all_migrations(c), device_uses(c)))
+        self._uses = uses
         self._instances = instances
         self._built = built
         self._migrations = migrations
@@ -167,6 +179,10 @@ class Tracker:
         forgotten += [withdrawn_move] if withdrawn_move in self._migrations else []
         moves_touched = set(forgotten) | ({migration.uuid} if migration else set())
         before_moves = {k: self._migrations.get(k) for k in moves_touched}
+        marked = self._newly_used(new_rows)
+        self._uses.update((u.address, u) for u in marked)
+        if marked or any(a.device_id in self._uses and not a.state.live for a in rows):
+            self._uses_moved += 1
         self._index(list(new_rows) + list(rows))
         self._touched_providers.update(a.provider_uuid for a in (*new_rows, *rows))
         if instances:
@@ -186,6 +202,8 @@ class Tracker:
             write.append(put_instance_sql(uuid, spec, built))
         if new_rows:
             write.append(insert_assignments_sql(list(new_rows)))
+        if marked:
+            write.append(put_device_uses_sql(marked))
         if rows:
             write.append(update_assignments_sql(list(rows)))
         if migration:
@@ -202,6 +220,8 @@ class Tracker:
                 for a in new_rows:
                     self._index([a.with_(state=AssignmentState.RELEASED)])
                 self._index(before_rows)
+                for u in marked:
+                    self._uses.pop(u.address, None)
                 for saved, live in ((before_instances, self._instances),
                                     (before_built, self._built),
                                     (before_moves, self._migrations)):
@@ -217,15 +237,34 @@ class Tracker:
 
     def _run(self, instance_uuid: str, decide: Callable[[], Decision]):
         """Have the store make the decision, under the lock, and return its
-        result once its write is on disk."""
+        result once its write is on disk; tell on_uses_changed then when
+        the decision used or freed a one-time-use device."""
         asked = time.perf_counter()
+        uses_moved = []
 
         def locked() -> Decision:
             with self._lock:
                 self.metrics.waited_for_lock(asked)
-                return decide()
+                before = self._uses_moved
+                decision = decide()
+                uses_moved.append(self._uses_moved != before)
+                return decision
 
-        return self.store.submit_decision(instance_uuid, locked).wait()
+        result = self.store.submit_decision(instance_uuid, locked).wait()
+        if any(uses_moved):
+            self.on_uses_changed()
+        return result
+
+    def _newly_used(self, rows: list[Assignment]) -> list[DeviceUse]:
+        """The one-time-use devices among ``rows`` just chosen: each is
+        used from now on, until cleaned."""
+        out = []
+        for a in rows:
+            pool = self._pools.get(a.provider_uuid, {}).get(a.resource_class)
+            if (pool is not None and a.device_id in pool.one_time_use
+                    and a.device_id not in self._uses):
+                out.append(DeviceUse(a.device_id))
+        return out
 
     def set_pools(self, pools: dict[str, dict[str, Pool]]) -> None:
         """The devices behind each provider uuid, from the latest cycle."""
@@ -249,7 +288,8 @@ class Tracker:
                            Owner.INSTANCE, migration_uuid, c.resource_class,
                            c.provider_uuid, c.kind, c.device_id, c.amount,
                            AssignmentState.CLAIMING, self.boot_id, c.detail)
-                for c in choose(wanted, self._pools, self._held, vetoed=self._vetoed)]
+                for c in choose(wanted, self._pools, self._held, vetoed=self._vetoed,
+                                used=self._uses)]
         # The order every later answer uses, so a retry gets the same one.
         return sorted(rows, key=lambda a: a.id)
 
@@ -341,6 +381,102 @@ class Tracker:
                             undo)
 
         return self._run("realign", decide)
+
+    # --- one-time-use devices --------------------------------------------
+
+    def _device_held(self, address: str) -> bool:
+        return self._held.is_held(DeviceKind.PCI, address)
+
+    def device_uses(self) -> list[tuple[DeviceUse, bool]]:
+        """Every one-time-use device not clean, by address, each with
+        whether a live assignment still holds it."""
+        with self._lock:
+            return [(u, self._device_held(a)) for a, u in sorted(self._uses.items())]
+
+    def awaiting_cleaning(self) -> list[str]:
+        """The used devices no one holds any more, whose cleaning has not
+        failed: what the cleaner runs its commands on."""
+        with self._lock:
+            return [a for a, u in sorted(self._uses.items())
+                    if u.state is UseState.USED and not self._device_held(a)]
+
+    def _held_unrecorded(self) -> list[DeviceUse]:
+        """The one-time-use devices held with no record of their use."""
+        return [DeviceUse(a) for a in sorted({
+            a for by_class in self._pools.values() for pool in by_class.values()
+            for a in pool.one_time_use if a not in self._uses and self._device_held(a)})]
+
+    def mark_held_used(self) -> list[str]:
+        """Record used every one-time-use device an instance holds with no
+        record of its use: one held before its spec said one_time_use, or
+        by a guest adopted from nova-compute. Its cleaning then follows its
+        release, as for a device a claim chose. Returns their addresses,
+        once on disk."""
+        def decide() -> Decision:
+            marked = self._held_unrecorded()
+            if not marked:
+                return Decision([])
+            self._uses.update((u.address, u) for u in marked)
+            self._uses_moved += 1
+
+            def undo():
+                with self._lock:
+                    for u in marked:
+                        self._uses.pop(u.address, None)
+
+            return Decision([u.address for u in marked], [put_device_uses_sql(marked)],
+                            undo)
+
+        with self._lock:
+            if not self._held_unrecorded():
+                return []
+        return self._run("device uses", decide)
+
+    def _use_step(self, address: str, step: Callable[[DeviceUse], DeviceUse | None]
+                  ) -> DeviceUse | None:
+        """Change one used device's record: ``step`` answers its new use
+        (None: clean, given back), or raises InvalidRequest. On disk
+        before it returns."""
+        def decide() -> Decision:
+            before = self._uses.get(address)
+            if before is None:
+                raise InvalidRequest("address", address, "is not a used one-time-use "
+                                     "device of this host")
+            if self._device_held(address):
+                raise InvalidRequest("address", address, "is held by an instance; a "
+                                     "device is cleaned once its instance gave it back")
+            after = step(before)
+            if after is None:
+                del self._uses[address]
+                write = [delete_device_uses_sql([address])]
+            else:
+                self._uses[address] = after
+                write = [put_device_uses_sql([after])]
+
+            def undo():
+                with self._lock:
+                    self._uses[address] = before
+
+            return Decision(after, write, undo)
+
+        return self._run(f"device {address}", decide)
+
+    def give_back_device(self, address: str) -> None:
+        """The device is clean (its cleaning succeeded, or an operator
+        cleaned it by hand): back in scheduling."""
+        self._use_step(address, lambda use: None)
+
+    def cleaning_failed(self, address: str, reason: str) -> DeviceUse:
+        """Its cleaning failed: it stays out, with the reason, until
+        cleaned again (``clean_again``) or released by an operator."""
+        return self._use_step(address, lambda use: DeviceUse(address,
+                                                             UseState.CLEANING_FAILED,
+                                                             reason))
+
+    def clean_again(self, address: str) -> DeviceUse:
+        """An operator asks for the cleaning again: the device waits for it
+        as after its use."""
+        return self._use_step(address, lambda use: DeviceUse(address))
 
     # --- moves ----------------------------------------------------------
 

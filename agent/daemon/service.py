@@ -15,6 +15,8 @@ from typing import Callable
 from oslo_config import cfg
 
 from agent.claims.model import Migration
+from agent.cleaning.rules import apply_uses
+from agent.cleaning.run import Cleaner
 from agent.compute.manager import ComputeManager
 from agent.compute.reconcile import Report, reconcile
 from agent.compute.tracker import Tracker
@@ -306,6 +308,9 @@ class Agent:
         self._drop_cache = threading.Event()
         self._thread: threading.Thread | None = None
         driver.register_change_listener(self._wake.set)
+        # One-time-use devices' cleaning (agent/cleaning/); a cleaning's end
+        # wakes the loop, which reports the device back or its reason.
+        self.cleaner = Cleaner(manager.tracker, self._wake.set) if manager else None
         self.health = HealthWatch(driver, settings.health_poll_interval,
                                   settings.health_correctable_per_minute, self._wake.set,
                                   report=self.metrics.set_device_health)
@@ -373,8 +378,12 @@ class Agent:
         """The tree to report for ``inventory``: the policy's, with the
         devices found unhealthy taken out of scheduling. Every reader that
         compares with Placement (a cycle, heal, manage tree) builds it
-        here, so none takes the agent's own health marks for drift."""
-        return self.health.apply(build_tree(inventory, self.policy), inventory)
+        here, so none takes the agent's own health marks for drift, nor
+        its used one-time-use devices' (agent/cleaning/rules.py)."""
+        built = self.health.apply(build_tree(inventory, self.policy), inventory)
+        if self.manager is None:
+            return built
+        return apply_uses(built, self.manager.tracker.device_uses())
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -385,6 +394,8 @@ class Agent:
         built = self.build_model(self.driver.get_host_inventory())
         for warning in built.warnings:
             LOG.warning("%s", warning)
+        if self.cleaner is not None:
+            self.cleaner.set_specs(built.one_time_use)
         if self.manager is not None:
             self._read_guests()
         try:
@@ -397,9 +408,23 @@ class Agent:
             if self.manager is not None:
                 self.manager.tracker.set_pools(built.pools_by_uuid(
                     {p.name: p.uuid for p in self._saved_view}))
+                self._mark_held_used()
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
+
+    def _mark_held_used(self) -> None:
+        """One-time-use devices held with no record of their use (their
+        spec marked them since, or their guest was adopted) are recorded
+        used, so their release is followed by their cleaning. A store that
+        cannot be written costs this cycle's try, not the cycle."""
+        try:
+            for address in self.manager.tracker.mark_held_used():
+                LOG.info("Device %s is one-time-use and held: cleaned once given back",
+                         address)
+        except StoreError as e:
+            LOG.warning("Held one-time-use devices not recorded used; the next cycle "
+                        "tries again: %s", e)
 
     def _read_guests(self) -> None:
         """Once a cycle, every guest's definition read afresh (claims read
@@ -628,6 +653,10 @@ class Agent:
         if self.broker_probe is not None:
             broker.observe(self.dependencies, self.broker_probe())
 
+    def wake(self) -> None:
+        """Start the next cycle now (something it reports has changed)."""
+        self._wake.set()
+
     def drop_cache(self) -> None:
         self._drop_cache.set()
         self._drop_allocations.set()
@@ -744,6 +773,8 @@ class Agent:
                                         name=UPDATE_THREAD, daemon=True)
         self._thread.start()
         self.health.start()
+        if self.cleaner is not None:
+            self.cleaner.start()
 
     def stop(self, timeout: float = 60) -> None:
         """Let a cycle in flight finish (its Placement calls time out on
@@ -752,6 +783,8 @@ class Agent:
         self.stopping.set()
         self._wake.set()
         self.health.stop()
+        if self.cleaner is not None:
+            self.cleaner.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         self.metrics.stop()

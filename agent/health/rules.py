@@ -270,7 +270,7 @@ def apply_health(built: BuiltTree, inv: HostInventory,
             traits=provider.traits | {UNHEALTHY_TRAIT} | {f.trait for f in faults})
         pools.append(replace(pool, unhealthy=frozenset(unhealthy)))
     tree = ProviderTree(changed.get(p.name, p) for p in built.tree)
-    return BuiltTree(tree, built.warnings, pools)
+    return replace(built, tree=tree, pools=pools)
 
 
 # --- what status and metrics show -----------------------------------------------

@@ -161,6 +161,20 @@ class ComputeAgentAPI:
         active, moving) and the open move's uuid. Needs API 1.1."""
         return self._call(host, "list_instances", version="1.1")
 
+    # one-time-use devices
+    def list_device_uses(self, host: str) -> list[dict]:
+        """The one-time-use devices ``host`` holds used and not clean.
+        Needs API 1.6."""
+        return self._call(host, "list_device_uses", version="1.6")
+
+    def clean_device(self, host: str, address: str) -> dict:
+        """Start a used device's cleaning again. Needs API 1.6."""
+        return self._call(host, "clean_device", version="1.6", address=address)
+
+    def release_device(self, host: str, address: str) -> dict:
+        """Give back a used device cleaned by hand. Needs API 1.6."""
+        return self._call(host, "release_device", version="1.6", address=address)
+
     # build and delete
     def build_instance(self, host: str, instance_uuid: str, spec: dict,
                        allocations: dict) -> dict:

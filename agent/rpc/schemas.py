@@ -15,6 +15,9 @@ UUID = {"type": "string",
         "pattern": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                    r"[0-9a-fA-F]{12}\Z"}
 UUID_FIELDS = ("instance_uuid", "migration_uuid")
+# A PCI address, "dddd:bb:ss.f" (compute_common/pci_address.py), either case.
+PCI_ADDRESS = {"type": "string",
+               "pattern": r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[01][0-9a-fA-F]\.[0-7]\Z"}
 
 MAX_PROVIDERS = 64
 MAX_RESOURCE_CLASSES = 32
@@ -65,6 +68,7 @@ MOVE = _schema(migration_uuid=UUID, instance_uuid=UUID)
 MOVE_CLAIM = _schema(migration_uuid=UUID, instance_uuid=UUID, spec=SPEC,
                      allocations=ALLOCATIONS)
 NOTHING = _schema()
+DEVICE = _schema(address=PCI_ADDRESS)
 # The destination's answer to check_can_live_migrate_destination, as the
 # source takes it; each claimed device is read strictly by
 # drivers.migration.ClaimedDevice.
@@ -168,12 +172,13 @@ def check_move_uuids(payload: dict) -> None:
 
 
 def canonical(payload: dict) -> dict:
-    """The payload as the manager takes it: uuids in lower case, the spec
+    """The payload as the manager takes it: uuids and a PCI address in
+    lower case, the spec
     checked as the claim will read it and against the vCPUs and memory its
     allocations carry (which name only this host's providers, or the claim
     refuses them), the move's two uuids told apart."""
     out = dict(payload)
-    for name in UUID_FIELDS:
+    for name in UUID_FIELDS + ("address",):
         if name in out:
             out[name] = out[name].lower()
     if "allocations" in out:

@@ -142,6 +142,39 @@ class ComputeAgentEndpoint:
         """Since 1.1. Every instance this host holds, with its state."""
         return listed_instances(*self._agent.manager.tracker.snapshot())
 
+    # --- one-time-use devices --------------------------------------------
+
+    def _device_uses(self, address: str | None = None) -> list[dict]:
+        cleaner = self._agent.cleaner
+        return [{"address": use.address, "state": use.state.value, "reason": use.reason,
+                 "held": held, "cleaning": cleaner.running(use.address)}
+                for use, held in self._agent.manager.tracker.device_uses()
+                if address in (None, use.address)]
+
+    @rpc_method("1.6", schemas.NOTHING)
+    def list_device_uses(self, ctxt) -> list[dict]:
+        """Since 1.6. Every one-time-use device used and not clean: its
+        state (used, cleaning_failed), why its cleaning failed, whether an
+        instance holds it, whether its cleaning runs now."""
+        return self._device_uses()
+
+    @rpc_method("1.6", schemas.DEVICE)
+    def clean_device(self, ctxt, address) -> dict:
+        """Since 1.6. Run a used device's cleaning again (after one that
+        failed, say); answered once it started, with the device's entry
+        as list_device_uses gives it."""
+        self._agent.cleaner.clean_again(address)
+        return next(iter(self._device_uses(address)), {"address": address,
+                                                       "state": "clean"})
+
+    @rpc_method("1.6", schemas.DEVICE)
+    def release_device(self, ctxt, address) -> dict:
+        """Since 1.6. Give back a used device an operator cleaned by hand
+        (on disk before the answer); the update loop reports it free."""
+        self._agent.cleaner.give_back(address)
+        self._agent.wake()
+        return {"address": address, "state": "clean"}
+
     # --- build and delete -----------------------------------------------
 
     @rpc_method("1.0", schemas.CLAIM)

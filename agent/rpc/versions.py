@@ -49,6 +49,9 @@ VERSIONS = (
                    "InvalidRequest); so are an instance and a move sharing a uuid, "
                    "prep_resize naming another instance's move, and a spec whose "
                    "vcpus or memory_mb differ from its allocations'"),
+    Version("1.6", "one-time-use devices: list_device_uses, the devices used and "
+                   "not clean; clean_device runs a device's cleaning again; "
+                   "release_device gives back one an operator cleaned by hand"),
 )
 
 # The oldest version a client can be pinned at, and the newest: what this

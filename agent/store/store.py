@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                                MigrationState, MoveKind, Owner, RequestDigest)
+from agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
+                                MigrationRole, MigrationState, MoveKind, Owner, RequestDigest,
+                                UseState)
 from agent.store import sequence as sequence_record
 from agent.store.check import StoreFacts, StoreFile, one_line
 from agent.store.errors import StoreError, StoreMoved
@@ -45,7 +46,7 @@ T = TypeVar("T")
 STORE_FILE = "state.db"
 LOG = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -150,7 +151,19 @@ ALTER TABLE instances ADD COLUMN request TEXT;
 ALTER TABLE migrations ADD COLUMN request TEXT;
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
+# v7: the one-time-use devices a claim chose and no cleaning has given
+# back since (claims.model.DeviceUse), so that a device waiting to be
+# cleaned stays out of scheduling across restarts.
+_V7 = """
+CREATE TABLE device_uses (
+    address TEXT PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('used', 'cleaning_failed')),
+    reason TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7}
 
 
 def new_assignment_id() -> str:
@@ -785,6 +798,22 @@ def put_migration_sql(m: Migration) -> Statement:
             [(m.uuid, m.instance_uuid, m.kind.value, m.role.value, m.state.value,
               None if m.old_spec is None else _to_json(m.old_spec),
               time.time(), None if m.request is None else m.request.to_json())])
+
+
+def put_device_uses_sql(uses: list[DeviceUse]) -> Statement:
+    now = time.time()
+    return ("INSERT OR REPLACE INTO device_uses VALUES (?,?,?,?)",
+            [(u.address, u.state.value, u.reason, now) for u in uses])
+
+
+def delete_device_uses_sql(addresses: list[str]) -> Statement:
+    return ("DELETE FROM device_uses WHERE address = ?", [(a,) for a in addresses])
+
+
+def device_uses(conn: sqlite3.Connection) -> dict[str, DeviceUse]:
+    """address -> the one-time-use device's use, for those not clean."""
+    return {r["address"]: DeviceUse(r["address"], UseState(r["state"]), r["reason"])
+            for r in conn.execute("SELECT * FROM device_uses")}
 
 
 def live_assignments(conn: sqlite3.Connection) -> list[Assignment]:

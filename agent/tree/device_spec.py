@@ -17,11 +17,22 @@ Each entry is a JSON object. Every key it sets must match:
   too), default no. Whether a guest given a matching device may be live
   migrated: only devices whose driver migrates their state (a VFIO variant
   driver) can be, and only the operator knows that.
+- ``one_time_use``: "yes" or "no" (JSON true and false too), default no,
+  nova's key (2025.2): a device used once is not offered again until it is
+  cleaned. Its provider gets ``HW_PCI_ONE_TIME_USE``; agent/cleaning/
+  says what a used device does to the tree.
+- ``clean_command``: how the agent cleans such a device, run with the
+  device's PCI address appended as the last argument: a list of arguments,
+  or a string split as a shell would (no shell runs it). Without it a used
+  device waits for an operator's ``compute-agent-manage device release``.
+- ``clean_timeout``: seconds the command may run, default 600.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
+import shlex
 from dataclasses import dataclass
 
 import os_resource_classes as orc
@@ -33,8 +44,10 @@ from drivers.base import PciDevice
 
 OPTION = "[pci] device_spec"
 _KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits",
-               "physical_network", "live_migratable"}
+               "physical_network", "live_migratable", "one_time_use", "clean_command",
+               "clean_timeout"}
 _YES_NO = {"yes": True, "no": False, True: True, False: False}
+DEFAULT_CLEAN_TIMEOUT = 600.0
 _HEX = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 
 
@@ -57,6 +70,11 @@ class DeviceSpec:
     traits: frozenset[str]
     physical_network: str | None = None
     live_migratable: bool = False
+    one_time_use: bool = False
+    # The cleaning command's arguments, the device's address still to
+    # append; None: cleaned by hand (compute-agent-manage device release).
+    clean_command: tuple[str, ...] | None = None
+    clean_timeout: float = DEFAULT_CLEAN_TIMEOUT
 
     def matches(self, device: PciDevice) -> bool:
         if self.vendor_id is not None and int(device.vendor_id, 16) != self.vendor_id:
@@ -160,11 +178,31 @@ def _physical_network(text: str, value) -> str | None:
     return value.strip()
 
 
-def _live_migratable(text: str, value) -> bool:
+def _yes_no(text: str, field: str, value) -> bool:
     key = value.strip().lower() if isinstance(value, str) else value
     if type(key) not in (str, bool) or key not in _YES_NO:
-        raise _fail(text, "live_migratable", value, 'must be "yes" or "no"')
+        raise _fail(text, field, value, 'must be "yes" or "no"')
     return _YES_NO[key]
+
+
+def _clean_command(text: str, value) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as e:
+            raise _fail(text, "clean_command", value, f"cannot be split: {e}") from None
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(a, str) and a for a in value)):
+        raise _fail(text, "clean_command", value,
+                    "must be a command: a list of arguments or a string")
+    return tuple(value)
+
+
+def _clean_timeout(text: str, value) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
+        raise _fail(text, "clean_timeout", value, "must be a number of seconds above 0")
+    return float(value)
 
 
 def parse_spec(text: str) -> DeviceSpec:
@@ -192,8 +230,27 @@ def parse_spec(text: str) -> DeviceSpec:
                         if "resource_class" in data else None),
         traits=_traits(text, data.get("traits", [])),
         physical_network=_physical_network(text, data.get("physical_network")),
-        live_migratable=_live_migratable(text, data.get("live_migratable", "no")),
+        live_migratable=_yes_no(text, "live_migratable", data.get("live_migratable", "no")),
+        **_one_time_use(text, data),
     )
+
+
+def _one_time_use(text: str, data: dict) -> dict:
+    """The one-time-use keys; cleaning is said only of one-time-use
+    devices (any other is given back at once)."""
+    one_time_use = _yes_no(text, "one_time_use", data.get("one_time_use", "no"))
+    cleaning = sorted({"clean_command", "clean_timeout"} & set(data))
+    if cleaning and not one_time_use:
+        raise _fail(text, cleaning[0], data[cleaning[0]],
+                    'only a one-time-use device is cleaned: add "one_time_use": "yes"')
+    if "clean_timeout" in data and "clean_command" not in data:
+        raise _fail(text, "clean_timeout", data["clean_timeout"],
+                    "times a clean_command, which the entry does not name")
+    return {"one_time_use": one_time_use,
+            "clean_command": (_clean_command(text, data["clean_command"])
+                              if "clean_command" in data else None),
+            "clean_timeout": (_clean_timeout(text, data["clean_timeout"])
+                              if "clean_timeout" in data else DEFAULT_CLEAN_TIMEOUT)}
 
 
 def parse_specs(texts: list[str]) -> tuple[DeviceSpec, ...]:

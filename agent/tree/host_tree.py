@@ -90,6 +90,8 @@ class BuiltTree:
     warnings: list[str] = field(default_factory=list)
     # What stands behind each provider's inventory, for claims.
     pools: list[Pool] = field(default_factory=list)
+    # Each one-time-use device's spec (its cleaning), by address.
+    one_time_use: dict[str, DeviceSpec] = field(default_factory=dict)
 
     def pools_by_uuid(self, names: dict[str, str]) -> dict[str, dict[str, Pool]]:
         """The pools keyed by the UUIDs Placement uses for their providers:
@@ -151,7 +153,9 @@ def pci_traits(spec: DeviceSpec) -> frozenset[str]:
     physnet = ({physnet_trait(spec.physical_network)}
                if spec.physical_network else set())
     migratable = {os_traits.HW_PCI_LIVE_MIGRATABLE} if spec.live_migratable else set()
-    return frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits | physnet | migratable
+    one_time = {os_traits.HW_PCI_ONE_TIME_USE} if spec.one_time_use else set()
+    return (frozenset({os_traits.COMPUTE_MANAGED_PCI_DEVICE}) | spec.traits | physnet
+            | migratable | one_time)
 
 
 def root_traits(inv: HostInventory, policy: TreePolicy) -> frozenset[str]:
@@ -173,6 +177,7 @@ class _Builder:
         self.shared_cpus, self.dedicated_cpus = self.cpu_split()
         self.allowlisted = {d.address: s for d in inv.pci_devices
                             if (s := first_match(policy.device_specs, d)) is not None}
+        self.one_time_use = {a: s for a, s in self.allowlisted.items() if s.one_time_use}
 
     def add(self, name: str, parent: Provider, inventories=None,
             traits=frozenset()) -> Provider:
@@ -308,7 +313,8 @@ class _Builder:
             name = pci_provider_name(self.policy.host, address)
             self.pools.append(Pool(name, rc, DeviceKind.PCI, 1,
                                    (Slot(address, device.numa_node),),
-                                   device.numa_node))
+                                   device.numa_node,
+                                   one_time_use=self.one_time_slots([Slot(address)])))
             self.add(name,
                      self.parent_for(device.numa_node, address),
                      {rc: inventory(1)}, pci_traits(spec))
@@ -318,10 +324,14 @@ class _Builder:
             name = pci_provider_name(self.policy.host, pf_address)
             for rc, slots in by_rc.items():
                 self.pools.append(Pool(name, rc, DeviceKind.VF, len(slots),
-                                       tuple(slots), numa))
+                                       tuple(slots), numa,
+                                       one_time_use=self.one_time_slots(slots)))
             self.add(name, self.parent_for(numa, pf_address),
                      {rc: inventory(len(slots)) for rc, slots in by_rc.items()},
                      vf_traits[pf_address])
+
+    def one_time_slots(self, slots: list[Slot]) -> frozenset[str]:
+        return frozenset(s.device_id for s in slots if s.device_id in self.one_time_use)
 
     # --- vGPU -----------------------------------------------------------
 
@@ -425,4 +435,4 @@ def build_tree(inv: HostInventory, policy: TreePolicy) -> BuiltTree:
     b.build_pci()
     b.build_vgpu()
     b.build_pmem()
-    return BuiltTree(b.tree, b.warnings, b.pools)
+    return BuiltTree(b.tree, b.warnings, b.pools, b.one_time_use)

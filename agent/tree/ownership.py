@@ -33,6 +33,12 @@ operator write to the same providers. The agent changes only what it owns:
   Placement, its device inventories' reserved is the agent's too (the bad
   units), so it goes back to the agent's value, 0, once the device
   recovers. An operator's reservation on such a provider is not kept.
+- **One-time-use devices.** ``HW_PCI_ONE_TIME_USE`` (nova's) is the
+  agent's, and so is ``CUSTOM_HW_DEVICE_CLEANING_FAILED``, on a provider
+  whose used device's cleaning failed (agent/cleaning/rules.py). On a
+  provider that carries ``HW_PCI_ONE_TIME_USE`` in Placement, the device
+  inventories' reserved is the agent's (its used units), as nova makes it
+  its own there: it goes back to 0 once they are clean.
 """
 from __future__ import annotations
 
@@ -47,12 +53,18 @@ from agent.tree.cpu_traits import CPU_FEATURE_TRAITS
 AGENT_RESERVED_CLASSES = frozenset({orc.VCPU, orc.PCPU, orc.MEMORY_MB, orc.DISK_GB})
 
 AGENT_TRAITS = frozenset({os_traits.HW_NUMA_ROOT, os_traits.COMPUTE_NODE,
-                          os_traits.COMPUTE_MANAGED_PCI_DEVICE}
+                          os_traits.COMPUTE_MANAGED_PCI_DEVICE,
+                          os_traits.HW_PCI_ONE_TIME_USE}
                          ) | CPU_FEATURE_TRAITS | frozenset(os_traits.get_traits("OWNER_"))
 # On a provider whose device is out of service for its health; every
 # trait of the family is the agent's, the reasons included.
 UNHEALTHY_TRAIT = "CUSTOM_HW_DEVICE_UNHEALTHY"
-AGENT_TRAIT_PREFIXES = ("CUSTOM_MDEV_TYPE_", "CUSTOM_PHYSNET_", UNHEALTHY_TRAIT)
+# On a provider whose one-time-use device's cleaning failed.
+CLEANING_FAILED_TRAIT = "CUSTOM_HW_DEVICE_CLEANING_FAILED"
+AGENT_TRAIT_PREFIXES = ("CUSTOM_MDEV_TYPE_", "CUSTOM_PHYSNET_", UNHEALTHY_TRAIT,
+                        CLEANING_FAILED_TRAIT)
+# A provider carrying one of these in Placement has the agent's reserved.
+AGENT_RESERVED_TRAITS = frozenset({UNHEALTHY_TRAIT, os_traits.HW_PCI_ONE_TIME_USE})
 
 
 def agent_owns_trait(trait: str, reported: frozenset[str]) -> bool:
@@ -71,14 +83,14 @@ def traits_to_write(current: frozenset[str], desired: frozenset[str],
 
 
 def reserved_to_write(resource_class: str, desired: Mapping,
-                      current: Mapping | None, held_for_health: bool = False
+                      current: Mapping | None, held_for_agent: bool = False
                       ) -> int:
     """The ``reserved`` of one inventory record the agent writes;
-    ``held_for_health``: its provider carries UNHEALTHY_TRAIT in Placement,
-    so the reserved found there is the agent's."""
+    ``held_for_agent``: its provider carries one of AGENT_RESERVED_TRAITS
+    in Placement, so the reserved found there is the agent's."""
     ours = desired.get("reserved", 0)
     if (current is None or resource_class in AGENT_RESERVED_CLASSES
-            or held_for_health):
+            or held_for_agent):
         return ours
     theirs = current.get("reserved", 0)
     if theirs >= current["total"]:
@@ -94,6 +106,6 @@ def inventories_to_write(current: Mapping[str, Mapping],
                          ) -> dict[str, dict]:
     """``desired`` with each device inventory's reserved as the operator
     left it, unless the agent has its own reason to hold more."""
-    held = UNHEALTHY_TRAIT in current_traits
+    held = bool(AGENT_RESERVED_TRAITS & current_traits)
     return {rc: {**rec, "reserved": reserved_to_write(rc, rec, current.get(rc), held)}
             for rc, rec in desired.items()}

@@ -23,8 +23,8 @@ TOPS = ("agent", "drivers", "compute_common")
 ORDER = (
     "agent.dependencies", "agent.exception", "agent.messaging", "agent.config",
     "agent.claims", "agent.tree", "agent.store", "agent.metrics", "agent.placement",
-    "agent.moves", "agent.compute", "agent.heal", "agent.health", "agent.rpc",
-    "agent.conductor", "agent.rpcapi", "agent.daemon", "agent.reports", "agent.cmd",
+    "agent.moves", "agent.compute", "agent.heal", "agent.health", "agent.cleaning",
+    "agent.rpc", "agent.conductor", "agent.rpcapi", "agent.daemon", "agent.reports", "agent.cmd",
 )
 # Libraries that talk to the world: a pure module reaches none of them,
 # directly or through what it imports.

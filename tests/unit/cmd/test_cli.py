@@ -14,7 +14,7 @@ import pytest
 from agent.cmd import common, ctl
 from agent.cmd.daemon import once_summary
 from agent.daemon.service import CycleOutcome
-from agent.exception import InvalidRequest
+from agent.exception import ConfigError, InvalidRequest
 from agent.placement.sync import SyncResult
 from agent.rpc import schemas as rpc_schemas
 from agent.rpc.client import OutstandingCalls
@@ -185,3 +185,42 @@ def test_outstanding_calls_measure_the_oldest_call_then_the_last_answer():
         with outstanding.one():
             assert outstanding.any() and outstanding.waiting_for() >= 0.2
     assert not outstanding.any() and outstanding.waiting_for() < 0.1
+
+
+def device_conf(conf_file: Path, *args: str):
+    from agent.cmd import manage
+    command = manage.cfg.SubCommandOpt("command", handler=manage.add_parsers)
+    return common.load_config(["--config-file", str(conf_file), "device", *args],
+                              [command], command_help=manage.HELP)
+
+
+@pytest.mark.parametrize("args,line", [
+    (["clean"], "device clean: ADDRESS is required"),
+    (["clean", "81:00.0"],
+     "device clean: ADDRESS: not a PCI address dddd:bb:ss.f (value: '81:00.0')"),
+    (["release", "0000:81:00.0"],
+     "device release: gives the device back to scheduling; say --yes once it is clean"),
+])
+def test_device_refuses_a_bad_request_before_asking_the_agent(conf_file, args, line):
+    from agent.cmd.manage import device_request
+    with pytest.raises(ConfigError) as caught:
+        device_request(device_conf(conf_file, *args))
+    assert str(caught.value) == line
+
+
+def test_device_takes_an_address_in_either_case(conf_file):
+    from agent.cmd.manage import DeviceAction, device_request
+    assert device_request(device_conf(conf_file, "release", "0000:AF:00.0", "--yes")) == (
+        DeviceAction.RELEASE, "0000:af:00.0")
+    assert device_request(device_conf(conf_file, "list")) == (DeviceAction.LIST, None)
+
+
+def test_a_device_use_is_one_line():
+    from agent.cmd.manage import device_use_line
+    entry = {"address": "0000:af:00.0", "state": "used", "reason": "", "held": False,
+             "cleaning": False}
+    assert device_use_line(entry) == "0000:af:00.0: used"
+    assert device_use_line({**entry, "held": True}) == "0000:af:00.0: held by an instance"
+    assert device_use_line({**entry, "cleaning": True}) == "0000:af:00.0: being cleaned"
+    assert device_use_line({**entry, "state": "cleaning_failed", "reason": "exit status 4"}
+                           ) == "0000:af:00.0: cleaning failed (exit status 4)"

@@ -241,3 +241,51 @@ def test_other_resource_class_is_made_custom():
 def test_custom_resource_class_is_not_prefixed_twice():
     assert (spec(vendor_id="10de", resource_class="CUSTOM_A16_16A").resource_class
             == "CUSTOM_A16_16A")
+
+
+# --- one-time-use devices and their cleaning ----------------------------------
+
+@pytest.mark.parametrize("value,once", [
+    ("yes", True), ("no", False), (True, True), (False, False)])
+def test_one_time_use_is_read_as_nova_spells_it(value, once):
+    assert spec(vendor_id="8086", one_time_use=value).one_time_use is once
+
+
+def test_a_device_is_not_one_time_use_unless_marked():
+    s = spec(vendor_id="8086")
+    assert (s.one_time_use, s.clean_command) == (False, None)
+
+
+def test_a_clean_command_is_a_list_or_a_string_split_as_a_shell_would():
+    listed = spec(address="0000:3b:00.0", one_time_use="yes",
+                  clean_command=["/usr/sbin/nvme", "format", "--force"])
+    written = spec(address="0000:3b:00.0", one_time_use="yes",
+                   clean_command="/usr/sbin/nvme format '--force'", clean_timeout=30)
+    assert listed.clean_command == written.clean_command == (
+        "/usr/sbin/nvme", "format", "--force")
+    assert (listed.clean_timeout, written.clean_timeout) == (600.0, 30.0)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"one_time_use": "maybe"}, "one_time_use: must be \"yes\" or \"no\" (value: 'maybe'"),
+    ({"clean_command": "reset"},
+     'clean_command: only a one-time-use device is cleaned: add "one_time_use": "yes"'),
+    ({"one_time_use": "yes", "clean_command": []},
+     "clean_command: must be a command: a list of arguments or a string (value: []"),
+    ({"one_time_use": "yes", "clean_command": "reset 'x"},
+     "clean_command: cannot be split: No closing quotation"),
+    ({"one_time_use": "yes", "clean_command": ["reset", 3]},
+     "clean_command: must be a command"),
+    ({"one_time_use": "yes", "clean_command": "reset", "clean_timeout": 0},
+     "clean_timeout: must be a number of seconds above 0 (value: 0"),
+    ({"one_time_use": "yes", "clean_command": "reset", "clean_timeout": "60"},
+     "clean_timeout: must be a number of seconds above 0"),
+    ({"one_time_use": "yes", "clean_timeout": 60},
+     "clean_timeout: times a clean_command, which the entry does not name"),
+])
+def test_a_bad_one_time_use_key_is_one_line_naming_it(entry, message):
+    with pytest.raises(ConfigError) as caught:
+        spec(vendor_id="8086", **entry)
+    text = str(caught.value)
+    assert "\n" not in text
+    assert text.startswith("[pci] device_spec: ") and message in text

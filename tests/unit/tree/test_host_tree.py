@@ -501,3 +501,22 @@ def test_pmem_namespace_without_numa_goes_under_the_root():
     p = tree.by_name(n("pmem_SMALL"))
     assert p.parent_uuid == ROOT
     assert p.inventories == {"CUSTOM_PMEM_NAMESPACE_SMALL": inventory(1)}
+
+
+def test_a_one_time_use_spec_marks_its_provider_and_its_slots():
+    """nova's trait on the provider, for a whole device and, beyond nova,
+    for a PF whose VFs are one-time-use; the pools say which slots are,
+    and the built tree keeps each one's spec for its cleaning."""
+    vfs = json.dumps({"vendor_id": "8086", "product_id": "154c", "one_time_use": "yes"})
+    whole = json.dumps({"address": WHOLE, "one_time_use": "yes",
+                        "clean_command": ["/bin/true"]})
+    built = build(device_specs=parse_specs([vfs, whole, NO_NUMA_SPEC]))
+    for name in ("0000:3B:00.0", "0000:5E:00.0"):
+        assert "HW_PCI_ONE_TIME_USE" in built.tree.by_name(n(name)).traits
+    assert "HW_PCI_ONE_TIME_USE" not in built.tree.by_name(n("0000:D8:00.0")).traits
+    by_name = {p.provider_name: p for p in built.pools}
+    assert by_name[n("0000:5E:00.0")].one_time_use == {WHOLE}
+    assert len(by_name[n("0000:3B:00.0")].one_time_use) == 8
+    assert by_name[n("0000:D8:00.0")].one_time_use == frozenset()
+    assert built.one_time_use[WHOLE].clean_command == ("/bin/true",)
+    assert NO_NUMA not in built.one_time_use

@@ -1,0 +1,224 @@
+"""One-time-use devices in the tracker and the store: a claim records its
+one-time-use devices used in its own commit, used they are never chosen,
+the record survives a restart (schema 7, migrated from 6), and the
+cleaner runs its command outside the tracker's lock."""
+import logging
+import sqlite3
+import uuid
+
+import pytest
+
+from agent.claims.choice import Pool, Slot
+from agent.claims.model import DeviceUse, UseState
+from agent.cleaning.run import Cleaner, run_command
+from agent.compute.tracker import Tracker
+from agent.exception import ClaimFailed, InvalidRequest
+from agent.store.store import Store, device_uses, migrate, schema_version
+from agent.tree.device_spec import DeviceSpec
+from drivers.base import DeviceKind
+from tests.functional.helpers import wait_for
+
+PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
+GPU = "7d2b4f6e-1c3a-4e5b-8f9d-0a1b2c3d4e5f"
+VF0, VF1 = "0000:81:10.0", "0000:81:10.1"
+WHOLE = "0000:af:00.0"
+SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
+ONE_VF = {PF: {"resources": {"SRIOV_NET_VF": 1}}}
+THE_GPU = {GPU: {"resources": {"CUSTOM_GPU": 1}}}
+
+
+def pools(one_time_use: bool = True) -> dict:
+    once = frozenset({VF0, VF1}) if one_time_use else frozenset()
+    return {PF: {"SRIOV_NET_VF": Pool("cmp_0000:81:00.0", "SRIOV_NET_VF", DeviceKind.VF, 2,
+                                      (Slot(VF0), Slot(VF1)), one_time_use=once)},
+            GPU: {"CUSTOM_GPU": Pool("cmp_0000:AF:00.0", "CUSTOM_GPU", DeviceKind.PCI, 1,
+                                     (Slot(WHOLE),), one_time_use=frozenset({WHOLE}))}}
+
+
+@pytest.fixture
+def tracker(tmp_path):
+    store = Store(tmp_path / "state.db")
+    t = Tracker(store, "boot-1")
+    t.set_pools(pools())
+    yield t
+    store.close()
+
+
+def build(t: Tracker, allocations=ONE_VF) -> str:
+    instance = str(uuid.uuid4())
+    t.claim_build(instance, SPEC, allocations)
+    return instance
+
+
+def test_a_claim_records_its_one_time_use_device_used_in_its_commit(tracker):
+    instance = build(tracker, THE_GPU)
+    assert tracker.store.read(device_uses) == {WHOLE: DeviceUse(WHOLE)}
+    assert tracker.device_uses() == [(DeviceUse(WHOLE), True)]
+    assert tracker.awaiting_cleaning() == []
+    tracker.release_instance(instance)
+    assert tracker.device_uses() == [(DeviceUse(WHOLE), False)]
+    assert tracker.awaiting_cleaning() == [WHOLE]
+
+
+def test_a_used_device_is_never_chosen_until_given_back(tracker):
+    first = build(tracker)
+    second = build(tracker)
+    tracker.release_instance(first)
+    tracker.release_instance(second)
+    with pytest.raises(ClaimFailed):
+        build(tracker)
+    tracker.give_back_device(VF1)
+    third = build(tracker)
+    assert [a.device_id for a in tracker.instance(third)[1]] == [VF1]
+    assert tracker.store.read(device_uses) == {VF0: DeviceUse(VF0), VF1: DeviceUse(VF1)}
+
+
+def test_a_device_whose_spec_dropped_one_time_use_is_chosen_again(tracker):
+    tracker.release_instance(build(tracker, THE_GPU))
+    pools_now = pools()
+    pools_now[GPU]["CUSTOM_GPU"] = Pool("cmp_0000:AF:00.0", "CUSTOM_GPU", DeviceKind.PCI, 1,
+                                        (Slot(WHOLE),))
+    tracker.set_pools(pools_now)
+    build(tracker, THE_GPU)
+
+
+def test_a_claim_or_release_of_a_used_device_is_told_once_on_disk(tracker):
+    told = []
+    tracker.on_uses_changed = lambda: told.append(
+        (tracker.store.read(device_uses), tracker.awaiting_cleaning()))
+    instance = build(tracker)
+    assert told == [({VF0: DeviceUse(VF0)}, [])]
+    tracker.release_instance(instance)
+    assert told[1:] == [({VF0: DeviceUse(VF0)}, [VF0])]
+    tracker.complete(build(tracker))  # no device newly used: not told
+    assert len(told) == 3
+
+
+def test_a_failed_cleaning_and_a_release_are_durable(tmp_path):
+    store = Store(tmp_path / "state.db")
+    t = Tracker(store, "boot-1")
+    t.set_pools(pools())
+    t.release_instance(build(t))
+    t.release_instance(build(t))
+    t.cleaning_failed(VF0, "exit status 3")
+    t.give_back_device(VF1)
+    store.close()
+    again = Tracker(Store(tmp_path / "state.db"), "boot-2")
+    assert again.device_uses() == [
+        (DeviceUse(VF0, UseState.CLEANING_FAILED, "exit status 3"), False)]
+    assert again.awaiting_cleaning() == []
+    assert again.clean_again(VF0) == DeviceUse(VF0)
+    assert again.awaiting_cleaning() == [VF0]
+    again.store.close()
+
+
+def test_what_an_operator_asks_of_a_device_is_refused_in_one_line(tracker):
+    instance = build(tracker)
+    with pytest.raises(InvalidRequest, match="is held by an instance"):
+        tracker.give_back_device(VF0)
+    with pytest.raises(InvalidRequest, match="is not a used one-time-use device"):
+        tracker.give_back_device(VF1)
+    tracker.release_instance(instance)
+    tracker.give_back_device(VF0)
+    assert tracker.device_uses() == []
+
+
+def test_schema_7_adds_the_device_uses_to_a_schema_6_store(tmp_path):
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert migrate(conn, target=6) == 6
+    assert not conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE name='device_uses'").fetchone()
+    conn.close()
+    store = Store(path)
+    try:
+        assert store.read(schema_version) == 7
+        assert store.read(device_uses) == {}
+        t = Tracker(store, "boot-1")
+        t.set_pools(pools())
+        build(t)
+        assert store.read(device_uses) == {VF0: DeviceUse(VF0)}
+    finally:
+        store.close()
+
+
+# --- the cleaner ---------------------------------------------------------------
+
+def spec(command=("clean",), timeout=5.0) -> DeviceSpec:
+    return DeviceSpec("{}", None, None, None, None, frozenset(), one_time_use=True,
+                      clean_command=command, clean_timeout=timeout)
+
+
+def cleaned_by(tracker, run, specs) -> Cleaner:
+    cleaner = Cleaner(tracker, lambda: None, run=run)
+    cleaner.set_specs(specs)
+    cleaner.start()
+    return cleaner
+
+
+def until_cleaned(tracker, cleaner, address: str) -> None:
+    """Until the cleaning of ``address`` that is due has ended."""
+    wait_for(lambda: address not in tracker.awaiting_cleaning()
+             and not cleaner.running(address), timeout=5, interval=0.01)
+
+
+def test_a_cleaning_that_succeeds_gives_the_device_back(tracker, caplog):
+    caplog.set_level(logging.INFO, "agent.cleaning.run")
+    ran = []
+
+    def run(command, address, timeout):
+        # Outside the tracker's lock: a claim goes through meanwhile.
+        build(tracker, ONE_VF)
+        ran.append((command, address, timeout))
+        return "", "formatted\n"
+
+    tracker.release_instance(build(tracker, THE_GPU))
+    cleaner = cleaned_by(tracker, run, {WHOLE: spec(timeout=7)})
+    try:
+        until_cleaned(tracker, cleaner, WHOLE)
+        assert ran == [(("clean",), WHOLE, 7)]
+        assert all(u.address != WHOLE for u, _ in tracker.device_uses())
+        assert "formatted" in caplog.text
+    finally:
+        cleaner.stop()
+
+
+def test_a_cleaning_that_fails_keeps_the_device_out_with_its_reason(tracker, caplog):
+    tracker.release_instance(build(tracker, THE_GPU))
+    cleaner = cleaned_by(tracker, lambda c, a, t: ("exit status 2: no disk", ""),
+                         {WHOLE: spec()})
+    try:
+        until_cleaned(tracker, cleaner, WHOLE)
+        assert tracker.device_uses() == [
+            (DeviceUse(WHOLE, UseState.CLEANING_FAILED, "exit status 2: no disk"), False)]
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "exit status 2: no disk" in warnings[0].getMessage()
+        with pytest.raises(InvalidRequest, match="has no clean_command"):
+            cleaner.set_specs({WHOLE: spec(command=None)})
+            cleaner.clean_again(WHOLE)
+    finally:
+        cleaner.stop()
+
+
+def test_run_command_passes_the_address_and_bounds_the_time(tmp_path):
+    assert run_command(("echo",), WHOLE, 5) == ("", f"{WHOLE}\n")
+    assert run_command(("sh", "-c", "echo no such disk; exit 3", "sh"), WHOLE, 5) == (
+        "exit status 3: no such disk", "no such disk\n")
+    assert run_command(("sh", "-c", "sleep 5", "sh"), WHOLE, 0.2)[0] == "timed out after 0.2 s"
+    assert run_command((str(tmp_path / "missing"),), WHOLE, 5)[0].startswith(
+        f"cannot run {tmp_path / 'missing'}: ")
+
+
+def test_a_device_held_before_it_was_one_time_use_is_recorded_used(tracker):
+    """Its spec said one_time_use after a claim chose it (or its guest was
+    adopted): recorded used once, so its release is followed by its
+    cleaning."""
+    tracker.set_pools(pools(one_time_use=False))
+    instance = build(tracker)
+    assert tracker.mark_held_used() == []
+    tracker.set_pools(pools())
+    assert tracker.mark_held_used() == [VF0]
+    assert tracker.mark_held_used() == []
+    assert tracker.store.read(device_uses) == {VF0: DeviceUse(VF0)}
+    tracker.release_instance(instance)
+    assert tracker.awaiting_cleaning() == [VF0]
