@@ -36,7 +36,7 @@ from agent.store.store import (Decision, Statement, Store, all_instances, all_mi
                                instance_requests, live_assignments, new_assignment_id,
                                put_instance_sql, put_migration_sql, realign_assignments_sql,
                                update_assignments_sql)
-from drivers.base import GuestHolding, HostResource
+from drivers.base import DeviceKind, GuestHolding, HostResource
 
 
 def check_uuid(value, field_name: str) -> str:
@@ -568,6 +568,11 @@ class Tracker:
             for a in self._live.values():
                 out[(a.resource_class, a.state.value)] += a.amount
         return dict(out)
+
+    def holds(self, kind: DeviceKind, device_id: str) -> bool:
+        """Whether a live assignment holds the device."""
+        with self._lock:
+            return self._held.is_held(kind, device_id)
 
     def take_touched_providers(self) -> set[str]:
         """The providers whose assignments changed since the last call."""

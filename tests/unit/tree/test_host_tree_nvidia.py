@@ -47,7 +47,8 @@ def host_from_sysfs(builder: SysfsBuilder) -> HostInventory:
         cpus=frozenset().union(*(c.cpus for c in cells)), memory_mb=8192,
         disk_gb=10, numa_cells=tuple(cells),
         pci_devices=tuple(pci.values()),
-        mdev_parents=tuple(MdevParent(a, pci[a].numa_node, t)
+        mdev_parents=tuple(MdevParent(a, pci[a].numa_node, t,
+                                      vendor_vfio=reader.vendor_vfio(a))
                            for a, t in sorted(types.items())),
         mdevs=tuple(mdevs))
 
