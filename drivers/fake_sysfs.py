@@ -446,13 +446,17 @@ class SysfsBuilder:
         VF's file read back and taken as written; a write the driver
         would have refused is undone (the file says the type before it)."""
         for pf, card in self._vgpu_cards.items():
-            for vf in self._pci[pf].vfs:
-                path = self.device_dir(vf) / "nvidia" / "current_vgpu_type"
-                written = int(path.read_text().strip() or 0)
+            # All read before any is answered: answering rewrites the
+            # card's files. Types removed first, as they free room.
+            written = {vf: int((self.device_dir(vf) / "nvidia" /
+                                "current_vgpu_type").read_text().strip() or 0)
+                       for vf in self._pci[pf].vfs}
+            for vf, type_id in sorted(written.items(), key=lambda w: w[1] != 0):
                 try:
-                    self.set_current_vgpu_type(vf, written)
+                    self.set_current_vgpu_type(vf, type_id)
                 except MdevError:
-                    self._write(path, card.current.get(vf, 0))
+                    pass  # refused: the file says the type before it
+            self._write_vgpu_files(pf)
 
     def forget_vgpu_types(self) -> None:
         """What a host reboot does to the vGPU types: every VF without."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from drivers.errors import InvalidHostData, MdevError
+from drivers.libvirt.mdev import write_attribute
 from drivers.libvirt.sysfs import SysfsReader, nvidia_type_number
 
 
@@ -64,12 +65,7 @@ class VgpuTypeWriter:
     def _write(self, vf: str, number: int) -> None:
         path = os.path.join(self._sysfs.nvidia_dir(vf), "current_vgpu_type")
         try:
-            # One write of the whole value, as sysfs wants it.
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, f"{number}\n".encode())
-            finally:
-                os.close(fd)
+            write_attribute(path, f"{number}\n")
         except OSError as exc:
             raise MdevError(f"{vf}: writing {number} to {path}: "
                             f"{exc.strerror or exc}") from exc
