@@ -136,9 +136,11 @@ class ComputeDriver(abc.ABC):
         type it can create now, another type set, or the write refused."""
 
     @abc.abstractmethod
-    def clear_vgpu_type(self, vf_address: str) -> None:
-        """Remove a VF's vGPU type; nothing to do when it has none. Raises
-        MdevError when the driver refuses (a guest still holds the VF)."""
+    def clear_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        """Remove the VF's vGPU type when it is ``type_id``; nothing to do
+        when it has none or another (not the one given at claim time: left
+        to whoever set it). Raises MdevError when the driver refuses (a
+        guest still holds the VF)."""
 
     def boot_id(self) -> str:
         """Changes at every host boot; claims record it."""

@@ -561,9 +561,10 @@ class FakeDriver(ComputeDriver):
                 raise MdevError(f"{vf_address}: cannot create vGPU type {type_id} now")
             self.vgpu_types[vf_address] = type_id
 
-    def clear_vgpu_type(self, vf_address: str) -> None:
+    def clear_vgpu_type(self, vf_address: str, type_id: str) -> None:
         with self._held(write=True):
-            self.vgpu_types.pop(vf_address, None)
+            if self.vgpu_types.get(vf_address) == type_id:
+                del self.vgpu_types[vf_address]
 
     def boot_id(self) -> str:
         return self.current_boot_id

@@ -208,16 +208,17 @@ class ComputeManager:
                 self.driver.set_vgpu_type(d.device_id, d.detail.mdev_type or "")
 
     def _clear_vgpu_types(self, released) -> None:
-        """A vGPU VF given back loses its type once no live assignment
-        holds it (0 written; remove_released_mdevs does not apply: a type
-        kept would narrow what its siblings can create). A refusal is
-        logged: the VF then stays typed, and a claim of another type on it
-        fails cleanly."""
+        """A vGPU VF given back loses the type it was claimed with once no
+        live assignment holds it (0 written; remove_released_mdevs does not
+        apply: a type kept would narrow what its siblings can create); a
+        VF with another type (a claim its driver refused) is left as it
+        is. A refusal is logged: the VF then stays typed, and a claim of
+        another type on it fails cleanly."""
         for a in released:
             if a.kind is not DeviceKind.VGPU_VF or self.tracker.holds(a.kind, a.device_id):
                 continue
             try:
-                self.driver.clear_vgpu_type(a.device_id)
+                self.driver.clear_vgpu_type(a.device_id, a.detail.mdev_type or "")
             except (MdevError, DriverUnavailable) as e:
                 LOG.warning("vGPU VF %s given back keeps its type: %s", a.device_id, e)
 

@@ -151,8 +151,8 @@ class LibvirtDriver(ComputeDriver):
         if self._vgpu_types.set(vf_address, type_id):
             self._vgpu_types_changed()
 
-    def clear_vgpu_type(self, vf_address: str) -> None:
-        if self._vgpu_types.clear(vf_address):
+    def clear_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        if self._vgpu_types.clear(vf_address, type_id):
             self._vgpu_types_changed()
 
     def _vgpu_types_changed(self) -> None:

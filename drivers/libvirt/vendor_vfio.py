@@ -49,16 +49,17 @@ class VgpuTypeWriter:
         self._write(vf, number)
         return True
 
-    def clear(self, vf: str) -> bool:
-        """Remove the VF's type; False when it had none (or the VF is gone:
-        nothing to remove)."""
+    def clear(self, vf: str, type_id: str) -> bool:
+        """Remove the VF's type when it is ``type_id``; False when it has
+        none or another (or the VF is gone): nothing written."""
         if not self._sysfs.vendor_vfio(vf):
             return False
         try:
-            if not self._sysfs.current_vgpu_type(vf):
-                return False
+            current = self._sysfs.current_vgpu_type(vf)
         except InvalidHostData as exc:
             raise MdevError(f"{vf}: cannot remove its vGPU type: {exc}") from None
+        if not current or current != nvidia_type_number(type_id):
+            return False
         self._write(vf, 0)
         return True
 
