@@ -130,3 +130,28 @@ def test_a_vf_not_restored_is_held_back_until_it_has_a_type_or_is_given_back():
     assert still_not_restored(lost, frozenset(), held.__contains__) == lost
     assert still_not_restored(lost, frozenset({VF0}), held.__contains__) == {VF1: "refused"}
     assert still_not_restored(lost, frozenset(), {VF0}.__contains__) == {VF0: "refused"}
+
+
+def test_a_live_migrations_destination_writes_at_its_claim_and_clears_on_rollback(manager):
+    instance, migration = str(uuid.uuid4()), str(uuid.uuid4())
+    answer = manager.check_can_live_migrate_destination(migration, instance, SPEC, on(VF0))
+    assert [(d["kind"], d["device_id"]) for d in answer["devices"]] == [("vgpu_vf", VF0)]
+    assert manager.driver.vgpu_types == {VF0: "nvidia-557"}
+    manager.rollback_live_migration_at_destination(migration, instance)
+    assert manager.driver.vgpu_types == {}
+
+    # A VF the driver refuses: the claim withdrawn, the VF as it was.
+    manager.driver.set_vgpu_type(VF1, "nvidia-558")
+    refused = str(uuid.uuid4())
+    with pytest.raises(MdevError):
+        manager.check_can_live_migrate_destination(refused, instance, SPEC, on(VF1))
+    assert not manager.tracker.knows(instance)
+    assert manager.driver.vgpu_types == {VF1: "nvidia-558"}
+
+
+def test_an_evacuation_writes_at_its_claim(manager):
+    instance, migration = str(uuid.uuid4()), str(uuid.uuid4())
+    manager.accept_rebuild(migration, instance, SPEC, on(VF1))
+    assert manager.driver.vgpu_types == {VF1: "nvidia-557"}
+    manager.finish_rebuild(migration)
+    assert {r.id for r in manager.driver.guest_holdings()[instance].resources} == {VF1}
