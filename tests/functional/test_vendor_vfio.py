@@ -227,30 +227,45 @@ def test_a_restart_and_a_reboot_keep_every_guests_vf_and_type(host):
     host.cycle()
     check()
 
-    # A reboot: the types are gone and the guests stopped; B2's
-    # framebuffer went to another VF meanwhile, so B2 cannot take its type
-    # back. Before the first cycle, the types are written back.
-    host.sys.forget_vgpu_types()
-    host.sys.set_current_vgpu_type(host.vfs_b[0], 560)
+    def reboot(boot_id: str) -> None:
+        """The types gone and the guests stopped; the agent starts again:
+        before its first cycle, the types are written back."""
+        host.sys.forget_vgpu_types()
+        for instance in guests:
+            host.agent.driver.power_off(instance)
+        host.agent.driver.boot_id = lambda: boot_id
+        host.agent.manager.tracker.store.close()
+        host.agent.manager = ComputeManager(Tracker(Store(store_path), boot_id),
+                                            host.agent.driver)
+
+    def first_cycles(boot_id: str) -> dict[str, int]:
+        """The start's steps; returns each VF's type before the first cycle."""
+        host.agent._restore_vgpu_types_safely()
+        host.sys.answer_vgpu_type_writes()
+        before_cycle = {vf: current_type(host, vf) for vf in guests.values()}
+        host.cycle()
+        host.agent.reconcile(at_start=True)
+        _, rows, _ = host.agent.manager.tracker.snapshot()
+        assert {a.boot_id for a in rows} == {boot_id}
+        return before_cycle
+
+    reboot("boot-2")
+    assert first_cycles("boot-2") == {a0: 557, a1: 557, b2: 558}
+    assert host.agent.vgpu_types_not_restored == {}
     for instance in guests:
-        host.agent.driver.power_off(instance)
-    host.agent.driver.boot_id = lambda: "boot-2"
-    host.agent.manager.tracker.store.close()
-    host.agent.manager = ComputeManager(Tracker(Store(store_path), "boot-2"),
-                                        host.agent.driver)
-    host.agent._restore_vgpu_types_safely()
-    host.sys.answer_vgpu_type_writes()
-    assert (current_type(host, a0), current_type(host, a1)) == (557, 557)
-    assert current_type(host, b2) == 0
+        host.agent.manager._run_with_store_devices(instance)
+    check()
+
+    # Another reboot, after which B2's framebuffer goes to another VF
+    # before the agent starts: B2 cannot take its type back, which is
+    # named, and its unit stays reserved with the reason.
+    reboot("boot-3")
+    host.sys.set_current_vgpu_type(host.vfs_b[0], 560)
+    assert first_cycles("boot-3") == {a0: 557, a1: 557, b2: 0}
     assert list(host.agent.vgpu_types_not_restored) == [b2]
-    host.cycle()
     held = vgpu_inventory(host, b2)
     assert held["reserved"] == held["total"] == 1
     assert DeviceFault.VGPU_TYPE_NOT_RESTORED.trait in held["traits"]
-
-    host.agent.reconcile(at_start=True)
-    _, rows, _ = host.agent.manager.tracker.snapshot()
-    assert {a.boot_id for a in rows} == {"boot-2"}
     lost = next(i for i, vf in guests.items() if vf == b2)
     for instance in guests:
         if instance == lost:
