@@ -300,7 +300,10 @@ devices_opts = [
 
 mdev_type_opts = [
     cfg.ListOpt("device_addresses", default=[],
-                help="PCI addresses of the GPUs that offer this type."),
+                help="PCI addresses of the GPUs that offer this type. A "
+                "GPU's PF address names every VF of it (NVIDIA's "
+                "vendor-specific VFIO vGPU, or mdevs on VFs); VF addresses "
+                "name those VFs. Empty: every GPU that offers the type."),
     cfg.StrOpt("mdev_class", default="VGPU",
                help="Resource class for this type."),
 ]

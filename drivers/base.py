@@ -68,6 +68,10 @@ class MdevParent:
     types: tuple[MdevType, ...]
     vendor_id: str | None = None
     product_id: str | None = None
+    # A VF in NVIDIA's vendor-specific VFIO layout: no mdev is created on
+    # it; it takes a type when the type's number is written to its
+    # nvidia/current_vgpu_type, and then goes to the guest whole.
+    vendor_vfio: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,10 @@ class DeviceKind(str, enum.Enum):
     PCI = "pci"  # a whole PCI device, as a hostdev
     VF = "vf"  # an SR-IOV VF, as <interface type='hostdev'>
     MDEV = "mdev"  # a mediated device (vGPU), by its UUID
+    # A GPU's VF in NVIDIA's vendor-specific VFIO layout, by its PCI
+    # address: its vGPU type (detail.mdev_type) written to it at claim
+    # time, then passed to the guest as a PCI hostdev.
+    VGPU_VF = "vgpu_vf"
     PMEM = "pmem"  # a persistent-memory namespace, as an nvdimm
     PCPU = "pcpu"  # dedicated host CPUs, pinned
     NUMA = "numa"  # shared CPUs and memory of a NUMA cell
@@ -245,7 +253,7 @@ def device_resources(device: GuestDevice) -> frozenset[HostResource]:
     """What a guest given this device holds exclusively on the host, as
     its live definition names it. Shared CPUs and memory hold nothing."""
     kind = DeviceKind(device.kind)
-    if kind in (DeviceKind.PCI, DeviceKind.VF):
+    if kind in (DeviceKind.PCI, DeviceKind.VF, DeviceKind.VGPU_VF):
         return frozenset({HostResource(HostResourceKind.PCI_ADDRESS, device.device_id)})
     if kind is DeviceKind.MDEV:
         return frozenset({HostResource(HostResourceKind.MDEV_UUID, device.device_id)})

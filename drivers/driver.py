@@ -128,6 +128,20 @@ class ComputeDriver(abc.ABC):
     def remove_mdev(self, mdev_uuid: str) -> None:
         """Remove the mdev if it exists."""
 
+    @abc.abstractmethod
+    def set_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        """Give a VF in NVIDIA's vendor-specific VFIO layout the vGPU type
+        ``type_id`` ("nvidia-557"); nothing to do when it has it. Raises
+        MdevError, the VF left as it was, when it does not take it: not a
+        type it can create now, another type set, or the write refused."""
+
+    @abc.abstractmethod
+    def clear_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        """Remove the VF's vGPU type when it is ``type_id``; nothing to do
+        when it has none or another (not the one given at claim time: left
+        to whoever set it). Raises MdevError when the driver refuses (a
+        guest still holds the VF)."""
+
     def boot_id(self) -> str:
         """Changes at every host boot; claims record it."""
         with open("/proc/sys/kernel/random/boot_id") as f:

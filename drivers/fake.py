@@ -16,6 +16,9 @@ The host is described by a dict, or a JSON or YAML file of the same shape::
         numa_node: 1
         mdev_types: {nvidia-35: {available_instances: 16}}
         mdevs: [{uuid: "…", type: nvidia-35}]
+      - address: "0000:41:00.4"          # a VF in NVIDIA's vendor-specific
+        vendor_vfio: true                # VFIO layout: it takes one of its
+        mdev_types: {nvidia-557: {available_instances: 1}}   # types whole
     pmem_namespaces:
       - {name: ns0, size_bytes: 4294967296, numa_node: 0}
 
@@ -141,7 +144,8 @@ def _gpu(entry: dict, where: str) -> tuple[MdevParent, list[Mdev]]:
                         _hex4(_get(entry, "vendor_id", where, default="10de"),
                               f"{where}.vendor_id"),
                         _hex4(_get(entry, "product_id", where, default="1eb8"),
-                              f"{where}.product_id"))
+                              f"{where}.product_id"),
+                        vendor_vfio=_get(entry, "vendor_vfio", where, bool, False))
     mdevs = [Mdev(_get(m, "uuid", f"{where}.mdevs[{i}]", str),
                   _get(m, "type", f"{where}.mdevs[{i}]", str), address)
              for i, m in enumerate(_get(entry, "mdevs", where, list, []))]
@@ -303,6 +307,8 @@ class FakeDriver(ComputeDriver):
         # Guests someone else defined (add_foreign_guest).
         self.foreign: dict[str, FakeForeignGuest] = {}
         self.created_mdevs: dict[str, tuple[str, str]] = {}
+        # Vendor-specific VFIO VF -> the vGPU type it was given.
+        self.vgpu_types: dict[str, str] = {}
         # Health signals a test set (set_device_health); every other
         # device of the host reads as present and well.
         self._health: dict[str, PciHealthSignals] = {}
@@ -350,13 +356,14 @@ class FakeDriver(ComputeDriver):
             return
         data = json.loads(self.state_file.read_text())
         self.created_mdevs = {u: (p, t) for u, (p, t) in data["created_mdevs"].items()}
+        self.vgpu_types = dict(data.get("vgpu_types", {}))
         self.guests = {u: FakeGuest(parse_fake_definition(g["saved"]),
                                     parse_fake_definition(g["live"]) if g["live"] else None)
                        for u, g in data["guests"].items()}
 
     def _save(self) -> None:
         """Atomically: a change either happened or did not, as libvirt's."""
-        data = {"created_mdevs": self.created_mdevs,
+        data = {"created_mdevs": self.created_mdevs, "vgpu_types": self.vgpu_types,
                 "guests": {u: {"saved": fake_definition(g.saved),
                                "live": fake_definition(g.live) if g.live else None}
                            for u, g in self.guests.items()}}
@@ -385,10 +392,15 @@ class FakeDriver(ComputeDriver):
     def get_host_inventory(self) -> HostInventory:
         with self._held():
             created = dict(self.created_mdevs)
-        if not created:
+            typed = dict(self.vgpu_types)
+        if not created and not typed:
             return self.host
         used = Counter(created.values())
         parents = tuple(
+            # A VF with a type offers that type alone, with no instance left.
+            replace(p, types=tuple(replace(t, available_instances=0) for t in p.types
+                                   if t.id == typed[p.address]))
+            if p.address in typed else
             replace(p, types=tuple(replace(t, available_instances=max(
                 0, t.available_instances - used[(p.address, t.id)])) for t in p.types))
             for p in self.host.mdev_parents)
@@ -409,7 +421,9 @@ class FakeDriver(ComputeDriver):
 
     def _define(self, guest: GuestSpec) -> None:
         for d in guest.devices:
-            if d.detail.mdev_parent:
+            if DeviceKind(d.kind) is DeviceKind.VGPU_VF:
+                self.set_vgpu_type(d.device_id, d.detail.mdev_type or "")
+            elif d.detail.mdev_parent:
                 self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
         with self._held(write=True):
             existing = self.guests.get(guest.instance_uuid)
@@ -531,13 +545,36 @@ class FakeDriver(ComputeDriver):
         with self._held(write=True):
             self.created_mdevs.pop(mdev_uuid, None)
 
+    def set_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        with self._held(write=True):
+            current = self.vgpu_types.get(vf_address)
+            if current == type_id:
+                return
+            parent = next((p for p in self.host.mdev_parents
+                           if p.address == vf_address and p.vendor_vfio), None)
+            if parent is None:
+                raise MdevError(f"{vf_address}: not a VF in NVIDIA's vendor-specific "
+                                "VFIO layout")
+            if current is not None:
+                raise MdevError(f"{vf_address}: has vGPU type {current}, not {type_id}")
+            if not any(t.id == type_id and t.available_instances > 0 for t in parent.types):
+                raise MdevError(f"{vf_address}: cannot create vGPU type {type_id} now")
+            self.vgpu_types[vf_address] = type_id
+
+    def clear_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        with self._held(write=True):
+            if self.vgpu_types.get(vf_address) == type_id:
+                del self.vgpu_types[vf_address]
+
     def boot_id(self) -> str:
         return self.current_boot_id
 
     def reboot(self, boot_id: str) -> None:
-        """What a host reboot does to it: guests stop, created mdevs vanish."""
+        """What a host reboot does to it: guests stop, created mdevs and
+        the VFs' vGPU types vanish."""
         with self._held(write=True):
             self.created_mdevs.clear()
+            self.vgpu_types.clear()
             for g in self.guests.values():
                 g.live = None
             for g in self.foreign.values():

@@ -16,6 +16,7 @@ those links (physfn, virtfnN, driver, iommu_group, mdev_type).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid as uuid_lib
 from dataclasses import dataclass, field
@@ -24,11 +25,14 @@ from xml.sax.saxutils import escape, quoteattr
 
 from compute_common.cpuset import parse_cpu_set
 from compute_common.pci_address import format_address, node_device_name, split_address
+from drivers.errors import MdevError
 
 # Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
 # PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...
 _VF_OFFSET = 0x80
 _NVIDIA_VENDOR = "10de"
+# NVIDIA's vGPU type names: board, framebuffer GB, series ("NVIDIA L40-2Q").
+_VGPU_SIZE = re.compile(r"-(\d+)[A-Z]+$")
 # A namespace's mode by ndctl's name -> the word the kernel's mode file
 # writes, and the kind of device that claims it (its ``holder``).
 _KERNEL_MODES = {"sector": "safe", "fsdax": "memory", "devdax": "dax",
@@ -87,6 +91,23 @@ class _Pci:
     vpd_serial: str | None = None
 
 
+@dataclass
+class _VgpuCard:
+    types: dict[int, str]
+    equal_size: bool
+    framebuffer_gb: int | None
+    current: dict[str, int] = field(default_factory=dict)  # VF -> type id
+
+
+def vgpu_framebuffer_gb(name: str) -> int:
+    """A vGPU type's framebuffer in GB, from NVIDIA's name for it: the
+    number after the board's name, "NVIDIA L40-12Q" -> 12."""
+    match = _VGPU_SIZE.search(name)
+    if match is None:
+        raise ValueError(f"vGPU type name {name!r}: no framebuffer size in it")
+    return int(match.group(1))
+
+
 def vf_address(pf_address: str, index: int) -> str:
     """Where a PF's VFs sit: its routing id + 0x80 + index, carrying into
     the next slot and bus as real SR-IOV devices do."""
@@ -109,6 +130,8 @@ class SysfsBuilder:
         self._holders: dict[tuple[int, str], int] = {}
         self._next_group = 1
         self._npiv_hba: int | None = None
+        # PF address -> its vGPU state, in NVIDIA's vendor-specific layout.
+        self._vgpu_cards: dict[str, _VgpuCard] = {}
 
     # files
 
@@ -230,6 +253,8 @@ class SysfsBuilder:
             self._link(pf_dir / f"virtfn{index}", vf_dir)
             pf.vfs.append(vf)
         self._write(pf_dir / "sriov_numvfs", num_vfs)
+        if pf_address in self._vgpu_cards:
+            self._write_vgpu_files(pf_address)
         return list(pf.vfs)
 
     def remove_device(self, address: str) -> None:
@@ -409,26 +434,97 @@ class SysfsBuilder:
     def add_nvidia_vf_layout(self, pf_address: str, product: str,
                              numa_node: int | None,
                              vgpu_types: dict[int, str],
-                             num_vfs: int = 4) -> list[str]:
+                             num_vfs: int = 4, *, equal_size: bool = False,
+                             framebuffer_gb: int | None = None) -> list[str]:
         """A GPU in NVIDIA's vendor-specific VFIO layout: an SR-IOV PF whose
-        VFs each list ``vgpu_types`` (id -> name) as creatable."""
+        VFs each list the ``vgpu_types`` (id -> name, "NVIDIA L40-2Q": 2 GB
+        of framebuffer) they can create now in
+        ``nvidia/creatable_vgpu_types``, under the header line, and take one
+        when its id is written to ``nvidia/current_vgpu_type``. What the
+        lists say follows the card's state as NVIDIA's vGPU user guide
+        tells: ``equal_size`` (the default mode of these cards) lets every
+        vGPU on the card be of one framebuffer size, so once a VF has a
+        type the other VFs list only that size; in mixed-size mode they
+        list every type that still fits ``framebuffer_gb`` (None: no
+        limit). A VF with a type lists none."""
         vfs = self.add_pf(pf_address, _NVIDIA_VENDOR, product, product,
                           numa_node, total_vfs=num_vfs, num_vfs=num_vfs,
                           driver="nvidia", vf_driver="nvidia",
                           class_id="030200")
-        table = "ID    : vGPU Name\n" + "".join(
-            f"{type_id:<6}: {name}\n"
-            for type_id, name in sorted(vgpu_types.items()))
-        for vf in vfs:
-            nvidia = self.device_dir(vf) / "nvidia"
-            nvidia.mkdir()
-            (nvidia / "creatable_vgpu_types").write_text(table)
-            self._write(nvidia / "current_vgpu_type", 0)
+        self._vgpu_cards[pf_address] = _VgpuCard(
+            dict(vgpu_types), equal_size, framebuffer_gb)
+        self._write_vgpu_files(pf_address)
         return vfs
 
     def set_current_vgpu_type(self, vf_address: str, type_id: int) -> None:
-        self._write(self.device_dir(vf_address) / "nvidia" /
-                    "current_vgpu_type", type_id)
+        """What the NVIDIA driver does with ``type_id`` written to the VF's
+        current_vgpu_type: 0 removes its type; another id gives it that
+        type when the VF lists it as creatable now. Raises
+        MdevError, changing nothing, as the driver fails the write."""
+        pf = self._pci[vf_address].physfn
+        card = self._vgpu_cards[pf]
+        current = card.current.get(vf_address, 0)
+        if type_id == current:
+            return
+        if type_id and (current or type_id not in self._creatable(pf, vf_address)):
+            raise MdevError(
+                f"{vf_address}: vGPU type {type_id} is not creatable now "
+                f"(current_vgpu_type {current})")
+        if type_id:
+            card.current[vf_address] = type_id
+        else:
+            card.current.pop(vf_address, None)
+        self._write_vgpu_files(pf)
+
+    def answer_vgpu_type_writes(self) -> None:
+        """Do what the NVIDIA driver does within the writes a driver makes
+        to current_vgpu_type, which nothing in this tree reacts to: each
+        VF's file read back and taken as written; a write the driver
+        would have refused is undone (the file says the type before it)."""
+        for pf, card in self._vgpu_cards.items():
+            # All read before any is answered: answering rewrites the
+            # card's files. Types removed first, as they free room.
+            written = {vf: int((self.device_dir(vf) / "nvidia" /
+                                "current_vgpu_type").read_text().strip() or 0)
+                       for vf in self._pci[pf].vfs}
+            for vf, type_id in sorted(written.items(), key=lambda w: w[1] != 0):
+                try:
+                    self.set_current_vgpu_type(vf, type_id)
+                except MdevError:
+                    pass  # refused: the file says the type before it
+            self._write_vgpu_files(pf)
+
+    def forget_vgpu_types(self) -> None:
+        """What a host reboot does to the vGPU types: every VF without."""
+        for pf, card in self._vgpu_cards.items():
+            card.current.clear()
+            self._write_vgpu_files(pf)
+
+    def _creatable(self, pf: str, vf: str) -> list[int]:
+        card = self._vgpu_cards[pf]
+        if vf in card.current:
+            return []
+        in_use = [vgpu_framebuffer_gb(card.types[t]) for t in card.current.values()]
+        free_gb = (None if card.framebuffer_gb is None
+                   else card.framebuffer_gb - sum(in_use))
+        return [t for t, name in sorted(card.types.items())
+                if (not card.equal_size or not in_use
+                    or vgpu_framebuffer_gb(name) == in_use[0])
+                and (free_gb is None or vgpu_framebuffer_gb(name) <= free_gb)]
+
+    def _write_vgpu_files(self, pf: str) -> None:
+        card = self._vgpu_cards[pf]
+        # A VF removed (sriov_numvfs lowered) takes its type with it.
+        card.current = {v: t for v, t in card.current.items()
+                        if v in self._pci[pf].vfs}
+        for vf in self._pci[pf].vfs:
+            nvidia = self.device_dir(vf) / "nvidia"
+            nvidia.mkdir(exist_ok=True)
+            (nvidia / "creatable_vgpu_types").write_text(
+                "ID    : vGPU Name\n" + "".join(
+                    f"{t:<6}: {card.types[t]}\n"
+                    for t in self._creatable(pf, vf)))
+            self._write(nvidia / "current_vgpu_type", card.current.get(vf, 0))
 
     # nvdimm
 

@@ -139,8 +139,9 @@ def device_identity(kind: DeviceKind, device_id: str) -> tuple[str, str]:
     """What makes a device one device on this host, whatever provider or
     class it was claimed under (a NIC whose class changed, a device whose
     provider moved with the tree mode): its PCI address, whole device or
-    VF alike; its mdev UUID; its namespace; its CPU number."""
-    return ("pci" if kind in (DeviceKind.PCI, DeviceKind.VF) else kind.value, device_id)
+    VF alike (a vGPU VF too); its mdev UUID; its namespace; its CPU number."""
+    return ("pci" if kind in (DeviceKind.PCI, DeviceKind.VF, DeviceKind.VGPU_VF)
+            else kind.value, device_id)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from agent.tree.device_spec import DeviceSpec
 from drivers.base import (DeviceKind, GuestDevice, GuestSpec, GuestState, MigrationFailure,
                           device_resources)
 from drivers.driver import ComputeDriver
-from drivers.errors import DriverUnavailable, InvalidMigrationTarget, LiveMigrationError
+from drivers.errors import DriverUnavailable, InvalidMigrationTarget, LiveMigrationError, MdevError
 from drivers.migration import ClaimedDevice, LiveMigrationTarget, pair_devices
 
 LOG = logging.getLogger(__name__)
@@ -197,6 +197,49 @@ class ComputeManager:
             for a in released:
                 if a.kind is DeviceKind.MDEV:
                     self.driver.remove_mdev(a.device_id)
+        self._clear_vgpu_types(released)
+
+    def _take_vgpu_types(self, devices) -> None:
+        """Each claimed vGPU VF (``devices``: assignments or guest devices)
+        given its type now, before the claim is answered: a VF the driver
+        refuses fails the claim, whose caller gives it back."""
+        for d in devices:
+            if d.kind is DeviceKind.VGPU_VF:
+                self.driver.set_vgpu_type(d.device_id, d.detail.mdev_type or "")
+
+    def _clear_vgpu_types(self, released) -> None:
+        """A vGPU VF given back loses the type it was claimed with once no
+        live assignment holds it (0 written; remove_released_mdevs does not
+        apply: a type kept would narrow what its siblings can create); a
+        VF with another type (a claim its driver refused) is left as it
+        is. A refusal is logged: the VF then stays typed, and a claim of
+        another type on it fails cleanly."""
+        for a in released:
+            if a.kind is not DeviceKind.VGPU_VF or self.tracker.holds(a.kind, a.device_id):
+                continue
+            try:
+                self.driver.clear_vgpu_type(a.device_id, a.detail.mdev_type or "")
+            except (MdevError, DriverUnavailable) as e:
+                LOG.warning("vGPU VF %s given back keeps its type: %s", a.device_id, e)
+
+    def _claimed_by_move(self, m: Migration) -> list[Assignment]:
+        """The devices a move claimed here for its instance; none once the
+        instance is gone from this host (a retried revert)."""
+        if not self.tracker.knows(m.instance_uuid):
+            return []
+        return self._migration_rows(m, Owner.INSTANCE)
+
+    def _give_back_refused_move(self, migration_uuid: str) -> None:
+        """A move's claim whose vGPU VFs did not all take their types,
+        given back whole: the store as before, the VFs written so far
+        cleared."""
+        m = self.tracker.migration(migration_uuid)
+        claimed = self._claimed_by_move(m)
+        if m.role is MigrationRole.DESTINATION and m.state is MigrationState.ACTIVE:
+            self.tracker.withdraw_move(m.uuid)
+        else:
+            self.tracker.revert_move(m.uuid)
+        self._clear_vgpu_types(claimed)
 
     def _move(self, migration_uuid, instance_uuid, roles: tuple[MigrationRole, ...],
               kinds: tuple[MoveKind, ...] = tuple(MoveKind)) -> Migration:
@@ -274,6 +317,11 @@ class ComputeManager:
         self.read_guests()
         rows = self.tracker.claim_move(MoveKind.RESIZE, migration_uuid, instance_uuid,
                                        spec, allocations)
+        try:
+            self._take_vgpu_types(rows)
+        except Exception:
+            self._give_back_refused_move(migration_uuid)
+            raise
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def resize_instance(self, migration_uuid, instance_uuid) -> dict:
@@ -320,7 +368,9 @@ class ComputeManager:
     def _revert(self, m: Migration) -> dict:
         if m.role is MigrationRole.DESTINATION:
             self.driver.destroy(m.instance_uuid)
+            claimed = self._claimed_by_move(m)
             self._release_devices(self.tracker.revert_move(m.uuid))
+            self._clear_vgpu_types(claimed)
             return {"migration_uuid": m.uuid, "instance": None}
         if m.state not in (MigrationState.CONFIRMED, MigrationState.REVERTED):
             new = self._migration_rows(m, Owner.INSTANCE)
@@ -328,7 +378,9 @@ class ComputeManager:
                 self.driver.power_off(m.instance_uuid)
                 # Read again: a guest still on them keeps them.
                 self._check_not_in_use(m.instance_uuid, new)
+        claimed = self._claimed_by_move(m)
         self.tracker.revert_move(m.uuid)
+        self._clear_vgpu_types(claimed)
         self._run_with_store_devices(m.instance_uuid)
         return {"migration_uuid": m.uuid, "instance": self.get_instance(m.instance_uuid)}
 
@@ -436,6 +488,7 @@ class ComputeManager:
         refusals = self._pci_refusals("destination", devices)
         if refusals:
             raise LiveMigrationRefused(instance_uuid, MigrationRole.DESTINATION, refusals)
+        self._take_vgpu_types(devices)
         mdevs = [d for d in devices if d.kind is DeviceKind.MDEV]
         if not mdevs:
             return
@@ -455,10 +508,13 @@ class ComputeManager:
         """The destination's claim released, and the mdevs made for it
         removed; the guest never ran here. ``withdraw``: the claim was made
         by the call now refused, which leaves no record of it."""
+        m = self.tracker.migration(migration_uuid)
+        claimed = self._claimed_by_move(m)
         if withdraw:
             self.tracker.withdraw_move(migration_uuid)
         else:
             self.tracker.revert_move(migration_uuid)
+        self._clear_vgpu_types(claimed)
         with self._lock:
             created = self._created_mdevs.pop(migration_uuid, [])
         for mdev in created:
@@ -645,6 +701,11 @@ class ComputeManager:
         self.read_guests()
         rows = self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid,
                                        instance_uuid, spec, allocations)
+        try:
+            self._take_vgpu_types(rows)
+        except Exception:
+            self._give_back_refused_move(migration_uuid)
+            raise
         return {"migration_uuid": migration_uuid, "instance_uuid": instance_uuid,
                 "accepted": True, "assignments": describe(rows)}
 

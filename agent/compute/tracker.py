@@ -705,6 +705,11 @@ class Tracker:
                 out[(a.resource_class, a.state.value)] += a.amount
         return dict(out)
 
+    def holds(self, kind: DeviceKind, device_id: str) -> bool:
+        """Whether a live assignment holds the device."""
+        with self._lock:
+            return self._held.is_held(kind, device_id)
+
     def take_touched_providers(self) -> set[str]:
         """The providers whose assignments changed since the last call."""
         with self._lock:

@@ -20,6 +20,7 @@ from agent.cleaning.run import Cleaner
 from agent.compute.manager import ComputeManager
 from agent.compute.reconcile import Report, reconcile
 from agent.compute.tracker import Tracker
+from agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
 from agent.daemon import cycle_record
 from agent.daemon.errors import AnotherAgentServesHost, RecordUnreadable
 from agent.daemon.one_agent_check import PlacementCheck
@@ -31,6 +32,7 @@ from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
 from agent.heal.hold import UnhealedHold
 from agent.heal.realign import DeviceIndex
 from agent.heal.run import align_store, run_heal
+from agent.health.rules import hold_vgpu_vfs_not_restored
 from agent.health.watch import HealthWatch
 from agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from agent.moves.evacuation import evacuation_migration_uuid
@@ -48,7 +50,7 @@ from agent.store.store import (STORE_FILE, Store, create_filled, inspect_store,
 from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
 from agent.tree.policy import tree_policy_from_conf
 from agent.tree.provider_tree import Provider, ProviderTree
-from drivers.base import ForeignGuest, HostInventory
+from drivers.base import DeviceKind, ForeignGuest, HostInventory
 from drivers.driver import ComputeDriver
 from drivers.errors import DriverUnavailable, InvalidHostData
 
@@ -279,6 +281,8 @@ class Agent:
         self.policy = policy
         self.sync = sync
         self.manager = manager
+        # vGPU VFs whose type was not written back after a reboot -> why.
+        self.vgpu_types_not_restored: dict[str, str] = {}
         self.settings = settings
         # The wall-clock time now, for the grace periods reconcile measures
         # (the store's change times are wall-clock).
@@ -379,11 +383,20 @@ class Agent:
         devices found unhealthy taken out of scheduling. Every reader that
         compares with Placement (a cycle, heal, manage tree) builds it
         here, so none takes the agent's own health marks for drift, nor
-        its used one-time-use devices' (agent/cleaning/rules.py)."""
+        its VFs whose vGPU type is not back after a reboot, nor its used
+        one-time-use devices' (agent/cleaning/rules.py)."""
         built = self.health.apply(build_tree(inventory, self.policy), inventory)
         if self.manager is None:
             return built
-        return apply_uses(built, self.manager.tracker.device_uses())
+        tracker = self.manager.tracker
+        if self.vgpu_types_not_restored:
+            typed = frozenset(p.address for p in inventory.mdev_parents if p.vendor_vfio
+                              and any(t.available_instances == 0 for t in p.types))
+            self.vgpu_types_not_restored = still_not_restored(
+                self.vgpu_types_not_restored, typed,
+                lambda vf: tracker.holds(DeviceKind.VGPU_VF, vf))
+            built = hold_vgpu_vfs_not_restored(built, inventory, self.vgpu_types_not_restored)
+        return apply_uses(built, tracker.device_uses())
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -750,6 +763,17 @@ class Agent:
         except Exception:  # start-up must outlive any bug here
             LOG.exception("Aligning the store with Placement failed")
 
+    def _restore_vgpu_types_safely(self) -> None:
+        """Before the first cycle and before any claim: the vGPU VFs'
+        types a reboot cleared written back from the store."""
+        if self.manager is None:
+            return
+        try:
+            self.vgpu_types_not_restored = restore_vgpu_types_after_reboot(
+                self.manager, self.driver.boot_id())
+        except Exception:  # start-up must outlive any bug here
+            LOG.exception("Restoring the vGPU VFs' types failed")
+
     def start(self, watchdog: Watchdog | None = None) -> None:
         """Serve metrics (when [metrics] listen is set: a ConfigError when
         it cannot be bound), connect, run a first cycle, align the store
@@ -761,6 +785,7 @@ class Agent:
                 "/healthz": lambda: liveness(self.probe_facts()),
                 "/readyz": lambda: readiness(self.probe_facts())})
         self.driver.init_host()
+        self._restore_vgpu_types_safely()
         if self.settings.heal_on_startup:
             self._heal_safely()
         self.observe_broker()

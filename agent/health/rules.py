@@ -64,6 +64,9 @@ class DeviceFault(str, enum.Enum):
     AER_CORRECTABLE = "aer_correctable"
     VF_COUNT = "vf_count"
     LINK_DOWN = "link_down"
+    # A vGPU VF whose type the agent could not write back after a host
+    # reboot (agent/compute/vgpu_types.py): its guest cannot start on it.
+    VGPU_TYPE_NOT_RESTORED = "vgpu_type_not_restored"
 
     @property
     def trait(self) -> str:
@@ -214,6 +217,8 @@ def pool_devices(pool: Pool, pf_of: Mapping[str, str]) -> PoolDevices:
     if pool.kind is DeviceKind.VF:
         return PoolDevices(whole=frozenset(pf_of[v] for v in slots if v in pf_of),
                            units=slots)
+    if pool.kind is DeviceKind.VGPU_VF:
+        return PoolDevices(whole=slots | frozenset(pf_of[v] for v in slots if v in pf_of))
     if pool.kind is DeviceKind.MDEV and pool.mdev_parent:
         parent = pool.mdev_parent
         return PoolDevices(whole=frozenset({parent} | ({pf_of[parent]}
@@ -234,6 +239,16 @@ def watched_devices(built: BuiltTree, inv: HostInventory) -> frozenset[str]:
         devices = pool_devices(pool, pf_of)
         out |= devices.whole | devices.units
     return frozenset(out)
+
+
+def hold_vgpu_vfs_not_restored(built: BuiltTree, inv: HostInventory,
+                               not_restored: Mapping[str, str]) -> BuiltTree:
+    """``built`` with each vGPU VF whose type was not written back after a
+    reboot (VF -> why) reserved and marked with the reason, as a bad
+    device is."""
+    return apply_health(built, inv, {
+        vf: DeviceVerdict(vf, frozenset({DeviceFault.VGPU_TYPE_NOT_RESTORED}), (why,))
+        for vf, why in not_restored.items()})
 
 
 def apply_health(built: BuiltTree, inv: HostInventory,

@@ -65,12 +65,14 @@ def mdev_refusals(destination_devices: Iterable[GuestDevice],
 
 
 def mdev_type_refusals(target: LiveMigrationTarget) -> list[str]:
-    """Moves that would put an mdev's state into an mdev of another type (or
-    of a type not known on either side): its vendor driver cannot read it."""
-    return [f"mdev {m.source.device_id} (assignment {m.source.assignment_id}) of type "
-            f"{m.source.detail.mdev_type} cannot migrate into the destination's "
-            f"{m.destination.device_id} of type {m.destination.detail.mdev_type}"
+    """Moves that would put an mdev's (or a vGPU VF's) state into one of
+    another type (or of a type not known on either side): its vendor
+    driver cannot read it."""
+    return [f"{m.source.kind.value} {m.source.device_id} (assignment "
+            f"{m.source.assignment_id}) of type {m.source.detail.mdev_type} cannot "
+            f"migrate into the destination's {m.destination.device_id} of type "
+            f"{m.destination.detail.mdev_type}"
             for m in target.moves
-            if m.source.kind is DeviceKind.MDEV
+            if m.source.kind in (DeviceKind.MDEV, DeviceKind.VGPU_VF)
             and (m.source.detail.mdev_type is None
                  or m.source.detail.mdev_type != m.destination.detail.mdev_type)]

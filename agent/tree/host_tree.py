@@ -178,6 +178,8 @@ class _Builder:
         self.allowlisted = {d.address: s for d in inv.pci_devices
                             if (s := first_match(policy.device_specs, d)) is not None}
         self.one_time_use = {a: s for a, s in self.allowlisted.items() if s.one_time_use}
+        self.pf_of = {d.address: d.parent_address for d in inv.pci_devices
+                      if d.parent_address}
 
     def add(self, name: str, parent: Provider, inventories=None,
             traits=frozenset()) -> Provider:
@@ -337,45 +339,40 @@ class _Builder:
 
     def mdev_policy_for(self, parent: MdevParent) -> MdevTypePolicy | None:
         offered = {t.id for t in parent.types}
-        for tp in self.policy.mdev_types:
-            if tp.type_id in offered and (tp.addresses is None
-                                          or parent.address in tp.addresses):
-                return tp
-        return None
+        return next((tp for tp in self.naming(parent) if tp.type_id in offered), None)
+
+    def naming(self, parent: MdevParent) -> list[MdevTypePolicy]:
+        """The enabled types whose device_addresses take this GPU: all of
+        them, its own address, or (for a VF) its PF's, which names every
+        VF of the GPU. In the config's order."""
+        pf = self.pf_of.get(parent.address)
+        return [tp for tp in self.policy.mdev_types
+                if tp.addresses is None or parent.address in tp.addresses
+                or (pf is not None and pf in tp.addresses)]
 
     def vf_vgpus(self, parent: MdevParent, mdev_type: MdevType) -> int:
-        """How many vGPUs of ``mdev_type`` a GPU's SR-IOV VF accounts for:
-        a VF hosts at most one vGPU, so 0 or 1.
-
-        It holds one when an mdev of the type sits on it. In NVIDIA's
-        vendor-specific VFIO layout no mdev exists: the VF itself becomes
-        the vGPU once its current_vgpu_type is set, and the driver then
-        reports that type as the VF's only type, with no instance left. That
-        is one used instance, which must stay in the total (a VF that can
-        no longer create anything would otherwise drop out of the tree while
-        an instance uses it)."""
+        """How many vGPUs of ``mdev_type`` a GPU's SR-IOV VF with mdevs
+        accounts for: a VF hosts at most one vGPU, so 0 or 1. It holds one
+        when an mdev of the type sits on it."""
         on_vf = [m for m in self.inv.mdevs
                  if m.parent_address == parent.address]
         if any(m.type_id == mdev_type.id for m in on_vf):
             return 1
         if on_vf:
             return 0  # it holds a vGPU of another type
-        if mdev_type.available_instances > 0:
-            return 1
-        return 1 if parent.types == (mdev_type,) else 0
+        return 1 if mdev_type.available_instances > 0 else 0
 
     def build_vgpu(self) -> None:
         vfs = {d.address for d in self.inv.pci_devices
                if d.kind is PciKind.VF}
         for parent in sorted(self.inv.mdev_parents, key=lambda g: g.address):
+            if parent.vendor_vfio:
+                self.build_vgpu_vf(parent)
+                continue
             tp = self.mdev_policy_for(parent)
             if tp is None:
                 continue
-            if parent.address in self.allowlisted:
-                raise ConfigError(
-                    f"GPU {parent.address} is both in [pci] device_spec and in "
-                    f"[mdev_{tp.type_id}]; a device is passed through whole "
-                    "or split into mdevs, not both")
+            self.check_not_allowlisted(parent, tp)
             mdev_type = next(t for t in parent.types if t.id == tp.type_id)
             existing = sorted(m.uuid for m in self.inv.mdevs
                               if m.parent_address == parent.address
@@ -394,6 +391,31 @@ class _Builder:
                      self.parent_for(parent.numa_node, parent.address),
                      {tp.resource_class: inventory(total)},
                      frozenset({mdev_type_trait(tp.type_id)}))
+
+    def check_not_allowlisted(self, parent: MdevParent, tp: MdevTypePolicy) -> None:
+        if parent.address in self.allowlisted:
+            raise ConfigError(
+                f"GPU {parent.address} is both in [pci] device_spec and in "
+                f"[mdev_{tp.type_id}]; a device is passed through whole "
+                "or split into mdevs, not both")
+
+    def build_vgpu_vf(self, parent: MdevParent) -> None:
+        """A VF in NVIDIA's vendor-specific VFIO layout: one provider with
+        one unit, of the one type vgpu_vf_offer gives it, the VF itself
+        its slot (it takes the type at claim time and goes to the guest
+        whole); reserved while it can create no enabled type."""
+        offer = vgpu_vf_offer(parent, self.naming(parent))
+        if offer is None:
+            return
+        tp, creatable = offer
+        self.check_not_allowlisted(parent, tp)
+        name = gpu_provider_name(self.policy.host, parent.address)
+        self.pools.append(Pool(name, tp.resource_class, DeviceKind.VGPU_VF, 1,
+                               (Slot(parent.address, parent.numa_node),),
+                               parent.numa_node, mdev_type=tp.type_id))
+        self.add(name, self.parent_for(parent.numa_node, parent.address),
+                 {tp.resource_class: inventory(1, reserved=0 if creatable else 1)},
+                 frozenset({mdev_type_trait(tp.type_id)}))
 
     # --- vPMEM ----------------------------------------------------------
 
@@ -425,6 +447,33 @@ class _Builder:
                                    tuple(slots), cell))
             self.add(name, self.parent_for(cell, f"pmem {label}"),
                      {rc: inventory(len(slots))})
+
+
+def vgpu_vf_offer(vf: MdevParent, naming: list[MdevTypePolicy]
+                  ) -> tuple[MdevTypePolicy, bool] | None:
+    """The one enabled type a VF of NVIDIA's vendor-specific layout is
+    offered as, and whether it can take it now; ``naming``: the enabled
+    types whose device_addresses take the VF, in the config's order.
+
+    One type per VF, one unit: Placement then holds each VF once,
+    whatever classes the types have, and can never hand one VF out
+    for two types (a VF that could create two would otherwise count
+    twice). A VF holding a type is offered as that type (not ours when
+    that type is not enabled); a free one as the first type in the
+    config's order that it lists as creatable now; one that lists none
+    (a sibling took another size on an equal-size card, or the
+    framebuffer is spent) stays, as the first type naming it, with its
+    unit reserved until it can create one again. None when no enabled
+    type names it."""
+    if not naming:
+        return None
+    held = [t for t in vf.types if t.available_instances == 0]
+    if held:
+        tp = next((tp for tp in naming if tp.type_id == held[0].id), None)
+        return None if tp is None else (tp, True)
+    creatable = {t.id for t in vf.types}
+    tp = next((tp for tp in naming if tp.type_id in creatable), None)
+    return (naming[0], False) if tp is None else (tp, True)
 
 
 def build_tree(inv: HostInventory, policy: TreePolicy) -> BuiltTree:

@@ -15,10 +15,11 @@ from urllib.parse import urlsplit
 
 import libvirt
 
-from drivers.base import (ForeignGuest, GuestHolding, GuestSpec, GuestState, HostInventory, Mdev,
-                          MdevParent, MigrationFailure, PciDevice, PciHealthSignals, PciKind)
+from drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
+                          HostInventory, Mdev, MdevParent, MigrationFailure, PciDevice,
+                          PciHealthSignals, PciKind)
 from drivers.driver import ComputeDriver
-from drivers.errors import InvalidHostData, LiveMigrationError, MigrationXmlError
+from drivers.errors import InvalidHostData, LiveMigrationError, MdevError, MigrationXmlError
 from drivers.libvirt import capabilities, nodedev, pmem
 from drivers.libvirt.connection import Connection, is_connection_error
 from drivers.libvirt.guest_xml import parse_guest
@@ -27,6 +28,7 @@ from drivers.libvirt.host_cpu import HostCpuFeatures
 from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.migration_xml import rewrite_for_destination
 from drivers.libvirt.sysfs import SysfsReader
+from drivers.libvirt.vendor_vfio import VgpuTypeWriter
 from drivers.migration import LiveMigrationTarget
 from drivers.warnings_once import WarningsOnce
 
@@ -71,6 +73,7 @@ class LibvirtDriver(ComputeDriver):
         self._cpu_features = HostCpuFeatures(self._conn)
         self._guests = GuestManager(self._conn, MdevSysfs(conf.sysfs_root),
                                     conf.libvirt.virt_type)
+        self._vgpu_types = VgpuTypeWriter(self._sysfs)
 
     def init_host(self) -> None:
         self._conn.call(lambda conn: conn.getLibVersion())
@@ -94,10 +97,23 @@ class LibvirtDriver(ComputeDriver):
     # Guests are the GuestManager's business; these only satisfy the
     # driver interface.
     def spawn(self, guest: GuestSpec) -> None:
+        self._take_vgpu_types(guest)
         self._guests.spawn(guest)
 
     def update_guest(self, guest: GuestSpec) -> None:
+        self._take_vgpu_types(guest)
         self._guests.update_guest(guest)
+
+    def _take_vgpu_types(self, guest: GuestSpec) -> None:
+        """Each vGPU VF of the guest given its type before the guest is
+        defined on it (again after a host reboot, which clears them)."""
+        for device in guest.devices:
+            if DeviceKind(device.kind) is not DeviceKind.VGPU_VF:
+                continue
+            if not device.detail.mdev_type:
+                raise MdevError(f"{guest.instance_uuid}: vGPU VF {device.device_id} "
+                                "has no vGPU type recorded")
+            self.set_vgpu_type(device.device_id, device.detail.mdev_type)
 
     def destroy(self, instance_uuid: str) -> None:
         self._guests.destroy(instance_uuid)
@@ -130,6 +146,21 @@ class LibvirtDriver(ComputeDriver):
 
     def remove_mdev(self, mdev_uuid: str) -> None:
         self._guests.remove_mdev(mdev_uuid)
+
+    def set_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        if self._vgpu_types.set(vf_address, type_id):
+            self._vgpu_types_changed()
+
+    def clear_vgpu_type(self, vf_address: str, type_id: str) -> None:
+        if self._vgpu_types.clear(vf_address, type_id):
+            self._vgpu_types_changed()
+
+    def _vgpu_types_changed(self) -> None:
+        """A VF took or gave back a type: what its siblings can create
+        changed with it, and no event says so. The agent is told, as of a
+        device event, so that it reads the lists again now."""
+        for listener in list(self._listeners):
+            listener()
 
     def live_migrate(self, instance_uuid: str, dest_uri: str,
                      target: LiveMigrationTarget) -> None:
@@ -297,11 +328,13 @@ class LibvirtDriver(ComputeDriver):
                 old = types.get(fresh.id)
                 types[fresh.id] = fresh if old is None else replace(
                     fresh, name=fresh.name or old.name)
-            if types:
+            # A vendor-VFIO VF that can create nothing now is still one.
+            vendor_vfio = self._sysfs.vendor_vfio(pci.address)
+            if types or vendor_vfio:
                 parents.append(MdevParent(
                     pci.address, pci.numa_node,
                     tuple(types[i] for i in sorted(types)),
-                    pci.vendor_id, pci.product_id))
+                    pci.vendor_id, pci.product_id, vendor_vfio=vendor_vfio))
         return tuple(parents), warnings
 
     def _mdevs(self, parsed: list[nodedev.NodeDevice]

@@ -114,6 +114,13 @@ def build_domain_xml(spec: GuestSpec, domain_type: str = "kvm", *,
         hostdev = etree.SubElement(devices, "hostdev", mode="subsystem",
                                    type="pci", managed="yes")
         _pci_source(hostdev, device, with_type=False)
+    for device in by_kind[DeviceKind.VGPU_VF]:
+        # NVIDIA's vendor-specific VFIO: the VF stays bound to the nvidia
+        # driver, which is its VFIO driver; libvirt must not rebind it
+        # to vfio-pci, so it is not managed.
+        hostdev = etree.SubElement(devices, "hostdev", mode="subsystem",
+                                   type="pci", managed="no")
+        _pci_source(hostdev, device, with_type=False)
     for device in by_kind[DeviceKind.VF]:
         # An SR-IOV VF as a NIC, so libvirt sets its MAC (and VLAN) on the
         # PF before handing it over, which a plain hostdev does not.

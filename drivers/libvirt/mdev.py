@@ -39,7 +39,7 @@ class MdevSysfs:
                             f"({type_dir} is missing)")
         path = os.path.join(type_dir, "create")
         try:
-            _write(path, mdev_uuid)
+            write_attribute(path, mdev_uuid)
         except OSError as exc:
             # The kernel answers EEXIST when another caller won the race.
             if exc.errno == errno.EEXIST:
@@ -55,7 +55,7 @@ class MdevSysfs:
             return
         path = os.path.join(self._device_dir(mdev_uuid), "remove")
         try:
-            _write(path, "1")
+            write_attribute(path, "1")
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return  # removed between our check and the write
@@ -98,7 +98,7 @@ def _component(name: str, what: str) -> str:
     return name
 
 
-def _write(path: str, text: str) -> None:
+def write_attribute(path: str, text: str) -> None:
     # "w" creates the file in a fake tree; sysfs attributes already exist.
     with open(path, "w", encoding="ascii") as f:
         f.write(text)

@@ -78,8 +78,8 @@ def rewrite_for_destination(source_xml: str, target: LiveMigrationTarget) -> str
     for move in target.moves:
         _check_kinds(move)
     _rewrite_metadata(root, target)
-    pci = _Used("PCI device", _pairs(target.moves, (DeviceKind.PCI, DeviceKind.VF),
-                                     _pci_id))
+    pci = _Used("PCI device", _pairs(target.moves, (DeviceKind.PCI, DeviceKind.VF,
+                                                    DeviceKind.VGPU_VF), _pci_id))
     mdevs = _Used("mdev", _pairs(target.moves, (DeviceKind.MDEV,), _mdev_id))
     paths = _Used("nvdimm backing path",
                   _pairs(target.moves, (DeviceKind.PMEM,), _backing_path))

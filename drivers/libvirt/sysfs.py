@@ -47,6 +47,35 @@ def parse_aer_total(text: str, device: str, file: str) -> int:
     raise InvalidHostData(device, file, f"no {key} line", text)
 
 
+def nvidia_type_id(number: int) -> str:
+    """The name the agent gives a vGPU type of NVIDIA's vendor-specific
+    layout, as nova names mdev types: 557 -> "nvidia-557"."""
+    return f"{_NVIDIA_TYPE_PREFIX}{number}"
+
+
+def nvidia_type_number(type_id: str) -> int | None:
+    """The number current_vgpu_type takes for a type id: "nvidia-557" ->
+    557; None for a name of another form."""
+    number = type_id.removeprefix(_NVIDIA_TYPE_PREFIX)
+    if type_id == number or not number.isdigit() or number.startswith("0"):
+        return None
+    return int(number)
+
+
+def parse_creatable_vgpu_types(table: str, address: str) -> dict[int, str]:
+    """creatable_vgpu_types: a header line ("ID    : vGPU Name"), then one
+    "<ID> : <name>" line per type the VF can create now."""
+    names: dict[int, str] = {}
+    for line in table.splitlines():
+        match = _VGPU_LINE.match(line)
+        if match:
+            names[int(match.group(1))] = match.group(2)
+        elif line.strip() and not line.lstrip().startswith("ID"):
+            raise InvalidHostData(address, "nvidia/creatable_vgpu_types",
+                                  "not an 'ID : name' line", line)
+    return names
+
+
 class SysfsReader:
     def __init__(self, root: str) -> None:
         self.root = root
@@ -341,25 +370,36 @@ class SysfsReader:
                       ) -> tuple[MdevType, ...]:
         """A VF in the vendor-specific layout hosts at most one vGPU: it
         offers each creatable type once while current_vgpu_type is 0."""
-        table = self._read(os.path.join(nvidia_dir, "creatable_vgpu_types"),
-                           address, "nvidia/creatable_vgpu_types")
-        current = parse_int(
-            self._read(os.path.join(nvidia_dir, "current_vgpu_type"),
-                       address, "nvidia/current_vgpu_type"),
-            address, "nvidia/current_vgpu_type")
-        names: dict[int, str] = {}
-        for line in table.splitlines():
-            match = _VGPU_LINE.match(line)
-            if match:
-                names[int(match.group(1))] = match.group(2)
-            elif line.strip() and not line.lstrip().startswith("ID"):
-                raise InvalidHostData(address, "nvidia/creatable_vgpu_types",
-                                      "not an 'ID : name' line", line)
+        names = parse_creatable_vgpu_types(
+            self._read(os.path.join(nvidia_dir, "creatable_vgpu_types"),
+                       address, "nvidia/creatable_vgpu_types"), address)
+        current = self.current_vgpu_type(address)
         if current:
-            return (MdevType(f"{_NVIDIA_TYPE_PREFIX}{current}", 0,
-                             names.get(current)),)
-        return tuple(MdevType(f"{_NVIDIA_TYPE_PREFIX}{type_id}", 1, name)
+            return (MdevType(nvidia_type_id(current), 0, names.get(current)),)
+        return tuple(MdevType(nvidia_type_id(type_id), 1, name)
                      for type_id, name in sorted(names.items()))
+
+    def nvidia_dir(self, address: str) -> str:
+        """A VF's directory of NVIDIA's vendor-specific VFIO files."""
+        return self._path("bus", "pci", "devices", address, "nvidia")
+
+    def vendor_vfio(self, address: str) -> bool:
+        """Whether the device is a VF in NVIDIA's vendor-specific layout."""
+        return os.path.isdir(self.nvidia_dir(address))
+
+    def current_vgpu_type(self, address: str) -> int:
+        """The number in a VF's current_vgpu_type: 0 when it has none."""
+        field = "nvidia/current_vgpu_type"
+        return parse_int(self._read(os.path.join(self.nvidia_dir(address),
+                                                 "current_vgpu_type"),
+                                    address, field), address, field)
+
+    def creatable_vgpu_types(self, address: str) -> dict[int, str]:
+        """The types a VF can take now, by number, as its driver lists
+        them at this moment."""
+        return parse_creatable_vgpu_types(self._read(
+            os.path.join(self.nvidia_dir(address), "creatable_vgpu_types"),
+            address, "nvidia/creatable_vgpu_types"), address)
 
     def mdevs(self) -> tuple[list[Mdev], list[str]]:
         base = self._path("bus", "mdev", "devices")

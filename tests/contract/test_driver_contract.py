@@ -40,6 +40,10 @@ from tests.functional.nova_host import nova_domain_xml
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"
 MDEV_TYPE = "nvidia-35"
+# A GPU in NVIDIA's vendor-specific VFIO layout, and its first VF.
+VGPU_PF = "0000:41:00.0"
+VGPU_VF = "0000:41:10.0"
+VGPU_TYPES = {557: "NVIDIA L40-12Q", 558: "NVIDIA L40-24Q"}
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Subject:
     # What the host's kernel does after the driver writes to sysfs: a fake
     # tree does nothing by itself.
     kernel: Callable[[], None] = lambda: None
+    # A vendor-specific VFIO VF and two types it lists.
+    vgpu_vf: tuple[str, tuple[str, str]] = (VGPU_VF, ("nvidia-557", "nvidia-558"))
 
     def guest(self, which: str, instance: str | None = None) -> GuestSpec:
         instance = instance or str(uuid.uuid4())
@@ -91,7 +97,16 @@ def device_host(root: Path) -> SysfsBuilder:
     b.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8, num_vfs=4,
              driver="ixgbe", vf_driver="ixgbevf")
     b.add_mdev_parent(GPU, 1, {MDEV_TYPE: ("GRID M60-2Q", 4)})
+    b.add_nvidia_vf_layout(VGPU_PF, "26b5", 1, VGPU_TYPES, num_vfs=2)
     return b
+
+
+def kernel_of(b: SysfsBuilder) -> Callable[[], None]:
+    """The kernel's and the NVIDIA driver's answers to the driver's writes."""
+    def answer() -> None:
+        b.answer_mdev_writes()
+        b.answer_vgpu_type_writes()
+    return answer
 
 
 def libvirt_driver(tmp_path: Path, uri: str, sysfs: Path) -> LibvirtDriver:
@@ -113,7 +128,10 @@ def make_fake(tmp_path: Path, state_file: Path | None = None) -> Subject:
             "pci_devices": [{"address": PF, "vendor_id": "8086", "product_id": "10fb",
                              "numa_node": 1, "vfs": {"count": 4, "product_id": "10ed"}}],
             "gpus": [{"address": GPU, "numa_node": 1,
-                      "mdev_types": {MDEV_TYPE: {"available_instances": 4}}}]}
+                      "mdev_types": {MDEV_TYPE: {"available_instances": 4}}},
+                     {"address": VGPU_VF, "numa_node": 1, "vendor_vfio": True,
+                      "mdev_types": {f"nvidia-{n}": {"available_instances": 1}
+                                     for n in VGPU_TYPES}}]}
     driver = FakeDriver(host, state_file=state_file)
     vfs = [d.address for d in driver.host.pci_devices if d.parent_address == PF]
     return Subject(driver, lambda w: device_set(
@@ -133,7 +151,7 @@ def make_libvirt_test(tmp_path: Path) -> Subject:
         f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE),
         lambda w: ((b.vf_address(PF, 2 if w == "a" else 3),),
                    (str(uuid.uuid5(uuid.NAMESPACE_OID, "nova-" + w)),),
-                   (6,) if w == "a" else (7,)), b.answer_mdev_writes)
+                   (6,) if w == "a" else (7,)), kernel_of(b))
 
 
 def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
@@ -147,7 +165,7 @@ def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
     # This machine has two CPUs and one NUMA cell.
     return Subject(driver, lambda w: device_set(
         w, "", None, str(files[w]), 0 if w == "a" else 1, 0), (GPU, MDEV_TYPE),
-        lambda w: ((), (), (0,) if w == "a" else (1,)), b.answer_mdev_writes)
+        lambda w: ((), (), (0,) if w == "a" else (1,)), kernel_of(b))
 
 
 @pytest.fixture(params=["fake", "fake-persisted", "libvirt-qemu", "libvirt-test"])
@@ -317,6 +335,37 @@ def test_mdev_of_a_type_the_parent_lacks_is_refused_naming_both(subject):
     parent, _ = subject.mdev_parent
     with pytest.raises(MdevError, match=f"{parent}.*nvidia-99|nvidia-99.*{parent}"):
         subject.driver.ensure_mdev(str(uuid.uuid4()), parent, "nvidia-99")
+
+
+def test_a_vgpu_vf_takes_one_type_at_a_time_and_gives_it_back(subject):
+    vf, (first, second) = subject.vgpu_vf
+    driver = subject.driver
+    driver.set_vgpu_type(vf, first)
+    subject.kernel()
+    driver.set_vgpu_type(vf, first)  # has it: nothing to do
+    with pytest.raises(MdevError, match=vf):
+        driver.set_vgpu_type(vf, second)
+    driver.clear_vgpu_type(vf, second)  # not the type it has: left
+    subject.kernel()
+    with pytest.raises(MdevError, match=vf):
+        driver.set_vgpu_type(vf, second)
+    driver.clear_vgpu_type(vf, first)
+    subject.kernel()
+    driver.set_vgpu_type(vf, second)
+    subject.kernel()
+    driver.clear_vgpu_type(vf, second)
+    subject.kernel()
+    driver.clear_vgpu_type(vf, second)  # none: nothing to do
+
+
+def test_a_vgpu_vf_refuses_a_type_it_does_not_list_and_stays_as_it_was(subject):
+    vf, (first, _) = subject.vgpu_vf
+    with pytest.raises(MdevError, match=vf):
+        subject.driver.set_vgpu_type(vf, "nvidia-99")
+    subject.kernel()
+    subject.driver.set_vgpu_type(vf, first)  # it had none
+    subject.kernel()
+    subject.driver.clear_vgpu_type(vf, first)
 
 
 # --- guests of others: adoption --------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree, gpu_provider_name,
                                   numa_provider_name)
-from drivers.base import (HostInventory, Mdev, MdevParent, MdevType, NumaCell,
+from drivers.base import (DeviceKind, HostInventory, Mdev, MdevParent, MdevType, NumaCell,
                           PciDevice, PciKind)
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.sysfs import SysfsReader
@@ -47,7 +47,8 @@ def host_from_sysfs(builder: SysfsBuilder) -> HostInventory:
         cpus=frozenset().union(*(c.cpus for c in cells)), memory_mb=8192,
         disk_gb=10, numa_cells=tuple(cells),
         pci_devices=tuple(pci.values()),
-        mdev_parents=tuple(MdevParent(a, pci[a].numa_node, t)
+        mdev_parents=tuple(MdevParent(a, pci[a].numa_node, t,
+                                      vendor_vfio=reader.vendor_vfio(a))
                            for a, t in sorted(types.items())),
         mdevs=tuple(mdevs))
 
@@ -123,3 +124,60 @@ def test_a_whole_gpu_still_counts_mdevs_plus_available():
         mdev_parents=(MdevParent(gpu, None, (MdevType("nvidia-35", 3),)),),
         mdevs=(Mdev("9f2c1e34-6d0b-4c55-8a1e-3b7d2c4f5a62", "nvidia-35", gpu),))
     assert vgpu_totals(build_tree(inv, policy("nvidia-35"))) == {name(gpu): 4}
+
+
+L40 = {557: "NVIDIA L40-12Q", 558: "NVIDIA L40-24Q"}
+
+
+def vgpu_offers(built) -> dict[str, tuple[str, int]]:
+    """VF provider -> (its type trait, reserved units)."""
+    return {p.name: (next(iter(p.traits)), p.inventories["VGPU"]["reserved"])
+            for p in built.tree if "VGPU" in p.inventories}
+
+
+def test_a_pf_address_names_every_vf_of_the_gpu_and_a_vf_address_one(tmp_path):
+    b = SysfsBuilder(tmp_path / "sys")
+    b.add_numa_node(0, "0-7", 8192)
+    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0, L40, num_vfs=3)
+    other = b.add_nvidia_vf_layout("0000:42:00.0", "26b5", 0, L40, num_vfs=2)
+    by_pf = TreePolicy(host=HOST, root_uuid=ROOT, mdev_types=(
+        MdevTypePolicy("nvidia-557", addresses=frozenset({PF, other[1]})),))
+    built = build_tree(host_from_sysfs(b), by_pf)
+    assert vgpu_totals(built) == {name(vf): 1 for vf in vfs + [other[1]]}
+    # Each VF is a slot of its own, the VF itself, typed at claim time.
+    pool = next(p for p in built.pools if p.provider_name == name(vfs[0]))
+    assert (pool.kind, [s.device_id for s in pool.slots], pool.mdev_type,
+            pool.mdev_parent) == (DeviceKind.VGPU_VF, [vfs[0]], "nvidia-557", None)
+
+
+def test_each_vf_is_offered_as_one_type_and_reserved_while_it_can_create_none(tmp_path):
+    b = SysfsBuilder(tmp_path / "sys")
+    b.add_numa_node(0, "0-7", 8192)
+    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0, {**L40, 560: "NVIDIA L40-48Q"},
+                                 framebuffer_gb=48)
+    # 558 first, on the last two VFs; 557 on the GPU.
+    mixed = TreePolicy(host=HOST, root_uuid=ROOT, mdev_types=(
+        MdevTypePolicy("nvidia-558", addresses=frozenset(vfs[2:])),
+        MdevTypePolicy("nvidia-557", addresses=frozenset({PF}))))
+    t557, t558 = "CUSTOM_MDEV_TYPE_NVIDIA_557", "CUSTOM_MDEV_TYPE_NVIDIA_558"
+    assert vgpu_offers(build_tree(host_from_sysfs(b), mixed)) == {
+        name(vfs[0]): (t557, 0), name(vfs[1]): (t557, 0),
+        name(vfs[2]): (t558, 0), name(vfs[3]): (t558, 0)}
+    # 36 GB taken: the 24 GB type no longer fits, so VF3 is offered as the
+    # 12 GB one it still lists; VF2 holds its type.
+    b.set_current_vgpu_type(vfs[2], 558)
+    b.set_current_vgpu_type(vfs[0], 557)
+    assert vgpu_offers(build_tree(host_from_sysfs(b), mixed)) == {
+        name(vfs[0]): (t557, 0), name(vfs[1]): (t557, 0),
+        name(vfs[2]): (t558, 0), name(vfs[3]): (t557, 0)}
+    # All 48 GB taken: the free VFs list nothing and stay, reserved.
+    b.set_current_vgpu_type(vfs[0], 0)
+    b.set_current_vgpu_type(vfs[3], 558)
+    assert vgpu_offers(build_tree(host_from_sysfs(b), mixed)) == {
+        name(vfs[0]): (t557, 1), name(vfs[1]): (t557, 1),
+        name(vfs[2]): (t558, 0), name(vfs[3]): (t558, 0)}
+    # A VF holding a type no policy enables is not this agent's.
+    b.set_current_vgpu_type(vfs[3], 0)
+    b.set_current_vgpu_type(vfs[2], 0)
+    b.set_current_vgpu_type(vfs[1], 560)
+    assert name(vfs[1]) not in vgpu_offers(build_tree(host_from_sysfs(b), mixed))

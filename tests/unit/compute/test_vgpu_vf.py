@@ -1,0 +1,157 @@
+"""vGPU VFs of NVIDIA's vendor-specific VFIO layout through the manager, on
+the fake driver: the type written at claim time, cleared on release, a
+refusal a clean failure, the types written back after a reboot."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from agent.claims.choice import Pool, Slot
+from agent.compute.manager import ComputeManager
+from agent.compute.tracker import Tracker
+from agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
+from agent.store.store import Store
+from drivers.base import DeviceKind
+from drivers.errors import MdevError
+from drivers.fake import FakeDriver
+
+SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
+VF0, VF1 = "0000:41:10.0", "0000:41:10.1"
+RP = {VF0: "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c40", VF1: "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c41"}
+HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 8192}],
+        "gpus": [{"address": vf, "numa_node": 0, "vendor_vfio": True,
+                  "mdev_types": {"nvidia-557": {"available_instances": 1},
+                                 "nvidia-558": {"available_instances": 1}}}
+                 for vf in (VF0, VF1)]}
+
+
+def pools(type_id: str = "nvidia-557") -> dict:
+    return {RP[vf]: {"VGPU": Pool(f"gpu_{vf}", "VGPU", DeviceKind.VGPU_VF, 1,
+                                  (Slot(vf, 0),), 0, mdev_type=type_id)}
+            for vf in (VF0, VF1)}
+
+
+def on(vf: str) -> dict:
+    return {RP[vf]: {"resources": {"VGPU": 1}}}
+
+
+@pytest.fixture
+def manager(tmp_path):
+    driver = FakeDriver(HOST)
+    tracker = Tracker(Store(tmp_path / "state.db"), driver.boot_id())
+    tracker.set_pools(pools())
+    m = ComputeManager(tracker, driver)
+    yield m
+    m.tracker.store.close()
+
+
+def test_a_build_writes_the_type_and_a_delete_clears_it(manager):
+    instance = str(uuid.uuid4())
+    manager.build_instance(instance, SPEC, on(VF0))
+    assert manager.driver.vgpu_types == {VF0: "nvidia-557"}
+    _, rows, _ = manager.tracker.instance(instance)
+    assert [(a.kind, a.device_id, a.detail.mdev_type) for a in rows] == [
+        (DeviceKind.VGPU_VF, VF0, "nvidia-557")]
+    # The guest holds the VF itself, by its address.
+    assert {r.id for r in manager.driver.guest_holdings()[instance].resources} == {VF0}
+
+    manager.delete_instance(instance)
+    assert manager.driver.vgpu_types == {}
+
+
+def test_a_type_the_vf_cannot_take_fails_the_build_and_leaves_it_as_it_was(manager):
+    manager.driver.set_vgpu_type(VF0, "nvidia-558")  # someone else's
+    instance = str(uuid.uuid4())
+    with pytest.raises(MdevError, match="has vGPU type nvidia-558"):
+        manager.build_instance(instance, SPEC, on(VF0))
+    assert manager.driver.vgpu_types == {VF0: "nvidia-558"}
+    assert not manager.tracker.knows(instance)
+    assert manager.driver.guest_state(instance) is None
+
+
+def test_a_resize_writes_at_its_claim_and_gives_the_claim_back_when_refused(manager):
+    instance = str(uuid.uuid4())
+    manager.build_instance(instance, SPEC, on(VF0))
+    migration = str(uuid.uuid4())
+    manager.prep_resize(migration, instance, SPEC, on(VF1))
+    assert manager.driver.vgpu_types == {VF0: "nvidia-557", VF1: "nvidia-557"}
+    manager.revert_resize(migration, instance)
+    assert manager.driver.vgpu_types == {VF0: "nvidia-557"}
+
+    manager.driver.set_vgpu_type(VF1, "nvidia-558")
+    refused = str(uuid.uuid4())
+    with pytest.raises(MdevError):
+        manager.prep_resize(refused, instance, SPEC, on(VF1))
+    _, rows, _ = manager.tracker.instance(instance)
+    assert [a.device_id for a in rows] == [VF0]
+    assert manager.driver.vgpu_types == {VF0: "nvidia-557", VF1: "nvidia-558"}
+
+
+def test_a_vf_still_held_keeps_its_type_when_another_row_of_it_goes(manager):
+    instance = str(uuid.uuid4())
+    manager.build_instance(instance, SPEC, on(VF0))
+    _, rows, _ = manager.tracker.instance(instance)
+    # As a same-host move's release of a row whose VF a live one holds.
+    manager._clear_vgpu_types(rows)
+    assert manager.driver.vgpu_types == {VF0: "nvidia-557"}
+
+
+def test_after_a_reboot_the_types_are_written_back_and_a_refusal_is_named(manager, caplog):
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    manager.build_instance(first, SPEC, on(VF0))
+    manager.build_instance(second, SPEC, on(VF1))
+    driver = manager.driver
+    driver.reboot("boot-2")
+    assert driver.vgpu_types == {}
+    # The agent starts again on the new boot.
+    path = manager.tracker.store.path
+    manager.tracker.store.close()
+    manager.tracker = Tracker(Store(path), driver.boot_id())
+    driver.set_vgpu_type(VF1, "nvidia-558")  # taken meanwhile
+
+    not_restored = restore_vgpu_types_after_reboot(manager, "boot-2")
+
+    assert driver.vgpu_types == {VF0: "nvidia-557", VF1: "nvidia-558"}
+    assert list(not_restored) == [VF1]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"vGPU VF {VF1} of instance {second}: type nvidia-557 not restored after the "
+        f"host's reboot; its unit stays reserved: {not_restored[VF1]}"]
+    # Once the rows are this boot's (the reconciliation moves them),
+    # nothing is written again.
+    for instance in (first, second):
+        manager.tracker.rebind_boot(instance)
+    assert restore_vgpu_types_after_reboot(manager, "boot-2") == {}
+
+
+def test_a_vf_not_restored_is_held_back_until_it_has_a_type_or_is_given_back():
+    lost = {VF0: "refused", VF1: "refused"}
+    held = {VF0, VF1}
+    assert still_not_restored(lost, frozenset(), held.__contains__) == lost
+    assert still_not_restored(lost, frozenset({VF0}), held.__contains__) == {VF1: "refused"}
+    assert still_not_restored(lost, frozenset(), {VF0}.__contains__) == {VF0: "refused"}
+
+
+def test_a_live_migrations_destination_writes_at_its_claim_and_clears_on_rollback(manager):
+    instance, migration = str(uuid.uuid4()), str(uuid.uuid4())
+    answer = manager.check_can_live_migrate_destination(migration, instance, SPEC, on(VF0))
+    assert [(d["kind"], d["device_id"]) for d in answer["devices"]] == [("vgpu_vf", VF0)]
+    assert manager.driver.vgpu_types == {VF0: "nvidia-557"}
+    manager.rollback_live_migration_at_destination(migration, instance)
+    assert manager.driver.vgpu_types == {}
+
+    # A VF the driver refuses: the claim withdrawn, the VF as it was.
+    manager.driver.set_vgpu_type(VF1, "nvidia-558")
+    refused = str(uuid.uuid4())
+    with pytest.raises(MdevError):
+        manager.check_can_live_migrate_destination(refused, instance, SPEC, on(VF1))
+    assert not manager.tracker.knows(instance)
+    assert manager.driver.vgpu_types == {VF1: "nvidia-558"}
+
+
+def test_an_evacuation_writes_at_its_claim(manager):
+    instance, migration = str(uuid.uuid4()), str(uuid.uuid4())
+    manager.accept_rebuild(migration, instance, SPEC, on(VF1))
+    assert manager.driver.vgpu_types == {VF1: "nvidia-557"}
+    manager.finish_rebuild(migration)
+    assert {r.id for r in manager.driver.guest_holdings()[instance].resources} == {VF1}
