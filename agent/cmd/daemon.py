@@ -97,27 +97,12 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     broker.quiet_own_fanout_cancels()
     bound_broker_waits(conf, STOP_POLL)
     try:
-        # What only the serving daemon needs, asked before anything is
-        # written: its metrics port, and a broker that takes its login.
-        if not conf.once:
-            metrics_port_free(conf)
-            broker.refuse_rejected_credentials(conf, BROKER_PROBE_TIMEOUT_SECONDS)
-    except ConfigError as e:
-        return exit_config_error(e)
-    try:
-        # Held until the process ends: before anything in the state
-        # directory is read, so two agents never serve one store.
-        state_lock.acquire(conf.state_path)
-        # Before the store or compute_id is made: a mistyped state_path is
-        # refused with nothing written.
-        placement_check = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
-        agent = Agent.from_conf(conf)
+        agent = checked_agent(conf)
     except ConfigError as e:
         return exit_config_error(e)
     except (StateDirectoryInUse, StateDirectoryUnusable, StoreRefused, StoreError,
             AnotherAgentServesHost) as e:
         return exit_store_error(e)
-    agent.placement_check = placement_check
     if reload_signal.deliver_to(agent):
         LOG.info("SIGHUP during start-up: the first cycle reads Placement afresh")
     if conf.once:
@@ -125,7 +110,32 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
             return run_once(agent)
         except AnotherAgentServesHost as e:
             return exit_store_error(e)
+    return serve(conf, agent)
 
+
+def checked_agent(conf: cfg.ConfigOpts) -> Agent:
+    """The agent, once everything that must hold before anything is
+    written holds. Raises ConfigError, or the store's and the one-agent
+    check's errors, with their one line."""
+    if not conf.once:
+        # What only the serving daemon needs: its metrics port, and a
+        # broker that takes its login.
+        metrics_port_free(conf)
+        broker.refuse_rejected_credentials(conf, BROKER_PROBE_TIMEOUT_SECONDS)
+    # Held until the process ends: before anything in the state
+    # directory is read, so two agents never serve one store.
+    state_lock.acquire(conf.state_path)
+    # Before the store or compute_id is made: a mistyped state_path is
+    # refused with nothing written.
+    placement_check = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
+    agent = Agent.from_conf(conf)
+    agent.placement_check = placement_check
+    return agent
+
+
+def serve(conf: cfg.ConfigOpts, agent: Agent) -> int:
+    """Start the agent and its RPC servers, serve until SIGTERM or a
+    thread's death, then stop them in order; the exit code."""
     supervisor = Supervisor()
     supervisor.install()
     # A store removed or replaced under the agent: nothing more is
@@ -170,6 +180,11 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
+    return stop(supervisor, agent, (server, heartbeat))
+
+
+def stop(supervisor: Supervisor, agent: Agent, servers: tuple) -> int:
+    """Stop the RPC servers (oslo.messaging's), then the agent; the exit code."""
     agent.phase = Phase.STOPPING
     if supervisor.deaths:
         supervisor.exit_unless_stopped_in_time()
@@ -177,10 +192,10 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
         notify("STOPPING=1")
     # Calls in flight finish before the store closes. Each stop() returns
     # once its listener has seen it, within STOP_POLL.
-    server.stop()
-    heartbeat.stop()
-    server.wait()
-    heartbeat.wait()
+    for server in servers:
+        server.stop()
+    for server in servers:
+        server.wait()
     agent.stop()
     if supervisor.deaths:
         supervisor.report()  # any that died on the way out
