@@ -29,6 +29,7 @@ from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
 from agent.heal.hold import UnhealedHold
 from agent.heal.realign import DeviceIndex
 from agent.heal.run import align_store, run_heal
+from agent.health.vf_restore_run import VfRestore
 from agent.health.watch import HealthWatch
 from agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from agent.moves.evacuation import evacuation_migration_uuid
@@ -306,6 +307,9 @@ class Agent:
         self._drop_cache = threading.Event()
         self._thread: threading.Thread | None = None
         driver.register_change_listener(self._wake.set)
+        # None for an agent without a store (nothing to restore from).
+        self.vf_restore = (VfRestore(driver, manager.tracker.store, policy.vf_counts)
+                           if manager is not None else None)
         self.health = HealthWatch(driver, settings.health_poll_interval,
                                   settings.health_correctable_per_minute, self._wake.set,
                                   report=self.metrics.set_device_health)
@@ -374,7 +378,10 @@ class Agent:
         devices found unhealthy taken out of scheduling. Every reader that
         compares with Placement (a cycle, heal, manage tree) builds it
         here, so none takes the agent's own health marks for drift."""
-        return self.health.apply(build_tree(inventory, self.policy), inventory)
+        known_bad = {}
+        if self.vf_restore is not None:
+            inventory, known_bad = self.vf_restore.apply(inventory)
+        return self.health.apply(build_tree(inventory, self.policy), inventory, known_bad)
 
     def update_provider_tree(self) -> SyncResult:
         """One cycle: discover, build the desired tree, sync it."""
@@ -382,9 +389,12 @@ class Agent:
             self._drop_cache.clear()
             self.sync.invalidate()
             LOG.info("Placement cache dropped")
-        built = self.build_model(self.driver.get_host_inventory())
+        inventory = self.driver.get_host_inventory()
+        built = self.build_model(inventory)
         for warning in built.warnings:
             LOG.warning("%s", warning)
+        if self.vf_restore is not None:
+            self.vf_restore.observe(inventory, built)
         if self.manager is not None:
             self._read_guests()
         try:
@@ -721,6 +731,17 @@ class Agent:
         except Exception:  # start-up must outlive any bug here
             LOG.exception("Aligning the store with Placement failed")
 
+    def restore_after_reboot(self) -> None:
+        """Before the first cycle: the devices a host reboot took that the
+        agent manages, back (agent/health/vf_restore_run.py). A failure is
+        logged; the cycles keep what is not back reserved."""
+        if self.vf_restore is None:
+            return
+        try:
+            self.vf_restore.restore(self.driver.boot_id())
+        except (DriverUnavailable, StoreError) as e:
+            LOG.warning("VF counts not restored at start-up: %s", e)
+
     def start(self, watchdog: Watchdog | None = None) -> None:
         """Serve metrics (when [metrics] listen is set: a ConfigError when
         it cannot be bound), connect, run a first cycle, align the store
@@ -732,6 +753,7 @@ class Agent:
                 "/healthz": lambda: liveness(self.probe_facts()),
                 "/readyz": lambda: readiness(self.probe_facts())})
         self.driver.init_host()
+        self.restore_after_reboot()
         if self.settings.heal_on_startup:
             self._heal_safely()
         self.observe_broker()
