@@ -739,8 +739,10 @@ class Agent:
             return
         try:
             self.vf_restore.restore(self.driver.boot_id())
-        except (DriverUnavailable, StoreError) as e:
+        except (DriverUnavailable, StoreError, OSError) as e:
             LOG.warning("VF counts not restored at start-up: %s", e)
+        except Exception:  # start-up must outlive any bug here
+            LOG.exception("Restoring VF counts at start-up failed")
 
     def start(self, watchdog: Watchdog | None = None) -> None:
         """Serve metrics (when [metrics] listen is set: a ConfigError when
