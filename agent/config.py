@@ -153,6 +153,13 @@ default_opts = [
         help="Where sysfs is mounted. Tests and demos point this at a tree of "
         "files.",
     ),
+    cfg.StrOpt(
+        "boot_id_file",
+        default="/proc/sys/kernel/random/boot_id",
+        help="The kernel's boot ID, new at every boot: devices claimed in an "
+        "earlier boot are recreated (mdevs, VF counts). Tests and demos point "
+        "this at a file of their own to simulate a reboot.",
+    ),
 ]
 
 compute_opts = [
@@ -258,6 +265,18 @@ pci_opts = [
         "scheduling until cleaned; clean_command (a list of arguments or a "
         "string, run with the device's PCI address appended) and "
         "clean_timeout (seconds, default 600) say how the agent cleans it.",
+    ),
+    cfg.ListOpt(
+        "vf_counts",
+        default=[],
+        help="The VF count (sriov_numvfs) of SR-IOV PFs, as ADDRESS=COUNT "
+        "items: '0000:81:00.0=8,0000:82:00.0=0'. After a host reboot, which "
+        "leaves every PF without VFs, the agent sets these counts before it "
+        "reports inventory or serves claims; a PF not listed whose VFs it "
+        "reports gets back the count it had when last seen with all its VFs. "
+        "A PF whose VFs exist already with another count is changed only "
+        "when it is listed here and none of its VFs is in use; 0 leaves a PF "
+        "without VFs.",
     ),
 ]
 

@@ -51,6 +51,15 @@ class PciDevice:
 
 
 @dataclass(frozen=True)
+class SriovFunctions:
+    """An SR-IOV PF as the host shows it now, and the VFs that exist behind
+    it (its ``virtfnN`` links), in the order of their index."""
+
+    pf: PciDevice
+    vfs: tuple[PciDevice, ...] = ()
+
+
+@dataclass(frozen=True)
 class MdevType:
     id: str  # "nvidia-35"
     available_instances: int

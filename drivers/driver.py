@@ -8,7 +8,7 @@ import abc
 from typing import Callable, Collection
 
 from drivers.base import (ForeignGuest, GuestHolding, GuestSpec, GuestState, HostInventory,
-                          PciHealthSignals)
+                          PciHealthSignals, SriovFunctions)
 from drivers.migration import LiveMigrationTarget
 
 
@@ -141,6 +141,21 @@ class ComputeDriver(abc.ABC):
         when it has none or another (not the one given at claim time: left
         to whoever set it). Raises MdevError when the driver refuses (a
         guest still holds the VF)."""
+
+    @abc.abstractmethod
+    def sriov_functions(self, pf_address: str) -> SriovFunctions | None:
+        """The PF and the VFs that exist behind it, read from the host
+        itself now (after a write of its VF count the hypervisor's device
+        list learns of new VFs later). None when there is no device at that
+        address; a device that is no PF has no VFs."""
+
+    @abc.abstractmethod
+    def set_num_vfs(self, pf_address: str, count: int) -> None:
+        """Write the PF's VF count (sysfs ``sriov_numvfs``), as the kernel
+        takes it: the VFs exist once it returns; a non-zero count while
+        VFs exist is refused (EBUSY), so changing one count to another is
+        two writes, 0 first, which the caller decides. Raises SriovError
+        with the kernel's answer."""
 
     def boot_id(self) -> str:
         """Changes at every host boot; claims record it."""

@@ -36,6 +36,11 @@ class MdevError(DriverError):
     parent and type, or the mdev (and, on a real host, the file written)."""
 
 
+class SriovError(DriverError):
+    """A PF's VF count could not be set; the message names the PF, the
+    count, the file written and the kernel's answer."""
+
+
 class LiveMigrationError(DriverError):
     """A live migration failed; ``cause`` says why, the message names the
     guest, the destination and the hypervisor's own words."""

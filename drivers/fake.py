@@ -52,10 +52,10 @@ from compute_common.pci_address import canonical_address
 from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
                           GuestSpec, GuestState, HostInventory, device_resources, Mdev,
                           MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
-                          PciHealthSignals, PciKind, PmemNamespace)
+                          PciHealthSignals, PciKind, PmemNamespace, SriovFunctions)
 from drivers.driver import ComputeDriver
 from drivers.errors import (InvalidFakeHost, InvalidMigrationTarget, LiveMigrationError,
-                            MdevError)
+                            MdevError, SriovError)
 from drivers.fake_sysfs import vf_address
 from drivers.migration import LiveMigrationTarget, moved_guest
 
@@ -313,6 +313,9 @@ class FakeDriver(ComputeDriver):
         # device of the host reads as present and well.
         self._health: dict[str, PciHealthSignals] = {}
         self.current_boot_id = boot_id
+        # PF address -> the VF count written since the host file's (a
+        # reboot writes 0 to every PF, as the kernel starts without VFs).
+        self.num_vfs: dict[str, int] = {}
         self._network = network
         self.state_file = Path(state_file).absolute() if state_file else None
         # Without a network no migration reaches it: a URI of its own still
@@ -357,6 +360,9 @@ class FakeDriver(ComputeDriver):
         data = json.loads(self.state_file.read_text())
         self.created_mdevs = {u: (p, t) for u, (p, t) in data["created_mdevs"].items()}
         self.vgpu_types = dict(data.get("vgpu_types", {}))
+        # Absent from a file written before the fake knew reboots.
+        self.current_boot_id = data.get("boot_id", self.current_boot_id)
+        self.num_vfs = dict(data.get("num_vfs", {}))
         self.guests = {u: FakeGuest(parse_fake_definition(g["saved"]),
                                     parse_fake_definition(g["live"]) if g["live"] else None)
                        for u, g in data["guests"].items()}
@@ -364,6 +370,7 @@ class FakeDriver(ComputeDriver):
     def _save(self) -> None:
         """Atomically: a change either happened or did not, as libvirt's."""
         data = {"created_mdevs": self.created_mdevs, "vgpu_types": self.vgpu_types,
+                "boot_id": self.current_boot_id, "num_vfs": self.num_vfs,
                 "guests": {u: {"saved": fake_definition(g.saved),
                                "live": fake_definition(g.live) if g.live else None}
                            for u, g in self.guests.items()}}
@@ -393,8 +400,10 @@ class FakeDriver(ComputeDriver):
         with self._held():
             created = dict(self.created_mdevs)
             typed = dict(self.vgpu_types)
+            num_vfs = dict(self.num_vfs)
+        host = self._with_vf_counts(num_vfs)
         if not created and not typed:
-            return self.host
+            return host
         used = Counter(created.values())
         parents = tuple(
             # A VF with a type offers that type alone, with no instance left.
@@ -403,9 +412,56 @@ class FakeDriver(ComputeDriver):
             if p.address in typed else
             replace(p, types=tuple(replace(t, available_instances=max(
                 0, t.available_instances - used[(p.address, t.id)])) for t in p.types))
-            for p in self.host.mdev_parents)
-        mdevs = self.host.mdevs + tuple(Mdev(u, t, p) for u, (p, t) in sorted(created.items()))
-        return replace(self.host, mdev_parents=parents, mdevs=mdevs)
+            for p in host.mdev_parents)
+        mdevs = host.mdevs + tuple(Mdev(u, t, p) for u, (p, t) in sorted(created.items()))
+        return replace(host, mdev_parents=parents, mdevs=mdevs)
+
+    def _with_vf_counts(self, num_vfs: dict[str, int]) -> HostInventory:
+        """The host file's host with each PF's VFs as its written count
+        makes them: VF i at vf_address(PF, i), of the host file's VF ids."""
+        if not num_vfs:
+            return self.host
+        devices = []
+        for d in self.host.pci_devices:
+            if d.parent_address in num_vfs:
+                continue
+            if d.address not in num_vfs:
+                devices.append(d)
+                continue
+            count = num_vfs[d.address]
+            devices.append(replace(d, num_vfs=count))
+            devices += [PciDevice(vf_address(d.address, i), d.vendor_id,
+                                  self._vf_product(d), PciKind.VF, d.numa_node,
+                                  parent_address=d.address) for i in range(count)]
+        return replace(self.host, pci_devices=tuple(devices))
+
+    def _vf_product(self, pf: PciDevice) -> str:
+        return next((d.product_id for d in self.host.pci_devices
+                     if d.parent_address == pf.address), pf.product_id)
+
+    def sriov_functions(self, pf_address: str) -> SriovFunctions | None:
+        devices = self.get_host_inventory().pci_devices
+        pf = next((d for d in devices if d.address == pf_address), None)
+        if pf is None:
+            return None
+        return SriovFunctions(pf, tuple(sorted(
+            (d for d in devices if d.parent_address == pf_address), key=lambda d: d.address)))
+
+    def set_num_vfs(self, pf_address: str, count: int) -> None:
+        """As the kernel takes a write of sriov_numvfs: ERANGE above
+        sriov_totalvfs, EBUSY for a new non-zero count while VFs exist."""
+        with self._held(write=True):
+            pf = next((d for d in self._with_vf_counts(self.num_vfs).pci_devices
+                       if d.address == pf_address), None)
+            if pf is None or pf.kind is not PciKind.PF:
+                raise SriovError(f"{pf_address}: cannot set {count} VFs: not an SR-IOV PF")
+            if count > pf.total_vfs:
+                raise SriovError(f"{pf_address}: cannot set {count} VFs: Numerical result "
+                                 "out of range")
+            if count and pf.num_vfs and count != pf.num_vfs:
+                raise SriovError(f"{pf_address}: cannot set {count} VFs: Device or "
+                                 "resource busy")
+            self.num_vfs[pf_address] = count
 
     # --- guests ---------------------------------------------------------
 
@@ -567,14 +623,17 @@ class FakeDriver(ComputeDriver):
                 del self.vgpu_types[vf_address]
 
     def boot_id(self) -> str:
-        return self.current_boot_id
+        with self._held():
+            return self.current_boot_id
 
     def reboot(self, boot_id: str) -> None:
         """What a host reboot does to it: guests stop, created mdevs and
-        the VFs' vGPU types vanish."""
+        the VFs' vGPU types vanish, every PF is left without VFs."""
         with self._held(write=True):
             self.created_mdevs.clear()
             self.vgpu_types.clear()
+            self.num_vfs = {d.address: 0 for d in self.host.pci_devices
+                            if d.kind is PciKind.PF}
             for g in self.guests.values():
                 g.live = None
             for g in self.foreign.values():
@@ -597,8 +656,9 @@ class FakeDriver(ComputeDriver):
 
     def device_health(self, addresses: Collection[str]
                       ) -> dict[str, PciHealthSignals]:
-        vendors = {d.address: d.vendor_id for d in self.host.pci_devices}
-        vendors.update((p.address, p.vendor_id) for p in self.host.mdev_parents)
+        host = self.get_host_inventory()
+        vendors = {d.address: d.vendor_id for d in host.pci_devices}
+        vendors.update((p.address, p.vendor_id) for p in host.mdev_parents)
         with self._lock:
             return {a: self._health.get(a) or PciHealthSignals(
                         a, a in vendors, vendors.get(a))

@@ -257,6 +257,35 @@ class SysfsBuilder:
             self._write_vgpu_files(pf_address)
         return list(pf.vfs)
 
+    def answer_sriov_writes(self) -> None:
+        """Do what the kernel does within a write of a PF's
+        ``sriov_numvfs`` (Documentation/ABI/testing/sysfs-bus-pci), which
+        nothing in this tree reacts to: that many VFs are enabled, or all
+        disabled for 0. A plain file cannot refuse a write as the kernel
+        does: a non-zero count written while VFs exist, which the kernel
+        refuses (EBUSY), raises here instead."""
+        for address, pf in sorted(self._pci.items()):
+            if not pf.total_vfs:
+                continue
+            written = int((self.device_dir(address) / "sriov_numvfs").read_text())
+            if written == len(pf.vfs):
+                continue
+            if written and pf.vfs:
+                raise ValueError(f"{address}: {written} written to sriov_numvfs while "
+                                 f"{len(pf.vfs)} VFs exist: the kernel refuses it (EBUSY)")
+            self.set_num_vfs(address, written)
+
+    def reboot(self) -> None:
+        """What a host reboot leaves: every mdev gone, every PF without VFs
+        (sriov_numvfs 0, its VFs' directories and virtfnN links gone); a
+        VF enabled again later gets a new IOMMU group number, as groups are
+        numbered at each boot in the order devices are found."""
+        for mdev_uuid in list(self._mdevs):
+            self.remove_mdev(mdev_uuid)
+        for address, pf in sorted(self._pci.items()):
+            if pf.total_vfs:
+                self.set_num_vfs(address, 0)
+
     def remove_device(self, address: str) -> None:
         """Unplug a device, its VFs with it, and its mdevs."""
         dev = self._pci.pop(address)

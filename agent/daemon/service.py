@@ -33,6 +33,7 @@ from agent.heal.hold import UnhealedHold
 from agent.heal.realign import DeviceIndex
 from agent.heal.run import align_store, run_heal
 from agent.health.rules import hold_vgpu_vfs_not_restored
+from agent.health.vf_restore_run import VfRestore
 from agent.health.watch import HealthWatch
 from agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from agent.moves.evacuation import evacuation_migration_uuid
@@ -315,6 +316,9 @@ class Agent:
         # One-time-use devices' cleaning (agent/cleaning/); a cleaning's end
         # wakes the loop, which reports the device back or its reason.
         self.cleaner = Cleaner(manager.tracker, self._wake.set) if manager else None
+        # None for an agent without a store (nothing to restore from).
+        self.vf_restore = (VfRestore(driver, manager.tracker.store, policy.vf_counts)
+                           if manager is not None else None)
         self.health = HealthWatch(driver, settings.health_poll_interval,
                                   settings.health_correctable_per_minute, self._wake.set,
                                   report=self.metrics.set_device_health)
@@ -383,9 +387,13 @@ class Agent:
         devices found unhealthy taken out of scheduling. Every reader that
         compares with Placement (a cycle, heal, manage tree) builds it
         here, so none takes the agent's own health marks for drift, nor
-        its VFs whose vGPU type is not back after a reboot, nor its used
-        one-time-use devices' (agent/cleaning/rules.py)."""
-        built = self.health.apply(build_tree(inventory, self.policy), inventory)
+        its VFs not back after a reboot (agent/health/vf_restore_run.py), nor
+        its VFs whose vGPU type is not back, nor its used one-time-use
+        devices (agent/cleaning/rules.py)."""
+        known_bad = {}
+        if self.vf_restore is not None:
+            inventory, known_bad = self.vf_restore.apply(inventory)
+        built = self.health.apply(build_tree(inventory, self.policy), inventory, known_bad)
         if self.manager is None:
             return built
         tracker = self.manager.tracker
@@ -404,11 +412,14 @@ class Agent:
             self._drop_cache.clear()
             self.sync.invalidate()
             LOG.info("Placement cache dropped")
-        built = self.build_model(self.driver.get_host_inventory())
+        inventory = self.driver.get_host_inventory()
+        built = self.build_model(inventory)
         for warning in built.warnings:
             LOG.warning("%s", warning)
         if self.cleaner is not None:
             self.cleaner.set_specs(built.one_time_use)
+        if self.vf_restore is not None:
+            self.vf_restore.observe(inventory, built)
         if self.manager is not None:
             self._read_guests()
         try:
@@ -763,9 +774,23 @@ class Agent:
         except Exception:  # start-up must outlive any bug here
             LOG.exception("Aligning the store with Placement failed")
 
+    def restore_after_reboot(self) -> None:
+        """Before the first cycle: the devices a host reboot took that the
+        agent manages, back (agent/health/vf_restore_run.py). A failure is
+        logged; the cycles keep what is not back reserved."""
+        if self.vf_restore is None:
+            return
+        try:
+            self.vf_restore.restore(self.driver.boot_id())
+        except (DriverUnavailable, StoreError, OSError) as e:
+            LOG.warning("VF counts not restored at start-up: %s", e)
+        except Exception:  # start-up must outlive any bug here
+            LOG.exception("Restoring VF counts at start-up failed")
+
     def _restore_vgpu_types_safely(self) -> None:
-        """Before the first cycle and before any claim: the vGPU VFs'
-        types a reboot cleared written back from the store."""
+        """Before the first cycle and before any claim, once the VFs are
+        back: the vGPU VFs' types a reboot cleared written back from the
+        store."""
         if self.manager is None:
             return
         try:
@@ -785,6 +810,7 @@ class Agent:
                 "/healthz": lambda: liveness(self.probe_facts()),
                 "/readyz": lambda: readiness(self.probe_facts())})
         self.driver.init_host()
+        self.restore_after_reboot()
         self._restore_vgpu_types_safely()
         if self.settings.heal_on_startup:
             self._heal_safely()

@@ -24,6 +24,8 @@ What makes a device bad, each a ``DeviceFault``:
   VFs that still exist behind its ``virtfnN`` links.
 - ``LINK_DOWN``: one of its network interfaces has no carrier while it is
   administratively up. An interface an operator took down is not judged.
+- ``NOT_RESTORED``: a VF that a host reboot took away and the agent could
+  not create again (agent/health/vf_restore.py); not judged from signals.
 
 A device the driver says nothing of, and a file a device does not have
 (no AER capability, not a PF, no netdev) leave that rule unjudged.
@@ -64,6 +66,9 @@ class DeviceFault(str, enum.Enum):
     AER_CORRECTABLE = "aer_correctable"
     VF_COUNT = "vf_count"
     LINK_DOWN = "link_down"
+    # A VF a host reboot took that the agent could not bring back
+    # (agent/health/vf_restore.py).
+    NOT_RESTORED = "not_restored"
     # A vGPU VF whose type the agent could not write back after a host
     # reboot (agent/compute/vgpu_types.py): its guest cannot start on it.
     VGPU_TYPE_NOT_RESTORED = "vgpu_type_not_restored"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Collection
+from typing import Callable, Collection, Mapping
 
 from agent.health.rules import (DeviceVerdict, HealthJudge, HealthSnapshot, apply_health,
                                 watched_devices)
@@ -48,10 +48,12 @@ class HealthWatch:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def apply(self, built: BuiltTree, inv: HostInventory) -> BuiltTree:
+    def apply(self, built: BuiltTree, inv: HostInventory,
+              known_bad: Mapping[str, DeviceVerdict] | None = None) -> BuiltTree:
         """For a cycle, after build_tree: watch the devices this tree
         depends on (those new to the watch are read at once, so a device
-        bad at start-up is never offered), and take the bad ones out."""
+        bad at start-up is never offered), and take the bad ones out, with
+        those ``known_bad`` without a poll (a VF a reboot took)."""
         watched = watched_devices(built, inv)
         with self._lock:
             new = watched - self._watched
@@ -66,6 +68,10 @@ class HealthWatch:
             self.poll(new, wake=False)
         with self._lock:
             verdicts = dict(self._verdicts)
+        for address, bad in (known_bad or {}).items():
+            seen = verdicts.get(address)
+            verdicts[address] = bad if seen is None else DeviceVerdict(
+                address, seen.faults | bad.faults, seen.details + bad.details)
         return apply_health(built, inv, verdicts)
 
     def poll(self, addresses: Collection[str] | None = None,

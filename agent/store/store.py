@@ -269,6 +269,10 @@ IN_USE = "in_use"
 # The number of group commits the holders made (agent/store/sequence.py);
 # absent in a store from before it.
 COMMIT_SEQUENCE = "commit_sequence"
+# SR-IOV PFs as last seen with all their VFs (agent/health/vf_restore.py,
+# JSON), and the boot whose VFs were restored; absent before the first.
+SRIOV_RECORD = "sriov_record"
+VFS_RESTORED_BOOT = "vfs_restored_boot_id"
 
 
 def wal_path(path: Path) -> Path:
@@ -553,6 +557,10 @@ class Store:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         info = os.fstat(self._fd)
         return Holding(self.path, (info.st_dev, info.st_ino), sequence, record)
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
 
     def on_moved(self, listener: Callable[[str], None]) -> None:
         """``listener`` gets the one line if the store is found removed or
@@ -884,3 +892,15 @@ def put_placement_view_sql(providers: list[Provider]) -> list[Statement]:
                _to_json(p.inventories), json.dumps(sorted(p.traits)),
                None if p.aggregates is None else json.dumps(sorted(p.aggregates)))
               for p in providers])]
+
+
+def meta_value(key: str) -> Callable[[sqlite3.Connection], str | None]:
+    """A reader of one meta row's value (None when absent)."""
+    def read(conn: sqlite3.Connection) -> str | None:
+        row = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+    return read
+
+
+def put_meta_sql(key: str, value: str) -> list[Statement]:
+    return [("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(key, value)])]

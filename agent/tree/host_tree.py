@@ -82,6 +82,8 @@ class TreePolicy:
     # On the root, so that a scheduler that asks for it (nova's does, with
     # root_required) keeps placing on this host.
     owner_trait: str = os_traits.OWNER_NOVA
+    # [pci] vf_counts: PF address -> the VF count to restore after a reboot.
+    vf_counts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass

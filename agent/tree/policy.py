@@ -102,6 +102,30 @@ def _mdev_types(conf: cfg.ConfigOpts) -> tuple[MdevTypePolicy, ...]:
     return tuple(out)
 
 
+# sriov_totalvfs is a 16-bit field of the SR-IOV capability (TotalVFs).
+MAX_VF_COUNT = 0xFFFF
+
+
+def _vf_counts(conf: cfg.ConfigOpts) -> tuple[tuple[str, int], ...]:
+    """[pci] vf_counts: ADDRESS=COUNT items, each PF once."""
+    out: dict[str, int] = {}
+    for item in conf.pci.vf_counts:
+        address, sep, count = item.partition("=")
+        try:
+            address = canonical_address(address.strip())
+        except ValueError as e:
+            raise ConfigError(f"[pci] vf_counts: {e} (value: {shown(item)})") from None
+        count = count.strip()
+        if not sep or not count.isdigit() or int(count) > MAX_VF_COUNT:
+            raise ConfigError(f"[pci] vf_counts: expected ADDRESS=COUNT, COUNT a whole "
+                              f"number from 0 to {MAX_VF_COUNT} (value: {shown(item)})")
+        if address in out:
+            raise ConfigError(f"[pci] vf_counts: PF {address} given twice "
+                              f"(value: {shown(item)})")
+        out[address] = int(count)
+    return tuple(sorted(out.items()))
+
+
 def _owner_trait(conf: cfg.ConfigOpts) -> str:
     name = conf.owner_trait.strip()
     standard = name.startswith("OWNER_") and name in os_traits.get_traits()
@@ -129,4 +153,5 @@ def tree_policy_from_conf(conf: cfg.ConfigOpts, root_uuid: str) -> TreePolicy:
         mdev_types=_mdev_types(conf),
         pmem_labels=_pmem_labels(conf),
         owner_trait=_owner_trait(conf),
+        vf_counts=_vf_counts(conf),
     )

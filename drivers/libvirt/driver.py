@@ -17,7 +17,7 @@ import libvirt
 
 from drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
                           HostInventory, Mdev, MdevParent, MigrationFailure, PciDevice,
-                          PciHealthSignals, PciKind)
+                          PciHealthSignals, PciKind, SriovFunctions)
 from drivers.driver import ComputeDriver
 from drivers.errors import InvalidHostData, LiveMigrationError, MdevError, MigrationXmlError
 from drivers.libvirt import capabilities, nodedev, pmem
@@ -27,6 +27,7 @@ from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.host_cpu import HostCpuFeatures
 from drivers.libvirt.mdev import MdevSysfs
 from drivers.libvirt.migration_xml import rewrite_for_destination
+from drivers.libvirt.sriov import write_num_vfs
 from drivers.libvirt.sysfs import SysfsReader
 from drivers.libvirt.vendor_vfio import VgpuTypeWriter
 from drivers.migration import LiveMigrationTarget
@@ -161,6 +162,22 @@ class LibvirtDriver(ComputeDriver):
         device event, so that it reads the lists again now."""
         for listener in list(self._listeners):
             listener()
+
+    def sriov_functions(self, pf_address: str) -> SriovFunctions | None:
+        # From sysfs: libvirt learns of new VFs from udev, later.
+        return self._sysfs.sriov_functions(pf_address)
+
+    def set_num_vfs(self, pf_address: str, count: int) -> None:
+        try:
+            write_num_vfs(self._conf.sysfs_root, pf_address, count)
+        finally:
+            # Whatever the kernel did, the next cycle reads the devices
+            # afresh rather than wait for libvirt's events.
+            self._cache_stale = True
+
+    def boot_id(self) -> str:
+        with open(self._conf.boot_id_file, encoding="ascii") as f:
+            return f.read().strip()
 
     def live_migrate(self, instance_uuid: str, dest_uri: str,
                      target: LiveMigrationTarget) -> None:

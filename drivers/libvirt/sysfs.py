@@ -11,13 +11,15 @@ import re
 from dataclasses import replace
 from typing import Iterable
 
-from drivers.base import Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind
+from drivers.base import (Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind,
+                          SriovFunctions)
 from drivers.errors import InvalidHostData
 from drivers.host_data import parse_hex_id, parse_int, parse_numa_node, parse_pci_address
 from drivers.libvirt.capabilities import parse_sysfs_numa_node
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _HUGEPAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
+_VIRTFN_LINK = re.compile(r"^virtfn(\d+)$")
 _VGPU_LINE = re.compile(r"^\s*(\d+)\s*:\s*(.*?)\s*$")
 _NVIDIA_TYPE_PREFIX = "nvidia-"
 # A device-dax instance: daxN.K (also how an nd_dax holder is named).
@@ -197,6 +199,26 @@ class SysfsReader:
             class_id=class_id, iommu_group=iommu_group,
             driver=self._link_name(os.path.join(device_dir, "driver")),
             total_vfs=total_vfs, num_vfs=num_vfs)
+
+    def sriov_functions(self, address: str) -> SriovFunctions | None:
+        """The PF at ``address`` and the VFs its ``virtfnN`` links lead to
+        (a link whose VF is gone is skipped: that VF does not exist), by
+        index. None when sysfs has no such device. Raises InvalidHostData
+        for a file that cannot be read."""
+        pf = self.pci_device(address)
+        if pf is None:
+            return None
+        device_dir = self._path("bus", "pci", "devices", address)
+        links = sorted((int(m.group(1)), entry) for entry in self._listdir(device_dir)
+                       if (m := _VIRTFN_LINK.match(entry)))
+        vfs = []
+        for _, entry in links:
+            if not os.path.isdir(os.path.join(device_dir, entry)):
+                continue
+            vf = self.pci_device(self._link_name(os.path.join(device_dir, entry)))
+            if vf is not None:
+                vfs.append(vf)
+        return SriovFunctions(pf, tuple(vfs))
 
     def pci_refresh(self, device: PciDevice) -> PciDevice | None:
         """A device read before, with the fields that change while it stays

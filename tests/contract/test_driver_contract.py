@@ -32,7 +32,7 @@ from drivers.driver import ComputeDriver
 from drivers.errors import LiveMigrationError, MdevError
 from drivers.fake import FakeDriver, FakeNetwork
 from drivers.migration import DeviceMove, LiveMigrationTarget
-from drivers.fake_sysfs import SysfsBuilder
+from drivers.fake_sysfs import SysfsBuilder, vf_address
 from drivers.libvirt.driver import LibvirtDriver
 from tests.functional.helpers import wait_for, write_conf
 from tests.functional.nova_host import nova_domain_xml
@@ -61,6 +61,8 @@ class Subject:
     # What the host's kernel does after the driver writes to sysfs: a fake
     # tree does nothing by itself.
     kernel: Callable[[], None] = lambda: None
+    # A host reboot, the hypervisor's view of it: no VFs, no mdevs.
+    reboot: Callable[[], None] = lambda: None
     # A vendor-specific VFIO VF and two types it lists.
     vgpu_vf: tuple[str, tuple[str, str]] = (VGPU_VF, ("nvidia-557", "nvidia-558"))
 
@@ -139,7 +141,15 @@ def make_fake(tmp_path: Path, state_file: Path | None = None) -> Subject:
         f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE),
         lambda w: ((vfs[2 if w == "a" else 3],),
                    (str(uuid.uuid5(uuid.NAMESPACE_OID, "nova-" + w)),),
-                   (6,) if w == "a" else (7,)))
+                   (6,) if w == "a" else (7,)), reboot=lambda: driver.reboot("fake-boot-2"))
+
+
+def kernel_of(b: SysfsBuilder) -> Callable[[], None]:
+    """What the kernel does within the driver's sysfs writes."""
+    def answer() -> None:
+        b.answer_mdev_writes()
+        b.answer_sriov_writes()
+    return answer
 
 
 def make_libvirt_test(tmp_path: Path) -> Subject:
@@ -151,7 +161,7 @@ def make_libvirt_test(tmp_path: Path) -> Subject:
         f"/dev/dax0.{0 if w == 'a' else 1}", 4 if w == "a" else 5, 1), (GPU, MDEV_TYPE),
         lambda w: ((b.vf_address(PF, 2 if w == "a" else 3),),
                    (str(uuid.uuid5(uuid.NAMESPACE_OID, "nova-" + w)),),
-                   (6,) if w == "a" else (7,)), kernel_of(b))
+                   (6,) if w == "a" else (7,)), kernel_of(b), b.reboot)
 
 
 def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
@@ -165,7 +175,7 @@ def make_libvirt_qemu(tmp_path: Path, uri: str) -> Subject:
     # This machine has two CPUs and one NUMA cell.
     return Subject(driver, lambda w: device_set(
         w, "", None, str(files[w]), 0 if w == "a" else 1, 0), (GPU, MDEV_TYPE),
-        lambda w: ((), (), (0,) if w == "a" else (1,)), kernel_of(b))
+        lambda w: ((), (), (0,) if w == "a" else (1,)), kernel_of(b), b.reboot)
 
 
 @pytest.fixture(params=["fake", "fake-persisted", "libvirt-qemu", "libvirt-test"])
@@ -670,3 +680,24 @@ def test_device_health_reads_the_hosts_devices_as_present_and_others_as_gone(sub
     assert (signals[PF].present, signals[PF].vendor_id) == (True, "8086")
     assert (signals[GPU].present, signals[GPU].vendor_id) == (True, "10de")
     assert not signals[absent].present
+
+
+# --- SR-IOV after a reboot -------------------------------------------------------
+
+
+def vf_ids(subject: Subject) -> list[tuple[str, str, str]]:
+    return [(v.address, v.vendor_id, v.product_id)
+            for v in subject.driver.sriov_functions(PF).vfs]
+
+
+def test_a_reboot_leaves_a_pf_without_vfs_and_its_vf_count_brings_them_back(subject):
+    before = subject.driver.sriov_functions(PF)
+    assert (before.pf.num_vfs, before.pf.vendor_id) == (4, "8086")
+    assert vf_ids(subject) == [(vf_address(PF, i), "8086", "10ed") for i in range(4)]
+    subject.reboot()
+    assert subject.driver.sriov_functions(PF).pf.num_vfs == 0 and vf_ids(subject) == []
+    subject.driver.set_num_vfs(PF, 2)
+    subject.kernel()
+    assert subject.driver.sriov_functions(PF).pf.num_vfs == 2
+    assert vf_ids(subject) == [(vf_address(PF, i), "8086", "10ed") for i in range(2)]
+    assert subject.driver.sriov_functions("0000:ee:00.0") is None

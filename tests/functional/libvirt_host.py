@@ -42,6 +42,9 @@ class Host:
         self.name = f"lv-{uuid.uuid4().hex[:8]}"
         self.url = placement_url
         self.agent: Agent | None = None
+        # The host's boot ID, which [DEFAULT] boot_id_file points at.
+        self.boot_id = tmp_path / "boot_id"
+        self.boot_id.write_text(f"{uuid.uuid4()}\n")
 
     def build_default(self) -> None:
         b = self.sys
@@ -70,18 +73,40 @@ class Host:
                             "pmem": {"namespaces": "64G:ns0|ns1|ns2,16G:ns3"}}
         return write_conf(
             self.dir, self.url, self.name, host_dict=None,
-            DEFAULT={"compute_driver": "libvirt",
-                     "sysfs_root": str(self.sys.root), **(default or {})},
+            DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(self.sys.root),
+                     "boot_id_file": str(self.boot_id), **(default or {})},
             libvirt={"connection_uri": uri,
                      "instances_path": str(self.dir / "instances")},
             **policy)
 
-    def make_agent(self, **policy) -> Agent:
+    def make_agent(self, default: dict | None = None, **policy) -> Agent:
         """An agent on this host, in this process."""
-        path = self.write_conf(**policy)
+        path = self.write_conf(default, **policy)
         self.agent = Agent.from_conf(load_config(["--config-file", str(path)]))
         self.agent.driver.init_host()
         return self.agent
+
+    def reboot(self) -> None:
+        """A simulated host reboot, the agent down: a new boot ID, sysfs
+        without VFs and mdevs (SysfsBuilder.reboot), and libvirt's host as
+        the kernel left it."""
+        self.sys.reboot()
+        self.boot_id.write_text(f"{uuid.uuid4()}\n")
+        self.sys.write_test_driver_host_xml(self.host_xml)
+
+    def play_the_kernel(self) -> None:
+        """The kernel and udev within the agent's writes of sriov_numvfs,
+        which nothing in a tree of files does: the VFs appear in sysfs
+        (SysfsBuilder.answer_sriov_writes) and in libvirt's device list."""
+        driver = self.agent.driver
+        write = driver.set_num_vfs
+
+        def set_num_vfs(pf_address: str, count: int) -> None:
+            write(pf_address, count)
+            self.sys.answer_sriov_writes()
+            self.libvirt_sees_the_new_host()
+
+        driver.set_num_vfs = set_num_vfs
 
     def cycle(self) -> None:
         outcome = self.agent.run_cycle()

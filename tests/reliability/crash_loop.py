@@ -13,8 +13,10 @@ may be given to a guest).
 The conductor (this process) runs random operations: build, delete,
 same-host and cross-host resize with confirm or revert, live migration that
 succeeds (rpcapi.live_migrate_instance) or is rolled back after the
-destination's check, and evacuation of a host whose agent and guests died
-(agent.evacuator, the source forced down). It writes allocations as nova's
+destination's check, evacuation of a host whose agent and guests died
+(agent.evacuator, the source forced down), and a host reboot (guests
+stopped, a new boot ID, the kernel's VFs forgotten: each PF's VF count is
+back once the agent serves again). It writes allocations as nova's
 scheduler and conductor do, swaps included (rpcapi.move_allocations).
 
 Kills: before an RPC, with some probability, a timer SIGKILLs the daemon
@@ -72,7 +74,8 @@ from agent.placement.auth import NoAuth2
 from agent.placement.client import PlacementClient
 from agent.rpc.client import ComputeAgentAPI
 from agent.rpc.heartbeat import Heartbeat
-from drivers.fake import FakeDriver
+from drivers.base import PciKind
+from drivers.fake import FakeDriver, load_host_file
 from drivers.fake_sysfs import SysfsBuilder
 from tests.functional.claims_world import GPU, MDEV_TYPE, PF, host_dict
 from tests.functional.helpers import HEADERS, placement_tree, write_conf
@@ -177,6 +180,15 @@ class Hypervisors:
         """The host's guests stop where they are (its agent is dead)."""
         raise NotImplementedError
 
+    def reboot(self, host: AgentProcess) -> None:
+        """The host reboots (its agent is dead): its guests stop, its boot
+        ID changes, its kernel forgets every VF and mdev."""
+        raise NotImplementedError
+
+    def vf_counts(self, host: AgentProcess) -> dict[str, int]:
+        """Each PF's VF count on the host, by address."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -219,7 +231,10 @@ class FakeHypervisors(Hypervisors):
                 {p["numa_0"]: {"resources": {"VCPU": 1, "MEMORY_MB": 256}}}]
 
     def _driver(self, host: AgentProcess) -> FakeDriver:
-        return FakeDriver(state_file=host.dir / "hypervisor.json")
+        """The host's hypervisor as its agent sees it (a reboot forgets the
+        host file's VFs)."""
+        return FakeDriver(load_host_file(host.dir / "host.yaml"),
+                          state_file=host.dir / "hypervisor.json")
 
     def guests(self, host):
         return {u: g.running for u, g in self._driver(host).list_guests().items()}
@@ -228,6 +243,13 @@ class FakeHypervisors(Hypervisors):
         driver = self._driver(host)
         for instance in driver.list_guests():
             driver.power_off(instance)
+
+    def reboot(self, host):
+        self._driver(host).reboot(f"boot-{uuid.uuid4()}")
+
+    def vf_counts(self, host):
+        return {d.address: d.num_vfs for d in self._driver(host).get_host_inventory().pci_devices
+                if d.kind is PciKind.PF}
 
 
 PMEM_BYTES = 64 << 20
@@ -266,9 +288,11 @@ class QemuHypervisors(Hypervisors):
                                    "numa_node": 0, "chardev": f"..{backing}"})
             ndctl = directory / "ndctl.json"
             ndctl.write_text(json.dumps(namespaces))
+            (directory / "boot_id").write_text(f"{uuid.uuid4()}\n")
             conf = write_conf(
                 directory, placement_url, name, host_dict=None,
                 DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(directory / "sys"),
+                         "boot_id_file": str(directory / "boot_id"),
                          "transport_url": BROKER, "update_interval": 2},
                 libvirt={"connection_uri": daemon.uri, "live_migration_uri": daemon.uri,
                          "instances_path": str(directory / "instances")},
@@ -306,6 +330,15 @@ class QemuHypervisors(Hypervisors):
                     d.destroy()
         finally:
             conn.close()
+
+    def reboot(self, host):
+        """No device of this machine's is the hosts' (no VF to forget): the
+        guests stop and the boot ID changes."""
+        self.power_cut(host)
+        (host.dir / "boot_id").write_text(f"{uuid.uuid4()}\n")
+
+    def vf_counts(self, host):
+        return {}
 
     def close(self) -> None:
         for name in self.uris:
@@ -819,19 +852,39 @@ class CrashLoop:
             self.forget(evacuation_migration_uuid(instance, root))
         return f"evacuation of {len(mine)}"
 
+    def op_reboot(self) -> str:
+        """A host reboots: its agent dies with it, its guests stop, its
+        kernel forgets its VFs; the agent starts in the new boot (killed
+        during start-up now and then, its restore then starts over) and
+        every PF has its VF count back before it serves a call."""
+        name = self.rng.choice(self.names)
+        host = self.hosts[name]
+        self.ensure_up()
+        before = self.hv.vf_counts(host)
+        if host.kill():
+            self.figures.kills["reboot"] += 1
+        self.hv.reboot(host)
+        self.note(f"  rebooted {name[:7]}")
+        self.restart(host)
+        after = self.hv.vf_counts(host)
+        if after != before:
+            raise Violation(f"{name}: VF counts {before} before the reboot, {after} once "
+                            "its agent serves again")
+        return "reboot"
+
     def step(self) -> str:
         full = len(self.held) >= self.hv.max_instances
         choices = {"build": 0 if full else 5, "delete": 2 if self.held else 0,
                    "resize same": 2 if self.held else 0, "resize cross": 2 if self.held else 0,
                    "live": 2 if self.held else 0, "live rollback": 1 if self.held else 0,
-                   "evacuate": 0.5 if self.held else 0}
+                   "evacuate": 0.5 if self.held else 0, "reboot": 0.5}
         op = self.rng.choices(list(choices), list(choices.values()))[0]
         return {"build": self.op_build, "delete": self.op_delete,
                 "resize same": lambda: self.op_resize(False),
                 "resize cross": lambda: self.op_resize(True),
                 "live": self.op_live_migrate,
                 "live rollback": self.op_live_migration_rollback,
-                "evacuate": self.op_evacuate}[op]()
+                "evacuate": self.op_evacuate, "reboot": self.op_reboot}[op]()
 
     # --- checks -------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 daemons on the libvirt driver over two private libvirtds with QEMU/KVM, so
 the guests are real and outlive every SIGKILL of their agent. Builds,
 deletes, resizes on one host and across, live migrations (QEMU really
-moves the guest) and their rollbacks, and an evacuation, with kills aimed
-at calls in flight and at start-up; every invariant checked after every
-operation. `tools/reliability --only crash_loop_qemu` runs it for minutes;
+moves the guest) and their rollbacks, an evacuation and a host reboot,
+with kills aimed at calls in flight and at start-up; every invariant
+checked after every operation. `tools/reliability --only crash_loop_qemu` runs it for minutes;
 `--only crash_loop` on the fake driver with a state file (many more kills
 a minute)."""
 from __future__ import annotations
@@ -34,6 +34,10 @@ def test_sigkills_during_nova_protocol_on_qemu_lose_and_double_nothing(
                 sum(figures.ops.values()) < MOST_OPERATIONS:
             figures = loop.run(operations=1)
             runs += 1
+        # A host reboot, whatever the seed drew: its guests stopped, a new
+        # boot ID, every invariant and both audits after it.
+        loop.op_reboot()
+        loop.check(command_audit=True)
     finally:
         loop.close()
     print(figures.line())
@@ -41,5 +45,6 @@ def test_sigkills_during_nova_protocol_on_qemu_lose_and_double_nothing(
     # while calls were outstanding and during start-up.
     assert kills_of_each_kind(figures), figures.line()
     assert sum(figures.ops.values()) == OPERATIONS + runs - 1, figures.line()
-    # Both hosts, at the end of each run.
-    assert figures.command_audits == 2 * runs, figures.line()
+    # Both hosts, at the end of each run and after the reboot.
+    assert figures.command_audits == 2 * runs + 2, figures.line()
+    assert figures.kills["reboot"] >= 1, figures.line()

@@ -9,7 +9,7 @@ import pytest
 from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           HostInventory, Mdev, MdevParent, MdevType, PciKind,
                           PmemNamespace)
-from drivers.errors import InvalidFakeHost
+from drivers.errors import InvalidFakeHost, SriovError
 from drivers.fake import (FakeDriver, fake_definition, host_from_dict, load_host_file,
                           vf_address)
 from drivers.migration import DeviceMove, LiveMigrationTarget
@@ -382,3 +382,25 @@ def test_a_state_file_is_reached_for_live_migration_by_its_uri(tmp_path):
                                                                   moved.devices))))
     assert source.list_guests() == {}
     assert dest.list_guests()[guest.instance_uuid].live == {"b-vf", "a-mdev", "b-pcpu"}
+
+
+def test_vf_counts_follow_the_kernels_rules_and_a_reboot_outlives_the_process(tmp_path):
+    state = tmp_path / "hypervisor.json"
+    pf = "0000:81:00.0"
+    host = copy.deepcopy(HOST)
+    host["pci_devices"][0]["vfs"]["total"] = 4
+    driver = FakeDriver(host, state_file=state)
+    with pytest.raises(SriovError, match="Device or resource busy"):
+        driver.set_num_vfs(pf, 3)
+    with pytest.raises(SriovError, match="out of range"):
+        driver.set_num_vfs(pf, 5)
+    driver.reboot("boot-2")
+    again = FakeDriver(host, state_file=state)  # another process
+    assert again.boot_id() == "boot-2"
+    assert again.sriov_functions(pf).vfs == ()
+    assert not [d for d in again.get_host_inventory().pci_devices if d.parent_address == pf]
+    again.set_num_vfs(pf, 3)
+    found = driver.sriov_functions(pf)
+    assert (found.pf.num_vfs, [v.address for v in found.vfs]) == (
+        3, [vf_address(pf, i) for i in range(3)])
+    assert {v.product_id for v in found.vfs} == {"154c"}

@@ -83,6 +83,12 @@ def test_a_bad_value_under_nova_s_name_is_refused_naming_it(tmp_path):
     ("[devices]\nenabled_mdev_types = nvidia-35\n[mdev_nvidia-35]\n"
      "device_addresses = 81:00.0\n", "[mdev_nvidia-35] device_addresses: not a PCI"),
     ("[devices]\nenabled_mdev_types = bad type!\n", "[devices] enabled_mdev_types: not an"),
+    ("[pci]\nvf_counts = 0000:81:00.0\n", "[pci] vf_counts: expected ADDRESS=COUNT"),
+    ("[pci]\nvf_counts = 0000:81:00.0=-1\n", "[pci] vf_counts: expected ADDRESS=COUNT"),
+    ("[pci]\nvf_counts = 0000:81:00.0=65536\n", "[pci] vf_counts: expected ADDRESS=COUNT"),
+    ("[pci]\nvf_counts = 81:00.0=8\n", "[pci] vf_counts: not a PCI"),
+    ("[pci]\nvf_counts = 0000:81:00.0=8,0000:81:00.0=4\n",
+     "[pci] vf_counts: PF 0000:81:00.0 given twice"),
 ])
 def test_a_policy_that_can_never_work_is_refused_naming_the_option(tmp_path, text, reason):
     with pytest.raises(ConfigError) as err:
@@ -94,3 +100,8 @@ def test_mdev_addresses_are_read_in_canonical_form(tmp_path):
     p = policy_from(tmp_path, "[devices]\nenabled_mdev_types = nvidia-35\n"
                     "[mdev_nvidia-35]\ndevice_addresses = 0000:81:00.0, 0000:82:00.0\n")
     assert p.mdev_types[0].addresses == frozenset({"0000:81:00.0", "0000:82:00.0"})
+
+
+def test_vf_counts_are_read_by_canonical_address(tmp_path):
+    p = policy_from(tmp_path, "[pci]\nvf_counts = 0000:82:00.0=0, 0000:81:00.0 = 8\n")
+    assert p.vf_counts == (("0000:81:00.0", 8), ("0000:82:00.0", 0))

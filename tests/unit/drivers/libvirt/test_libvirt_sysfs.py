@@ -4,7 +4,9 @@ import shutil
 import pytest
 
 from drivers.base import Mdev, MdevType, NetLink, PciHealthSignals, PciKind
+from drivers.errors import SriovError
 from drivers.fake_sysfs import SysfsBuilder
+from drivers.libvirt.sriov import write_num_vfs
 from drivers.libvirt.sysfs import SysfsReader, parse_aer_total
 
 GPU = "0000:06:00.0"
@@ -265,3 +267,42 @@ def test_junk_in_an_aer_file_names_the_file_and_keeps_the_rest(builder, reader):
     assert signals.aer_fatal is None
     assert signals.unreadable == ("aer_dev_fatal: no TOTAL_ERR_FATAL line",)
     assert signals.vendor_id == "8086" and signals.links
+
+
+# --- SR-IOV after a reboot (Documentation/ABI/testing/sysfs-bus-pci) ----------
+
+
+def test_a_reboot_leaves_every_pf_without_vfs_and_every_mdev_gone(builder, reader):
+    vf = builder.vf_address(PF, 0)
+    builder.reboot()
+    pf_dir = builder.device_dir(PF)
+    assert (pf_dir / "sriov_numvfs").read_text().strip() == "0"
+    assert not any(e.startswith("virtfn") for e in os.listdir(pf_dir))
+    assert not builder.device_dir(vf).exists()
+    assert reader.sriov_functions(PF).vfs == () and reader.mdevs() == ([], [])
+
+
+def test_a_write_of_sriov_numvfs_answered_enables_that_many_vfs_by_index(builder, reader):
+    big = "0000:82:00.0"  # past virtfn9: the links sort by number
+    builder.add_pf(big, "8086", "10fb", "10ed", numa_node=1, total_vfs=12)
+    builder.reboot()
+    write_num_vfs(builder.root, big, 12)
+    builder.answer_sriov_writes()
+    found = reader.sriov_functions(big)
+    assert found.pf.num_vfs == 12
+    assert [v.address for v in found.vfs] == [builder.vf_address(big, i) for i in range(12)]
+    assert {(v.vendor_id, v.product_id, v.parent_address) for v in found.vfs} == {
+        ("8086", "10ed", big)}
+
+
+def test_a_new_count_while_vfs_exist_is_what_the_kernel_refuses(builder):
+    write_num_vfs(builder.root, PF, 4)
+    with pytest.raises(ValueError, match="EBUSY"):
+        builder.answer_sriov_writes()
+
+
+def test_a_vf_count_for_a_device_that_is_no_pf_is_refused_naming_it(builder, reader):
+    with pytest.raises(SriovError, match="0000:00:1f.0: cannot set 2 VFs: .* is missing"):
+        write_num_vfs(builder.root, "0000:00:1f.0", 2)
+    assert reader.sriov_functions("0000:00:1f.0").vfs == ()
+    assert reader.sriov_functions("0000:ee:00.0") is None
