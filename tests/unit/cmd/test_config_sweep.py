@@ -62,6 +62,8 @@ POLICY_EXAMPLES = {
     "cpu_dedicated_set": ["", "1,,2", "0-7,^0-7", "a", "3-1"],
     "cpu_shared_set": ["", "1,,2", "0-7,^0-7", "a", "3-1"],
     "device_spec": ["{", "[]", '{"vendor_id": "80861"}', "{}"],
+    "vf_counts": ["0000:81:00.0", "0000:81:00.0=x", "0000:81:00.0=70000", "nope=4",
+                  "0000:81:00.0=4,0000:81:00.0=8"],
     "enabled_mdev_types": ["bad type!"],
     "namespaces": ["bad label!:ns0", "nolabel", "L:", "L:ns 0"],
 }
@@ -179,9 +181,12 @@ def names_it(error: ConfigError, option: options.Option, value: str) -> bool:
     text = str(error)
     expected = "***" if option.opt.secret and "url" not in option.name else shown(
         options.masked_url(value))
-    # [pci] device_spec names the entry, whose field it names too.
+    # [pci] device_spec names the entry, whose field it names too; a list
+    # may name the item that is wrong.
+    items = value.split(",") if isinstance(option.opt.type, cfg.types.List) else []
     return ("\n" not in text and text.startswith(f"[{option.section}] {option.name}: ")
-            and (f"(value: {expected})" in text or f"entry: {value})" in text))
+            and (f"(value: {expected})" in text or f"entry: {value})" in text
+                 or any(f"(value: {shown(item)})" in text for item in items)))
 
 
 def test_every_option_of_the_sample_is_refused_when_invalid_or_is_free_form(tmp_path):
