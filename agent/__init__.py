@@ -4,7 +4,8 @@ tests/unit/test_layering.py holds the code to this order):
 
     dependencies, exception, messaging, config   (modules: the base)
     claims -> tree -> store -> metrics -> placement -> moves -> compute
-    -> heal -> health -> rpc -> conductor -> rpcapi -> daemon -> reports -> cmd
+    -> heal -> health -> cleaning -> rpc -> conductor -> rpcapi -> daemon
+    -> reports -> cmd
 
 agent.testing (a local Placement, a fault proxy) stands apart: for tests
 and tools only. docs/architecture.md says what each package holds."""
