@@ -70,7 +70,9 @@ default_opts = [
         min=0,
         max=3600,
         help="Up to this many seconds, chosen at random, are added to each "
-        "interval so that a fleet of hosts does not call Placement in step.",
+        "interval, and waited before the first cycle after a start, so that "
+        "a fleet of hosts (restarted at once, say) does not call Placement "
+        "in step.",
     ),
     cfg.IntOpt(
         "reconcile_interval",
