@@ -86,16 +86,21 @@ def main() -> int:
                     args.allocation_refresh_interval)
     root = args.dir or Path(tempfile.mkdtemp(prefix="fleet-"))
     root.mkdir(parents=True, exist_ok=True)
-    result = run(args, timing, root, say)
+    result: dict = {}
+    try:
+        run(args, timing, root, say, result)
+    except Exception as e:  # what was measured before is still shown
+        result["error"] = f"{type(e).__name__}: {e}"
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         for key, value in sorted(result.items()):
             print(f"{key:48} {json.dumps(value)}")
-    return 0
+    return 1 if "error" in result else 0
 
 
-def run(args, timing: Timing, root: Path, say) -> dict:
+def run(args, timing: Timing, root: Path, say, result: dict) -> None:
+    """The scenarios in turn, their figures put in ``result`` as they come."""
     from agent.rpc.client import ComputeAgentAPI
     from tests.functional.private_services import PrivateRabbitMQ
 
@@ -106,13 +111,15 @@ def run(args, timing: Timing, root: Path, say) -> dict:
     placement = GunicornPlacement(root / "placement", args.placement_workers, host_,
                                   int(port))
     fleet = None
-    result: dict = {"hosts": args.hosts, "processes": args.processes,
-                    "placement_workers": args.placement_workers,
-                    "update_interval": timing.update_interval,
-                    "update_jitter": timing.update_jitter,
-                    "reconcile_interval": timing.reconcile_interval,
-                    "allocation_refresh_interval": timing.allocation_refresh_interval,
-                    "minutes": args.minutes}
+    result.update({"hosts": args.hosts, "processes": args.processes,
+                   "placement_workers": args.placement_workers,
+                   "update_interval": timing.update_interval,
+                   "update_jitter": timing.update_jitter,
+                   "reconcile_interval": timing.reconcile_interval,
+                   "allocation_refresh_interval": timing.allocation_refresh_interval,
+                   "minutes": args.minutes})
+    scenarios: dict[str, dict] = {}
+    result["placement"] = scenarios
     try:
         placement.start()
         log = placement.log
@@ -126,8 +133,6 @@ def run(args, timing: Timing, root: Path, say) -> dict:
 
         def statuses() -> list[dict]:
             return fleet.status()[0]
-
-        scenarios: dict[str, dict] = {}
 
         def scenario(name: str, mark: int) -> list:
             requests = [r for r in log.since(mark) if r.from_agent]
@@ -216,11 +221,10 @@ def run(args, timing: Timing, root: Path, say) -> dict:
         result.update({f"after_{k}": v for k, v in
                        processes_figures(fleet.status()[1], args.hosts).items()})
         result.update({f"after_{k}": v for k, v in broker_counts(rabbit.node).items()})
-        result["placement"] = scenarios
-        result["placement_peak_rps"] = max((s["peak_rps"] or 0) for s in scenarios.values())
         api.close()
-        return result
     finally:
+        result["placement_peak_rps"] = max([s["peak_rps"] or 0 for s in scenarios.values()],
+                                           default=None)
         say("cleaning up")
         if fleet is not None:
             fleet.close()

@@ -187,7 +187,7 @@ class GunicornPlacement:
     def _connect(self, database: str | None):
         return self._pymysql.connect(database=database, autocommit=True, **self._mysql)
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 600) -> None:
         env = {**os.environ, "OS_PLACEMENT_CONFIG_DIR": str(self.directory)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "--workers", str(self.workers),

@@ -63,13 +63,20 @@ class ProcessFleet:
         return sum(a["providers"] for a in
                    self._all({"cmd": "build_half", "placement_url": placement_url}))
 
-    def close(self) -> None:
+    def close(self, timeout: float = 120) -> None:
+        """Every process told to stop its agents, all at once; those not
+        gone within ``timeout`` killed."""
         for p in self.procs:
             try:
                 p.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
                 p.stdin.flush()
-                p.wait(120)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
 
