@@ -1,4 +1,4 @@
-"""A small fleet (tools/fleet_sim): 20 real agents in this process, each
+"""A small fleet (tools/fleet_sim): 12 real agents in this process, each
 with its own state directory, store, update loop, RPC and heartbeat
 servers, on the machine's RabbitMQ and a Placement of the test's own
 (SQLite, one process: a MariaDB Placement takes too long to start for the
@@ -19,7 +19,7 @@ from tools.fleet_sim.placement import SqlitePlacement
 from tools.fleet_sim.run import idle_cost, wait_in_step
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
-HOSTS = 20
+HOSTS = 12
 # Short enough that several reconciliations, each due to read the
 # allocations by age, fall inside the idle window.
 TIMING = Timing(update_interval=1, update_jitter=1, reconcile_interval=2,
