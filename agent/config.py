@@ -70,7 +70,9 @@ default_opts = [
         min=0,
         max=3600,
         help="Up to this many seconds, chosen at random, are added to each "
-        "interval so that a fleet of hosts does not call Placement in step.",
+        "interval, and waited before the first cycle after a start, so that "
+        "a fleet of hosts (restarted at once, say) does not call Placement "
+        "in step.",
     ),
     cfg.IntOpt(
         "reconcile_interval",
@@ -88,9 +90,11 @@ default_opts = [
         help="Reconciliation reads a provider's allocations from Placement "
         "only when they may have changed: its generation moved (allocations "
         "written on it), a claim or release here touched it, or its last "
-        "read is older than this many seconds. Placement does not move a "
-        "provider's generation when allocations are deleted from it or moved "
-        "off it, so such a change is seen within this bound. 0 reads every "
+        "read found allocations and is older than this many seconds. "
+        "Placement does not move a provider's generation when allocations "
+        "are deleted from it or moved off it, so such a change is seen "
+        "within this bound; a provider read without allocations has none "
+        "to lose, and is not read again by age. 0 reads every "
         "provider at every reconciliation.",
     ),
     cfg.IntOpt(

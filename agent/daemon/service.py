@@ -288,6 +288,8 @@ class Agent:
         # The wall-clock time now, for the grace periods reconcile measures
         # (the store's change times are wall-clock).
         self.wall_clock: Callable[[], float] = time.time
+        # The share of update_jitter a wait takes: random.uniform(0, jitter).
+        self.draw_jitter: Callable[[float, float], float] = random.uniform
         # Served on metrics_listen (host:port) from start() to stop().
         self.metrics = metrics or Metrics()
         if manager is not None:
@@ -689,7 +691,7 @@ class Agent:
     def _loop(self, watchdog: Watchdog | None) -> None:
         while True:
             self._wait_for_next_cycle(self.settings.update_interval
-                                      + random.uniform(0, self.settings.update_jitter),
+                                      + self.draw_jitter(0, self.settings.update_jitter),
                                       watchdog)
             if self.stopping.is_set():
                 return
@@ -801,10 +803,10 @@ class Agent:
 
     def start(self, watchdog: Watchdog | None = None) -> None:
         """Serve metrics (when [metrics] listen is set: a ConfigError when
-        it cannot be bound), connect, run a first cycle, align the store
-        with Placement and reconcile what a previous run left, then keep
-        the loop going in its thread, pinging ``watchdog`` while it is
-        healthy."""
+        it cannot be bound), connect, wait up to update_jitter, run a
+        first cycle, align the store with Placement and reconcile what a
+        previous run left, then keep the loop going in its thread, pinging
+        ``watchdog`` while it is healthy."""
         if self.settings.metrics_listen:
             self.metrics.serve(self.settings.metrics_listen, {
                 "/healthz": lambda: liveness(self.probe_facts()),
@@ -812,6 +814,10 @@ class Agent:
         self.driver.init_host()
         self.restore_after_reboot()
         self._restore_vgpu_types_safely()
+        # Spread as the loop's later cycles are: a fleet started at once
+        # (after an upgrade, a power cut) would otherwise send every first
+        # cycle, each with its reads of the allocations, in the same second.
+        self.stopping.wait(self.draw_jitter(0, self.settings.update_jitter))
         if self.settings.heal_on_startup:
             self._heal_safely()
         self.observe_broker()

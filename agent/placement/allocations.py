@@ -10,8 +10,8 @@ on the provider a ``PUT /allocations/{consumer}`` moves a consumer away
 from (an evacuation, a migration's confirm). So a provider's allocations
 are read again when its generation moved since they were read, when a local
 claim or release touched it (the conductor writes allocations just before
-it asks us to claim), or when the last read is older than the refresh
-interval: the bound within which a deletion is seen.
+it asks us to claim), or when the last read found allocations and is older
+than the refresh interval: the bound within which a deletion is seen.
 """
 from __future__ import annotations
 
@@ -63,7 +63,17 @@ def needs_reading(last: ProviderRead | None, generation: int, touched: bool,
                   now: float, refresh_interval: float) -> bool:
     """Whether a provider's allocations may differ from those last read."""
     return (last is None or touched or last.generation != generation
-            or now - last.read_at >= refresh_interval)
+            or refresh_due(last, now, refresh_interval))
+
+
+def refresh_due(last: ProviderRead, now: float, refresh_interval: float) -> bool:
+    """Whether a read is old enough to miss a deletion. A provider read
+    without allocations has nothing to delete, and any allocation written
+    on it since moves its generation: it is not read again by age (an idle
+    empty host costs one request a cycle), except with a refresh interval
+    of 0, which reads every provider every time."""
+    return (now - last.read_at >= refresh_interval
+            and (bool(last.allocations) or refresh_interval == 0))
 
 
 class AllocationView:

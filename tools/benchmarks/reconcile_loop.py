@@ -3,8 +3,8 @@ idle host of 1,000 providers, against a real Placement.
 
 Reconciliation reads a provider's allocations only where they may have
 changed, so an idle cycle costs the one ``GET ?in_tree=`` of the update
-loop, plus a re-read of every provider once per
-``allocation_refresh_interval``. For comparison, the cost of a cycle that
+loop, plus a re-read of every provider holding allocations (none here)
+once per ``allocation_refresh_interval``. For comparison, the cost of a cycle that
 reads every provider's allocations (``allocation_refresh_interval = 0``,
 what every reconciliation did before).
 """

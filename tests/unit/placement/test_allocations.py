@@ -45,7 +45,9 @@ def setup():
     (ProviderRead(1, {}, 0.0), 1, False, 59.9, False),
     (ProviderRead(1, {}, 0.0), 2, False, 1.0, True),
     (ProviderRead(1, {}, 0.0), 1, True, 1.0, True),
-    (ProviderRead(1, {}, 0.0), 1, False, 60.0, True),
+    (ProviderRead(1, {}, 0.0), 1, False, 60.0, False),
+    (ProviderRead(1, {"c1": {"VGPU": 1}}, 0.0), 1, False, 59.9, False),
+    (ProviderRead(1, {"c1": {"VGPU": 1}}, 0.0), 1, False, 60.0, True),
 ])
 def test_needs_reading(last, generation, touched, now, expected):
     assert needs_reading(last, generation, touched, now, 60) is expected
@@ -86,12 +88,36 @@ def test_a_provider_gone_from_the_tree_takes_its_consumers_with_it(setup):
 
 def test_reads_older_than_the_refresh_interval_are_read_again(setup):
     view, client, clock = setup
+    client.allocations[CELL] = {"c1": {"resources": {"VGPU": 1}}}
+    view.touch({CELL})
+    view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    client.reads.clear()
     clock.now += 59
     view.consumers({ROOT: 1, CELL: 1}, ROOT)
     assert client.reads == []
     clock.now += 1
     view.consumers({ROOT: 1, CELL: 1}, ROOT)
-    assert sorted(client.reads) == [CELL, ROOT]
+    assert client.reads == [CELL]
+
+
+def test_providers_read_empty_are_not_read_again_by_age(setup):
+    """Any allocation written on them moves their generation; nothing can
+    be deleted from them: an idle empty host costs one request a cycle."""
+    view, client, clock = setup
+    clock.now += 3600
+    assert view.consumers({ROOT: 1, CELL: 1}, ROOT) == {}
+    assert client.reads == []
+    client.allocations[CELL] = {"c1": {"resources": {"VGPU": 1}}}
+    assert view.consumers({ROOT: 1, CELL: 2}, ROOT) == {"c1": {CELL}}
+    assert client.reads == [CELL]
+
+
+def test_a_refresh_interval_of_0_reads_every_provider_every_time():
+    client = FakeClient()
+    view = AllocationView(client, refresh_interval=0, clock=Clock())
+    view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    view.consumers({ROOT: 1, CELL: 1}, ROOT)
+    assert sorted(client.reads) == [CELL, CELL, ROOT, ROOT]
 
 
 def test_clear_reads_every_provider_again(setup):

@@ -1,0 +1,186 @@
+"""The fleet's agents in one process: each as the daemon runs it
+(agent/cmd/daemon.py: the state directory's lock, the one-agent check, the
+update loop with its store, the heartbeat and RPC servers), on the fake
+driver, with its own config and state directory."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from agent.cmd.common import load_config
+from agent.daemon.one_agent_check import check_one_agent_per_host
+from agent.daemon.probes import Phase
+from agent.daemon.service import Agent
+from agent.messaging import bound_broker_waits
+from agent.rpc import broker
+from agent.rpc.heartbeat import make_server as heartbeat_server
+from agent.rpc.server import make_server
+from agent.store import lock as state_lock
+from agent.tree.provider_tree import ProviderTree
+from tools.fleet_sim.placement import digest
+
+# As the daemon (agent/cmd/daemon.py).
+STOP_POLL = 0.5
+HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
+           "OpenStack-API-Version": "placement 1.39", "User-Agent": "fleet-scheduler"}
+# Classes the scheduler's instance takes half of, where a provider has them.
+DEVICE_CLASSES_PREFIX = ("CUSTOM_", "VGPU")
+
+
+def tree_digest(tree: ProviderTree) -> str:
+    """What "in step" compares (tools/fleet_sim/placement.py digests
+    Placement's side alike): each provider's parent's name, its
+    inventories (total and reserved) and traits, by provider name."""
+    names = {p.uuid: p.name for p in tree}
+    return digest({p.name: [names.get(p.parent_uuid),
+                            {rc: [inv["total"], inv.get("reserved", 0)]
+                             for rc, inv in p.inventories.items()},
+                            sorted(p.traits)] for p in tree})
+
+
+class FleetHost:
+    """One agent, started and stopped as the daemon does."""
+
+    def __init__(self, conf_path: Path):
+        self.conf_path = conf_path
+        self.agent: Agent | None = None
+        self._servers: list = []
+        self._lock: state_lock.StateLock | None = None
+        self.expected = ""
+        self.error = ""
+        self.cycles_before = 0
+
+    def start(self) -> None:
+        conf = load_config(["--config-file", str(self.conf_path)], placement_required=True)
+        bound_broker_waits(conf, STOP_POLL)
+        self.conf = conf
+        self._lock = state_lock.acquire(conf.state_path)
+        check = check_one_agent_per_host(conf, ask_the_bus=True)
+        agent = Agent.from_conf(conf)
+        agent.placement_check = check
+        agent.start()
+        self.agent = agent
+        self._servers = [heartbeat_server(conf, agent), make_server(conf, agent)]
+        for server in self._servers:
+            server.start()
+        agent.phase = Phase.SERVING
+        self.expected = tree_digest(agent.build_model(agent.driver.get_host_inventory()).tree)
+
+    def start_safely(self) -> None:
+        try:
+            self.error = ""
+            self.start()
+        except Exception as e:  # one host's failure is reported, not fatal
+            self.error = f"{type(e).__name__}: {e}"
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.stop()
+        for server in self._servers:
+            server.wait()
+        self._servers = []
+        if self.agent is not None:
+            self.agent.stop()
+            self.cycles_before += self.agent._cycles
+            self.agent = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def status(self) -> dict:
+        agent = self.agent
+        if agent is None:
+            return {"host": None, "error": self.error or "not started"}
+        return {"host": agent.policy.host, "root_uuid": agent.sync.root_uuid,
+                "cycle_ok": agent._cycle_succeeded, "last_success_at": agent._last_success_at,
+                "cycles": self.cycles_before + agent._cycles,
+                "reconcile_interval": agent.settings.reconcile_interval,
+                "serving": all(s._started for s in self._servers) if self._servers else False,
+                "expected": self.expected, "error": self.error}
+
+    def build_half(self, placement_url: str) -> int:
+        """As a scheduler and conductor would: one instance holding half
+        of each device class on each provider that has one, and some VCPU
+        and MEMORY_MB, its allocations written in Placement, then built
+        here. Returns the providers it holds."""
+        agent = self.agent
+        tree = agent.sync.cache
+        allocations: dict[str, dict] = {}
+        for p in tree:
+            take = {rc: inv["total"] // 2 for rc, inv in p.inventories.items()
+                    if rc.startswith(DEVICE_CLASSES_PREFIX) and inv["total"] >= 2}
+            if "VCPU" in p.inventories and "VCPU" not in {
+                    rc for a in allocations.values() for rc in a["resources"]}:
+                take.update({"VCPU": 2, "MEMORY_MB": 2048})
+            if take:
+                allocations[p.uuid] = {"resources": take}
+        instance = str(uuid.uuid4())
+        resp = requests.put(f"{placement_url}/allocations/{instance}", headers=HEADERS,
+                            timeout=60, json={
+                                "allocations": allocations, "project_id": str(uuid.uuid4()),
+                                "user_id": str(uuid.uuid4()), "consumer_generation": None,
+                                "consumer_type": "INSTANCE"})
+        resp.raise_for_status()
+        agent.manager.build_instance(instance, {"name": "fleet-vm", "vcpus": 2,
+                                                "memory_mb": 2048}, allocations)
+        return len(allocations)
+
+
+@dataclass
+class Fleet:
+    """Many agents in this process."""
+
+    hosts: list[FleetHost]
+    # How many agents start at a time; None: all at once.
+    starting_at_once: int | None = None
+
+    def _each(self, method, at_once: int | None = None) -> None:
+        """``method`` on every host at once (or ``at_once`` at a time): a
+        thread each, as so many daemons would start or stop together."""
+        if not self.hosts:
+            return
+        with ThreadPoolExecutor(max_workers=at_once or len(self.hosts)) as pool:
+            list(pool.map(method, self.hosts))
+
+    def start(self) -> None:
+        broker.quiet_reconnect_lines()
+        broker.quiet_own_fanout_cancels()
+        self._each(FleetHost.start_safely, self.starting_at_once)
+
+    def stop(self) -> None:
+        self._each(FleetHost.stop)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def status(self) -> list[dict]:
+        return [h.status() for h in self.hosts]
+
+    def build_half(self, placement_url: str) -> int:
+        counts: list[int] = []
+        lock = threading.Lock()
+
+        def one(host: FleetHost) -> None:
+            n = host.build_half(placement_url)
+            with lock:
+                counts.append(n)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(one, self.hosts))
+        return sum(counts)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)

@@ -1,0 +1,213 @@
+"""The fleet driven from outside: agents in worker processes, whether each
+host is in step, and the figures drawn from Placement's request log."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.fleet_sim.placement import Request
+
+TOP = Path(__file__).resolve().parents[2]
+
+
+class ProcessFleet:
+    """The agents of ``confs`` spread over ``processes`` worker processes
+    (tools/fleet_sim/worker.py)."""
+
+    def __init__(self, confs: list[Path], processes: int, log_dir: Path):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(TOP)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        shares = [confs[i::processes] for i in range(processes)]
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "tools.fleet_sim.worker", *map(str, share)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            stderr=open(log_dir / f"worker-{i}.log", "a"))
+            for i, share in enumerate(shares) if share]
+
+    def _all(self, command: dict) -> list[dict]:
+        line = json.dumps(command) + "\n"
+        for p in self.procs:
+            p.stdin.write(line)
+            p.stdin.flush()
+        answers = []
+        for p in self.procs:
+            reply = p.stdout.readline()
+            if not reply:
+                raise RuntimeError(f"a fleet worker exited ({p.poll()}); see its log")
+            answers.append(json.loads(reply))
+        return answers
+
+    def start(self) -> None:
+        self._all({"cmd": "start"})
+
+    def restart(self) -> None:
+        self._all({"cmd": "restart"})
+
+    def wait(self) -> None:
+        self._all({"cmd": "wait"})
+
+    def status(self) -> tuple[list[dict], list[dict]]:
+        """Every host's status, and each process's figures."""
+        answers = self._all({"cmd": "status"})
+        return [h for a in answers for h in a["hosts"]], [a["process"] for a in answers]
+
+    def build_half(self, placement_url: str) -> int:
+        return sum(a["providers"] for a in
+                   self._all({"cmd": "build_half", "placement_url": placement_url}))
+
+    def close(self, timeout: float = 120) -> None:
+        """Every process told to stop its agents, all at once; those not
+        gone within ``timeout`` killed."""
+        for p in self.procs:
+            try:
+                p.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                p.stdin.flush()
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def out_of_step(hosts: list[dict], trees: dict[str, str],
+                since: float | None = None) -> list[str]:
+    """The hosts not in step: no successful cycle (since ``since``, wall
+    clock), RPC not served, or Placement's tree not the one the agent
+    reports (``trees``: root uuid -> digest, read from Placement's
+    database)."""
+    late = []
+    for h in hosts:
+        ok = (h.get("host") and h["cycle_ok"] and h["serving"]
+              and trees.get(h["root_uuid"]) == h["expected"]
+              and (since is None or (h["last_success_at"] or 0) >= since))
+        if not ok:
+            late.append(h.get("host") or h.get("error") or "?")
+    return late
+
+
+def rpc_unanswered(api, hosts: list[str], timeout: float = 10) -> list[str]:
+    """The hosts whose agent does not answer get_host_info over the bus."""
+    def asks(host: str) -> str | None:
+        try:
+            api._call(host, "get_host_info", timeout=timeout)
+            return None
+        except Exception:
+            return host
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return [h for h in pool.map(asks, hosts) if h is not None]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered) / 100) - 1)]
+
+
+def latency(requests: list[Request]) -> dict:
+    """Placement's p50/p99 in milliseconds, and its peak requests per
+    second, over ``requests``."""
+    times = [r.seconds * 1000 for r in requests if r.seconds is not None]
+    per_second = Counter(int(r.at) for r in requests if r.at is not None)
+    return {"requests": len(requests),
+            "p50_ms": round(percentile(times, 50), 1) if times else None,
+            "p99_ms": round(percentile(times, 99), 1) if times else None,
+            "peak_rps": max(per_second.values()) if per_second else None}
+
+
+def kind(request: Request) -> str:
+    """The request's part of an idle cycle."""
+    if request.method == "GET" and "?in_tree=" in request.path:
+        return "tree"
+    if request.method == "GET" and request.path.endswith("/allocations"):
+        return "allocations"
+    return "other"
+
+
+@dataclass(frozen=True)
+class IdleCost:
+    host_cycles: int
+    host_reconciles: int
+    reconcile_interval: int
+    requests: Counter
+
+    @property
+    def per_host_cycle(self) -> float:
+        """Every request of an idle host per cycle: the tree read and any
+        other request per cycle, and the allocation reads over their own
+        period (a reconciliation every reconcile_interval cycles)."""
+        per_cycle = (self.requests["tree"] + self.requests["other"]) / max(self.host_cycles, 1)
+        reads = self.requests["allocations"] / max(self.host_reconciles, 1)
+        return per_cycle + reads / self.reconcile_interval
+
+    def as_dict(self) -> dict:
+        return {"host_cycles": self.host_cycles, "host_reconciles": self.host_reconciles,
+                "reconcile_interval": self.reconcile_interval,
+                "requests": dict(self.requests),
+                "allocation_reads_per_host_reconcile":
+                    round(self.requests["allocations"] / max(self.host_reconciles, 1), 2),
+                "per_host_cycle": round(self.per_host_cycle, 3)}
+
+
+def idle_cost(before: list[dict], after: list[dict], requests: list[Request]) -> IdleCost:
+    """From the hosts' cycle counters at both ends of a window and the
+    agents' requests Placement logged in it."""
+    interval = after[0]["reconcile_interval"]
+    cycles = reconciles = 0
+    for b, a in zip(before, after):
+        cycles += a["cycles"] - b["cycles"]
+        reconciles += a["cycles"] // interval - b["cycles"] // interval
+    return IdleCost(cycles, reconciles, interval,
+                    Counter(kind(r) for r in requests if r.from_agent))
+
+
+def processes_figures(processes: list[dict], hosts: int) -> dict:
+    """Memory per host beyond each process's empty base, threads and
+    descriptors."""
+    beyond = sum(p["rss"] - p["base_rss"] for p in processes)
+    return {"agent_rss_mib_per_host": round(beyond / hosts / 2**20, 2),
+            "threads": sum(p["threads"] for p in processes),
+            "threads_per_host": round(sum(p["threads"] for p in processes) / hosts, 1),
+            "fds": sum(p["fds"] for p in processes),
+            "fds_per_host": round(sum(p["fds"] for p in processes) / hosts, 1)}
+
+
+def wait_in_step(statuses, placement, since: float | None, timeout: float,
+                 api=None, progress=None) -> tuple[float | None, list[str]]:
+    """Seconds from now until every host is in step (out_of_step, then
+    answering RPC when ``api``), or None at ``timeout`` with those late.
+    ``statuses``: every host's status, now."""
+    started = time.monotonic()
+    answered: set[str] = set()
+    late: list[str] = []
+    while time.monotonic() - started < timeout:
+        hosts = statuses()
+        failed = [h["error"] for h in hosts if h["host"] is None and h["error"] != "not started"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} agents failed to start; the first: {failed[0]}")
+        late = out_of_step(hosts, placement.trees(), since)
+        if not late and api is not None:
+            waiting = [h["host"] for h in hosts if h["host"] not in answered]
+            silent = rpc_unanswered(api, waiting)
+            answered |= set(waiting) - set(silent)
+            late = silent
+        if progress:
+            progress(f"{len(hosts) - len(late)}/{len(hosts)} in step")
+        if not late:
+            return time.monotonic() - started, []
+        time.sleep(1)
+    return None, late

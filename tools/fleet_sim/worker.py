@@ -1,0 +1,73 @@
+"""One process of the fleet: its agents, driven by JSON lines on stdin,
+one JSON answer a line on stdout.
+
+    python -m tools.fleet_sim.worker CONF...
+
+Commands: {"cmd": "start"|"restart"} (answered at once; the work goes on
+in a thread: "wait" answers when it is done), "stop", "status",
+"build_half", "wait", "exit".
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+
+
+def process_stats(base_rss: int) -> dict:
+    me = psutil.Process()
+    return {"rss": me.memory_info().rss, "base_rss": base_rss, "threads": me.num_threads(),
+            "fds": me.num_fds()}
+
+
+def main(argv: list[str]) -> int:
+    out = sys.stdout
+    # Anything printed by a library goes to stderr, not into the answers.
+    sys.stdout = sys.stderr
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from tools.fleet_sim.agents import Fleet, FleetHost  # after logging: quiet imports
+    base_rss = psutil.Process().memory_info().rss
+    fleet = Fleet([FleetHost(Path(p)) for p in argv])
+    job: threading.Thread | None = None
+
+    def answer(value) -> None:
+        out.write(json.dumps(value) + "\n")
+        out.flush()
+
+    for line in sys.stdin:
+        command = json.loads(line)
+        cmd = command["cmd"]
+        if cmd in ("start", "restart"):
+            job = threading.Thread(target=getattr(fleet, cmd), daemon=True)
+            job.start()
+            answer({"ok": True})
+        elif cmd == "wait":
+            if job is not None:
+                job.join()
+            answer({"ok": True})
+        elif cmd == "stop":
+            fleet.stop()
+            answer({"ok": True})
+        elif cmd == "status":
+            answer({"hosts": fleet.status(), "process": process_stats(base_rss)})
+        elif cmd == "build_half":
+            answer({"providers": fleet.build_half(command["placement_url"])})
+        elif cmd == "exit":
+            fleet.stop()
+            answer({"ok": True})
+            out.flush()
+            os._exit(0)
+        else:
+            answer({"error": f"unknown command {cmd!r}"})
+    fleet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
