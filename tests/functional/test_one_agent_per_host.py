@@ -164,7 +164,12 @@ def test_placement_away_at_start_is_asked_by_the_first_cycle_that_reaches_it(
 def killed_9(tmp_path, daemon) -> tuple[str, Daemon]:
     """An agent of a new host, started, then killed with SIGKILL: its host
     and the stopped Daemon (its log set aside as killed.log)."""
-    host, agent = killed_9(tmp_path, daemon)
+    host = new_host()
+    agent = daemon(tmp_path, host).start()
+    agent.wait_running()
+    agent.proc.kill()
+    agent.proc.wait(30)
+    agent.log.rename(tmp_path / "killed.log")
     return host, agent
 
 
