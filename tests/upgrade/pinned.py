@@ -26,7 +26,9 @@ PINNED: tuple[Pinned, ...] = (
     Pinned("964717c053ff6deffedad15b510e1058913e4a3c",
            "the first RPC version ledger (RPC 1.1, schema 4)", True, True),
     Pinned("cf20264c6b678de83d1dcb494aecb90005e347d8",
-           "schema 5 (the current one) and RPC 1.4", True, True),
+           "schema 5 and RPC 1.4", True, True),
+    Pinned("d748ab61c9005d3cee504612224093372be7523f",
+           "release 0.2.0: schema 6 and RPC 1.5", True, True),
 )
 
 
