@@ -18,6 +18,7 @@ import os_resource_classes as orc
 from agent.compute.manager import ComputeManager
 from agent.compute.reconcile import reconcile
 from agent.compute.tracker import Tracker
+from agent.health.vf_restore_run import VfRestore
 from agent.store.store import (Assignment, Migration, Store, all_instances, all_migrations,
                                live_assignments)
 from agent.tree.device_spec import parse_specs
@@ -81,6 +82,12 @@ class World:
 
     def start(self) -> "World":
         self.store = Store(self.path)
+        # As the agent's start: a reboot's VFs back before anything is
+        # built, and the PFs' counts recorded as a cycle records them.
+        vf_restore = VfRestore(self.driver, self.store, self.policy.vf_counts)
+        vf_restore.restore(self.driver.boot_id())
+        inventory = self.driver.get_host_inventory()
+        vf_restore.observe(inventory, build_tree(inventory, self.policy))
         self.tracker = Tracker(self.store, self.driver.boot_id())
         self.pools = self.build_pools()
         self.tracker.set_pools(self.pools)
