@@ -185,7 +185,11 @@ class Scenario:
 
     # --- the run --------------------------------------------------------
 
-    def run(self, seconds: float) -> Outcome:
+    def run(self, seconds: float, fault_kinds: int = 0, longest: float = 0) -> Outcome:
+        """Changes the host for ``seconds``, and on, up to ``longest``
+        seconds in all, until faults of ``fault_kinds`` kinds were injected
+        (a loaded machine runs fewer cycles, so meets fewer faults, in a
+        given time)."""
         started = time.monotonic()
         self.proxy.start()
         try:
@@ -193,8 +197,10 @@ class Scenario:
                                          stdout=open(self.log, "w"),
                                          stderr=subprocess.STDOUT, env=this_checkout())
             root = self._wait_for_root()
-            deadline = started + seconds
-            while time.monotonic() < deadline and self.proc.poll() is None:
+            deadline, last = started + seconds, started + max(seconds, longest)
+            while self.proc.poll() is None and (
+                    time.monotonic() < deadline
+                    or (len(self.proxy.injected) < fault_kinds and time.monotonic() < last)):
                 self._change_something(root)
                 time.sleep(self.rng.uniform(0.2, 1.0))
             # The host has stopped changing: what it should show.

@@ -7,7 +7,8 @@ from tests.reliability.placement_faults import Scenario
 
 
 def test_the_daemon_converges_after_20_percent_placement_faults(tmp_path, placement):
-    outcome = Scenario(tmp_path, placement.url, fault_rate=0.2, seed=16).run(seconds=15)
+    outcome = Scenario(tmp_path, placement.url, fault_rate=0.2, seed=16).run(
+        seconds=15, fault_kinds=6, longest=60)
     assert outcome.problems == [], "\n".join(outcome.problems)
     # The run did meet faults of each kind and changed the host.
     assert len(outcome.injected) >= 6, outcome.injected
