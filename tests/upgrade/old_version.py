@@ -132,8 +132,10 @@ class OldVersion:
 
     def rpc_version(self) -> str:
         """The newest RPC API version its ledger lists."""
-        return subprocess.run([str(self.python), "-c", "from agent.rpc_versions import "
-                               "VERSION; print(VERSION)"], env=self.env(), cwd=str(self.dir),
+        ledger = ("try:\n    from agent.rpc.versions import VERSION\n"
+                  "except ImportError:  # before the rpc package\n"
+                  "    from agent.rpc_versions import VERSION\nprint(VERSION)")
+        return subprocess.run([str(self.python), "-c", ledger], env=self.env(), cwd=str(self.dir),
                               capture_output=True, text=True, check=True,
                               timeout=60).stdout.strip()
 

@@ -28,7 +28,10 @@ from agent.cmd.common import load_config
 def main() -> None:
     request = json.load(sys.stdin)
     conf = load_config(["--config-file", request["config"]])
-    from agent.service import Agent
+    try:
+        from agent.daemon.service import Agent
+    except ImportError:  # before the daemon package: one module
+        from agent.service import Agent
     agent = Agent.from_conf(conf)
     agent.driver.init_host()
     outcome = agent.run_cycle()
