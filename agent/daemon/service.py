@@ -751,10 +751,11 @@ class Agent:
             LOG.exception("Reconciliation failed")
         if unavailable is not None:
             # Without the guests there is nothing to compare: the next pass
-            # does it. The cycle before has said libvirt went away, once.
-            down = self.dependencies.snapshot()[Dependency.LIBVIRT].health is Health.DOWN
-            LOG.log(logging.DEBUG if down else logging.WARNING,
-                    "Reconciliation skipped: %s", unavailable)
+            # does it. libvirt's going away is said once, by whichever of
+            # the cycle and this pass met it first (it may go between them).
+            self.dependencies.failed(Dependency.LIBVIRT, unavailable.where,
+                                     unavailable.problem)
+            LOG.debug("Reconciliation skipped: %s", unavailable)
 
     def _heal_safely(self) -> None:
         """[heal] on_startup: one heal before RPC is served; a refusal or a

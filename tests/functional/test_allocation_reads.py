@@ -150,7 +150,7 @@ def test_an_allocation_moved_off_our_provider_is_seen_within_the_refresh_interva
     deleted from nor of the one a consumer moves off (an evacuation): only
     the refresh interval bounds how long the agent still sees them."""
     agent = make_agent(tmp_path, placement.url, HOST, **POLICY,
-                       DEFAULT={"allocation_refresh_interval": 2})
+                       DEFAULT={"allocation_refresh_interval": 4})
     try:
         agent.run_cycle()
         gpu = provider(agent, placement, "pci_0000_af_00_0")
@@ -167,7 +167,7 @@ def test_an_allocation_moved_off_our_provider_is_seen_within_the_refresh_interva
         assert allocation_reads(sent) == []
         assert unexplained(report) == {deleted, moved}  # not yet: within the bound
 
-        time.sleep(max(0.0, read_at + 2 - time.monotonic()))
+        time.sleep(max(0.0, read_at + 4 - time.monotonic()))
         sent, report = reconcile_requests(agent, placement)
         # The provider that held them, once; those read empty are not read
         # again by age (whatever is written on them moves their generation).
