@@ -75,6 +75,34 @@ def write_config(directory: Path) -> Path:
     return conf
 
 
+def check_each_schema_once() -> None:
+    """Make ``jsonschema.validate`` check a schema against its meta-schema
+    once per process rather than on every call.
+
+    Placement validates every query string and body with
+    ``jsonschema.validate``, which checks the schema itself first each
+    time; with jsonschema 4.18 or later that check is most of a
+    ``GET /resource_providers?in_tree=``'s CPU (about 7 of 13 ms here).
+    Placement's schemas are constants, so checking each once gives the
+    same answers; the instance is still validated on every request. The
+    checked schemas are kept so that no id is reused."""
+    import jsonschema
+
+    checked: dict[int, object] = {}
+
+    def validate(instance, schema, cls=None, *args, **kwargs):
+        cls = cls or jsonschema.validators.validator_for(schema)
+        if id(schema) not in checked:
+            cls.check_schema(schema)
+            checked[id(schema)] = schema
+        error = jsonschema.exceptions.best_match(
+            cls(schema, *args, **kwargs).iter_errors(instance))
+        if error is not None:
+            raise error
+
+    jsonschema.validate = validate
+
+
 def serve(directory: Path, port: int, workers: int = 1) -> None:
     faulthandler.register(signal.SIGUSR1)  # stacks to stderr, for a hang
     conf = write_config(directory)
@@ -83,6 +111,7 @@ def serve(directory: Path, port: int, workers: int = 1) -> None:
                         "--config-file", str(conf), "db", "sync"],
                        check=True, stdout=subprocess.DEVNULL)
     os.environ["OS_PLACEMENT_CONFIG_DIR"] = str(directory)
+    check_each_schema_once()
     from placement.wsgi import api  # reads the config at import
 
     server = make_server("127.0.0.1", port, api.application,
