@@ -63,6 +63,25 @@ class ProcessFleet:
         return sum(a["providers"] for a in
                    self._all({"cmd": "build_half", "placement_url": placement_url}))
 
+    def _one(self, command: dict) -> dict:
+        """``command`` for one host: the answer of the process that has it."""
+        here = [a for a in self._all(command) if a["here"]]
+        if not here:
+            raise RuntimeError(f"no fleet worker has host {command['host']}")
+        return here[0]
+
+    def stop_host(self, host: str) -> None:
+        self._one({"cmd": "stop_host", "host": host})
+
+    def start_host(self, host: str) -> None:
+        error = self._one({"cmd": "start_host", "host": host})["error"]
+        if error:
+            raise RuntimeError(f"{host} did not start again: {error}")
+
+    def build_small(self, host: str, placement_url: str, count: int) -> list[str]:
+        return self._one({"cmd": "build_small", "host": host,
+                          "placement_url": placement_url, "count": count})["instances"]
+
     def close(self, timeout: float = 120) -> None:
         """Every process told to stop its agents, all at once; those not
         gone within ``timeout`` killed."""
