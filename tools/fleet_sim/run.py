@@ -18,13 +18,19 @@ from tools.fleet_sim.placement import Request
 TOP = Path(__file__).resolve().parents[2]
 
 
+def worktree_env() -> dict[str, str]:
+    """This environment with this checkout first on PYTHONPATH: a child
+    runs this tree's agent and tools."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(TOP)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+
+
 class ProcessFleet:
     """The agents of ``confs`` spread over ``processes`` worker processes
     (tools/fleet_sim/worker.py)."""
 
     def __init__(self, confs: list[Path], processes: int, log_dir: Path):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(TOP)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        env = worktree_env()
         shares = [confs[i::processes] for i in range(processes)]
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "tools.fleet_sim.worker", *map(str, share)],

@@ -6,7 +6,6 @@ dict of the keys docs/scale.md lists."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from agent.rpc.heartbeat import Heartbeat
 from agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import DEVICE_CLASSES_PREFIX, HEADERS
 from tools.fleet_sim.hosts import VF_CLASS
-from tools.fleet_sim.run import TOP, percentile
+from tools.fleet_sim.run import percentile, worktree_env
 
 # The flavor the scheduler places: its CPUs and memory, one VF, one vGPU.
 FLAVOR_COMPUTE = "VCPU:2,MEMORY_MB:2048"
@@ -44,12 +43,11 @@ def ctl_hosts(conf_path: Path, hosts: list[str], timeout: float = 600) -> dict:
     """``compute-agent-ctl hosts --json`` run as a command with the
     fleet's config: its wall time, and the fleet's hosts it did not list
     or listed down."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(TOP)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     started = time.monotonic()
     done = subprocess.run([str(Path(sys.executable).with_name("compute-agent-ctl")),
                            "--config-file", str(conf_path), "hosts", "--json"],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout,
+                          env=worktree_env())
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"compute-agent-ctl hosts failed ({done.returncode}): "
@@ -118,8 +116,8 @@ def candidates_in_each_mode(restart_in: Callable[[TreeMode], None], placement_ur
 def evacuate(conf, api, source: str) -> dict:
     """Every instance of the down host ``source`` evacuated by the
     conductor's Evacuator onto the fleet (as ``compute-agent-ctl
-    evacuate``): its seconds, and the instances that did not land: running
-    on their destination with a claim of every device class they held."""
+    evacuate``): its seconds, and how many instances landed: each runs on
+    its destination with every device class it held claimed there."""
     placement = PlacementClient(adapter_from_conf(conf))
     evacuator = Evacuator(placement, api, Heartbeat(conf))
     root = {name: root for root, name in evacuator.compute_roots().items()}[source]
