@@ -2,9 +2,11 @@
 MariaDB database of its own) and one RabbitMQ node of its own: the figures
 of registration, idle cycles, a restart of every agent at once, a
 Placement outage and a broker restart, counted at Placement's side
-(gunicorn's access log). docs/scale.md gives the figures of this machine.
+(gunicorn's access log); compute-agent-ctl hosts, the scheduler's
+allocation candidates in each tree mode and an evacuation
+(tools/fleet_sim/scenarios.py). docs/scale.md gives the figures of this machine.
 
-    tools/fleet --hosts N [--minutes M] [--json]
+    tools/fleet --hosts N [--minutes M] [--scenarios A,B] [--json]
 """
 from __future__ import annotations
 
