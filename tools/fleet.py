@@ -30,8 +30,8 @@ from tools.fleet_sim.scenarios import (candidates_in_each_mode, ctl_conf,  # noq
                                        ctl_hosts, evacuate)
 
 # Every scenario, in the order a run takes them; registration always runs.
-SCENARIOS = ("ctl_hosts", "idle", "idle_with_instances", "restart_storm", "placement_outage",
-             "broker_restart", "evacuation", "allocation_candidates")
+SCENARIOS = ("ctl_hosts", "allocation_candidates", "idle", "idle_with_instances",
+             "restart_storm", "placement_outage", "broker_restart", "evacuation")
 # The host whose instances the evacuation moves, and the small instances
 # built on it beside build_half's.
 EVACUATED = "fleet-00000"
