@@ -2,9 +2,11 @@
 MariaDB database of its own) and one RabbitMQ node of its own: the figures
 of registration, idle cycles, a restart of every agent at once, a
 Placement outage and a broker restart, counted at Placement's side
-(gunicorn's access log). docs/scale.md gives the figures of this machine.
+(gunicorn's access log); compute-agent-ctl hosts, the scheduler's
+allocation candidates in each tree mode and an evacuation
+(tools/fleet_sim/scenarios.py). docs/scale.md gives the figures of this machine.
 
-    tools/fleet --hosts N [--minutes M] [--json]
+    tools/fleet --hosts N [--minutes M] [--scenarios A,B] [--json]
 """
 from __future__ import annotations
 
@@ -19,10 +21,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.tree.host_tree import TreeMode  # noqa: E402
 from tools.fleet_sim.hosts import Timing, write_agent_conf  # noqa: E402
 from tools.fleet_sim.placement import GunicornPlacement  # noqa: E402
 from tools.fleet_sim.run import (ProcessFleet, idle_cost, latency,  # noqa: E402
                                  processes_figures, wait_in_step)
+from tools.fleet_sim.scenarios import (candidates_in_each_mode, ctl_conf,  # noqa: E402
+                                       ctl_hosts, evacuate)
+
+# Every scenario, in the order a run takes them; registration always runs.
+SCENARIOS = ("ctl_hosts", "allocation_candidates", "idle", "idle_with_instances",
+             "restart_storm", "placement_outage", "broker_restart", "evacuation")
+# The host whose instances the evacuation moves, and the small instances
+# built on it beside build_half's.
+EVACUATED = "fleet-00000"
+EVACUATED_SMALL_INSTANCES = 3
 
 
 def progress(quiet: bool):
@@ -41,12 +54,15 @@ def broker_counts(node: str) -> dict:
             "broker_connections": count("list_connections")}
 
 
-def ctl_conf(directory: Path, placement_url: str, transport_url: str):
-    from agent.cmd.common import load_config
-    path = directory / "ctl.conf"
-    path.write_text(f"[DEFAULT]\ntransport_url = {transport_url}\n"
-                    f"[placement]\nauth_type = placement_noauth2\nendpoint = {placement_url}\n")
-    return path, load_config(["--config-file", str(path)])
+def scenario_list(text: str) -> tuple[str, ...]:
+    """--scenarios: names of SCENARIOS, comma-separated."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{unknown[0] if unknown else text!r} is not a scenario: one of "
+            + ", ".join(SCENARIOS))
+    return names
 
 
 def main() -> int:
@@ -71,6 +87,14 @@ def main() -> int:
     parser.add_argument("--allocation-refresh-interval", type=int,
                         default=Timing.allocation_refresh_interval,
                         help=f"the agents' (default {Timing.allocation_refresh_interval} s)")
+    parser.add_argument("--scenarios", type=scenario_list, default=SCENARIOS,
+                        help="comma-separated, of: " + ", ".join(SCENARIOS)
+                        + " (default all; registration always runs)")
+    parser.add_argument("--candidate-queries", type=int, default=20,
+                        help="allocation candidate queries timed per tree mode (default 20)")
+    parser.add_argument("--max-allocation-candidates", type=int, default=1000,
+                        help="Placement's [placement] max_allocation_candidates "
+                             "(default 1000)")
     parser.add_argument("--mysql", default="127.0.0.1:3306",
                         help="MariaDB host:port; the run creates a database of its own "
                              "there and drops it after (user root, no password)")
@@ -79,6 +103,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.hosts < 1:
         parser.error(f"--hosts must be at least 1, not {args.hosts}")
+    if "evacuation" in args.scenarios and args.hosts < 2:
+        parser.error(f"--hosts must be at least 2 for the evacuation, not {args.hosts}")
+    if args.candidate_queries < 1:
+        parser.error(f"--candidate-queries must be at least 1, not {args.candidate_queries}")
     # SIGTERM cleans up as an exception does: the database, the nodes.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))
     say = progress(args.json)
@@ -109,7 +137,8 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         f"MariaDB at {args.mysql}) in {root}")
     rabbit = PrivateRabbitMQ().start()
     placement = GunicornPlacement(root / "placement", args.placement_workers, host_,
-                                  int(port))
+                                  int(port),
+                                  max_allocation_candidates=args.max_allocation_candidates)
     fleet = None
     result.update({"hosts": args.hosts, "processes": args.processes,
                    "placement_workers": args.placement_workers,
@@ -117,16 +146,21 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
                    "update_jitter": timing.update_jitter,
                    "reconcile_interval": timing.reconcile_interval,
                    "allocation_refresh_interval": timing.allocation_refresh_interval,
-                   "minutes": args.minutes})
+                   "minutes": args.minutes, "scenarios": list(args.scenarios),
+                   "max_allocation_candidates": args.max_allocation_candidates})
     scenarios: dict[str, dict] = {}
     result["placement"] = scenarios
     try:
         placement.start()
         log = placement.log
-        confs = [write_agent_conf(root / "hosts" / f"fleet-{i:05d}", f"fleet-{i:05d}", i,
-                                  placement.url, rabbit.url, timing)
-                 for i in range(args.hosts)]
-        _, conf = ctl_conf(root, placement.url, rabbit.url)
+
+        def write_confs(mode: TreeMode) -> list[Path]:
+            return [write_agent_conf(root / "hosts" / f"fleet-{i:05d}", f"fleet-{i:05d}", i,
+                                     placement.url, rabbit.url, timing, mode)
+                    for i in range(args.hosts)]
+
+        confs = write_confs(TreeMode.NESTED)
+        conf_path, conf = ctl_conf(root, placement.url, rabbit.url, timing.service_down_time)
         api = ComputeAgentAPI(conf, timeout=30)
         fleet = ProcessFleet(confs, args.processes, root)
         fleet.status()  # the workers have imported everything: their base
@@ -167,60 +201,114 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             say(f"settling {seconds:.0f} s")
             time.sleep(seconds)
 
-        settle()
-        result["idle"] = idle("idle")
-        result["idle_requests_per_host_cycle"] = result["idle"]["per_host_cycle"]
+        def restart_in(mode: TreeMode) -> None:
+            """Every agent restarted in ``mode``, until all are in step."""
+            say(f"every agent restarted in {mode.value} mode")
+            write_confs(mode)
+            mark, since = log.mark(), time.time()
+            started = time.monotonic()
+            fleet.restart()
+            seconds, late = wait_in_step(statuses, placement, since, 3600, api, progress=say)
+            result["tree_mode_switch_seconds"][f"to_{mode.value}"] = round(
+                time.monotonic() - started, 1)
+            if late:
+                result[f"tree_mode_{mode.value}_late"] = late[:10]
+            fleet.wait()
+            scenario(f"tree_mode_{mode.value}", mark)
+
+        selected = set(args.scenarios)
+        if "ctl_hosts" in selected:
+            say("compute-agent-ctl hosts")
+            result.update(ctl_hosts(conf_path, [f"fleet-{i:05d}" for i in range(args.hosts)]))
+
+        if "allocation_candidates" in selected:
+            # On the empty fleet: a switch of tree mode under guests leaves
+            # the moving classes held until `compute-agent-manage heal`
+            # (docs/operations.md), so the agents switch before any build.
+            result["tree_mode_switch_seconds"] = {}
+            result["allocation_candidates"] = candidates_in_each_mode(
+                restart_in, placement.url, args.candidate_queries, say)
+
+        if "idle" in selected:
+            settle()
+            result["idle"] = idle("idle")
+            result["idle_requests_per_host_cycle"] = result["idle"]["per_host_cycle"]
         result.update(processes_figures(fleet.status()[1], args.hosts))
         result.update(broker_counts(rabbit.node))
 
-        say("building an instance on every host, half of its devices")
-        mark = log.mark()
-        result["instance_providers_per_host"] = round(
-            fleet.build_half(placement.url) / args.hosts, 2)
-        scenario("builds", mark)
-        settle()
-        result["idle_with_instances"] = idle("idle_with_instances")
-        result["idle_requests_per_host_cycle_with_instances"] = (
-            result["idle_with_instances"]["per_host_cycle"])
+        if selected & {"idle_with_instances", "evacuation"}:
+            say("building an instance on every host, half of its devices")
+            mark = log.mark()
+            result["instance_providers_per_host"] = round(
+                fleet.build_half(placement.url) / args.hosts, 2)
+            scenario("builds", mark)
+        if "idle_with_instances" in selected:
+            settle()
+            result["idle_with_instances"] = idle("idle_with_instances")
+            result["idle_requests_per_host_cycle_with_instances"] = (
+                result["idle_with_instances"]["per_host_cycle"])
 
-        say("restart storm: every agent restarted at once")
-        mark, since = log.mark(), time.time()
-        started = time.monotonic()
-        fleet.restart()
-        seconds, late = wait_in_step(statuses, placement, since, 3600, api, progress=say)
-        result["restart_storm_seconds"] = round(time.monotonic() - started, 1)
-        if late:
-            result["restart_storm_late"] = late[:10]
-        fleet.wait()
-        result["restart_requests_per_host"] = round(
-            len(scenario("restart_storm", mark)) / args.hosts, 2)
+        if "restart_storm" in selected:
+            say("restart storm: every agent restarted at once")
+            mark, since = log.mark(), time.time()
+            started = time.monotonic()
+            fleet.restart()
+            seconds, late = wait_in_step(statuses, placement, since, 3600, api,
+                                         progress=say)
+            result["restart_storm_seconds"] = round(time.monotonic() - started, 1)
+            if late:
+                result["restart_storm_late"] = late[:10]
+            fleet.wait()
+            result["restart_requests_per_host"] = round(
+                len(scenario("restart_storm", mark)) / args.hosts, 2)
 
-        say(f"Placement outage: stopped for {args.outage_seconds:.0f} s")
-        placement.stop()
-        time.sleep(args.outage_seconds)
-        mark, since = log.mark(), time.time()
-        started = time.monotonic()
-        placement.start()
-        result["placement_start_seconds"] = round(time.monotonic() - started, 1)
-        # From the moment Placement answers again.
-        started = time.monotonic()
-        seconds, late = wait_in_step(statuses, placement, since, 3600, None, progress=say)
-        result["placement_outage_recovery_seconds"] = round(time.monotonic() - started, 1)
-        if late:
-            result["placement_outage_late"] = late[:10]
-        scenario("placement_outage_recovery", mark)
+        if "placement_outage" in selected:
+            say(f"Placement outage: stopped for {args.outage_seconds:.0f} s")
+            placement.stop()
+            time.sleep(args.outage_seconds)
+            mark, since = log.mark(), time.time()
+            started = time.monotonic()
+            placement.start()
+            result["placement_start_seconds"] = round(time.monotonic() - started, 1)
+            # From the moment Placement answers again.
+            started = time.monotonic()
+            seconds, late = wait_in_step(statuses, placement, since, 3600, None,
+                                         progress=say)
+            result["placement_outage_recovery_seconds"] = round(
+                time.monotonic() - started, 1)
+            if late:
+                result["placement_outage_late"] = late[:10]
+            scenario("placement_outage_recovery", mark)
 
-        say("broker restart")
-        rabbit.stop_app()
-        rabbit.start_app()
-        started = time.monotonic()
-        seconds, late = wait_in_step(statuses, placement, None, 3600, api, progress=say)
-        result["broker_restart_recovery_seconds"] = round(time.monotonic() - started, 1)
-        if late:
-            result["broker_restart_late"] = late[:10]
-        result.update({f"after_{k}": v for k, v in
-                       processes_figures(fleet.status()[1], args.hosts).items()})
-        result.update({f"after_{k}": v for k, v in broker_counts(rabbit.node).items()})
+        if "broker_restart" in selected:
+            say("broker restart")
+            rabbit.stop_app()
+            rabbit.start_app()
+            started = time.monotonic()
+            seconds, late = wait_in_step(statuses, placement, None, 3600, api, progress=say)
+            result["broker_restart_recovery_seconds"] = round(time.monotonic() - started, 1)
+            if late:
+                result["broker_restart_late"] = late[:10]
+            result.update({f"after_{k}": v for k, v in
+                           processes_figures(fleet.status()[1], args.hosts).items()})
+            result.update({f"after_{k}": v for k, v in broker_counts(rabbit.node).items()})
+
+        if "evacuation" in selected:
+            say(f"evacuation of {EVACUATED}: {EVACUATED_SMALL_INSTANCES} more instances "
+                "built on it, its agent stopped")
+            fleet.build_small(EVACUATED, placement.url, EVACUATED_SMALL_INSTANCES)
+            fleet.stop_host(EVACUATED)
+            mark = log.mark()
+            result.update(evacuate(conf, api, EVACUATED))
+            scenario("evacuation", mark)
+            say(f"{EVACUATED} started again: it gives its evacuated instances up")
+            started = time.monotonic()
+            fleet.start_host(EVACUATED)
+            seconds, late = wait_in_step(statuses, placement, None, 3600, api, progress=say)
+            result["evacuated_host_return_seconds"] = round(time.monotonic() - started, 1)
+            if late:
+                result["evacuated_host_return_late"] = late[:10]
+
         api.close()
     finally:
         result["placement_peak_rps"] = max([s["peak_rps"] or 0 for s in scenarios.values()],

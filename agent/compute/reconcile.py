@@ -93,8 +93,9 @@ class Pass:
     # The evacuations accepted here and not yet settled, by instance uuid.
     rebuilds: dict[str, Migration] = field(default_factory=dict)
     # The instances whose evacuation's migration consumer holds allocations
-    # on our providers (the evacuator's swap).
-    evacuation_holds: frozenset[str] = frozenset()
+    # on our providers (the evacuator's swap): instance uuid -> that
+    # consumer, which the instance's record explains.
+    evacuation_holds: dict[str, str] = field(default_factory=dict)
     # Live migrations announced here and never started: when each was
     # announced (epoch s), by migration uuid; after how many seconds the
     # conductor is taken for gone; and how to end such a move (its
@@ -353,10 +354,12 @@ def guest_without_assignments(p: Pass) -> None:
 
 def allocation_without_record(p: Pass) -> None:
     """A consumer holding allocations on our providers that no local record
-    explains: reported. Skipped while Placement's answer is unknown."""
+    explains: reported. An evacuation's migration consumer is its
+    instance's (Pass.evacuation_holds). Skipped while Placement's answer is
+    unknown."""
     if p.allocations is None:
         return
-    known = set(p.instances) | set(p.migrations)
+    known = set(p.instances) | set(p.migrations) | set(p.evacuation_holds.values())
     for consumer in sorted(set(p.allocations) - known):
         p.report.add("allocation_without_record", consumer,
                      f"holds allocations on {len(p.allocations[consumer])} of our "
@@ -409,7 +412,7 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
               at_start: bool, fix: bool = True, grace: float = 0,
               elsewhere: dict[str, set[str]] | None = None,
               drop_evacuation_hold: Callable[[str], None] | None = None,
-              evacuation_holds: frozenset[str] = frozenset(),
+              evacuation_holds: dict[str, str] | None = None,
               announced_timeout: float = float("inf"),
               end_announced_move: Callable[[Migration], None] | None = None,
               clock: Callable[[], float] = time.time) -> Report:
@@ -433,7 +436,7 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
              tracker.store.read(live_changed_at) if grace else {}, clock(),
              frozenset(adopted), elsewhere, drop_evacuation_hold,
              {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())},
-             evacuation_holds,
+             evacuation_holds or {},
              tracker.store.read(migrations_changed_at)
              if any(m.state is MigrationState.ANNOUNCED for m in moves.values()) else {},
              announced_timeout, end_announced_move, holdings)

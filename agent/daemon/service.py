@@ -513,9 +513,9 @@ class Agent:
             LOG.log(level, "Reconciling without Placement's allocations: %s", why)
         elsewhere = (self._allocations_elsewhere(allocations)
                      if at_start and allocations is not None else None)
-        holds = frozenset(
-            u for u in self.manager.tracker.snapshot()[0] if allocations is not None
-            and evacuation_migration_uuid(u, self.sync.root_uuid) in allocations)
+        holds = {u: m for u in self.manager.tracker.snapshot()[0]
+                 if allocations is not None
+                 and (m := evacuation_migration_uuid(u, self.sync.root_uuid)) in allocations}
         report = reconcile(self.manager, allocations, at_start, fix,
                            grace=self.settings.orphan_grace_period, elsewhere=elsewhere,
                            drop_evacuation_hold=self._drop_evacuation_hold,

@@ -368,12 +368,12 @@ def test_bug_a_source_killed_before_recording_its_resize_kept_the_instance(tmp_p
         w.manager.build_instance(inst, spec(), w.allocations({"pf": {"SRIOV_NET_VF": 1}}))
         w.restart()  # killed before resize_instance; the conductor had swapped
         report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
-                           elsewhere={inst: {new_uuid()}}, evacuation_holds=frozenset())
+                           elsewhere={inst: {new_uuid()}}, evacuation_holds={})
         assert inst in w.instances() and inst in w.driver.list_guests(), report.as_dict()
         # An evacuation's hold says it: then the source gives it up.
         report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
                            elsewhere={inst: {new_uuid()}},
-                           evacuation_holds=frozenset({inst}))
+                           evacuation_holds={inst: mig})
         assert inst not in w.instances() and inst not in w.driver.list_guests()
     finally:
         w.stop()

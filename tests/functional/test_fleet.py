@@ -3,20 +3,25 @@ with its own state directory, store, update loop, RPC and heartbeat
 servers, on the machine's RabbitMQ and a Placement of the test's own
 (SQLite, one process: a MariaDB Placement takes too long to start for the
 suite; tools/fleet runs on one). Requests are counted in Placement's log;
-"in step" is read from Placement's database and asked over RPC."""
+"in step" is read from Placement's database and asked over RPC. A smaller
+fleet runs the operator's and the scheduler's scenarios
+(tools/fleet_sim/scenarios.py)."""
 from __future__ import annotations
 
 import time
 import uuid
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from agent.cmd.common import load_config
 from agent.rpc.client import ComputeAgentAPI
+from agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import Fleet, FleetHost
 from tools.fleet_sim.hosts import Timing, write_agent_conf
 from tools.fleet_sim.placement import SqlitePlacement
 from tools.fleet_sim.run import idle_cost, wait_in_step
+from tools.fleet_sim.scenarios import candidates_in_each_mode, ctl_conf, ctl_hosts, evacuate
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
 HOSTS = 12
@@ -35,32 +40,44 @@ def cycles_done(fleet: Fleet, cycles: int, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
-@pytest.fixture
-def fleet(tmp_path, services):
-    placement = SqlitePlacement(tmp_path / "placement")
+@contextmanager
+def registered_fleet(directory: Path, hosts: int, timing: Timing):
+    """``hosts`` agents registered and in step: (fleet, placement, api,
+    the agents' config writer by tree mode, the operator's config path and
+    config)."""
+    placement = SqlitePlacement(directory / "placement")
     placement.start()
     run = uuid.uuid4().hex[:6]
-    fleet = Fleet([FleetHost(write_agent_conf(tmp_path / f"h{i}", f"fleet-{run}-{i:02d}", i,
-                                              placement.url, BROKER, TIMING))
-                   for i in range(HOSTS)])
-    conf_path = tmp_path / "ctl.conf"
-    conf_path.write_text(f"[DEFAULT]\ntransport_url = {BROKER}\n")
-    api = ComputeAgentAPI(load_config(["--config-file", str(conf_path)]), timeout=10)
+
+    def write_confs(mode: TreeMode) -> list[Path]:
+        return [write_agent_conf(directory / f"h{i}", f"fleet-{run}-{i:02d}", i,
+                                 placement.url, BROKER, timing, mode)
+                for i in range(hosts)]
+
+    fleet = Fleet([FleetHost(path) for path in write_confs(TreeMode.NESTED)])
+    conf_path, conf = ctl_conf(directory, placement.url, BROKER, timing.service_down_time)
+    api = ComputeAgentAPI(conf, timeout=10)
     try:
         # Registered a few at a time: SQLite takes one writer at a time.
         fleet.starting_at_once = 4
         fleet.start()
         seconds, late = wait_in_step(fleet.status, placement, None, 120, api)
         assert not late, f"not in step after registration: {late}"
+        yield fleet, placement, api, write_confs, conf_path, conf
+    finally:
+        fleet.stop()
+        api.close()
+        placement.stop()
+
+
+@pytest.fixture
+def fleet(tmp_path, services):
+    with registered_fleet(tmp_path, HOSTS, TIMING) as (fleet, placement, api, *_):
         fleet.starting_at_once = None
         # A reconciliation after the last write of registration: the
         # providers whose generation that write moved are read there.
         cycles_done(fleet, 2 * TIMING.reconcile_interval)
         yield fleet, placement, api
-    finally:
-        fleet.stop()
-        api.close()
-        placement.stop()
 
 
 def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
@@ -84,3 +101,48 @@ def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
     fleet.restart()
     seconds, late = wait_in_step(fleet.status, placement, since, 120, api)
     assert not late, f"out of step after every agent restarted at once: {late}"
+
+
+SCENARIO_HOSTS = 4
+# The heartbeat's deadline short: the evacuation waits it out twice (the
+# conductor's check and the destination's fence).
+SCENARIO_TIMING = Timing(update_interval=1, update_jitter=1, reconcile_interval=2,
+                         allocation_refresh_interval=1, service_down_time=3)
+SMALL_INSTANCES = 3
+
+
+def test_operator_and_scheduler_scenarios(tmp_path, services):
+    """compute-agent-ctl hosts lists every host up; the flavor's allocation
+    candidates (a VF and a vGPU on one NUMA cell where there are cells)
+    find every host in each tree mode the agents are restarted in; a
+    host's instances evacuated by the conductor each run on another host
+    with their VF and vGPU claimed."""
+    with registered_fleet(tmp_path, SCENARIO_HOSTS, SCENARIO_TIMING) as (
+            fleet, placement, api, write_confs, conf_path, conf):
+        names = [h.name for h in fleet.hosts]
+        listed = ctl_hosts(conf_path, names)
+        assert listed["ctl_hosts_listed"] == SCENARIO_HOSTS, listed
+        assert listed["ctl_hosts_down"] == [], listed
+
+        def restart_in(mode: TreeMode) -> None:
+            write_confs(mode)
+            since = time.time()
+            fleet.restart()
+            seconds, late = wait_in_step(fleet.status, placement, since, 60, api)
+            assert not late, f"not in step in {mode.value} mode: {late}"
+
+        fleet.starting_at_once = 2  # SQLite's one writer, as at registration
+        found = candidates_in_each_mode(restart_in, placement.url, queries=3)
+        # One candidate a host: its NIC and GPU are both on cell 0.
+        assert {mode: (f["hosts"], f["candidates"]) for mode, f in found.items()} == {
+            mode.value: (SCENARIO_HOSTS, SCENARIO_HOSTS) for mode in TreeMode}, found
+
+        source = fleet.hosts[0]
+        instances = source.build_small(placement.url, SMALL_INSTANCES)
+        source.stop()
+        moved = evacuate(conf, api, source.name)
+        assert moved["evacuation_instances"] == SMALL_INSTANCES, moved
+        assert moved["evacuation_landed"] == SMALL_INSTANCES, moved
+        source.start()
+        assert api.get_host_info(source.name)["instances"] == 0
+        assert not set(instances) & {i["uuid"] for i in api.list_instances(source.name)}

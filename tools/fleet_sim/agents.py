@@ -55,11 +55,13 @@ class FleetHost:
         self.expected = ""
         self.error = ""
         self.cycles_before = 0
+        self.name: str | None = None  # its host name, once started
 
     def start(self) -> None:
         conf = load_config(["--config-file", str(self.conf_path)], placement_required=True)
         bound_broker_waits(conf, STOP_POLL)
         self.conf = conf
+        self.name = conf.host
         self._lock = state_lock.acquire(conf.state_path)
         check = check_one_agent_per_host(conf, ask_the_bus=True)
         agent = Agent.from_conf(conf)
@@ -109,18 +111,35 @@ class FleetHost:
         of each device class on each provider that has one, and some VCPU
         and MEMORY_MB, its allocations written in Placement, then built
         here. Returns the providers it holds."""
+        return len(self._build(placement_url, lambda total: total // 2 if total >= 2 else 0))
+
+    def build_small(self, placement_url: str, count: int) -> list[str]:
+        """``count`` instances each holding one VF and one vGPU (a pmem
+        namespace is one provider's whole inventory: none), built as
+        build_half's. Returns them."""
+        instances = []
+        for _ in range(count):
+            instance = str(uuid.uuid4())
+            self._build(placement_url, lambda total: 1 if total >= 2 else 0, instance)
+            instances.append(instance)
+        return instances
+
+    def _build(self, placement_url: str, device_share, instance: str | None = None
+               ) -> dict[str, dict]:
+        """One instance taking ``device_share(total)`` of each device class
+        on each provider that has one, and 2 VCPU and 2048 MEMORY_MB from
+        the first provider with VCPU. Returns its allocations."""
         agent = self.agent
-        tree = agent.sync.cache
         allocations: dict[str, dict] = {}
-        for p in tree:
-            take = {rc: inv["total"] // 2 for rc, inv in p.inventories.items()
-                    if rc.startswith(DEVICE_CLASSES_PREFIX) and inv["total"] >= 2}
+        for p in agent.sync.cache:
+            take = {rc: device_share(inv["total"]) for rc, inv in p.inventories.items()
+                    if rc.startswith(DEVICE_CLASSES_PREFIX) and device_share(inv["total"])}
             if "VCPU" in p.inventories and "VCPU" not in {
                     rc for a in allocations.values() for rc in a["resources"]}:
                 take.update({"VCPU": 2, "MEMORY_MB": 2048})
             if take:
                 allocations[p.uuid] = {"resources": take}
-        instance = str(uuid.uuid4())
+        instance = instance or str(uuid.uuid4())
         resp = requests.put(f"{placement_url}/allocations/{instance}", headers=HEADERS,
                             timeout=60, json={
                                 "allocations": allocations, "project_id": str(uuid.uuid4()),
@@ -129,7 +148,7 @@ class FleetHost:
         resp.raise_for_status()
         agent.manager.build_instance(instance, {"name": "fleet-vm", "vcpus": 2,
                                                 "memory_mb": 2048}, allocations)
-        return len(allocations)
+        return allocations
 
 
 @dataclass
@@ -162,6 +181,10 @@ class Fleet:
 
     def status(self) -> list[dict]:
         return [h.status() for h in self.hosts]
+
+    def named(self, host: str) -> FleetHost | None:
+        """This process's agent of ``host``, if it is here."""
+        return next((h for h in self.hosts if h.name == host), None)
 
     def build_half(self, placement_url: str) -> int:
         counts: list[int] = []

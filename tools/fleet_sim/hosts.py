@@ -7,8 +7,12 @@ from pathlib import Path
 
 import yaml
 
+from agent.tree.host_tree import TreeMode
+
 # nova's class for the VFs the [pci] device_spec below allowlists.
 VF_SPEC = '{"vendor_id": "8086", "product_id": "154c", "physical_network": "physnet1"}'
+# The class the agent gives those VFs: nova's default for a spec without one.
+VF_CLASS = "CUSTOM_PCI_8086_154C"
 VGPU_TYPE = "nvidia-222"
 PMEM_LABEL = "64GB"
 # A NIC's VF counts cycle through these, so the fleet holds trees of
@@ -48,10 +52,14 @@ class Timing:
     update_jitter: int = 5
     reconcile_interval: int = 3
     allocation_refresh_interval: int = 60
+    # The heartbeat's deadline: an evacuation waits it out (the source must
+    # be seen down); production's default.
+    service_down_time: int = 20
 
 
 def write_agent_conf(directory: Path, host: str, index: int, placement_url: str,
-                     transport_url: str, timing: Timing, tree_mode: str = "nested") -> Path:
+                     transport_url: str, timing: Timing,
+                     tree_mode: TreeMode = TreeMode.NESTED) -> Path:
     """The config of the fleet's agent ``index``, named ``host``, with its
     state and fake host under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -66,9 +74,10 @@ update_interval = {timing.update_interval}
 update_jitter = {timing.update_jitter}
 reconcile_interval = {timing.reconcile_interval}
 allocation_refresh_interval = {timing.allocation_refresh_interval}
+service_down_time = {timing.service_down_time}
 
 [compute]
-provider_tree_mode = {tree_mode}
+provider_tree_mode = {tree_mode.value}
 
 [fake]
 host_file = {directory / 'host.yaml'}

@@ -18,13 +18,19 @@ from tools.fleet_sim.placement import Request
 TOP = Path(__file__).resolve().parents[2]
 
 
+def worktree_env() -> dict[str, str]:
+    """This environment with this checkout first on PYTHONPATH: a child
+    runs this tree's agent and tools."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(TOP)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+
+
 class ProcessFleet:
     """The agents of ``confs`` spread over ``processes`` worker processes
     (tools/fleet_sim/worker.py)."""
 
     def __init__(self, confs: list[Path], processes: int, log_dir: Path):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(TOP)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        env = worktree_env()
         shares = [confs[i::processes] for i in range(processes)]
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "tools.fleet_sim.worker", *map(str, share)],
@@ -62,6 +68,25 @@ class ProcessFleet:
     def build_half(self, placement_url: str) -> int:
         return sum(a["providers"] for a in
                    self._all({"cmd": "build_half", "placement_url": placement_url}))
+
+    def _one(self, command: dict) -> dict:
+        """``command`` for one host: the answer of the process that has it."""
+        here = [a for a in self._all(command) if a["here"]]
+        if not here:
+            raise RuntimeError(f"no fleet worker has host {command['host']}")
+        return here[0]
+
+    def stop_host(self, host: str) -> None:
+        self._one({"cmd": "stop_host", "host": host})
+
+    def start_host(self, host: str) -> None:
+        error = self._one({"cmd": "start_host", "host": host})["error"]
+        if error:
+            raise RuntimeError(f"{host} did not start again: {error}")
+
+    def build_small(self, host: str, placement_url: str, count: int) -> list[str]:
+        return self._one({"cmd": "build_small", "host": host,
+                          "placement_url": placement_url, "count": count})["instances"]
 
     def close(self, timeout: float = 120) -> None:
         """Every process told to stop its agents, all at once; those not

@@ -5,7 +5,10 @@ one JSON answer a line on stdout.
 
 Commands: {"cmd": "start"|"restart"} (answered at once; the work goes on
 in a thread: "wait" answers when it is done), "stop", "status",
-"build_half", "wait", "exit".
+"build_half", "wait", "exit"; and for one host, answered by the process
+that has it ({"here": false} by the others): {"cmd": "stop_host"|
+"start_host", "host": NAME}, {"cmd": "build_small", "host": NAME,
+"placement_url": URL, "count": N}.
 """
 from __future__ import annotations
 
@@ -58,6 +61,19 @@ def main(argv: list[str]) -> int:
             answer({"hosts": fleet.status(), "process": process_stats(base_rss)})
         elif cmd == "build_half":
             answer({"providers": fleet.build_half(command["placement_url"])})
+        elif cmd in ("stop_host", "start_host", "build_small"):
+            host = fleet.named(command["host"])
+            if host is None:
+                answer({"here": False})
+            elif cmd == "stop_host":
+                host.stop()
+                answer({"here": True})
+            elif cmd == "start_host":
+                host.start_safely()
+                answer({"here": True, "error": host.error})
+            else:
+                answer({"here": True, "instances": host.build_small(
+                    command["placement_url"], command["count"])})
         elif cmd == "exit":
             fleet.stop()
             answer({"ok": True})
