@@ -106,18 +106,23 @@ def private_rabbitmq():
         node.close()
 
 
-# The upgrade tests (tests/upgrade) install earlier versions and run for
-# minutes: outside the suite's 10-minute budget, collected only when asked
-# for (tools/test --upgrade, a CI step of its own).
+# The long jobs, each a CI step of its own outside the suite's 10-minute
+# budget, collected only when asked for: the upgrade tests (tests/upgrade,
+# tools/test --upgrade) install earlier versions and run for minutes; the
+# fleet tests (tests/fleet, tools/test --fleet) run a dozen agents at once.
+LONG_JOBS = {"upgrade": "upgrades from earlier versions",
+             "fleet": "a small fleet of agents on one Placement"}
+TESTS = Path(__file__).resolve().parent
+
+
 def pytest_addoption(parser):
-    parser.addoption("--upgrade", action="store_true",
-                     help="collect tests/upgrade (upgrades from earlier versions)")
-
-
-UPGRADE_TESTS = Path(__file__).resolve().parent / "upgrade"
+    for job, what in LONG_JOBS.items():
+        parser.addoption(f"--{job}", action="store_true",
+                         help=f"collect tests/{job} ({what})")
 
 
 def pytest_ignore_collect(collection_path, config):
-    if collection_path == UPGRADE_TESTS and not config.getoption("--upgrade"):
+    if any(collection_path == TESTS / job and not config.getoption(f"--{job}")
+           for job in LONG_JOBS):
         return True
     return None
