@@ -14,7 +14,7 @@ from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from agent.store import node_identity
 from drivers.fake_sysfs import SysfsBuilder
-from tests.functional.helpers import placement_tree, write_conf
+from tests.functional.helpers import placement_tree, provider_uuid, provider_view, write_conf
 
 PF = "0000:81:00.0"            # Intel 82599, VFs 8086:10ed, cell 1
 GPU = "0000:06:00.0"           # mdev-capable GPU, cell 0
@@ -124,6 +124,13 @@ class Host:
 
     def p(self, suffix: str) -> str:
         return f"{self.name}_{suffix}"
+
+    def uuid_of(self, suffix: str) -> str:
+        return provider_uuid(self.url, self.p(suffix))
+
+    def provider(self, suffix: str) -> dict:
+        """One provider's uuid, inventories and traits (helpers.provider_view)."""
+        return provider_view(self.url, self.p(suffix))
 
 
 def live_pins(uri: str, instance: str) -> list[str]:

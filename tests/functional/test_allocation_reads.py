@@ -11,7 +11,7 @@ import requests
 
 from agent.cmd.common import load_config
 from agent.exception import ConfigError
-from tests.functional.helpers import (HEADERS, allocate, make_agent, placement_tree,
+from tests.functional.helpers import (HEADERS, allocate, make_agent, provider_uuid,
                                       unallocate, wait_for, write_conf)
 from tests.functional.test_update_provider_tree import HOST, POLICY
 
@@ -29,8 +29,7 @@ def agent(tmp_path, placement):
 
 
 def provider(agent, placement, suffix: str) -> str:
-    name = f"{agent.policy.host}_{suffix}"
-    return placement_tree(placement.url, agent.policy.root_uuid)[name]["uuid"]
+    return provider_uuid(placement.url, f"{agent.policy.host}_{suffix}")
 
 
 def allocation_reads(requests: list[str]) -> list[str]:

@@ -16,7 +16,8 @@ import pytest
 
 from agent.rpc.versions import VERSION
 from agent.testing.local_placement import free_port
-from tests.functional.helpers import put_allocations, unallocate, wait_for, write_conf
+from tests.functional.helpers import (provider_uuid, put_allocations, unallocate, wait_for,
+                                      write_conf)
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,8 +75,7 @@ class Agent:
         return info if info and info["providers"] else None
 
     def uuid_of(self, suffix: str) -> str:
-        tree = json.loads(self.ctl("tree", self.name, "--json").stdout)
-        return next(p["uuid"] for p in tree if p["name"] == f"{self.name}_{suffix}")
+        return provider_uuid(self.placement_url, f"{self.name}_{suffix}")
 
     def allocations(self, vcpus: int = 2, memory_mb: int = 1024, vfs: int = 1) -> dict:
         return {self.uuid_of("numa_0"): {"resources": {"VCPU": vcpus,

@@ -45,11 +45,11 @@ def host(tmp_path, placement):
 
 
 def record(host: Host, name: str, rc: str) -> dict:
-    return host.tree()[host.p(name)]["inventories"][rc]
+    return host.provider(name)["inventories"][rc]
 
 
 def traits(host: Host, name: str) -> set[str]:
-    return host.tree()[host.p(name)]["traits"]
+    return host.provider(name)["traits"]
 
 
 def reserved_after(host: Host, name: str, rc: str, reserved: int, change) -> float:
@@ -95,7 +95,7 @@ def assert_guest_untouched(host: Host, instance: str, rows: list) -> None:
     _, now, _ = host.agent.manager.tracker.instance(instance)
     assert now == rows
     held = get(host.url, f"/allocations/{instance}")["allocations"]
-    assert held[host.tree()[host.p(PF.upper())]["uuid"]]["resources"] == {
+    assert held[host.uuid_of(PF.upper())]["resources"] == {
         "SRIOV_NET_VF": 1}
 
 
@@ -125,7 +125,7 @@ def test_a_nonfatal_aer_error_on_the_pf_takes_its_vfs_out_but_not_the_guests(hos
     with pytest.raises(ClaimFailed):
         host.agent.manager.tracker.claim_build(
             str(uuid.uuid4()), {"name": "guest-2", "vcpus": 1, "memory_mb": 512},
-            {host.tree()[host.p(pf)]["uuid"]: {"resources": {"SRIOV_NET_VF": 1}}})
+            {host.uuid_of(pf): {"resources": {"SRIOV_NET_VF": 1}}})
     # The counter stays up: two polls more change nothing.
     polls = host.agent.health.snapshot().polls
     wait_for(lambda: host.agent.health.snapshot().polls >= polls + 2,

@@ -43,16 +43,12 @@ def host(tmp_path, placement):
     h.agent.driver.cleanup()
 
 
-def uuid_of(h: Host, suffix: str) -> str:
-    return h.tree()[h.p(suffix)]["uuid"]
-
-
 def allocations(h: Host, vcpus=2, memory_mb=1024, vfs=1) -> dict:
-    return {uuid_of(h, "numa_1"): {"resources": {"VCPU": vcpus, "MEMORY_MB": memory_mb}},
-            uuid_of(h, PF.upper()): {"resources": {"SRIOV_NET_VF": vfs}},
-            uuid_of(h, "pci_" + GPU.replace(":", "_").replace(".", "_")):
+    return {h.uuid_of("numa_1"): {"resources": {"VCPU": vcpus, "MEMORY_MB": memory_mb}},
+            h.uuid_of(PF.upper()): {"resources": {"SRIOV_NET_VF": vfs}},
+            h.uuid_of("pci_" + GPU.replace(":", "_").replace(".", "_")):
                 {"resources": {"VGPU": 1}},
-            uuid_of(h, "pmem_64G_numa_1"): {"resources": {"CUSTOM_PMEM_NAMESPACE_64G": 1}}}
+            h.uuid_of("pmem_64G_numa_1"): {"resources": {"CUSTOM_PMEM_NAMESPACE_64G": 1}}}
 
 
 def domain(h: Host, instance: str):

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.functional.helpers import allocate, totals, unallocate, wait_for
+from tests.functional.helpers import allocate, provider_uuid, totals, unallocate, wait_for
 from tests.functional.libvirt_host import GPU, NO_NUMA, PF, Host
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_a_removed_gpu_with_allocations_stays_fully_reserved(
         host, placement, caplog):
     host.cycle()
     gpu = host.p("pci_0000_06_00_0")
-    consumer = allocate(placement.url, host.tree()[gpu]["uuid"], {"VGPU": 1})
+    consumer = allocate(placement.url, provider_uuid(placement.url, gpu), {"VGPU": 1})
 
     host.sys.remove_device(GPU)
     host.libvirt_sees_the_new_host()

@@ -44,14 +44,14 @@ def start(h: Host, **policy) -> None:
 
 
 def pf_provider(h: Host) -> dict:
-    return h.tree()[h.p(PF.upper())]
+    return h.provider(PF.upper())
 
 
 def build_on_a_vf(h: Host) -> str:
     """An instance holding one VF; returns the VF's address."""
     instance = str(uuid.uuid4())
     cell = {"resources": {"VCPU": 1, "MEMORY_MB": 256}}
-    allocations = {h.tree()[h.p("numa_0")]["uuid"]: cell,
+    allocations = {h.uuid_of("numa_0"): cell,
                    pf_provider(h)["uuid"]: {"resources": {"SRIOV_NET_VF": 1}}}
     put_allocations(h.url, instance, allocations)
     h.agent.manager.build_instance(instance, SPEC, allocations)

@@ -90,7 +90,7 @@ class AgentDaemon:
             conn.close()
 
     def provider(self, suffix: str) -> str:
-        return self.host.tree()[self.host.p(suffix)]["uuid"]
+        return self.host.uuid_of(suffix)
 
     def allocations(self, vcpus: int = 2, memory_mb: int = 1024, vfs: int = 1) -> dict:
         gpu = "pci_" + GPU.replace(":", "_").replace(".", "_")

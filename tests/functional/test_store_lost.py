@@ -21,7 +21,8 @@ from lxml import etree
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from agent.store import node_identity
-from tests.functional.helpers import put_allocations, unallocate, wait_for, write_conf
+from tests.functional.helpers import (provider_uuid, put_allocations, unallocate, wait_for,
+                                      write_conf)
 from tests.functional.test_ctl import HOST, PF, RABBIT, VF_SPEC, ctl
 from tests.functional.test_daemon import run
 from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
@@ -64,8 +65,7 @@ class Daemon:
         return proc
 
     def uuid_of(self, suffix: str) -> str:
-        tree = json.loads(ctl(self.conf, "tree", self.name, "--json").stdout)
-        return next(p["uuid"] for p in tree if p["name"] == f"{self.name}_{suffix}")
+        return provider_uuid(self.placement_url, f"{self.name}_{suffix}")
 
     def build(self) -> tuple[str, str]:
         """(instance uuid, the VF it got), allocated in Placement first as a
