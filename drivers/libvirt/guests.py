@@ -145,10 +145,13 @@ class GuestManager:
                         continue  # undefined between listing and reading
                     read = _Read(dom.name(), domain_id, holding)
                 found[domain_uuid] = read
+            # Drawn before ``found`` is published: once it is the cache, a
+            # forget() in another thread deletes from it.
+            holdings = {u: read.holding for u, read in found.items()}
             with self._holdings_lock:
                 if self._changes == changes:
                     self._reads = found
-            return {u: read.holding for u, read in found.items()}
+            return holdings
         return self._conn.call(holdings)
 
     def power_off(self, instance_uuid: str) -> None:

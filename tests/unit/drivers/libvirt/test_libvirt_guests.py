@@ -13,6 +13,7 @@ from drivers.errors import MdevError
 from drivers.fake_sysfs import SysfsBuilder
 from drivers.libvirt.connection import Connection
 from drivers.libvirt.guest_xml import vf_mac
+from drivers.libvirt import guests as guests_module
 from drivers.libvirt.guests import GuestManager
 from drivers.libvirt.mdev import MdevSysfs
 from tests.functional.earlier_guests import DERIVED_MAC, NO_MAC, earlier_domain_xml
@@ -355,3 +356,27 @@ def test_a_guest_defined_now_is_named_by_its_uuid_with_its_name_as_title(guests,
     root = domain_xml(conn, flags=libvirt.VIR_DOMAIN_XML_INACTIVE)
     assert root.findtext("name") == f"instance-{INSTANCE}"
     assert root.findtext("title") == "web"
+
+
+def test_bug_a_guest_forgotten_while_the_holdings_were_drawn_broke_the_read(
+        guests, host, monkeypatch):
+    """Seen under 64 concurrent builds: guest_holdings published its
+    reads as the cache, then drew the answer from them while another
+    thread's forget() deleted from that cache ("dictionary changed size
+    during iteration"). Here drawing a holding forgets the other guest."""
+    guests.spawn(spec(host))
+    guests.spawn(GuestSpec(OTHER, "instance-other", 1, 256, (
+        GuestDevice("b-vf", DeviceKind.VF, host.vf_address(PF, 1),
+                    detail=DeviceDetail(numa_node=1)),)))
+
+    class ForgettingRead:
+        def __init__(self, name, domain_id, holding):
+            self.name, self.domain_id, self._holding = name, domain_id, holding
+
+        @property
+        def holding(self):
+            guests.forget(domain_uuid=OTHER)
+            return self._holding
+
+    monkeypatch.setattr(guests_module, "_Read", ForgettingRead)
+    assert set(guests.guest_holdings(reread=True)) == {INSTANCE, OTHER}
