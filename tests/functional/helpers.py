@@ -2,6 +2,7 @@
 plain HTTP, independently of the agent's own client."""
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -11,6 +12,7 @@ import yaml
 
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
+from agent.rpc.client import ComputeAgentAPI
 from agent.heal.rules import capacity
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
@@ -167,6 +169,27 @@ def allocate(url: str, provider_uuid: str, resources: dict[str, int]) -> str:
 def unallocate(url: str, consumer: str) -> None:
     resp = requests.delete(f"{url}/allocations/{consumer}", headers=HEADERS, timeout=10)
     assert resp.status_code == 204, resp.text
+
+
+def wait_serving(conf: Path, host: str, proc: subprocess.Popen, log: Path,
+                 timeout: float = 60) -> dict:
+    """Wait until the agent ``proc`` (its output in ``log``) answers
+    get_host_info over the bus with its providers; its answer. Asked from
+    this process: a compute-agent-ctl process a poll cost a second of CPU."""
+    api = ComputeAgentAPI(load_config(["--config-file", str(conf)]), timeout=30)
+
+    def answering() -> dict | None:
+        assert proc.poll() is None, log.read_text()
+        try:
+            info = api._call(host, "get_host_info", timeout=3)
+        except Exception:
+            return None
+        return info if info["providers"] else None
+
+    try:
+        return wait_for(answering, timeout=timeout, interval=0.5)
+    finally:
+        api.close()
 
 
 def wait_for(predicate, timeout: float = 20, interval: float = 0.1):

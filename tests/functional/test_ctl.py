@@ -16,8 +16,8 @@ import pytest
 
 from agent.rpc.versions import VERSION
 from agent.testing.local_placement import free_port
-from tests.functional.helpers import (provider_uuid, put_allocations, unallocate, wait_for,
-                                      write_conf)
+from tests.functional.helpers import (provider_uuid, put_allocations, unallocate,
+                                      wait_serving, write_conf)
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,11 +68,6 @@ class Agent:
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    def answering(self) -> dict | None:
-        assert self.proc.poll() is None, self.log.read_text()
-        done = self.ctl("--timeout", "3", "host-info", self.name, "--json")
-        info = json.loads(done.stdout) if done.returncode == 0 else None
-        return info if info and info["providers"] else None
 
     def uuid_of(self, suffix: str) -> str:
         return provider_uuid(self.placement_url, f"{self.name}_{suffix}")
@@ -107,7 +102,7 @@ class Agent:
 def agent(tmp_path_factory, placement, services):
     a = Agent(tmp_path_factory.mktemp("ctl-agent"), placement.url)
     try:
-        wait_for(a.answering, timeout=60, interval=0.5)
+        wait_serving(a.conf, a.name, a.proc, a.log)
         yield a
     finally:
         a.proc.send_signal(signal.SIGTERM)

@@ -21,8 +21,8 @@ from lxml import etree
 from agent.cmd.common import load_config
 from agent.daemon.service import Agent
 from agent.store import node_identity
-from tests.functional.helpers import (provider_uuid, put_allocations, unallocate, wait_for,
-                                      write_conf)
+from tests.functional.helpers import (provider_uuid, put_allocations, unallocate,
+                                      wait_serving, write_conf)
 from tests.functional.test_ctl import HOST, PF, RABBIT, VF_SPEC, ctl
 from tests.functional.test_daemon import run
 from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
@@ -55,13 +55,7 @@ class Daemon:
 
     def start_serving(self) -> subprocess.Popen:
         proc, log = self.start()
-
-        def answering() -> bool:
-            assert proc.poll() is None, log.read_text()
-            done = ctl(self.conf, "--timeout", "3", "host-info", self.name, "--json")
-            return done.returncode == 0 and bool(json.loads(done.stdout)["providers"])
-
-        wait_for(answering, timeout=60, interval=0.5)
+        wait_serving(self.conf, self.name, proc, log)
         return proc
 
     def uuid_of(self, suffix: str) -> str:
