@@ -17,6 +17,7 @@ from agent.store.store import Store, device_uses, migrate, schema_version
 from agent.tree.device_spec import DeviceSpec
 from drivers.base import DeviceKind
 from tests.functional.helpers import wait_for
+from tests.unit.compute.trackers import tracker_on
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 GPU = "7d2b4f6e-1c3a-4e5b-8f9d-0a1b2c3d4e5f"
@@ -37,11 +38,8 @@ def pools(one_time_use: bool = True) -> dict:
 
 @pytest.fixture
 def tracker(tmp_path):
-    store = Store(tmp_path / "state.db")
-    t = Tracker(store, "boot-1")
-    t.set_pools(pools())
-    yield t
-    store.close()
+    with tracker_on(tmp_path, pools()) as t:
+        yield t
 
 
 def build(t: Tracker, allocations=ONE_VF) -> str:

@@ -14,6 +14,7 @@ from agent.exception import ClaimFailed, MoveInProgress, RetryMismatch
 from agent.store.store import (SCHEMA_VERSION, Store, insert_assignments_sql, live_assignments,
                                migrate, run_statements, schema_version)
 from drivers.base import DeviceDetail, DeviceKind
+from tests.unit.compute.trackers import tracker_on
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
@@ -31,11 +32,8 @@ def pools() -> dict:
 
 @pytest.fixture
 def tracker(tmp_path):
-    store = Store(tmp_path / "state.db")
-    t = Tracker(store, "boot-1")
-    t.set_pools(pools())
-    yield t
-    store.close()
+    with tracker_on(tmp_path, pools()) as t:
+        yield t
 
 
 def test_a_device_on_numa_node_0_is_recorded_on_node_0(tracker):
