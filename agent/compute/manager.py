@@ -151,6 +151,10 @@ class ComputeManager:
         # The evacuations some thread is building now (finish_rebuild).
         self._rebuilding: set[str] = set()
         self._rebuilding_lock = threading.Lock()
+        # The instances some thread is accepting for an evacuation now
+        # (accept_rebuild): their allocations are here already, the
+        # conductor's swap, while the fence waits the source out.
+        self._accepting: set[str] = set()
 
     # --- views ----------------------------------------------------------
 
@@ -683,31 +687,44 @@ class ComputeManager:
         and the claim are on disk before this returns; the guest is built by
         finish_rebuild (here, or by resume_rebuilds after a crash). An
         instance that already runs here is not evacuated here."""
-        known = self._known_move(migration_uuid, instance_uuid,
-                                 (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
-        if known is not None and evacuation_name_free_again(
-                known, MoveKind.EVACUATION, self.tracker.knows(instance_uuid)):
-            known = None  # a new evacuation under a settled one's name
-        if known is None:
-            if not self.tracker.knows(instance_uuid) \
-                    and self.driver.guest_state(instance_uuid) is not None:
-                # An instance the store knows is refused by the claim, once
-                # its allocations are checked; a guest it does not know, here.
-                raise InvalidRequest("instance_uuid", instance_uuid,
-                                     "has a guest on this host; an evacuation "
-                                     "rebuilds it on another")
-            if fence is not None:
-                fence()
-        self.read_guests()
-        rows = self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid,
-                                       instance_uuid, spec, allocations)
+        with self._rebuilding_lock:
+            self._accepting.add(instance_uuid)
         try:
-            self._take_vgpu_types(rows)
-        except Exception:
-            self._give_back_refused_move(migration_uuid)
-            raise
-        return {"migration_uuid": migration_uuid, "instance_uuid": instance_uuid,
-                "accepted": True, "assignments": describe(rows)}
+            known = self._known_move(migration_uuid, instance_uuid,
+                                     (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
+            if known is not None and evacuation_name_free_again(
+                    known, MoveKind.EVACUATION, self.tracker.knows(instance_uuid)):
+                known = None  # a new evacuation under a settled one's name
+            if known is None:
+                if not self.tracker.knows(instance_uuid) \
+                        and self.driver.guest_state(instance_uuid) is not None:
+                    # An instance the store knows is refused by the claim, once
+                    # its allocations are checked; a guest it does not know, here.
+                    raise InvalidRequest("instance_uuid", instance_uuid,
+                                         "has a guest on this host; an evacuation "
+                                         "rebuilds it on another")
+                if fence is not None:
+                    fence()
+            self.read_guests()
+            rows = self.tracker.claim_move(MoveKind.EVACUATION, migration_uuid,
+                                           instance_uuid, spec, allocations)
+            try:
+                self._take_vgpu_types(rows)
+            except Exception:
+                self._give_back_refused_move(migration_uuid)
+                raise
+            return {"migration_uuid": migration_uuid, "instance_uuid": instance_uuid,
+                    "accepted": True, "assignments": describe(rows)}
+        finally:
+            with self._rebuilding_lock:
+                self._accepting.discard(instance_uuid)
+
+    def rebuilds_arriving(self) -> frozenset[str]:
+        """The instances an evacuation is being accepted for here now: their
+        allocations are on our providers (the conductor's swap) before
+        their record is (accept_rebuild)."""
+        with self._rebuilding_lock:
+            return frozenset(self._accepting)
 
     def finish_rebuild(self, migration_uuid) -> dict | None:
         """Build the accepted instance's guest on its claimed devices and

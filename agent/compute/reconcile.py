@@ -105,6 +105,9 @@ class Pass:
     end_announced_move: Callable[[Migration], None] | None = None
     # Every guest on the host, ours and others', with what it holds.
     holdings: dict[str, GuestHolding] = field(default_factory=dict)
+    # The instances an evacuation is being accepted for here now, their
+    # allocations on our providers before their record is in the store.
+    arriving: frozenset[str] = frozenset()
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
@@ -355,11 +358,14 @@ def guest_without_assignments(p: Pass) -> None:
 def allocation_without_record(p: Pass) -> None:
     """A consumer holding allocations on our providers that no local record
     explains: reported. An evacuation's migration consumer is its
-    instance's (Pass.evacuation_holds). Skipped while Placement's answer is
+    instance's (Pass.evacuation_holds); an instance whose evacuation is
+    being accepted here (its destination waiting the source out) is on its
+    way into the store (Pass.arriving). Skipped while Placement's answer is
     unknown."""
     if p.allocations is None:
         return
-    known = set(p.instances) | set(p.migrations) | set(p.evacuation_holds.values())
+    known = (set(p.instances) | set(p.migrations) | set(p.evacuation_holds.values())
+             | p.arriving)
     for consumer in sorted(set(p.allocations) - known):
         p.report.add("allocation_without_record", consumer,
                      f"holds allocations on {len(p.allocations[consumer])} of our "
@@ -423,6 +429,9 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
     ``announced_timeout`` and ``end_announced_move``: see Pass. ``clock``:
     the wall-clock time now, which the store's change times are in."""
     tracker, driver = manager.tracker, manager.driver
+    # Read before the store: an acceptance that ends in between has its
+    # record in the snapshot.
+    arriving = manager.rebuilds_arriving()
     instances, live, moves = tracker.snapshot()
     rows: dict[str, list[Assignment]] = {}
     for a in live:
@@ -439,7 +448,7 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
              evacuation_holds or {},
              tracker.store.read(migrations_changed_at)
              if any(m.state is MigrationState.ANNOUNCED for m in moves.values()) else {},
-             announced_timeout, end_announced_move, holdings)
+             announced_timeout, end_announced_move, holdings, arriving)
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):

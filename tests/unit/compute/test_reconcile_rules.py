@@ -3,6 +3,7 @@ on a host world with the fake driver (which passes the driver contract)."""
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import replace
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from agent.claims.model import AssignmentState, MigrationState, MoveKind
 from agent.compute import reconcile as rules
 from agent.compute.reconcile import reconcile
+from agent.exception import SourceHostUp
 from agent.store.store import live_changed_at, migrations_changed_at
 from drivers.base import DeviceKind
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
@@ -384,3 +386,30 @@ def test_allocation_without_record(w):
     assert [(f.kind, f.subject) for f in report.findings] == [
         ("allocation_without_record", stranger)]
     assert kinds(w.reconcile(None, at_start=False)) == []
+
+
+def test_bug_an_evacuation_waiting_out_its_source_was_an_allocation_without_record(w):
+    """The conductor puts the instance's allocations on the destination's
+    providers, then calls it; the destination waits service_down_time for
+    the source to be found down before the store has the instance. A
+    reconciliation meanwhile reported the allocations as unexplained."""
+    instance, migration = new_uuid(), new_uuid()
+    in_fence, refuse = threading.Event(), threading.Event()
+
+    def fence():
+        in_fence.set()
+        refuse.wait(10)
+        raise SourceHostUp("source", 20)
+
+    def accept():
+        with pytest.raises(SourceHostUp):
+            w.manager.accept_rebuild(migration, instance, spec(), w.allocations(VF), fence)
+    accepting = threading.Thread(target=accept)
+    accepting.start()
+    assert in_fence.wait(10)
+    held = {instance: {w.uuid("pf")}}
+    assert kinds(w.reconcile(held, at_start=False)) == []
+    refuse.set()
+    accepting.join(10)
+    assert [(f.kind, f.subject) for f in w.reconcile(held, at_start=False).findings] == [
+        ("allocation_without_record", instance)]
