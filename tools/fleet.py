@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.tree.host_tree import TreeMode  # noqa: E402
 from tools.fleet_sim.hosts import Timing, write_agent_conf  # noqa: E402
 from tools.fleet_sim.placement import GunicornPlacement  # noqa: E402
-from tools.fleet_sim.run import (ProcessFleet, idle_cost, latency,  # noqa: E402
-                                 processes_figures, wait_in_step)
+from tools.fleet_sim.run import (ProcessFleet, agent_cpu_ms_per_host_cycle,  # noqa: E402
+                                 idle_cost, latency, processes_figures, wait_in_step)
 from tools.fleet_sim.scenarios import (candidates_in_each_mode, ctl_conf,  # noqa: E402
                                        ctl_hosts, evacuate)
 
@@ -36,6 +37,8 @@ SCENARIOS = ("ctl_hosts", "allocation_candidates", "idle", "idle_with_instances"
 # built on it beside build_half's.
 EVACUATED = "fleet-00000"
 EVACUATED_SMALL_INSTANCES = 3
+# The figures so far, in the run's directory, rewritten after each scenario.
+RESULT_FILE = "result.json"
 
 
 def progress(quiet: bool):
@@ -128,13 +131,15 @@ def main() -> int:
 
 
 def run(args, timing: Timing, root: Path, say, result: dict) -> None:
-    """The scenarios in turn, their figures put in ``result`` as they come."""
+    """The scenarios in turn, their figures put in ``result`` as they come,
+    and written to ``root``/result.json after each (a run stopped part way,
+    even by SIGKILL, leaves what it measured)."""
     from agent.rpc.client import ComputeAgentAPI
     from tests.functional.private_services import PrivateRabbitMQ
 
     host_, port = args.mysql.rsplit(":", 1)
     say(f"starting a RabbitMQ node and Placement ({args.placement_workers} workers, "
-        f"MariaDB at {args.mysql}) in {root}")
+        f"MariaDB at {args.mysql}) in {root}; the figures so far in {root / RESULT_FILE}")
     rabbit = PrivateRabbitMQ().start()
     placement = GunicornPlacement(root / "placement", args.placement_workers, host_,
                                   int(port),
@@ -150,6 +155,12 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
                    "max_allocation_candidates": args.max_allocation_candidates})
     scenarios: dict[str, dict] = {}
     result["placement"] = scenarios
+
+    def done(what: str) -> None:
+        """``what`` measured: the figures so far on disk."""
+        write_result(root, result)
+        say(f"{what} done")
+
     try:
         placement.start()
         log = placement.log
@@ -173,26 +184,43 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             scenarios[name] = latency(requests)
             return requests
 
+        def until_in_step(name: str, act, late_key: str, *, since_act: bool = True,
+                          rpc: bool = True) -> tuple[float, float, int]:
+            """``act``, then the wait until every host is in step, its
+            Placement figures the scenario ``name``: the seconds ``act``
+            took, the seconds from its end until all were in step, and
+            the agents' requests since it began. The hosts still late at
+            the wait's end go in ``late_key``. ``since_act``: a host is in
+            step only after a cycle that began after ``act`` began (else
+            any in-step cycle counts); ``rpc``: and it answers RPC."""
+            mark, since = log.mark(), time.time()
+            started = time.monotonic()
+            act()
+            acted = time.monotonic()
+            _, late = wait_in_step(statuses, placement, since if since_act else None, 3600,
+                                   api if rpc else None, progress=say)
+            waited = time.monotonic() - acted
+            if late:
+                result[late_key] = late[:10]
+            fleet.wait()
+            return round(acted - started, 1), round(waited, 1), len(scenario(name, mark))
+
         # Registration from empty.
         say(f"registering {args.hosts} hosts")
-        mark, started = log.mark(), time.monotonic()
-        fleet.start()
-        seconds, late = wait_in_step(statuses, placement, None, 3600, api,
-                                     progress=say)
-        result["register_seconds"] = round(time.monotonic() - started, 1)
-        if late:
-            result["register_late"] = late[:10]
-        fleet.wait()
-        registered = scenario("register", mark)
-        result["register_requests_per_host"] = round(len(registered) / args.hosts, 2)
+        acted, waited, requests = until_in_step("register", fleet.start, "register_late",
+                                                since_act=False)
+        result["register_seconds"] = round(acted + waited, 1)
+        result["register_requests_per_host"] = round(requests / args.hosts, 2)
+        done("registration")
 
         def idle(name: str) -> dict:
             say(f"{name}: {args.minutes} minutes")
-            before, mark = statuses(), log.mark()
+            (before, processes_before), mark = fleet.status(), log.mark()
             time.sleep(args.minutes * 60)
-            after = statuses()
+            after, processes_after = fleet.status()
             cost = idle_cost(before, after, scenario(name, mark))
-            return cost.as_dict()
+            return {**cost.as_dict(), "agent_cpu_ms_per_host_cycle": agent_cpu_ms_per_host_cycle(
+                processes_before, processes_after, cost.host_cycles)}
 
         def settle() -> None:
             """One reconciliation period: the start's or the builds' reads done."""
@@ -205,21 +233,15 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             """Every agent restarted in ``mode``, until all are in step."""
             say(f"every agent restarted in {mode.value} mode")
             write_confs(mode)
-            mark, since = log.mark(), time.time()
-            started = time.monotonic()
-            fleet.restart()
-            seconds, late = wait_in_step(statuses, placement, since, 3600, api, progress=say)
-            result["tree_mode_switch_seconds"][f"to_{mode.value}"] = round(
-                time.monotonic() - started, 1)
-            if late:
-                result[f"tree_mode_{mode.value}_late"] = late[:10]
-            fleet.wait()
-            scenario(f"tree_mode_{mode.value}", mark)
+            acted, waited, _ = until_in_step(f"tree_mode_{mode.value}", fleet.restart,
+                                             f"tree_mode_{mode.value}_late")
+            result["tree_mode_switch_seconds"][f"to_{mode.value}"] = round(acted + waited, 1)
 
         selected = set(args.scenarios)
         if "ctl_hosts" in selected:
             say("compute-agent-ctl hosts")
             result.update(ctl_hosts(conf_path, [f"fleet-{i:05d}" for i in range(args.hosts)]))
+            done("ctl_hosts")
 
         if "allocation_candidates" in selected:
             # On the empty fleet: a switch of tree mode under guests leaves
@@ -228,6 +250,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             result["tree_mode_switch_seconds"] = {}
             result["allocation_candidates"] = candidates_in_each_mode(
                 restart_in, placement.url, args.candidate_queries, say)
+            done("allocation_candidates")
 
         if "idle" in selected:
             settle()
@@ -235,6 +258,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             result["idle_requests_per_host_cycle"] = result["idle"]["per_host_cycle"]
         result.update(processes_figures(fleet.status()[1], args.hosts))
         result.update(broker_counts(rabbit.node))
+        done("idle")
 
         if selected & {"idle_with_instances", "evacuation"}:
             say("building an instance on every host, half of its devices")
@@ -247,51 +271,40 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             result["idle_with_instances"] = idle("idle_with_instances")
             result["idle_requests_per_host_cycle_with_instances"] = (
                 result["idle_with_instances"]["per_host_cycle"])
+            done("idle_with_instances")
 
         if "restart_storm" in selected:
             say("restart storm: every agent restarted at once")
-            mark, since = log.mark(), time.time()
-            started = time.monotonic()
-            fleet.restart()
-            seconds, late = wait_in_step(statuses, placement, since, 3600, api,
-                                         progress=say)
-            result["restart_storm_seconds"] = round(time.monotonic() - started, 1)
-            if late:
-                result["restart_storm_late"] = late[:10]
-            fleet.wait()
-            result["restart_requests_per_host"] = round(
-                len(scenario("restart_storm", mark)) / args.hosts, 2)
+            acted, waited, requests = until_in_step("restart_storm", fleet.restart,
+                                                    "restart_storm_late")
+            result["restart_storm_seconds"] = round(acted + waited, 1)
+            result["restart_requests_per_host"] = round(requests / args.hosts, 2)
+            done("restart_storm")
 
         if "placement_outage" in selected:
             say(f"Placement outage: stopped for {args.outage_seconds:.0f} s")
             placement.stop()
             time.sleep(args.outage_seconds)
-            mark, since = log.mark(), time.time()
-            started = time.monotonic()
-            placement.start()
-            result["placement_start_seconds"] = round(time.monotonic() - started, 1)
-            # From the moment Placement answers again.
-            started = time.monotonic()
-            seconds, late = wait_in_step(statuses, placement, since, 3600, None,
-                                         progress=say)
-            result["placement_outage_recovery_seconds"] = round(
-                time.monotonic() - started, 1)
-            if late:
-                result["placement_outage_late"] = late[:10]
-            scenario("placement_outage_recovery", mark)
+            # Recovery counts from the moment Placement answers again.
+            acted, waited, _ = until_in_step("placement_outage_recovery", placement.start,
+                                             "placement_outage_late", rpc=False)
+            result["placement_start_seconds"] = acted
+            result["placement_outage_recovery_seconds"] = waited
+            done("placement_outage")
 
         if "broker_restart" in selected:
             say("broker restart")
-            rabbit.stop_app()
-            rabbit.start_app()
-            started = time.monotonic()
-            seconds, late = wait_in_step(statuses, placement, None, 3600, api, progress=say)
-            result["broker_restart_recovery_seconds"] = round(time.monotonic() - started, 1)
-            if late:
-                result["broker_restart_late"] = late[:10]
+
+            def restart_broker() -> None:
+                rabbit.stop_app()
+                rabbit.start_app()
+            _, waited, _ = until_in_step("broker_restart", restart_broker,
+                                         "broker_restart_late", since_act=False)
+            result["broker_restart_recovery_seconds"] = waited
             result.update({f"after_{k}": v for k, v in
                            processes_figures(fleet.status()[1], args.hosts).items()})
             result.update({f"after_{k}": v for k, v in broker_counts(rabbit.node).items()})
+            done("broker_restart")
 
         if "evacuation" in selected:
             say(f"evacuation of {EVACUATED}: {EVACUATED_SMALL_INSTANCES} more instances "
@@ -302,22 +315,29 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             result.update(evacuate(conf, api, EVACUATED))
             scenario("evacuation", mark)
             say(f"{EVACUATED} started again: it gives its evacuated instances up")
-            started = time.monotonic()
-            fleet.start_host(EVACUATED)
-            seconds, late = wait_in_step(statuses, placement, None, 3600, api, progress=say)
-            result["evacuated_host_return_seconds"] = round(time.monotonic() - started, 1)
-            if late:
-                result["evacuated_host_return_late"] = late[:10]
+            acted, waited, _ = until_in_step(
+                "evacuated_host_return", lambda: fleet.start_host(EVACUATED),
+                "evacuated_host_return_late", since_act=False)
+            result["evacuated_host_return_seconds"] = round(acted + waited, 1)
+            done("evacuation")
 
         api.close()
     finally:
         result["placement_peak_rps"] = max([s["peak_rps"] or 0 for s in scenarios.values()],
                                            default=None)
+        write_result(root, result)
         say("cleaning up")
         if fleet is not None:
             fleet.close()
         placement.close()
         rabbit.close()
+
+
+def write_result(root: Path, result: dict) -> None:
+    """``result`` as ``root``/result.json, replaced whole (never half written)."""
+    partial = root / (RESULT_FILE + ".part")
+    partial.write_text(json.dumps(result, sort_keys=True, indent=1) + "\n")
+    os.replace(partial, root / RESULT_FILE)
 
 
 if __name__ == "__main__":

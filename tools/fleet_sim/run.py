@@ -16,6 +16,7 @@ from pathlib import Path
 from tools.fleet_sim.placement import Request
 
 TOP = Path(__file__).resolve().parents[2]
+AGENTS_NICENESS = 19
 
 
 def worktree_env() -> dict[str, str]:
@@ -27,13 +28,18 @@ def worktree_env() -> dict[str, str]:
 
 class ProcessFleet:
     """The agents of ``confs`` spread over ``processes`` worker processes
-    (tools/fleet_sim/worker.py)."""
+    (tools/fleet_sim/worker.py), at the lowest CPU priority: they stand in
+    for as many machines, each with CPUs of its own, so here they take
+    only what Placement, its database and the broker (whose cost the run
+    measures) leave. At the same priority, 1,000 agents starting at once
+    starved Placement to 6 requests a second."""
 
     def __init__(self, confs: list[Path], processes: int, log_dir: Path):
         env = worktree_env()
         shares = [confs[i::processes] for i in range(processes)]
         self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "tools.fleet_sim.worker", *map(str, share)],
+            ["nice", "-n", str(AGENTS_NICENESS), sys.executable, "-m",
+             "tools.fleet_sim.worker", *map(str, share)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             stderr=open(log_dir / f"worker-{i}.log", "a"))
             for i, share in enumerate(shares) if share]
@@ -186,6 +192,14 @@ class IdleCost:
                 "allocation_reads_per_host_reconcile":
                     round(self.requests["allocations"] / max(self.host_reconciles, 1), 2),
                 "per_host_cycle": round(self.per_host_cycle, 3)}
+
+
+def agent_cpu_ms_per_host_cycle(before: list[dict], after: list[dict],
+                                host_cycles: int) -> float:
+    """The agents' processes' CPU (user and system) between two of their
+    figures (ProcessFleet.status), per host cycle run meanwhile."""
+    spent = sum(a["cpu_seconds"] - b["cpu_seconds"] for b, a in zip(before, after))
+    return round(spent * 1000 / max(host_cycles, 1), 2)
 
 
 def idle_cost(before: list[dict], after: list[dict], requests: list[Request]) -> IdleCost:

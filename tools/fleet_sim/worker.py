@@ -24,8 +24,9 @@ import psutil
 
 def process_stats(base_rss: int) -> dict:
     me = psutil.Process()
+    cpu = me.cpu_times()
     return {"rss": me.memory_info().rss, "base_rss": base_rss, "threads": me.num_threads(),
-            "fds": me.num_fds()}
+            "fds": me.num_fds(), "cpu_seconds": cpu.user + cpu.system}
 
 
 def main(argv: list[str]) -> int:
