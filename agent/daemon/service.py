@@ -2,7 +2,6 @@
 systemd's watchdog while it is healthy. Native threads only (no eventlet)."""
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
@@ -26,7 +25,7 @@ from agent.daemon.errors import AnotherAgentServesHost, RecordUnreadable
 from agent.daemon.one_agent_check import PlacementCheck
 from agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
 from agent.daemon.systemd import Watchdog
-from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown, describe
+from agent.dependencies import Dependencies, Dependency, Health, describe
 from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
                              PlacementError, PlacementUnavailable)
 from agent.heal.hold import UnhealedHold
@@ -277,7 +276,7 @@ class Agent:
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
                  allocations: AllocationView, manager: ComputeManager | None = None,
                  settings: AgentSettings = AgentSettings(), metrics: Metrics | None = None,
-                 broker_probe: Callable[[], Probe | Unknown] | None = None):
+                 broker_watch: broker.BrokerWatch | None = None):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -333,7 +332,7 @@ class Agent:
         self._last_success_at = _last_success_recorded(settings.record_path)
         self._record_failing = False
         # Asked by the loop before each cycle; None: no broker to watch.
-        self.broker_probe = broker_probe
+        self.broker_watch = broker_watch
         # Whether another agent serves this host, when the start could not
         # ask Placement: asked by the first cycle that reaches it.
         self.placement_check: PlacementCheck | None = None
@@ -382,7 +381,7 @@ class Agent:
                                  policy.device_specs)
         return cls(driver, policy, sync, allocations, manager,
                    AgentSettings.from_conf(conf, holder), metrics,
-                   functools.partial(broker.probe, conf, BROKER_PROBE_TIMEOUT_SECONDS))
+                   broker.BrokerWatch(conf, BROKER_PROBE_TIMEOUT_SECONDS))
 
     def build_model(self, inventory: HostInventory) -> BuiltTree:
         """The tree to report for ``inventory``: the policy's, with the
@@ -676,8 +675,8 @@ class Agent:
     def observe_broker(self) -> None:
         """The broker asked, its state moved (one line each way); the
         cycle's record then carries it."""
-        if self.broker_probe is not None:
-            broker.observe(self.dependencies, self.broker_probe())
+        if self.broker_watch is not None:
+            broker.observe(self.dependencies, self.broker_watch.probe())
 
     def wake(self) -> None:
         """Start the next cycle now (something it reports has changed)."""
@@ -845,6 +844,8 @@ class Agent:
             self.cleaner.stop()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.broker_watch is not None:
+            self.broker_watch.close()
         self.metrics.stop()
         self.driver.cleanup()
         if self.manager is not None:
