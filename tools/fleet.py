@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.cmd.daemon import STOP_POLL  # noqa: E402
 from agent.tree.host_tree import TreeMode  # noqa: E402
 from tools.fleet_sim.hosts import Timing, write_agent_conf  # noqa: E402
 from tools.fleet_sim.placement import GunicornPlacement  # noqa: E402
@@ -48,13 +49,21 @@ def progress(quiet: bool):
     return say
 
 
+def rabbitmqctl_rows(node: str, *what: str) -> list[str]:
+    out = subprocess.run(["rabbitmqctl", "-q", "-n", node, *what, "--no-table-headers"],
+                         capture_output=True, text=True, timeout=120)
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
 def broker_counts(node: str) -> dict:
-    def count(what: str) -> int:
-        out = subprocess.run(["rabbitmqctl", "-q", "-n", node, what, "--no-table-headers"],
-                             capture_output=True, text=True, timeout=120)
-        return len([line for line in out.stdout.splitlines() if line.strip()])
-    return {"broker_queues": count("list_queues"),
-            "broker_connections": count("list_connections")}
+    return {"broker_queues": len(rabbitmqctl_rows(node, "list_queues")),
+            "broker_connections": len(rabbitmqctl_rows(node, "list_connections"))}
+
+
+def broker_frames_received(node: str) -> int:
+    """The frames the broker has received on its open connections (their
+    recv_cnt): an idle connection's are its heartbeats."""
+    return sum(int(row) for row in rabbitmqctl_rows(node, "list_connections", "recv_cnt"))
 
 
 def scenario_list(text: str) -> tuple[str, ...]:
@@ -90,6 +99,10 @@ def main() -> int:
     parser.add_argument("--allocation-refresh-interval", type=int,
                         default=Timing.allocation_refresh_interval,
                         help=f"the agents' (default {Timing.allocation_refresh_interval} s)")
+    parser.add_argument("--broker-poll", type=float, default=STOP_POLL,
+                        help="each agent's longest wait on the broker's socket, as "
+                             "agent.messaging.bound_broker_waits sets it (default the "
+                             f"daemon's {STOP_POLL} s: each wait's end wakes a thread)")
     parser.add_argument("--scenarios", type=scenario_list, default=SCENARIOS,
                         help="comma-separated, of: " + ", ".join(SCENARIOS)
                         + " (default all; registration always runs)")
@@ -108,6 +121,8 @@ def main() -> int:
         parser.error(f"--hosts must be at least 1, not {args.hosts}")
     if "evacuation" in args.scenarios and args.hosts < 2:
         parser.error(f"--hosts must be at least 2 for the evacuation, not {args.hosts}")
+    if args.broker_poll <= 0:
+        parser.error(f"--broker-poll must be above 0, not {args.broker_poll}")
     if args.candidate_queries < 1:
         parser.error(f"--candidate-queries must be at least 1, not {args.candidate_queries}")
     # SIGTERM cleans up as an exception does: the database, the nodes.
@@ -135,6 +150,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
     and written to ``root``/result.json after each (a run stopped part way,
     even by SIGKILL, leaves what it measured)."""
     from agent.rpc.client import ComputeAgentAPI
+    from agent.rpc.heartbeat import Heartbeat
     from tests.functional.private_services import PrivateRabbitMQ
 
     host_, port = args.mysql.rsplit(":", 1)
@@ -151,6 +167,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
                    "update_jitter": timing.update_jitter,
                    "reconcile_interval": timing.reconcile_interval,
                    "allocation_refresh_interval": timing.allocation_refresh_interval,
+                   "broker_poll": args.broker_poll,
                    "minutes": args.minutes, "scenarios": list(args.scenarios),
                    "max_allocation_candidates": args.max_allocation_candidates})
     scenarios: dict[str, dict] = {}
@@ -172,8 +189,8 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
 
         confs = write_confs(TreeMode.NESTED)
         conf_path, conf = ctl_conf(root, placement.url, rabbit.url, timing.service_down_time)
-        api = ComputeAgentAPI(conf, timeout=30)
-        fleet = ProcessFleet(confs, args.processes, root)
+        api, heartbeat = ComputeAgentAPI(conf, timeout=30), Heartbeat(conf)
+        fleet = ProcessFleet(confs, args.processes, root, args.broker_poll)
         fleet.status()  # the workers have imported everything: their base
 
         def statuses() -> list[dict]:
@@ -198,7 +215,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             act()
             acted = time.monotonic()
             _, late = wait_in_step(statuses, placement, since if since_act else None, 3600,
-                                   api if rpc else None, progress=say)
+                                   api if rpc else None, heartbeat, progress=say)
             waited = time.monotonic() - acted
             if late:
                 result[late_key] = late[:10]
@@ -216,11 +233,15 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         def idle(name: str) -> dict:
             say(f"{name}: {args.minutes} minutes")
             (before, processes_before), mark = fleet.status(), log.mark()
+            frames, started = broker_frames_received(rabbit.node), time.monotonic()
             time.sleep(args.minutes * 60)
             after, processes_after = fleet.status()
+            frames = broker_frames_received(rabbit.node) - frames
+            seconds = time.monotonic() - started
             cost = idle_cost(before, after, scenario(name, mark))
             return {**cost.as_dict(), "agent_cpu_ms_per_host_cycle": agent_cpu_ms_per_host_cycle(
-                processes_before, processes_after, cost.host_cycles)}
+                processes_before, processes_after, cost.host_cycles),
+                "broker_frames_per_host_second": round(frames / args.hosts / seconds, 2)}
 
         def settle() -> None:
             """One reconciliation period: the start's or the builds' reads done."""
@@ -240,7 +261,10 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         selected = set(args.scenarios)
         if "ctl_hosts" in selected:
             say("compute-agent-ctl hosts")
-            result.update(ctl_hosts(conf_path, [f"fleet-{i:05d}" for i in range(args.hosts)]))
+            try:
+                result.update(ctl_hosts(conf_path, [f"fleet-{i:05d}" for i in range(args.hosts)]))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:  # the next scenarios go on
+                result["ctl_hosts_error"] = str(e)[:300]
             done("ctl_hosts")
 
         if "allocation_candidates" in selected:
@@ -322,6 +346,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             done("evacuation")
 
         api.close()
+        heartbeat.close()
     finally:
         result["placement_peak_rps"] = max([s["peak_rps"] or 0 for s in scenarios.values()],
                                            default=None)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.rpc.client import ComputeAgentAPI
+from agent.rpc.heartbeat import Heartbeat
 from agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import Fleet, FleetHost
 from tools.fleet_sim.hosts import Timing, write_agent_conf
@@ -43,8 +44,8 @@ def cycles_done(fleet: Fleet, cycles: int, timeout: float = 60) -> None:
 @contextmanager
 def registered_fleet(directory: Path, hosts: int, timing: Timing):
     """``hosts`` agents registered and in step: (fleet, placement, api,
-    the agents' config writer by tree mode, the operator's config path and
-    config)."""
+    heartbeat, the agents' config writer by tree mode, the operator's
+    config path and config)."""
     placement = SqlitePlacement(directory / "placement")
     placement.start()
     run = uuid.uuid4().hex[:6]
@@ -56,28 +57,29 @@ def registered_fleet(directory: Path, hosts: int, timing: Timing):
 
     fleet = Fleet([FleetHost(path) for path in write_confs(TreeMode.NESTED)])
     conf_path, conf = ctl_conf(directory, placement.url, BROKER, timing.service_down_time)
-    api = ComputeAgentAPI(conf, timeout=10)
+    api, heartbeat = ComputeAgentAPI(conf, timeout=10), Heartbeat(conf)
     try:
         # Registered a few at a time: SQLite takes one writer at a time.
         fleet.starting_at_once = 4
         fleet.start()
-        seconds, late = wait_in_step(fleet.status, placement, None, 120, api)
+        seconds, late = wait_in_step(fleet.status, placement, None, 120, api, heartbeat)
         assert not late, f"not in step after registration: {late}"
-        yield fleet, placement, api, write_confs, conf_path, conf
+        yield fleet, placement, api, heartbeat, write_confs, conf_path, conf
     finally:
         fleet.stop()
         api.close()
+        heartbeat.close()
         placement.stop()
 
 
 @pytest.fixture
 def fleet(tmp_path, services):
-    with registered_fleet(tmp_path, HOSTS, TIMING) as (fleet, placement, api, *_):
+    with registered_fleet(tmp_path, HOSTS, TIMING) as (fleet, placement, api, heartbeat, *_):
         fleet.starting_at_once = None
         # A reconciliation after the last write of registration: the
         # providers whose generation that write moved are read there.
         cycles_done(fleet, 2 * TIMING.reconcile_interval)
-        yield fleet, placement, api
+        yield fleet, placement, api, heartbeat
 
 
 def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
@@ -85,7 +87,7 @@ def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
     An idle empty host sends one request a cycle, its allocation reads due
     by age included; every agent restarted at once leaves no host out of
     step."""
-    fleet, placement, api = fleet
+    fleet, placement, api, heartbeat = fleet
     before, mark = fleet.status(), placement.log.mark()
     # Two reconciliations per host at least, each with every provider's
     # allocations older than allocation_refresh_interval.
@@ -99,7 +101,7 @@ def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
 
     since = time.time()
     fleet.restart()
-    seconds, late = wait_in_step(fleet.status, placement, since, 120, api)
+    seconds, late = wait_in_step(fleet.status, placement, since, 120, api, heartbeat)
     assert not late, f"out of step after every agent restarted at once: {late}"
 
 
@@ -118,7 +120,7 @@ def test_operator_and_scheduler_scenarios(tmp_path, services):
     host's instances evacuated by the conductor each run on another host
     with their VF and vGPU claimed."""
     with registered_fleet(tmp_path, SCENARIO_HOSTS, SCENARIO_TIMING) as (
-            fleet, placement, api, write_confs, conf_path, conf):
+            fleet, placement, api, heartbeat, write_confs, conf_path, conf):
         names = [h.name for h in fleet.hosts]
         listed = ctl_hosts(conf_path, names)
         assert listed["ctl_hosts_listed"] == SCENARIO_HOSTS, listed
@@ -128,7 +130,7 @@ def test_operator_and_scheduler_scenarios(tmp_path, services):
             write_confs(mode)
             since = time.time()
             fleet.restart()
-            seconds, late = wait_in_step(fleet.status, placement, since, 60, api)
+            seconds, late = wait_in_step(fleet.status, placement, since, 60, api, heartbeat)
             assert not late, f"not in step in {mode.value} mode: {late}"
 
         fleet.starting_at_once = 2  # SQLite's one writer, as at registration

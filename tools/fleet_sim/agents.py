@@ -14,6 +14,7 @@ from pathlib import Path
 import requests
 
 from agent.cmd.common import load_config
+from agent.cmd.daemon import STOP_POLL
 from agent.daemon.one_agent_check import check_one_agent_per_host
 from agent.daemon.probes import Phase
 from agent.daemon.service import Agent
@@ -25,8 +26,6 @@ from agent.store import lock as state_lock
 from agent.tree.provider_tree import ProviderTree
 from tools.fleet_sim.placement import digest
 
-# As the daemon (agent/cmd/daemon.py).
-STOP_POLL = 0.5
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
            "OpenStack-API-Version": "placement 1.39", "User-Agent": "fleet-scheduler"}
 # Classes the scheduler's instance takes half of, where a provider has them.
@@ -45,10 +44,13 @@ def tree_digest(tree: ProviderTree) -> str:
 
 
 class FleetHost:
-    """One agent, started and stopped as the daemon does."""
+    """One agent, started and stopped as the daemon does. ``broker_poll``:
+    how long each of its waits on the broker lasts (the daemon's
+    STOP_POLL unless a fleet run says otherwise: tools/fleet --broker-poll)."""
 
-    def __init__(self, conf_path: Path):
+    def __init__(self, conf_path: Path, broker_poll: float = STOP_POLL):
         self.conf_path = conf_path
+        self.broker_poll = broker_poll
         self.agent: Agent | None = None
         self._servers: list = []
         self._lock: state_lock.StateLock | None = None
@@ -59,7 +61,7 @@ class FleetHost:
 
     def start(self) -> None:
         conf = load_config(["--config-file", str(self.conf_path)], placement_required=True)
-        bound_broker_waits(conf, STOP_POLL)
+        bound_broker_waits(conf, self.broker_poll)
         self.conf = conf
         self.name = conf.host
         self._lock = state_lock.acquire(conf.state_path)

@@ -32,14 +32,16 @@ class ProcessFleet:
     for as many machines, each with CPUs of its own, so here they take
     only what Placement, its database and the broker (whose cost the run
     measures) leave. At the same priority, 1,000 agents starting at once
-    starved Placement to 6 requests a second."""
+    starved Placement to 6 requests a second. ``broker_poll``: each
+    agent's longest wait on the broker (FleetHost)."""
 
-    def __init__(self, confs: list[Path], processes: int, log_dir: Path):
+    def __init__(self, confs: list[Path], processes: int, log_dir: Path,
+                 broker_poll: float):
         env = worktree_env()
         shares = [confs[i::processes] for i in range(processes)]
         self.procs = [subprocess.Popen(
             ["nice", "-n", str(AGENTS_NICENESS), sys.executable, "-m",
-             "tools.fleet_sim.worker", *map(str, share)],
+             "tools.fleet_sim.worker", str(broker_poll), *map(str, share)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             stderr=open(log_dir / f"worker-{i}.log", "a"))
             for i, share in enumerate(shares) if share]
@@ -128,12 +130,16 @@ def out_of_step(hosts: list[dict], trees: dict[str, str],
     return late
 
 
-def rpc_unanswered(api, hosts: list[str], timeout: float = 10) -> list[str]:
-    """The hosts whose agent does not answer get_host_info over the bus."""
+def rpc_unanswered(api, heartbeat, hosts: list[str], timeout: float = 10) -> list[str]:
+    """The hosts whose agent does not answer, over the bus, both
+    get_host_info (its RPC server) and its heartbeat (the heartbeat's
+    server, on a transport of its own). Each server's first answer opens
+    the connection its answers go out on: asked here, one host after
+    another, not by the next scenario's operator all at once."""
     def asks(host: str) -> str | None:
         try:
             api._call(host, "get_host_info", timeout=timeout)
-            return None
+            return None if heartbeat.check(host).up else host
         except Exception:
             return host
 
@@ -226,10 +232,10 @@ def processes_figures(processes: list[dict], hosts: int) -> dict:
 
 
 def wait_in_step(statuses, placement, since: float | None, timeout: float,
-                 api=None, progress=None) -> tuple[float | None, list[str]]:
+                 api=None, heartbeat=None, progress=None) -> tuple[float | None, list[str]]:
     """Seconds from now until every host is in step (out_of_step, then
-    answering RPC when ``api``), or None at ``timeout`` with those late.
-    ``statuses``: every host's status, now."""
+    answering RPC when ``api`` and ``heartbeat``: rpc_unanswered), or None
+    at ``timeout`` with those late. ``statuses``: every host's status, now."""
     started = time.monotonic()
     answered: set[str] = set()
     late: list[str] = []
@@ -241,7 +247,7 @@ def wait_in_step(statuses, placement, since: float | None, timeout: float,
         late = out_of_step(hosts, placement.trees(), since)
         if not late and api is not None:
             waiting = [h["host"] for h in hosts if h["host"] not in answered]
-            silent = rpc_unanswered(api, waiting)
+            silent = rpc_unanswered(api, heartbeat, waiting)
             answered |= set(waiting) - set(silent)
             late = silent
         if progress:

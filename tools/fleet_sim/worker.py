@@ -1,7 +1,7 @@
 """One process of the fleet: its agents, driven by JSON lines on stdin,
 one JSON answer a line on stdout.
 
-    python -m tools.fleet_sim.worker CONF...
+    python -m tools.fleet_sim.worker BROKER_POLL CONF...
 
 Commands: {"cmd": "start"|"restart"} (answered at once; the work goes on
 in a thread: "wait" answers when it is done), "stop", "status",
@@ -37,7 +37,8 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from tools.fleet_sim.agents import Fleet, FleetHost  # after logging: quiet imports
     base_rss = psutil.Process().memory_info().rss
-    fleet = Fleet([FleetHost(Path(p)) for p in argv])
+    broker_poll, *confs = argv
+    fleet = Fleet([FleetHost(Path(p), float(broker_poll)) for p in confs])
     job: threading.Thread | None = None
 
     def answer(value) -> None:
