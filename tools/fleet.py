@@ -192,6 +192,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         api, heartbeat = ComputeAgentAPI(conf, timeout=30), Heartbeat(conf)
         fleet = ProcessFleet(confs, args.processes, root, args.broker_poll)
         fleet.status()  # the workers have imported everything: their base
+        result["agents_cpu_group"] = fleet.cpu_group and str(fleet.cpu_group.path)
 
         def statuses() -> list[dict]:
             return fleet.status()[0]
