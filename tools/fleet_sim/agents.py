@@ -88,6 +88,10 @@ class FleetHost:
             server.stop()
         for server in self._servers:
             server.wait()
+            # The daemon's process ends here, and its connections with it;
+            # an agent of the fleet lives on in its process: closed, or
+            # each restart would leave its servers' connections open.
+            server.transport.cleanup()
         self._servers = []
         if self.agent is not None:
             self.agent.stop()
