@@ -27,10 +27,11 @@ class AgentsCpuGroup:
     """A cpu cgroup for the fleet's worker processes, weighing
     AGENTS_CPU_SHARES against 1,024 for each task outside it: together they
     get what Placement, its database and the broker leave. Niceness alone
-    weighs each thread: at 1,000 agents, 1,500 runnable agent threads at
-    nice 19 outweighed the broker's two schedulers at nice 0, and the
-    broker took minutes to accept a connection. None where the
-    controller is not there or not ours to write (nice alone then)."""
+    weighs each thread (15 at nice 19 against 1,024 at nice 0): at 1,000
+    agents, 1,500 runnable agent threads outweighed the broker's two
+    schedulers, and rabbitmqctl took a minute to reach the node. None
+    where the controller is not there or not ours to write (nice alone
+    then)."""
 
     def __init__(self, path: Path):
         self.path = path

@@ -33,11 +33,10 @@ def idle_executor_wakeups_every(seconds: float) -> None:
     """oslo.messaging's RPC servers hand each call to a futurist thread
     pool whose idle threads wake every second (ThreadWorker.MAX_IDLE_FOR)
     to see whether they are to stop: two such threads an agent once it
-    has answered a call. Each wake is the host's own CPU, which a real
-    host has to itself; here, 2,000 wakes a second of threads in 50
-    processes on 2 cores, with 10,000 threads in all, kept 4,000 runnable
-    and the broker and Placement waiting. They wake every ``seconds``
-    here, as the agents' waits on the broker do (--broker-poll); a server's
+    has answered a call, 2,000 wakes a second at 1,000 agents. Each wake
+    is the host's own CPU, which a real host has to itself and this
+    machine shares among all its agents. They wake every ``seconds`` here,
+    as the agents' waits on the broker end (--broker-poll); a server's
     stop waits that long for them."""
     from futurist import _thread
     _thread.ThreadWorker.MAX_IDLE_FOR = max(seconds, _thread.ThreadWorker.MAX_IDLE_FOR)
