@@ -3,6 +3,7 @@ SIGTERM. Entered through agent.cmd.agent, which catches SIGHUP before this
 module's imports run."""
 from __future__ import annotations
 
+import faulthandler
 import gc
 import signal
 import sys
@@ -149,6 +150,9 @@ def serve(conf: cfg.ConfigOpts, agent: Agent) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    # What every thread is doing, to stderr (the journal), without stopping:
+    # nova's Guru Meditation signal, for a daemon that does not stop or answer.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     try:
         agent.start(watchdog_from_environment())
     except ConfigError as e:  # [metrics] listen cannot be served

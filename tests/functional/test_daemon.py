@@ -135,6 +135,25 @@ def test_sighup_drops_the_placement_cache(tmp_path, placement):
     assert proc.wait(30) == 0
 
 
+def test_sigusr2_writes_every_threads_stack_and_the_daemon_goes_on(tmp_path, placement):
+    conf = write_conf(tmp_path, placement.url, "sigusr2", HOST,
+                      DEFAULT={"update_interval": 3600})
+    log = tmp_path / "agent.log"
+    proc = start_daemon(conf, log)
+    try:
+        wait_for(lambda: "compute-agent running as host" in log.read_text(), 60)
+        proc.send_signal(signal.SIGUSR2)
+        # The main thread waits in serve() for a stop; the RPC servers'
+        # threads are there too.
+        wait_for(lambda: 'in serve' in log.read_text())
+        assert proc.poll() is None
+        assert run("compute-agent-manage", conf, "tree").returncode == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert log.read_text().count("Thread 0x") > 2
+
+
 # Put on the daemon's PYTHONPATH: holds the import of oslo_messaging (one of
 # the daemon's heavy modules, imported at start) until the test says go, so
 # that a signal surely comes while the daemon imports its modules.

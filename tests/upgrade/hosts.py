@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -184,7 +185,16 @@ class NewAgent:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            code = self.proc.wait(60)
+            try:
+                code = self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                # Where each of its threads waits, from the daemon's SIGUSR2.
+                self.proc.send_signal(signal.SIGUSR2)
+                time.sleep(2)
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"{self.host.name}: no exit 60 s after SIGTERM\n"
+                                     + self.log.read_text()[-12000:])
             assert code == 0, self.log.read_text()[-4000:]
 
 
