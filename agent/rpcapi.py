@@ -9,7 +9,8 @@ module only names them, and is what docs/architecture.md promises."""
 from agent.conductor.live_migration import (MoveOutcome, NextStep, live_migrate_instance,
                                             live_migrate_outcome, next_step)
 from agent.placement.allocations import move_allocations
-from agent.rpc.client import ComputeAgentAPI, OutstandingCalls
+from agent.rpc.client import ComputeAgentAPI
+from agent.rpc.outstanding import OutstandingCalls
 from agent.rpc.errors import BrokerUnreachable, NoAnswer
 
 __all__ = ["BrokerUnreachable", "ComputeAgentAPI", "MoveOutcome", "NextStep", "NoAnswer",

@@ -53,16 +53,17 @@ from agent.exception import AgentError, ConfigError
 from agent.messaging import bound_broker_waits, messaging
 from agent.placement.client import PlacementClient, adapter_from_conf
 from agent.rpc import schemas as rpc_schemas
-from agent.rpc.client import ComputeAgentAPI, OutstandingCalls
+from agent.rpc.client import ComputeAgentAPI
 from agent.rpc.errors import BrokerUnreachable, NoAnswer
 from agent.rpc.heartbeat import Heartbeat
+from agent.rpc.outstanding import Overdue, OutstandingCalls
 from agent.tree.provider_tree import tree_lines
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
 # oslo.messaging retries an unreachable broker forever, before the call's
-# own timeout starts: once one call has waited --timeout plus this, we stop
-# waiting.
+# own timeout starts: once one call has waited its timeout (--timeout; a
+# heartbeat's, service_down_time) plus this, we stop waiting.
 BROKER_GRACE = 5.0
 # How long closing the transport may take (agent.messaging.bound_broker_waits):
 # unbounded, --timeout 5 took 10 s. For a process this short, the heartbeat
@@ -160,7 +161,8 @@ POLL_TIMEOUT = 2.0
 
 
 def _evacuator(api, conf) -> Evacuator:
-    return Evacuator(PlacementClient(adapter_from_conf(conf)), api, Heartbeat(conf),
+    return Evacuator(PlacementClient(adapter_from_conf(conf)), api,
+                     Heartbeat(conf, outstanding=api.outstanding),
                      ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT),
                                      outstanding=api.outstanding))
 
@@ -450,13 +452,18 @@ def fail(message: str, as_json: bool) -> int:
 
 
 def wait_while_answered(worker: threading.Thread, outstanding: OutstandingCalls,
-                        stuck_after: float) -> None:
-    """Until ``worker`` ends, or has waited ``stuck_after`` seconds for one
-    answer (or, between calls, for the next call to go). Watched call by
-    call: the calls of an evacuation together may take far longer than
-    --timeout, each within it."""
-    while worker.is_alive() and outstanding.waiting_for() <= stuck_after:
+                        between_calls: float) -> Overdue | None:
+    """Until ``worker`` ends (None), or one call has waited BROKER_GRACE
+    past its own timeout, or, between calls, ``between_calls`` seconds
+    have gone by with none sent. Watched call by call: the calls of an
+    evacuation, or the heartbeats of every host, may together take far
+    longer than --timeout, each within its own."""
+    while worker.is_alive():
+        overdue = outstanding.overdue(BROKER_GRACE, between_calls)
+        if overdue is not None:
+            return overdue
         worker.join(REPLY_POLL)
+    return None
 
 
 def first_line(error: Exception) -> str:
@@ -491,15 +498,14 @@ def main(argv=None) -> int:
 
     worker = threading.Thread(target=call, name="rpc-call", daemon=True)
     worker.start()
-    stuck_after = conf.timeout + BROKER_GRACE
-    wait_while_answered(worker, api.outstanding, stuck_after)
+    overdue = wait_while_answered(worker, api.outstanding, conf.timeout + BROKER_GRACE)
     error = outcome.get("error")
-    if worker.is_alive() and api.outstanding.any():
-        return fail(f"the message broker did not answer within {stuck_after:g}s: is "
+    if overdue is not None and overdue.call:
+        return fail(f"the message broker did not answer within {overdue.seconds:g}s: is "
                     "it running, and is [DEFAULT] transport_url right? (see --debug)"
                     + resume_hint(args), as_json)
-    if worker.is_alive():
-        return fail(f"Placement did not answer within {stuck_after:g}s: is it running, "
+    if overdue is not None:
+        return fail(f"Placement did not answer within {overdue.seconds:g}s: is it running, "
                     "and is the [placement] section right? (see --debug)"
                     + resume_hint(args), as_json)
     api.close()

@@ -15,11 +15,8 @@ the same uuids.
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
 import time
-from contextlib import contextmanager
 
 from kombu.exceptions import OperationalError
 
@@ -28,6 +25,7 @@ from agent.exception import VersionCapped
 from agent.messaging import TOPIC, messaging, transport
 from agent.rpc import broker
 from agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
+from agent.rpc.outstanding import OutstandingCalls
 from agent.rpc.versions import OLDEST, VERSION
 
 LOG = logging.getLogger(__name__)
@@ -45,43 +43,6 @@ RESEND_PAUSE_SECONDS = 0.5
 # once its attempts are spent, kombu's when the driver had no connection to
 # the broker yet (the rabbit driver lets it through), or ours.
 NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
-
-
-class OutstandingCalls:
-    """The calls one or more clients have sent and not had answered, for a
-    caller's watchdog: how long the oldest has waited, or, with none
-    outstanding, how long since the last answer. A command that makes many
-    calls (an evacuation) is stuck only when one call outlives its timeout,
-    not when the calls together take longer than one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-        self._started: dict[int, float] = {}
-        self._last_answer = time.monotonic()
-
-    @contextmanager
-    def one(self):
-        with self._lock:
-            call = next(self._ids)
-            self._started[call] = time.monotonic()
-        try:
-            yield
-        finally:
-            with self._lock:
-                del self._started[call]
-                self._last_answer = time.monotonic()
-
-    def waiting_for(self) -> float:
-        """Seconds since the oldest outstanding call was sent, or, with
-        none outstanding, since the last answer (or since this began)."""
-        with self._lock:
-            since = min(self._started.values(), default=self._last_answer)
-        return time.monotonic() - since
-
-    def any(self) -> bool:
-        with self._lock:
-            return bool(self._started)
 
 
 class ComputeAgentAPI:
@@ -114,8 +75,9 @@ class ComputeAgentAPI:
         """Send ``method``, which appeared in API ``version``."""
         if not self.client.can_send_version(version):
             raise VersionCapped(method, version, self.client.version_cap)
-        with self.outstanding.one():
-            return self._send(host, method, version, timeout or self.timeout, payload)
+        timeout = timeout or self.timeout
+        with self.outstanding.one(timeout):
+            return self._send(host, method, version, timeout, payload)
 
     def _send(self, host: str, method: str, version: str, timeout: float,
               payload: dict):

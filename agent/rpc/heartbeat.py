@@ -32,6 +32,7 @@ from agent.dependencies import Unknown
 from agent.exception import SourceHostUp
 from agent.messaging import messaging, transport
 from agent.rpc import broker
+from agent.rpc.outstanding import OutstandingCalls
 
 TOPIC = "compute-agent-heartbeat"
 # How long the destination trusts a source found down. Short: the source
@@ -43,6 +44,9 @@ VERSION = "1.3"  # agent/rpc/versions.py: report_alive appeared in 1.3
 # wait for the reply overruns it by up to about 50 ms (measured against
 # RabbitMQ 3.10).
 CALL_OVERRUN_SECONDS = 0.1
+# A conductor's checks of many hosts in flight together, each a thread
+# waiting on its answer.
+CHECKS_AT_ONCE = 32
 
 
 class HostState(str, enum.Enum):
@@ -145,8 +149,11 @@ class Heartbeat:
     """Asks hosts whether they are alive; ``down_after`` is
     service_down_time."""
 
-    def __init__(self, conf, down_after: float | None = None):
+    def __init__(self, conf, down_after: float | None = None,
+                 outstanding: OutstandingCalls | None = None):
+        """``outstanding``: a watchdog's, which then sees these calls too."""
         self.down_after = float(down_after or conf.service_down_time)
+        self.outstanding = outstanding or OutstandingCalls()
         self._client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
             timeout=self.down_after)
@@ -157,16 +164,18 @@ class Heartbeat:
     def check(self, host: str) -> Liveness:
         checked_at = time.time()
         try:
-            answer = self._client.prepare(server=host).call({}, "report_alive")
+            with self.outstanding.one(self.down_after):
+                answer = self._client.prepare(server=host).call({}, "report_alive")
         except messaging.MessagingTimeout:
             answer = None
         return judge(host, answer, checked_at)
 
     def check_many(self, hosts: list[str]) -> dict[str, Liveness]:
-        """Every host at once: the whole check takes at most one deadline."""
+        """Every host, CHECKS_AT_ONCE at a time: one deadline for each
+        CHECKS_AT_ONCE hosts that do not answer."""
         if not hosts:
             return {}
-        with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        with ThreadPoolExecutor(max_workers=min(CHECKS_AT_ONCE, len(hosts))) as pool:
             return dict(zip(hosts, pool.map(self.check, hosts)))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.rpc.versions import VERSION
-from agent.testing.local_placement import free_port
+from agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.helpers import (provider_uuid, put_allocations, unallocate,
                                       wait_serving, write_conf)
 
@@ -285,6 +285,27 @@ def test_an_unknown_host_times_out_after_timeout_with_a_hint(agent):
     assert 5 <= elapsed < start_up + 5 + 1.5, (elapsed, start_up)
     assert "no answer from nowhere-" in line and "within 5s" in line
     assert "host may be down" in line
+
+
+def test_bug_ctl_hosts_blamed_placement_while_a_down_hosts_heartbeat_waited(
+        tmp_path, services):
+    """A heartbeat waits service_down_time for its answer, not --timeout:
+    ctl's watchdog did not see those calls, and said "Placement did not
+    answer within 6s" (--timeout 1 plus 5) while a down host's was still
+    waiting (at 1,000 hosts, checked 32 at a time, with them all up)."""
+    own = LocalPlacement(tmp_path / "placement").start()
+    try:
+        conf = write_conf(tmp_path, own.url, f"ctl-down-{uuid.uuid4().hex[:6]}", HOST,
+                          DEFAULT={"transport_url": RABBIT, "service_down_time": 7})
+        once = subprocess.run([str(BIN / "compute-agent"), "--config-file", str(conf),
+                               "--once"], capture_output=True, text=True, timeout=60)
+        assert once.returncode == 0, once.stderr
+        done = ctl(conf, "--timeout", "1", "hosts", "--json")
+    finally:
+        own.stop()
+    assert done.returncode == 0, done.stdout
+    [host] = json.loads(done.stdout)
+    assert host["state"] == "down" and host["host"].startswith("ctl-down-")
 
 
 def test_errors_with_json_are_one_object_on_stdout(agent):

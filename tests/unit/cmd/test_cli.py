@@ -17,7 +17,7 @@ from agent.daemon.service import CycleOutcome
 from agent.exception import ConfigError, InvalidRequest
 from agent.placement.sync import SyncResult
 from agent.rpc import schemas as rpc_schemas
-from agent.rpc.client import OutstandingCalls
+from agent.rpc.outstanding import Overdue, OutstandingCalls
 from agent.tree.provider_tree import Provider, ProviderTree
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -140,14 +140,24 @@ def test_once_summary_of_a_failed_cycle_gives_the_reason():
 
 # --- ctl's watchdog: call by call ---------------------------------------------
 
-def calls_of(seconds: float, count: int) -> ctl.Command:
+def calls_of(seconds: float, count: int, timeout: float | None = None) -> ctl.Command:
     """A conductor's command that makes ``count`` calls of ``seconds`` each,
-    one after the other, and says how many it made."""
+    one after the other, each allowed ``timeout`` (--timeout by default),
+    and says how many it made."""
     def call(api, args, conf):
         for _ in range(count):
-            with api.outstanding.one():
+            with api.outstanding.one(timeout or api.timeout):
                 time.sleep(seconds)
         return {"calls": count}
+    return ctl.Command("test", call, conductor=True)
+
+
+def placement_read_of(seconds: float) -> ctl.Command:
+    """A conductor's command that reads Placement for ``seconds``, no call
+    outstanding."""
+    def call(api, args, conf):
+        time.sleep(seconds)
+        return {}
     return ctl.Command("test", call, conductor=True)
 
 
@@ -169,6 +179,15 @@ def test_bug_an_evacuation_longer_than_its_timeout_was_called_a_broker_failure(
     assert json.loads(capsys.readouterr().out) == {"calls": 4}
 
 
+def test_bug_heartbeats_longer_than_the_timeout_were_called_a_placement_failure(
+        tmp_path, monkeypatch, capsys):
+    """ctl hosts' heartbeats (each allowed service_down_time, 60 s) were not
+    watched: at 1,000 hosts, checked 32 at a time, ctl said "Placement did
+    not answer within 65s" while they were still coming in."""
+    assert run_ctl(tmp_path, monkeypatch, calls_of(2, 1, timeout=3), timeout=1) == 0
+    assert json.loads(capsys.readouterr().out) == {"calls": 1}
+
+
 def test_a_call_that_outlives_its_timeout_is_still_given_up(tmp_path, monkeypatch,
                                                              capsys):
     started = time.monotonic()
@@ -178,13 +197,27 @@ def test_a_call_that_outlives_its_timeout_is_still_given_up(tmp_path, monkeypatc
         "the message broker did not answer within 1.5s")
 
 
-def test_outstanding_calls_measure_the_oldest_call_then_the_last_answer():
+def test_a_command_stuck_between_calls_blames_placement(tmp_path, monkeypatch, capsys):
+    started = time.monotonic()
+    assert run_ctl(tmp_path, monkeypatch, placement_read_of(30), timeout=1) == 1
+    assert time.monotonic() - started < 10
+    assert json.loads(capsys.readouterr().out)["error"].startswith(
+        "Placement did not answer within 1.5s")
+
+
+def test_outstanding_calls_are_overdue_past_their_own_timeout_then_after_the_last_answer():
     outstanding = OutstandingCalls()
-    with outstanding.one():
+    with outstanding.one(timeout=0.1):
+        with outstanding.one(timeout=60):
+            assert outstanding.overdue(grace=0, between_calls=60) is None
+            time.sleep(0.2)
+            assert outstanding.overdue(grace=0, between_calls=60) == Overdue(0.1, call=True)
+    with outstanding.one(timeout=60):
         time.sleep(0.2)
-        with outstanding.one():
-            assert outstanding.any() and outstanding.waiting_for() >= 0.2
-    assert not outstanding.any() and outstanding.waiting_for() < 0.1
+        assert outstanding.overdue(grace=0, between_calls=0.1) is None
+    assert outstanding.overdue(grace=0, between_calls=0.1) is None
+    time.sleep(0.2)
+    assert outstanding.overdue(grace=0, between_calls=0.1) == Overdue(0.1, call=False)
 
 
 def device_conf(conf_file: Path, *args: str):
