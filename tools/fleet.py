@@ -157,10 +157,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
     say(f"starting a RabbitMQ node and Placement ({args.placement_workers} workers, "
         f"MariaDB at {args.mysql}) in {root}; the figures so far in {root / RESULT_FILE}")
     rabbit = PrivateRabbitMQ().start()
-    placement = GunicornPlacement(root / "placement", args.placement_workers, host_,
-                                  int(port),
-                                  max_allocation_candidates=args.max_allocation_candidates)
-    fleet = None
+    placement = fleet = None
     result.update({"hosts": args.hosts, "processes": args.processes,
                    "placement_workers": args.placement_workers,
                    "update_interval": timing.update_interval,
@@ -179,6 +176,9 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         say(f"{what} done")
 
     try:
+        placement = GunicornPlacement(
+            root / "placement", args.placement_workers, host_, int(port),
+            max_allocation_candidates=args.max_allocation_candidates)
         placement.start()
         log = placement.log
 
@@ -355,7 +355,8 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         say("cleaning up")
         if fleet is not None:
             fleet.close()
-        placement.close()
+        if placement is not None:
+            placement.close()
         rabbit.close()
 
 
