@@ -30,6 +30,7 @@ from tools.fleet_sim.run import (ProcessFleet, agent_cpu_ms_per_host_cycle,  # n
                                  idle_cost, latency, processes_figures, wait_in_step)
 from tools.fleet_sim.scenarios import (candidates_in_each_mode, ctl_conf,  # noqa: E402
                                        ctl_hosts, evacuate)
+from tools.fleet_sim.worker import GIL_SWITCH_SECONDS  # noqa: E402
 
 # Every scenario, in the order a run takes them; registration always runs.
 SCENARIOS = ("ctl_hosts", "allocation_candidates", "idle", "idle_with_instances",
@@ -165,6 +166,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
                    "reconcile_interval": timing.reconcile_interval,
                    "allocation_refresh_interval": timing.allocation_refresh_interval,
                    "broker_poll": args.broker_poll,
+                   "worker_gil_switch_seconds": GIL_SWITCH_SECONDS,
                    "minutes": args.minutes, "scenarios": list(args.scenarios),
                    "max_allocation_candidates": args.max_allocation_candidates})
     scenarios: dict[str, dict] = {}
