@@ -26,7 +26,7 @@ from agent.cmd.daemon import STOP_POLL  # noqa: E402
 from agent.tree.host_tree import TreeMode  # noqa: E402
 from tools.fleet_sim.hosts import Timing, write_agent_conf  # noqa: E402
 from tools.fleet_sim.placement import GunicornPlacement  # noqa: E402
-from tools.fleet_sim.run import (ProcessFleet, agent_cpu_ms_per_host_cycle,  # noqa: E402
+from tools.fleet_sim.run import (BusClients, ProcessFleet, agent_cpu_ms_per_host_cycle,  # noqa: E402
                                  idle_cost, latency, processes_figures, wait_in_step)
 from tools.fleet_sim.scenarios import (candidates_in_each_mode, ctl_conf,  # noqa: E402
                                        ctl_hosts, evacuate)
@@ -191,7 +191,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
 
         confs = write_confs(TreeMode.NESTED)
         conf_path, conf = ctl_conf(root, placement.url, rabbit.url, timing.service_down_time)
-        api, heartbeat = ComputeAgentAPI(conf, timeout=30), Heartbeat(conf)
+        bus = BusClients(ComputeAgentAPI(conf, timeout=30), Heartbeat(conf))
         fleet = ProcessFleet(confs, args.processes, root, args.broker_poll)
         fleet.status()  # the workers have imported everything: their base
         result["agents_cpu_group"] = fleet.cpu_group and str(fleet.cpu_group.path)
@@ -218,7 +218,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             act()
             acted = time.monotonic()
             _, late = wait_in_step(statuses, placement, since if since_act else None, 3600,
-                                   api if rpc else None, heartbeat, progress=say)
+                                   bus if rpc else None, progress=say)
             waited = time.monotonic() - acted
             if late:
                 result[late_key] = late[:10]
@@ -339,7 +339,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             fleet.build_small(EVACUATED, placement.url, EVACUATED_SMALL_INSTANCES)
             fleet.stop_host(EVACUATED)
             mark = log.mark()
-            result.update(evacuate(conf, api, EVACUATED))
+            result.update(evacuate(conf, bus.api, EVACUATED))
             scenario("evacuation", mark)
             say(f"{EVACUATED} started again: it gives its evacuated instances up")
             acted, waited, _ = until_in_step(
@@ -348,8 +348,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             result["evacuated_host_return_seconds"] = round(acted + waited, 1)
             done("evacuation")
 
-        api.close()
-        heartbeat.close()
+        bus.close()
     finally:
         result["placement_peak_rps"] = max([s["peak_rps"] or 0 for s in scenarios.values()],
                                            default=None)

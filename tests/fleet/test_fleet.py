@@ -21,7 +21,7 @@ from agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import Fleet, FleetHost
 from tools.fleet_sim.hosts import Timing, write_agent_conf
 from tools.fleet_sim.placement import SqlitePlacement
-from tools.fleet_sim.run import idle_cost, wait_in_step
+from tools.fleet_sim.run import BusClients, idle_cost, wait_in_step
 from tools.fleet_sim.scenarios import candidates_in_each_mode, ctl_conf, ctl_hosts, evacuate
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
@@ -43,9 +43,9 @@ def cycles_done(fleet: Fleet, cycles: int, timeout: float = 60) -> None:
 
 @contextmanager
 def registered_fleet(directory: Path, hosts: int, timing: Timing):
-    """``hosts`` agents registered and in step: (fleet, placement, api,
-    heartbeat, the agents' config writer by tree mode, the operator's
-    config path and config)."""
+    """``hosts`` agents registered and in step: (fleet, placement, the
+    run's clients on the bus, the agents' config writer by tree mode, the
+    operator's config path and config)."""
     placement = SqlitePlacement(directory / "placement")
     placement.start()
     run = uuid.uuid4().hex[:6]
@@ -57,29 +57,28 @@ def registered_fleet(directory: Path, hosts: int, timing: Timing):
 
     fleet = Fleet([FleetHost(path) for path in write_confs(TreeMode.NESTED)])
     conf_path, conf = ctl_conf(directory, placement.url, BROKER, timing.service_down_time)
-    api, heartbeat = ComputeAgentAPI(conf, timeout=10), Heartbeat(conf)
+    bus = BusClients(ComputeAgentAPI(conf, timeout=10), Heartbeat(conf))
     try:
         # Registered a few at a time: SQLite takes one writer at a time.
         fleet.starting_at_once = 4
         fleet.start()
-        seconds, late = wait_in_step(fleet.status, placement, None, 120, api, heartbeat)
+        seconds, late = wait_in_step(fleet.status, placement, None, 120, bus)
         assert not late, f"not in step after registration: {late}"
-        yield fleet, placement, api, heartbeat, write_confs, conf_path, conf
+        yield fleet, placement, bus, write_confs, conf_path, conf
     finally:
         fleet.stop()
-        api.close()
-        heartbeat.close()
+        bus.close()
         placement.stop()
 
 
 @pytest.fixture
 def fleet(tmp_path, services):
-    with registered_fleet(tmp_path, HOSTS, TIMING) as (fleet, placement, api, heartbeat, *_):
+    with registered_fleet(tmp_path, HOSTS, TIMING) as (fleet, placement, bus, *_):
         fleet.starting_at_once = None
         # A reconciliation after the last write of registration: the
         # providers whose generation that write moved are read there.
         cycles_done(fleet, 2 * TIMING.reconcile_interval)
-        yield fleet, placement, api, heartbeat
+        yield fleet, placement, bus
 
 
 def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
@@ -87,7 +86,7 @@ def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
     An idle empty host sends one request a cycle, its allocation reads due
     by age included; every agent restarted at once leaves no host out of
     step."""
-    fleet, placement, api, heartbeat = fleet
+    fleet, placement, bus = fleet
     before, mark = fleet.status(), placement.log.mark()
     # Two reconciliations per host at least, each with every provider's
     # allocations older than allocation_refresh_interval.
@@ -101,7 +100,7 @@ def test_an_idle_empty_fleet_and_its_restart_storm(fleet):
 
     since = time.time()
     fleet.restart()
-    seconds, late = wait_in_step(fleet.status, placement, since, 120, api, heartbeat)
+    seconds, late = wait_in_step(fleet.status, placement, since, 120, bus)
     assert not late, f"out of step after every agent restarted at once: {late}"
 
 
@@ -120,7 +119,7 @@ def test_operator_and_scheduler_scenarios(tmp_path, services):
     host's instances evacuated by the conductor each run on another host
     with their VF and vGPU claimed."""
     with registered_fleet(tmp_path, SCENARIO_HOSTS, SCENARIO_TIMING) as (
-            fleet, placement, api, heartbeat, write_confs, conf_path, conf):
+            fleet, placement, bus, write_confs, conf_path, conf):
         names = [h.name for h in fleet.hosts]
         listed = ctl_hosts(conf_path, names)
         assert listed["ctl_hosts_listed"] == SCENARIO_HOSTS, listed
@@ -130,7 +129,7 @@ def test_operator_and_scheduler_scenarios(tmp_path, services):
             write_confs(mode)
             since = time.time()
             fleet.restart()
-            seconds, late = wait_in_step(fleet.status, placement, since, 60, api, heartbeat)
+            seconds, late = wait_in_step(fleet.status, placement, since, 60, bus)
             assert not late, f"not in step in {mode.value} mode: {late}"
 
         fleet.starting_at_once = 2  # SQLite's one writer, as at registration
@@ -142,9 +141,9 @@ def test_operator_and_scheduler_scenarios(tmp_path, services):
         source = fleet.hosts[0]
         instances = source.build_small(placement.url, SMALL_INSTANCES)
         source.stop()
-        moved = evacuate(conf, api, source.name)
+        moved = evacuate(conf, bus.api, source.name)
         assert moved["evacuation_instances"] == SMALL_INSTANCES, moved
         assert moved["evacuation_landed"] == SMALL_INSTANCES, moved
         source.start()
-        assert api.get_host_info(source.name)["instances"] == 0
-        assert not set(instances) & {i["uuid"] for i in api.list_instances(source.name)}
+        assert bus.api.get_host_info(source.name)["instances"] == 0
+        assert not set(instances) & {i["uuid"] for i in bus.api.list_instances(source.name)}

@@ -174,21 +174,33 @@ def out_of_step(hosts: list[dict], trees: dict[str, str],
     return late
 
 
-def rpc_unanswered(api, heartbeat, hosts: list[str], timeout: float = 10) -> list[str]:
-    """The hosts whose agent does not answer, over the bus, both
-    get_host_info (its RPC server) and its heartbeat (the heartbeat's
-    server, on a transport of its own). Each server's first answer opens
-    the connection its answers go out on: asked here, one host after
-    another, not by the next scenario's operator all at once."""
-    def asks(host: str) -> str | None:
-        try:
-            api._call(host, "get_host_info", timeout=timeout)
-            return None if heartbeat.check(host).up else host
-        except Exception:
-            return host
+@dataclass(frozen=True)
+class BusClients:
+    """The run's own clients on the bus, which ask whether agents answer:
+    the API's (agent.rpc.client.ComputeAgentAPI) and the heartbeat's
+    (agent.rpc.heartbeat.Heartbeat), each on a transport of its own."""
+    api: object
+    heartbeat: object
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        return [h for h in pool.map(asks, hosts) if h is not None]
+    def unanswered(self, hosts: list[str], timeout: float = 10) -> list[str]:
+        """The hosts whose agent does not answer both get_host_info (its
+        RPC server) and its heartbeat (the heartbeat's server). Each
+        server's first answer opens the connection its answers go out on:
+        asked here, one host after another, not by the next scenario's
+        operator all at once."""
+        def asks(host: str) -> str | None:
+            try:
+                self.api._call(host, "get_host_info", timeout=timeout)
+                return None if self.heartbeat.check(host).up else host
+            except Exception:
+                return host
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return [h for h in pool.map(asks, hosts) if h is not None]
+
+    def close(self) -> None:
+        self.api.close()
+        self.heartbeat.close()
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -276,10 +288,11 @@ def processes_figures(processes: list[dict], hosts: int) -> dict:
 
 
 def wait_in_step(statuses, placement, since: float | None, timeout: float,
-                 api=None, heartbeat=None, progress=None) -> tuple[float | None, list[str]]:
-    """Seconds from now until every host is in step (out_of_step, then
-    answering RPC when ``api`` and ``heartbeat``: rpc_unanswered), or None
-    at ``timeout`` with those late. ``statuses``: every host's status, now."""
+                 bus: BusClients | None = None, progress=None
+                 ) -> tuple[float | None, list[str]]:
+    """Seconds from now until every host is in step (out_of_step, then,
+    with ``bus``, answering it: BusClients.unanswered), or None at
+    ``timeout`` with those late. ``statuses``: every host's status, now."""
     started = time.monotonic()
     answered: set[str] = set()
     late: list[str] = []
@@ -289,9 +302,9 @@ def wait_in_step(statuses, placement, since: float | None, timeout: float,
         if failed:
             raise RuntimeError(f"{len(failed)} agents failed to start; the first: {failed[0]}")
         late = out_of_step(hosts, placement.trees(), since)
-        if not late and api is not None:
+        if not late and bus is not None:
             waiting = [h["host"] for h in hosts if h["host"] not in answered]
-            silent = rpc_unanswered(api, heartbeat, waiting)
+            silent = bus.unanswered(waiting)
             answered |= set(waiting) - set(silent)
             late = silent
         if progress:
