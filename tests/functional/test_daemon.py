@@ -118,11 +118,17 @@ def test_sigterm_stops_an_idle_daemon_within_2_s_with_exit_0_and_no_warning(
     assert took < 2, f"SIGTERM to exit took {took:.2f} s"
 
 
-def test_sighup_drops_the_placement_cache(tmp_path, placement):
-    conf = write_conf(tmp_path, placement.url, "sighup", HOST,
+def start_quiet_daemon(tmp_path: Path, placement, host: str
+                       ) -> tuple[Path, Path, subprocess.Popen]:
+    """A daemon whose next cycle is an hour away: its config, its log, it."""
+    conf = write_conf(tmp_path, placement.url, host, HOST,
                       DEFAULT={"update_interval": 3600})
     log = tmp_path / "agent.log"
-    proc = start_daemon(conf, log)
+    return conf, log, start_daemon(conf, log)
+
+
+def test_sighup_drops_the_placement_cache(tmp_path, placement):
+    conf, log, proc = start_quiet_daemon(tmp_path, placement, "sighup")
     try:
         wait_for(lambda: "sighup_numa_0" in run("compute-agent-manage", conf, "tree").stdout)
         mark = placement.mark()
@@ -136,10 +142,7 @@ def test_sighup_drops_the_placement_cache(tmp_path, placement):
 
 
 def test_sigusr2_writes_every_threads_stack_and_the_daemon_goes_on(tmp_path, placement):
-    conf = write_conf(tmp_path, placement.url, "sigusr2", HOST,
-                      DEFAULT={"update_interval": 3600})
-    log = tmp_path / "agent.log"
-    proc = start_daemon(conf, log)
+    conf, log, proc = start_quiet_daemon(tmp_path, placement, "sigusr2")
     try:
         wait_for(lambda: "compute-agent running as host" in log.read_text(), 60)
         proc.send_signal(signal.SIGUSR2)
