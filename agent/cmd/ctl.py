@@ -466,6 +466,11 @@ def wait_while_answered(worker: threading.Thread, outstanding: OutstandingCalls,
     return None
 
 
+def broker_did_not_answer(seconds: float) -> str:
+    return (f"the message broker did not answer within {seconds:g}s: is it running, "
+            "and is [DEFAULT] transport_url right? (see --debug)")
+
+
 def first_line(error: Exception) -> str:
     """A remote error's str() carries the agent's traceback after the
     message: the operator gets the message."""
@@ -501,18 +506,14 @@ def main(argv=None) -> int:
     overdue = wait_while_answered(worker, api.outstanding, conf.timeout + BROKER_GRACE)
     error = outcome.get("error")
     if overdue is not None and overdue.call:
-        return fail(f"the message broker did not answer within {overdue.seconds:g}s: is "
-                    "it running, and is [DEFAULT] transport_url right? (see --debug)"
-                    + resume_hint(args), as_json)
+        return fail(broker_did_not_answer(overdue.seconds) + resume_hint(args), as_json)
     if overdue is not None:
         return fail(f"Placement did not answer within {overdue.seconds:g}s: is it running, "
                     "and is the [placement] section right? (see --debug)"
                     + resume_hint(args), as_json)
     api.close()
     if isinstance(error, BrokerUnreachable):
-        return fail(f"the message broker did not answer within {conf.timeout:g}s: is it "
-                    "running, and is [DEFAULT] transport_url right? (see --debug)"
-                    + resume_hint(args), as_json)
+        return fail(broker_did_not_answer(conf.timeout) + resume_hint(args), as_json)
     if isinstance(error, messaging.MessagingTimeout):
         host = error.host if isinstance(error, NoAnswer) else args.agent_host
         return fail(f"no answer from {host} within {conf.timeout:g}s: the "

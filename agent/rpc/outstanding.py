@@ -49,6 +49,7 @@ class OutstandingCalls:
         now = time.monotonic()
         with self._lock:
             if self._calls:
+                # The call due first: sent + timeout.
                 sent, timeout = min(self._calls.values(), key=sum)
                 allowed = timeout + grace
                 return Overdue(allowed, call=True) if now - sent > allowed else None

@@ -12,8 +12,13 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tools.fleet_sim.placement import Request
+
+if TYPE_CHECKING:
+    from agent.rpc.client import ComputeAgentAPI
+    from agent.rpc.heartbeat import Heartbeat
 
 TOP = Path(__file__).resolve().parents[2]
 AGENTS_NICENESS = 19
@@ -177,10 +182,9 @@ def out_of_step(hosts: list[dict], trees: dict[str, str],
 @dataclass(frozen=True)
 class BusClients:
     """The run's own clients on the bus, which ask whether agents answer:
-    the API's (agent.rpc.client.ComputeAgentAPI) and the heartbeat's
-    (agent.rpc.heartbeat.Heartbeat), each on a transport of its own."""
-    api: object
-    heartbeat: object
+    the API's and the heartbeat's, each on a transport of its own."""
+    api: ComputeAgentAPI
+    heartbeat: Heartbeat
 
     def unanswered(self, hosts: list[str], timeout: float = 10) -> list[str]:
         """The hosts whose agent does not answer both get_host_info (its
