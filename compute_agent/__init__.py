@@ -2,10 +2,11 @@
 points (a module imports only from its own package or those before it;
 tests/unit/test_layering.py holds the code to this order):
 
+    common -> drivers                            (they never import the agent)
     dependencies, exception, messaging, config   (modules: the base)
     claims -> tree -> store -> metrics -> placement -> moves -> compute
     -> heal -> health -> cleaning -> rpc -> conductor -> rpcapi -> daemon
     -> reports -> cmd
 
-agent.testing (a local Placement, a fault proxy) stands apart: for tests
-and tools only. docs/architecture.md says what each package holds."""
+compute_agent.testing (a local Placement, a fault proxy) stands apart: for
+tests and tools only. docs/architecture.md says what each package holds."""

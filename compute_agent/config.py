@@ -7,7 +7,7 @@ import socket
 
 from keystoneauth1 import loading as ks_loading
 
-from agent import messaging
+from compute_agent import messaging
 from oslo_config import cfg, iniparser
 from oslo_log import log as logging
 from oslo_log import versionutils
@@ -128,7 +128,7 @@ default_opts = [
         min=1,
         max=3600,
         help="A host is down when its agent has not answered a heartbeat "
-        "request within this many seconds (agent/rpc/heartbeat.py). The agent "
+        "request within this many seconds (compute_agent/rpc/heartbeat.py). The agent "
         "answers heartbeats on a topic and threads of their own, never "
         "behind claims or Placement, so a busy host still answers in "
         "milliseconds; an evacuation's destination refuses to rebuild the "

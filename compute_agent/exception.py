@@ -8,7 +8,7 @@ caller gets the same type back.
 """
 from __future__ import annotations
 
-from agent.dependencies import Dependency, describe
+from compute_agent.dependencies import Dependency, describe
 
 
 class AgentError(Exception):
@@ -248,7 +248,7 @@ class LiveMigrationRefused(AgentError):
 
 class LiveMigrationFailed(AgentError):
     """The hypervisor's live migration failed. ``cause`` is the driver's
-    (drivers.base.MigrationFailure value); for every cause but
+    (compute_agent.drivers.base.MigrationFailure value); for every cause but
     outcome_unknown the guest still runs on the source, which kept its
     devices, and the destination's claim is the conductor's to roll back."""
 

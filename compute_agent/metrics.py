@@ -25,7 +25,7 @@ What is served, all named ``compute_agent_*``:
   time.
 - ``lock_wait_seconds`` (histogram): how long each tracker operation
   waited before its decision ran under the tracker's lock: queued in the
-  store's writer (agent/store/writer.py), then for the lock itself.
+  store's writer (compute_agent/store/writer.py), then for the lock itself.
 - ``reconcile_findings_total{rule,outcome}``: each finding of each
   reconciliation pass, ``outcome`` fixed or reported.
 - ``device_unhealthy{device,reason}`` (gauge): 1 for each reason a device
@@ -37,7 +37,7 @@ What is served, all named ``compute_agent_*``:
   gone from the tree has no series.
 
 The same listener answers the probes the daemon gives it (/healthz and
-/readyz, agent/daemon/probes.py): a status and one line of text/plain.
+/readyz, compute_agent/daemon/probes.py): a status and one line of text/plain.
 """
 from __future__ import annotations
 
@@ -59,11 +59,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
-from agent.claims.model import MoveKind
-from agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
+from compute_agent.claims.model import MoveKind
+from compute_agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
                              MoveInProgress)
-from agent.store.errors import StoreError
-from agent.tree.provider_tree import Provider
+from compute_agent.store.errors import StoreError
+from compute_agent.tree.provider_tree import Provider
 
 LOG = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ Probe = Callable[[], tuple[int, str]]
 
 
 class CycleResult(str, enum.Enum):
-    """How an update_provider_tree cycle ended (agent/daemon/service.py run_cycle)."""
+    """How an update_provider_tree cycle ended (compute_agent/daemon/service.py run_cycle)."""
 
     OK = "ok"
     HYPERVISOR_UNAVAILABLE = "hypervisor_unavailable"
@@ -333,7 +333,7 @@ class Metrics:
         self.lock_wait.observe(time.perf_counter() - since)
 
     def findings(self, findings: Iterable) -> None:
-        """A reconciliation pass's findings (agent/compute/reconcile.py Finding)."""
+        """A reconciliation pass's findings (compute_agent/compute/reconcile.py Finding)."""
         for f in findings:
             self.reconcile_findings.labels(f.kind, "fixed" if f.fixed else "reported").inc()
 

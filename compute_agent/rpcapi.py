@@ -1,17 +1,17 @@
 """The import path conductors use, kept stable across releases: the RPC
 client, the allocation swap and the conductor's live-migration run.
 
-    from agent.rpcapi import ComputeAgentAPI, live_migrate_instance, move_allocations
+    from compute_agent.rpcapi import ComputeAgentAPI, live_migrate_instance, move_allocations
 
-Each lives in its own package (agent/rpc/client.py,
-agent/placement/allocations.py, agent/conductor/live_migration.py); this
+Each lives in its own package (compute_agent/rpc/client.py,
+compute_agent/placement/allocations.py, compute_agent/conductor/live_migration.py); this
 module only names them, and is what docs/architecture.md promises."""
-from agent.conductor.live_migration import (MoveOutcome, NextStep, live_migrate_instance,
+from compute_agent.conductor.live_migration import (MoveOutcome, NextStep, live_migrate_instance,
                                             live_migrate_outcome, next_step)
-from agent.placement.allocations import move_allocations
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.outstanding import OutstandingCalls
-from agent.rpc.errors import BrokerUnreachable, NoAnswer
+from compute_agent.placement.allocations import move_allocations
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.outstanding import OutstandingCalls
+from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 
 __all__ = ["BrokerUnreachable", "ComputeAgentAPI", "MoveOutcome", "NextStep", "NoAnswer",
            "OutstandingCalls", "live_migrate_instance", "live_migrate_outcome",

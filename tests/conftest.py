@@ -7,7 +7,7 @@ import libvirt
 import pytest
 from hypothesis import HealthCheck, settings
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.private_services import (PrivateLibvirtd, PrivateRabbitMQ,
                                                running_libvirtd_pair)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from agent.store.writer import GroupCommitter, Job
+from compute_agent.store.writer import GroupCommitter, Job
 
 
 def hold_writer(commits: GroupCommitter) -> threading.Event:

@@ -24,9 +24,9 @@ from pathlib import Path
 import requests
 import yaml
 
-from agent.store import node_identity
-from agent.testing.local_placement import LocalPlacement, free_port
-from drivers.fake_sysfs import SysfsBuilder
+from compute_agent.store import node_identity
+from compute_agent.testing.local_placement import LocalPlacement, free_port
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
 
 TOP = Path(__file__).resolve().parents[1]
 WORK = TOP / ".demo"
@@ -214,7 +214,7 @@ def closing_words(conf: Path, port: int, stopped: bool, spec: Path) -> str:
     placement = (
         f"Placement is stopped; its data stays in {shown(PLACEMENT_DIR)}. Start it\n"
         f"again, on the same port and data, in another terminal:\n"
-        f"    {venv}/python -m agent.testing.local_placement --dir "
+        f"    {venv}/python -m compute_agent.testing.local_placement --dir "
         f"{shown(PLACEMENT_DIR)} --port {port}"
         if stopped else
         f"Placement was already running on port {port}; the demo left it so.")

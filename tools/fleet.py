@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.cmd.daemon import STOP_POLL  # noqa: E402
-from agent.tree.host_tree import TreeMode  # noqa: E402
+from compute_agent.cmd.daemon import STOP_POLL  # noqa: E402
+from compute_agent.tree.host_tree import TreeMode  # noqa: E402
 from tools.fleet_sim.hosts import Timing, write_agent_conf  # noqa: E402
 from tools.fleet_sim.placement import GunicornPlacement  # noqa: E402
 from tools.fleet_sim.run import (BusClients, ProcessFleet, agent_cpu_ms_per_host_cycle,  # noqa: E402
@@ -102,7 +102,7 @@ def main() -> int:
                         help=f"the agents' (default {Timing.allocation_refresh_interval} s)")
     parser.add_argument("--broker-poll", type=float, default=STOP_POLL,
                         help="each agent's longest wait on the broker's socket, as "
-                             "agent.messaging.bound_broker_waits sets it (default the "
+                             "compute_agent.messaging.bound_broker_waits sets it (default the "
                              f"daemon's {STOP_POLL} s: each wait's end wakes a thread)")
     parser.add_argument("--scenarios", type=scenario_list, default=SCENARIOS,
                         help="comma-separated, of: " + ", ".join(SCENARIOS)
@@ -150,8 +150,8 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
     """The scenarios in turn, their figures put in ``result`` as they come,
     and written to ``root``/result.json after each (a run stopped part way,
     even by SIGKILL, leaves what it measured)."""
-    from agent.rpc.client import ComputeAgentAPI
-    from agent.rpc.heartbeat import Heartbeat
+    from compute_agent.rpc.client import ComputeAgentAPI
+    from compute_agent.rpc.heartbeat import Heartbeat
     from tests.functional.private_services import PrivateRabbitMQ
 
     host_, port = args.mysql.rsplit(":", 1)

@@ -3,7 +3,7 @@ request is checked, and which concrete devices it gets.
 
 No I/O and no locks here: the tracker calls ``choose`` under its lock with
 the set of devices that live assignments hold, and those that guests on the
-host hold whatever the store says (agent/claims/veto.py).
+host hold whatever the store says (compute_agent/claims/veto.py).
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Container, Iterable, Mapping
 
 import os_resource_classes as orc
 
-from agent.exception import ClaimFailed, InvalidRequest
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, HostResource, device_resources
+from compute_agent.exception import ClaimFailed, InvalidRequest
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, HostResource, device_resources
 
 MAX_AMOUNT = 1 << 20
 # The classes a guest's vCPUs are allocated as: shared, and dedicated.
@@ -50,13 +50,13 @@ class Pool:
     # MDEV pools: the parent GPU and type, to create mdevs beyond the slots.
     mdev_parent: str | None = None
     mdev_type: str | None = None
-    # Devices out of service for their health (agent/health/rules.py):
+    # Devices out of service for their health (compute_agent/health/rules.py):
     # slots never chosen, and an MDEV pool whose parent is here creates no
     # mdev. Whoever holds one keeps it.
     unhealthy: frozenset[str] = frozenset()
     # One-time-use slots ([pci] device_spec one_time_use): a claim marks
     # them used, and used they are chosen no more until cleaned
-    # (agent/cleaning/).
+    # (compute_agent/cleaning/).
     one_time_use: frozenset[str] = frozenset()
 
     @property

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from drivers.base import DeviceDetail, DeviceKind
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
 # Placement's allocations as the store's planners read them: consumer uuid
 # -> provider uuid -> resource class -> amount.
@@ -66,7 +66,7 @@ class MigrationState(str, enum.Enum):
 
 class UseState(str, enum.Enum):
     """A one-time-use device ([pci] device_spec one_time_use) once a claim
-    chose it: used until it is cleaned (agent/cleaning/), which gives it
+    chose it: used until it is cleaned (compute_agent/cleaning/), which gives it
     back; a failed cleaning keeps it until cleaned again or released by
     an operator."""
 

@@ -17,8 +17,8 @@ import enum
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
-from agent.claims.choice import Pool, slot_resources
-from drivers.base import GuestHolding, HostResource, HostResourceKind
+from compute_agent.claims.choice import Pool, slot_resources
+from compute_agent.drivers.base import GuestHolding, HostResource, HostResourceKind
 
 
 def vetoed_resources(guests: Mapping[str, GuestHolding]) -> frozenset[HostResource]:

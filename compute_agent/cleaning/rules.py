@@ -1,5 +1,5 @@
 """One-time-use devices and the tree (pure: the uses in, a tree out; the
-uses are the tracker's, the cleaning agent/cleaning/run.py's).
+uses are the tracker's, the cleaning compute_agent/cleaning/run.py's).
 
 A ``[pci] device_spec`` entry saying ``one_time_use`` (nova's key, 2025.2)
 marks its devices: a claim that chooses one records it used (in the same
@@ -21,12 +21,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable
 
-from agent.claims.choice import Pool
-from agent.claims.model import DeviceUse, UseState
-from agent.tree.host_tree import BuiltTree
-from agent.tree.ownership import CLEANING_FAILED_TRAIT
-from agent.tree.provider_tree import Provider, ProviderTree
-from drivers.base import DeviceKind
+from compute_agent.claims.choice import Pool
+from compute_agent.claims.model import DeviceUse, UseState
+from compute_agent.tree.host_tree import BuiltTree
+from compute_agent.tree.ownership import CLEANING_FAILED_TRAIT
+from compute_agent.tree.provider_tree import Provider, ProviderTree
+from compute_agent.drivers.base import DeviceKind
 
 
 def units_out(pool: Pool, used: frozenset[str], held: frozenset[str]) -> int:

@@ -1,5 +1,5 @@
 """The cleaner: a thread that runs each used one-time-use device's
-cleaning command once no guest holds it (agent/cleaning/rules.py says
+cleaning command once no guest holds it (compute_agent/cleaning/rules.py says
 what a used device does to the tree).
 
 The command is the device spec's ``clean_command`` with the device's PCI
@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from agent.compute.tracker import Tracker
-from agent.exception import InvalidRequest
-from agent.store.errors import StoreError
-from agent.tree.device_spec import DeviceSpec
+from compute_agent.compute.tracker import Tracker
+from compute_agent.exception import InvalidRequest
+from compute_agent.store.errors import StoreError
+from compute_agent.tree.device_spec import DeviceSpec
 
 LOG = logging.getLogger(__name__)
 # The output logged of one cleaning: its end, where a failure says why.

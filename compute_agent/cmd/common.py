@@ -19,10 +19,10 @@ from importlib import metadata
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from agent import config
-from agent.cmd.config_check.options import files_in_config_dir, undecodable_config_file
-from agent.cmd.config_check.whole import check_config, cli_file_value_refusal
-from agent.exception import ConfigError
+from compute_agent import config
+from compute_agent.cmd.config_check.options import files_in_config_dir, undecodable_config_file
+from compute_agent.cmd.config_check.whole import check_config, cli_file_value_refusal
+from compute_agent.exception import ConfigError
 
 CONFIG_ERROR_EXIT = 2
 DISTRIBUTION = "compute-agent"  # setup.cfg [metadata] name
@@ -151,7 +151,7 @@ def _files_named(argv: list[str], project: str) -> list[str]:
 
 # The loggers that speak while the config is read: oslo.config's
 # (deprecated names) and the check's (names it does not read).
-READING_LOGGERS = ("oslo_config", "agent.cmd.config_check")
+READING_LOGGERS = ("oslo_config", "compute_agent.cmd.config_check")
 
 
 class _HeldRecords(std_logging.Handler):

@@ -1,5 +1,5 @@
 """compute-agent-ctl: an operator's view of, and hand on, a host's agent,
-over the same RPC API conductors use (agent.rpcapi).
+over the same RPC API conductors use (compute_agent.rpcapi).
 
     compute-agent-ctl --config-file F [--timeout S] COMMAND HOST ... [--json]
 
@@ -43,21 +43,21 @@ from typing import Callable
 
 from oslo_config import cfg
 
-from agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
+from compute_agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
                               load_config, print_output, report_error, setup_logging,
                               tolerate_closed_stdout)
-from agent.cmd.errors import SpecFileError
-from agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
-from agent.conductor.live_migration import LiveMigrator
-from agent.exception import AgentError, ConfigError
-from agent.messaging import bound_broker_waits, messaging
-from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.rpc import schemas as rpc_schemas
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.errors import BrokerUnreachable, NoAnswer
-from agent.rpc.heartbeat import Heartbeat
-from agent.rpc.outstanding import Overdue, OutstandingCalls
-from agent.tree.provider_tree import tree_lines
+from compute_agent.cmd.errors import SpecFileError
+from compute_agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
+from compute_agent.conductor.live_migration import LiveMigrator
+from compute_agent.exception import AgentError, ConfigError
+from compute_agent.messaging import bound_broker_waits, messaging
+from compute_agent.placement.client import PlacementClient, adapter_from_conf
+from compute_agent.rpc import schemas as rpc_schemas
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
+from compute_agent.rpc.heartbeat import Heartbeat
+from compute_agent.rpc.outstanding import Overdue, OutstandingCalls
+from compute_agent.tree.provider_tree import tree_lines
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
@@ -65,7 +65,7 @@ DEFAULT_TIMEOUT = 60.0
 # own timeout starts: once one call has waited its timeout (--timeout; a
 # heartbeat's, service_down_time) plus this, we stop waiting.
 BROKER_GRACE = 5.0
-# How long closing the transport may take (agent.messaging.bound_broker_waits):
+# How long closing the transport may take (compute_agent.messaging.bound_broker_waits):
 # unbounded, --timeout 5 took 10 s. For a process this short, the heartbeat
 # every REPLY_POLL * 2 s it costs is nothing.
 REPLY_POLL = 0.25
@@ -521,7 +521,7 @@ def main(argv=None) -> int:
                     "connected to this broker" + resume_hint(args), as_json)
     if isinstance(error, (AgentError, messaging.MessagingException)):
         # Every error an RPC method raises arrives as its own type
-        # (agent.exception), VersionCapped is the client's own; the
+        # (compute_agent.exception), VersionCapped is the client's own; the
         # dispatcher's (no such method, unsupported version) as RemoteError.
         return fail(first_line(error), as_json)
     if error is not None:

@@ -1,5 +1,5 @@
 """compute-agent's body: configuration, the agent, its servers, the wait for
-SIGTERM. Entered through agent.cmd.agent, which catches SIGHUP before this
+SIGTERM. Entered through compute_agent.cmd.agent, which catches SIGHUP before this
 module's imports run."""
 from __future__ import annotations
 
@@ -12,29 +12,29 @@ import time
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
+from compute_agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               load_config, print_output, setup_logging,
                               tolerate_closed_stdout)
-from agent.cmd.config_check.whole import metrics_port_free
-from agent.daemon.errors import AnotherAgentServesHost
-from agent.daemon.one_agent_check import check_one_agent_per_host
-from agent.daemon.probes import Phase
-from agent.daemon.reload_signal import ReloadSignal
-from agent.daemon.service import BROKER_PROBE_TIMEOUT_SECONDS, Agent, CycleOutcome
-from agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
-from agent.daemon.systemd import notify, watchdog_from_environment
-from agent.exception import ConfigError
-from agent.messaging import bound_broker_waits
-from agent.rpc import broker
-from agent.rpc.heartbeat import make_server as heartbeat_server
-from agent.rpc.server import make_server
-from agent.store import lock as state_lock
-from agent.store.errors import (StateDirectoryInUse, StateDirectoryUnusable, StoreError,
+from compute_agent.cmd.config_check.whole import metrics_port_free
+from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.one_agent_check import check_one_agent_per_host
+from compute_agent.daemon.probes import Phase
+from compute_agent.daemon.reload_signal import ReloadSignal
+from compute_agent.daemon.service import BROKER_PROBE_TIMEOUT_SECONDS, Agent, CycleOutcome
+from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
+from compute_agent.daemon.systemd import notify, watchdog_from_environment
+from compute_agent.exception import ConfigError
+from compute_agent.messaging import bound_broker_waits
+from compute_agent.rpc import broker
+from compute_agent.rpc.heartbeat import make_server as heartbeat_server
+from compute_agent.rpc.server import make_server
+from compute_agent.store import lock as state_lock
+from compute_agent.store.errors import (StateDirectoryInUse, StateDirectoryUnusable, StoreError,
                                 StoreRefused)
 
 LOG = logging.getLogger(__name__)
 # How long each of the two RPC listeners (the API's, the heartbeat's) may
-# take to see a stop (agent.messaging.bound_broker_waits): SIGTERM stops an
+# take to see a stop (compute_agent.messaging.bound_broker_waits): SIGTERM stops an
 # idle daemon within about twice this. Unbounded, the listeners' waits on
 # the broker took up to 5 s each, one after the other.
 STOP_POLL = 0.5
@@ -93,7 +93,7 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     # Every option's value at debug level, as OpenStack services log them;
     # secret ones (passwords, transport_url) as "****".
     conf.log_opt_values(LOG, logging.DEBUG)
-    # The broker's outage is the loop's one line each way (agent/rpc/broker.py).
+    # The broker's outage is the loop's one line each way (compute_agent/rpc/broker.py).
     broker.quiet_reconnect_lines()
     broker.quiet_own_fanout_cancels()
     bound_broker_waits(conf, STOP_POLL)
@@ -140,7 +140,7 @@ def serve(conf: cfg.ConfigOpts, agent: Agent) -> int:
     supervisor = Supervisor()
     supervisor.install()
     # A store removed or replaced under the agent: nothing more is
-    # acknowledged, and the daemon stops with exit 2 (agent/store/store.py).
+    # acknowledged, and the daemon stops with exit 2 (compute_agent/store/store.py).
     agent.manager.tracker.store.on_moved(supervisor.refuse)
     agent.dead_threads = lambda: tuple(f"{d.thread}: {d.error}" for d in supervisor.deaths)
 

@@ -1,7 +1,7 @@
 """The commands' errors."""
 from __future__ import annotations
 
-from agent.exception import AgentError
+from compute_agent.exception import AgentError
 
 
 class SpecFileError(AgentError):

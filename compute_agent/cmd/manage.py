@@ -3,7 +3,7 @@
     compute-agent-manage --config-file F tree [--json]
         The tree the agent would report now beside Placement's, what
         differs, and each class the host is unhealed for with the consumers
-        that hold it (agent/reports/tree.py). Read-only, beside a running
+        that hold it (compute_agent/reports/tree.py). Read-only, beside a running
         agent. Exit 0 in step, 1 differences or unhealed, 2 when the store,
         the hypervisor or Placement could not be read.
     compute-agent-manage --config-file F audit [--json]
@@ -14,13 +14,13 @@
     compute-agent-manage --config-file F status [--json]
         Whether libvirt, Keystone, Placement and the message broker answer
         now, the store's schema and integrity, the age of the last
-        successful cycle, unhealed classes and the audit (agent/reports/status.py
+        successful cycle, unhealed classes and the audit (compute_agent/reports/status.py
         judges). Read-only, beside a running agent. Exit 0 healthy, 1
         warnings, 2 broken.
     compute-agent-manage --config-file F rebuild-store (--dry-run | --yes)
         With the agent stopped and its store lost (missing or empty): make
         it again from the guests' metadata and Placement's allocations
-        (agent/store/rebuild.py says what that covers). Refuses, writing
+        (compute_agent/store/rebuild.py says what that covers). Refuses, writing
         nothing, when anything cannot be mapped; never touches a store
         that is there. Exit 1 when refused, 2 when the agent runs.
     compute-agent-manage --config-file F accept-store
@@ -46,7 +46,7 @@
         With the new version installed and its config, before the service
         restarts: the store's schema can be migrated, the configured model
         leaves the host healed, no move is in flight
-        (agent/cmd/upgrade_check.py). Read-only, beside a running agent.
+        (compute_agent/cmd/upgrade_check.py). Read-only, beside a running agent.
         oslo.upgradecheck's table and exit codes: 0 success, 1 warning,
         2 failure.
 
@@ -64,35 +64,35 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent.cmd import upgrade_check
-from agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
+from compute_agent.cmd import upgrade_check
+from compute_agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
                               json_requested, load_config, print_output, report_error,
                               setup_logging, tolerate_closed_stdout)
-from agent.claims.model import UseState
-from agent.compute.reconcile import Report
-from agent.daemon.service import Agent, load_driver
-from agent.dependencies import Unknown
-from agent.exception import AgentError, ConfigError
-from agent.health.rules import UnhealthyProvider, unhealthy_providers
-from agent.placement.allocations import tree_allocations
-from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.reports import probes as status_probes
-from agent.reports import status as status_rules
-from agent.reports.probes import read_beside_agent, tree_report
-from agent.reports.tree import TreeVerdict
-from agent.store import lock as state_lock
-from agent.store import node_identity
-from agent.store.check import StoreFile
-from agent.store.errors import (RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable,
+from compute_agent.claims.model import UseState
+from compute_agent.compute.reconcile import Report
+from compute_agent.daemon.service import Agent, load_driver
+from compute_agent.dependencies import Unknown
+from compute_agent.exception import AgentError, ConfigError
+from compute_agent.health.rules import UnhealthyProvider, unhealthy_providers
+from compute_agent.placement.allocations import tree_allocations
+from compute_agent.placement.client import PlacementClient, adapter_from_conf
+from compute_agent.reports import probes as status_probes
+from compute_agent.reports import status as status_rules
+from compute_agent.reports.probes import read_beside_agent, tree_report
+from compute_agent.reports.tree import TreeVerdict
+from compute_agent.store import lock as state_lock
+from compute_agent.store import node_identity
+from compute_agent.store.check import StoreFile
+from compute_agent.store.errors import (RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable,
                                 StoreError)
-from agent.store.rebuild import RebuiltStore, plan_rebuild
-from agent.store.store import (SCHEMA_VERSION, STORE_FILE, accept_store, create_filled,
+from compute_agent.store.rebuild import RebuiltStore, plan_rebuild
+from compute_agent.store.store import (SCHEMA_VERSION, STORE_FILE, accept_store, create_filled,
                                inspect_store, new_assignment_id)
-from agent.tree.host_tree import build_tree
-from agent.tree.policy import tree_policy_from_conf
-from agent.tree.provider_tree import tree_as_dicts, tree_lines
-from compute_common.pci_address import canonical_address
-from drivers.errors import DriverUnavailable
+from compute_agent.tree.host_tree import build_tree
+from compute_agent.tree.policy import tree_policy_from_conf
+from compute_agent.tree.provider_tree import tree_as_dicts, tree_lines
+from compute_agent.common.pci_address import canonical_address
+from compute_agent.drivers.errors import DriverUnavailable
 
 PROG = "compute-agent-manage"
 HELP = CommandHelp(
@@ -325,7 +325,7 @@ def _describe_rebuild(rebuilt: RebuiltStore) -> list[str]:
 
 
 def heal(conf: cfg.ConfigOpts) -> int:
-    from agent.heal.run import run_heal
+    from compute_agent.heal.run import run_heal
 
     args = conf.command
     interactive = sys.stdin.isatty() and sys.stderr.isatty()
@@ -446,10 +446,10 @@ def wait_for_cleaning(api, host: str, address: str, deadline: float) -> dict:
 def device(conf: cfg.ConfigOpts) -> int:
     """Through the running agent, over RPC: nothing is read or written
     around its store."""
-    from agent.cmd.ctl import REPLY_POLL, first_line
-    from agent.messaging import bound_broker_waits
-    from agent.rpc.client import ComputeAgentAPI
-    from agent.rpc.errors import BrokerUnreachable, NoAnswer
+    from compute_agent.cmd.ctl import REPLY_POLL, first_line
+    from compute_agent.messaging import bound_broker_waits
+    from compute_agent.rpc.client import ComputeAgentAPI
+    from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 
     as_json = conf.command.json
     try:

@@ -12,21 +12,21 @@ import threading
 import time
 from typing import Callable
 
-from agent.claims.choice import InstanceSpec
-from agent.claims.model import (Assignment, Migration, MigrationRole, MigrationState, MoveKind,
+from compute_agent.claims.choice import InstanceSpec
+from compute_agent.claims.model import (Assignment, Migration, MigrationRole, MigrationState, MoveKind,
                                 Owner, RequestDigest)
-from agent.compute.tracker import Tracker, check_move_of, check_retry, check_uuid
-from agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
+from compute_agent.compute.tracker import Tracker, check_move_of, check_retry, check_uuid
+from compute_agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
                              LiveMigrationRefused, MoveInProgress, RetryMismatch)
-from agent.moves.evacuation import evacuation_name_free_again
-from agent.moves.live_migration import (live_migratable_devices, mdev_refusals, mdev_type_refusals,
+from compute_agent.moves.evacuation import evacuation_name_free_again
+from compute_agent.moves.live_migration import (live_migratable_devices, mdev_refusals, mdev_type_refusals,
                                         pci_refusals)
-from agent.tree.device_spec import DeviceSpec
-from drivers.base import (DeviceKind, GuestDevice, GuestSpec, GuestState, MigrationFailure,
+from compute_agent.tree.device_spec import DeviceSpec
+from compute_agent.drivers.base import (DeviceKind, GuestDevice, GuestSpec, GuestState, MigrationFailure,
                           device_resources)
-from drivers.driver import ComputeDriver
-from drivers.errors import DriverUnavailable, InvalidMigrationTarget, LiveMigrationError, MdevError
-from drivers.migration import ClaimedDevice, LiveMigrationTarget, pair_devices
+from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.drivers.errors import DriverUnavailable, InvalidMigrationTarget, LiveMigrationError, MdevError
+from compute_agent.drivers.migration import ClaimedDevice, LiveMigrationTarget, pair_devices
 
 LOG = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ class ComputeManager:
         return {"migration_uuid": m.uuid, "instance": self.get_instance(m.instance_uuid)}
 
     # --- live migration -------------------------------------------------
-    # The conductor (agent.rpcapi.live_migrate_instance) drives: the source
+    # The conductor (compute_agent.rpcapi.live_migrate_instance) drives: the source
     # records the move it is told of, before the allocations are swapped;
     # the destination claims and answers what it claimed; the source pairs
     # its devices with those, migrates the running guest and gives its

@@ -18,13 +18,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
+from compute_agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner)
-from agent.claims.veto import assignable_resources, describe_stray, stray_holdings
-from agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
-from agent.moves.evacuation import evacuated_away
-from agent.store.store import live_changed_at, migrations_changed_at
-from drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestState, HostResource,
+from compute_agent.claims.veto import assignable_resources, describe_stray, stray_holdings
+from compute_agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
+from compute_agent.moves.evacuation import evacuated_away
+from compute_agent.store.store import live_changed_at, migrations_changed_at
+from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestState, HostResource,
                           device_resources)
 
 LOG = logging.getLogger(__name__)
@@ -377,7 +377,7 @@ def device_held_outside_the_store(p: Pass) -> None:
     defined) and the store does not give that guest's instance: the guest
     is unknown to the store, or the store gives the device to another
     instance, or to none. Reported; the device is never chosen for a claim
-    while a guest holds it (agent/claims/veto.py), until an operator
+    while a guest holds it (compute_agent/claims/veto.py), until an operator
     deletes or redefines the guest, or rebuilds the store."""
     given: dict[HostResource, set[str]] = {}
     for rows in p.rows.values():
@@ -401,7 +401,7 @@ HOST_RULES: tuple[Callable[[Pass], None], ...] = (
 def adopted_guests(foreign: dict[str, ForeignGuest], rows: dict[str, list[Assignment]]
                    ) -> dict[str, GuestState]:
     """The guests of another manager that the store holds as instances
-    (agent/store/adoption.py), as guests of ours: without our metadata, each
+    (compute_agent/store/adoption.py), as guests of ours: without our metadata, each
     carries the assignments whose devices it holds (counted ones hold
     nothing and are carried)."""
     out = {}

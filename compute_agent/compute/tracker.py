@@ -1,7 +1,7 @@
 """Claims: which concrete device each instance holds, recorded durably.
 
 Every operation is a decision that the store runs in its writer thread,
-just before the transaction that records it (agent/store/writer.py):
+just before the transaction that records it (compute_agent/store/writer.py):
 decisions are made one at a time, in the order they were asked for, and
 their writes reach the disk in that order. Each call returns only once its
 write is on disk. The tracker's lock covers each decision and the
@@ -24,21 +24,21 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Callable, Container
 
-from agent.claims.choice import HeldDevices, InstanceSpec, Pool, choose, parse_allocations
-from agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
+from compute_agent.claims.choice import HeldDevices, InstanceSpec, Pool, choose, parse_allocations
+from compute_agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
                                 MigrationRole, MigrationState, MoveKind, Owner, RequestDigest,
                                 UseState)
-from agent.claims.veto import vetoed_resources
-from agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance, RetryMismatch
-from agent.metrics import Metrics
-from agent.moves.evacuation import evacuation_name_free_again
-from agent.store.store import (Decision, Statement, Store, all_instances, all_migrations,
+from compute_agent.claims.veto import vetoed_resources
+from compute_agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance, RetryMismatch
+from compute_agent.metrics import Metrics
+from compute_agent.moves.evacuation import evacuation_name_free_again
+from compute_agent.store.store import (Decision, Statement, Store, all_instances, all_migrations,
                                delete_device_uses_sql, delete_instance_sql, delete_migration_sql,
                                device_uses, insert_assignments_sql, instance_requests,
                                live_assignments, new_assignment_id, put_device_uses_sql,
                                put_instance_sql, put_migration_sql, realign_assignments_sql,
                                update_assignments_sql)
-from drivers.base import DeviceKind, GuestHolding, HostResource
+from compute_agent.drivers.base import DeviceKind, GuestHolding, HostResource
 
 
 def check_uuid(value, field_name: str) -> str:
@@ -96,7 +96,7 @@ class Tracker:
         self._pools: dict[str, dict[str, Pool]] = {}
         self._held = HeldDevices()
         # What the guests on the host hold, whatever the store says: never
-        # chosen (agent/claims/veto.py). The manager reads the guests before
+        # chosen (compute_agent/claims/veto.py). The manager reads the guests before
         # every claim; a tracker without a hypervisor (the store's own
         # tests) has none.
         self._vetoed: frozenset[HostResource] = frozenset()
@@ -108,14 +108,14 @@ class Tracker:
         self._migrations: dict[str, Migration] = {}
         # Providers whose assignments changed since the last
         # take_touched_providers(): where Placement's allocations may have
-        # changed too (agent/placement/allocations.py).
+        # changed too (compute_agent/placement/allocations.py).
         self._touched_providers: set[str] = set()
         # One-time-use devices not clean since a claim chose them, by
-        # address: never chosen again until cleaned (agent/cleaning/).
+        # address: never chosen again until cleaned (compute_agent/cleaning/).
         self._uses: dict[str, DeviceUse] = {}
         # Told once a claim that used a one-time-use device, or a release
         # that left one unheld, is on disk: the update loop reports it out
-        # of scheduling, the cleaner starts its cleaning (agent/cleaning/).
+        # of scheduling, the cleaner starts its cleaning (compute_agent/cleaning/).
         self.on_uses_changed: Callable[[], None] = lambda: None
         # Moves on with each decision that used or freed such a device.
         self._uses_moved = 0
@@ -362,7 +362,7 @@ class Tracker:
 
     def realign(self, moves: list[tuple[Assignment, Assignment]]) -> list[Assignment]:
         """Rows moved to the provider and class their allocations now sit on
-        (heal; agent/heal/realign.py), all in one transaction. A row changed
+        (heal; compute_agent/heal/realign.py), all in one transaction. A row changed
         since ``old`` was read (released, say) is left as it is; returns
         the rows moved."""
         def decide() -> Decision:

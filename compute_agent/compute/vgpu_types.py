@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 
-from agent.compute.manager import ComputeManager
-from drivers.base import DeviceKind
-from drivers.errors import DriverUnavailable, MdevError
+from compute_agent.compute.manager import ComputeManager
+from compute_agent.drivers.base import DeviceKind
+from compute_agent.drivers.errors import DriverUnavailable, MdevError
 
 LOG = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def restore_vgpu_types_after_reboot(manager: ComputeManager, boot_id: str
     """Write back the type of every vGPU VF a live assignment made before
     this boot holds. Returns the VFs that did not take it back, each with
     why, one WARNING line each: their units stay reserved with the reason
-    (agent/health/rules.py hold_vgpu_vfs_not_restored) until they hold a
+    (compute_agent/health/rules.py hold_vgpu_vfs_not_restored) until they hold a
     type or are given back. The assignments move to this boot with the
     reconciliation (its mdev_after_reboot rule), so a restart before that
     writes the types again, which changes nothing."""

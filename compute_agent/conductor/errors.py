@@ -2,7 +2,7 @@
 a call to an agent."""
 from __future__ import annotations
 
-from agent.exception import AgentError
+from compute_agent.exception import AgentError
 
 
 class NoSuchHost(AgentError):

@@ -5,7 +5,7 @@ Evacuating a down SOURCE, instance by instance:
 
 1. Its instances are the INSTANCE consumers holding allocations on its
    tree; the spec each needs is derived from those allocations
-   (agent/moves/evacuation.py), so nothing of the dead host is needed.
+   (compute_agent/moves/evacuation.py), so nothing of the dead host is needed.
 2. A destination from ``GET /allocation_candidates``, one request per
    instance, with each device kept on one NUMA cell with its CPUs
    (``same_subtree``), on an up host other than the source.
@@ -31,18 +31,18 @@ from typing import Callable
 
 import os_traits
 
-from agent.conductor.errors import NoSuchHost
-from agent.conductor.source_tree import read_device_traits, read_source_tree
-from agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
-from agent.messaging import messaging
-from agent.moves.evacuation import (DestinationRecord, InterruptedEvacuation, destination_record,
+from compute_agent.conductor.errors import NoSuchHost
+from compute_agent.conductor.source_tree import read_device_traits, read_source_tree
+from compute_agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
+from compute_agent.messaging import messaging
+from compute_agent.moves.evacuation import (DestinationRecord, InterruptedEvacuation, destination_record,
                                     evacuation_migration_uuid, interrupted_evacuations,
                                     spec_from_allocations)
-from agent.moves.request import SourceProvider, candidate_root, move_request
-from agent.placement.allocations import move_allocations, tree_allocations
-from agent.placement.client import PlacementClient
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.heartbeat import Heartbeat, Liveness
+from compute_agent.moves.request import SourceProvider, candidate_root, move_request
+from compute_agent.placement.allocations import move_allocations, tree_allocations
+from compute_agent.placement.client import PlacementClient
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.heartbeat import Heartbeat, Liveness
 
 
 # Instances evacuated at once by default: enough to overlap Placement's and

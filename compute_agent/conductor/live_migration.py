@@ -9,8 +9,8 @@ live-migrate INSTANCE --target HOST`` runs it.
 3. The destination's allocations come from ``GET /allocation_candidates``
    restricted to the target's tree, asking for what the instance holds
    with each device kept on one NUMA cell with its CPUs (``same_subtree``,
-   the request an evacuation makes: agent/moves/evacuation.py).
-4. live_migrate_instance (below; conductors import it from agent.rpcapi)
+   the request an evacuation makes: compute_agent/moves/evacuation.py).
+4. live_migrate_instance (below; conductors import it from compute_agent.rpcapi)
    does the rest, in the order of RPC API 1.4: the source is told, the
    allocations swapped, the destination claims, the source migrates, the
    destination settles; or all of it is rolled back. Whatever the source's
@@ -28,19 +28,19 @@ from typing import Callable
 
 import os_traits
 
-from agent.claims.model import MigrationState
-from agent.conductor.errors import LiveMigrationNotPossible
-from agent.conductor.source_tree import read_device_traits, read_source_tree
-from agent.exception import (AgentError, CallFailed, InvalidRequest,
+from compute_agent.claims.model import MigrationState
+from compute_agent.conductor.errors import LiveMigrationNotPossible
+from compute_agent.conductor.source_tree import read_device_traits, read_source_tree
+from compute_agent.exception import (AgentError, CallFailed, InvalidRequest,
                              LiveMigrationFailed, LiveMigrationOutcomeUnknown,
                              LiveMigrationRefused, MoveInProgress, NoSuchInstance,
                              VersionCapped)
-from agent.messaging import messaging
-from agent.moves.request import candidate_root, move_request
-from agent.placement.allocations import move_allocations
-from agent.placement.client import PlacementClient
-from agent.rpc.client import ComputeAgentAPI
-from drivers.base import MigrationFailure
+from compute_agent.messaging import messaging
+from compute_agent.moves.request import candidate_root, move_request
+from compute_agent.placement.allocations import move_allocations
+from compute_agent.placement.client import PlacementClient
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.drivers.base import MigrationFailure
 
 LOG = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A move's source tree read from Placement, as the destination request
-needs it (agent.moves.request.move_request): every provider with its
+needs it (compute_agent.moves.request.move_request): every provider with its
 parent, the NUMA cells marked, and the traits of the device providers the
 instance uses. Evacuate and live-migrate both read it this way."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 import os_traits
 
-from agent.moves.request import SourceProvider
-from agent.placement.client import PlacementClient
+from compute_agent.moves.request import SourceProvider
+from compute_agent.placement.client import PlacementClient
 
 
 def read_source_tree(placement: PlacementClient, root_uuid: str) -> dict[str, SourceProvider]:

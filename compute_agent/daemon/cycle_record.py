@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.daemon.errors import RecordUnreadable
-from agent.dependencies import Dependency, DependencyState
-from agent.store.atomic_file import write_private
+from compute_agent.daemon.errors import RecordUnreadable
+from compute_agent.dependencies import Dependency, DependencyState
+from compute_agent.store.atomic_file import write_private
 
 FILENAME = "last_cycle.json"
 

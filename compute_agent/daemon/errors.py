@@ -1,7 +1,7 @@
 """The daemon's errors."""
 from __future__ import annotations
 
-from agent.exception import AgentError
+from compute_agent.exception import AgentError
 
 
 class RecordUnreadable(AgentError):
@@ -10,5 +10,5 @@ class RecordUnreadable(AgentError):
 
 class AnotherAgentServesHost(AgentError):
     """Another agent already serves this [DEFAULT] host
-    (agent/daemon/one_agent.py): the message is the one line; the daemon
+    (compute_agent/daemon/one_agent.py): the message is the one line; the daemon
     exits 2, an operator must act."""

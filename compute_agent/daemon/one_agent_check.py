@@ -1,4 +1,4 @@
-"""One agent per host, at start: the facts agent/daemon/one_agent.py's
+"""One agent per host, at start: the facts compute_agent/daemon/one_agent.py's
 rules judge, gathered before the start writes anything in the state
 directory (a mistyped ``state_path`` is refused before it gets a store or
 a compute_id).
@@ -7,7 +7,7 @@ Placement is asked first (one request, by the host's name). When it cannot
 be asked, the agent starts all the same and its first cycle that reaches
 Placement asks (``PlacementCheck`` on the Agent): a conflict found then
 stops the daemon the same way. The daemon then asks the bus, once, for at
-most PROBE_DEADLINE_SECONDS (agent/rpc/heartbeat.py's agent_serving).
+most PROBE_DEADLINE_SECONDS (compute_agent/rpc/heartbeat.py's agent_serving).
 """
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent.daemon.errors import AnotherAgentServesHost
-from agent.daemon.one_agent import (AnsweringAgent, ThisAgent, agent_answering_for_host,
+from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.one_agent import (AnsweringAgent, ThisAgent, agent_answering_for_host,
                                     root_of_another_agent)
-from agent.dependencies import Unknown
-from agent.exception import DependencyUnavailable, PlacementError
-from agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
-from agent.rpc.heartbeat import agent_serving
-from agent.store import node_identity
-from agent.store.store import STORE_FILE, inspect_store
+from compute_agent.dependencies import Unknown
+from compute_agent.exception import DependencyUnavailable, PlacementError
+from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
+from compute_agent.rpc.heartbeat import agent_serving
+from compute_agent.store import node_identity
+from compute_agent.store.store import STORE_FILE, inspect_store
 
 LOG = logging.getLogger(__name__)
 

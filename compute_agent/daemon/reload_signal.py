@@ -1,6 +1,6 @@
 """SIGHUP, which asks the agent to drop its Placement cache.
 
-Standard library only: agent/cmd/agent.py installs this handler before it
+Standard library only: compute_agent/cmd/agent.py installs this handler before it
 imports the daemon's modules, since a SIGHUP can come as soon as the process
 exists and its default action ends the process."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import signal
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agent.daemon.service import Agent
+    from compute_agent.daemon.service import Agent
 
 
 class ReloadSignal:

@@ -13,55 +13,55 @@ from typing import Callable
 
 from oslo_config import cfg
 
-from agent.claims.model import Migration
-from agent.cleaning.rules import apply_uses
-from agent.cleaning.run import Cleaner
-from agent.compute.manager import ComputeManager
-from agent.compute.reconcile import Report, reconcile
-from agent.compute.tracker import Tracker
-from agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
-from agent.daemon import cycle_record
-from agent.daemon.errors import AnotherAgentServesHost, RecordUnreadable
-from agent.daemon.one_agent_check import PlacementCheck
-from agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
-from agent.daemon.systemd import Watchdog
-from agent.dependencies import Dependencies, Dependency, Health, describe
-from agent.exception import (AgentError, ConfigError, DependencyUnavailable,
+from compute_agent.claims.model import Migration
+from compute_agent.cleaning.rules import apply_uses
+from compute_agent.cleaning.run import Cleaner
+from compute_agent.compute.manager import ComputeManager
+from compute_agent.compute.reconcile import Report, reconcile
+from compute_agent.compute.tracker import Tracker
+from compute_agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
+from compute_agent.daemon import cycle_record
+from compute_agent.daemon.errors import AnotherAgentServesHost, RecordUnreadable
+from compute_agent.daemon.one_agent_check import PlacementCheck
+from compute_agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
+from compute_agent.daemon.systemd import Watchdog
+from compute_agent.dependencies import Dependencies, Dependency, Health, describe
+from compute_agent.exception import (AgentError, ConfigError, DependencyUnavailable,
                              PlacementError, PlacementUnavailable)
-from agent.heal.hold import UnhealedHold
-from agent.heal.realign import DeviceIndex
-from agent.heal.run import align_store, run_heal
-from agent.health.rules import hold_vgpu_vfs_not_restored
-from agent.health.vf_restore_run import VfRestore
-from agent.health.watch import HealthWatch
-from agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
-from agent.moves.evacuation import evacuation_migration_uuid
-from agent.placement.allocations import AllocationView, move_allocations, tree_allocations
-from agent.placement.client import (DEFAULT_TIMEOUT_SECONDS, PlacementClient,
+from compute_agent.heal.hold import UnhealedHold
+from compute_agent.heal.realign import DeviceIndex
+from compute_agent.heal.run import align_store, run_heal
+from compute_agent.health.rules import hold_vgpu_vfs_not_restored
+from compute_agent.health.vf_restore_run import VfRestore
+from compute_agent.health.watch import HealthWatch
+from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
+from compute_agent.moves.evacuation import evacuation_migration_uuid
+from compute_agent.placement.allocations import AllocationView, move_allocations, tree_allocations
+from compute_agent.placement.client import (DEFAULT_TIMEOUT_SECONDS, PlacementClient,
                                     adapter_from_conf)
-from agent.placement.sync import SyncResult, TreeSync
-from agent.rpc import broker
-from agent.store import check as store_check
-from agent.store import node_identity
-from agent.store.adoption import plan_adoption
-from agent.store.errors import AdoptionRefused, StoreError, StoreRefused
-from agent.store.store import (STORE_FILE, Store, create_filled, inspect_store,
+from compute_agent.placement.sync import SyncResult, TreeSync
+from compute_agent.rpc import broker
+from compute_agent.store import check as store_check
+from compute_agent.store import node_identity
+from compute_agent.store.adoption import plan_adoption
+from compute_agent.store.errors import AdoptionRefused, StoreError, StoreRefused
+from compute_agent.store.store import (STORE_FILE, Store, create_filled, inspect_store,
                                new_assignment_id, placement_view, put_placement_view_sql)
-from agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
-from agent.tree.policy import tree_policy_from_conf
-from agent.tree.provider_tree import Provider, ProviderTree
-from drivers.base import DeviceKind, ForeignGuest, HostInventory
-from drivers.driver import ComputeDriver
-from drivers.errors import DriverUnavailable, InvalidHostData
+from compute_agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
+from compute_agent.tree.policy import tree_policy_from_conf
+from compute_agent.tree.provider_tree import Provider, ProviderTree
+from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostInventory
+from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData
 
 LOG = logging.getLogger(__name__)
 
 
 def load_driver(conf: cfg.ConfigOpts) -> ComputeDriver:
     if conf.compute_driver == "fake":
-        from drivers.fake import FakeDriver
+        from compute_agent.drivers.fake import FakeDriver
         return FakeDriver.from_conf(conf)
-    from drivers.libvirt.driver import LibvirtDriver
+    from compute_agent.drivers.libvirt.driver import LibvirtDriver
     return LibvirtDriver(conf)
 
 
@@ -80,7 +80,7 @@ def unavailable_result(dependency: Dependency) -> CycleResult:
                 dependency, CycleResult.PLACEMENT_UNAVAILABLE)
 
 
-# The update loop asks the broker once a cycle (agent/rpc/broker.py): a broker
+# The update loop asks the broker once a cycle (compute_agent/rpc/broker.py): a broker
 # that accepts no connection (a black hole) delays the cycle this long.
 BROKER_PROBE_TIMEOUT_SECONDS = 5
 UPDATE_THREAD = "update-provider-tree"
@@ -137,7 +137,7 @@ def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
 def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDriver,
           client: PlacementClient, policy: TreePolicy) -> None:
     """Import the foreign guests' devices as their instances' assignments
-    (agent/store/adoption.py) and create the store holding them, or raise
+    (compute_agent/store/adoption.py) and create the store holding them, or raise
     StoreRefused listing every problem, writing nothing."""
     try:
         built = build_tree(driver.get_host_inventory(), policy)
@@ -245,7 +245,7 @@ class AgentSettings:
     healthz_turn_limit: float = 120
     health_poll_interval: float = 1.0
     health_correctable_per_minute: int = 100
-    # <state_path>/last_cycle.json, for status (agent/daemon/cycle_record.py);
+    # <state_path>/last_cycle.json, for status (compute_agent/daemon/cycle_record.py);
     # None: not recorded (an agent opened beside a running one).
     record_path: Path | None = None
 
@@ -314,7 +314,7 @@ class Agent:
         self._drop_cache = threading.Event()
         self._thread: threading.Thread | None = None
         driver.register_change_listener(self._wake.set)
-        # One-time-use devices' cleaning (agent/cleaning/); a cleaning's end
+        # One-time-use devices' cleaning (compute_agent/cleaning/); a cleaning's end
         # wakes the loop, which reports the device back or its reason.
         self.cleaner = Cleaner(manager.tracker, self._wake.set) if manager else None
         # None for an agent without a store (nothing to restore from).
@@ -336,7 +336,7 @@ class Agent:
         # Whether another agent serves this host, when the start could not
         # ask Placement: asked by the first cycle that reaches it.
         self.placement_check: PlacementCheck | None = None
-        # What the probes read (probe_facts). The daemon (agent/cmd/daemon.py)
+        # What the probes read (probe_facts). The daemon (compute_agent/cmd/daemon.py)
         # moves the phase on once RPC is served, and tells the threads that
         # died.
         self.phase = Phase.STARTING
@@ -388,9 +388,9 @@ class Agent:
         devices found unhealthy taken out of scheduling. Every reader that
         compares with Placement (a cycle, heal, manage tree) builds it
         here, so none takes the agent's own health marks for drift, nor
-        its VFs not back after a reboot (agent/health/vf_restore_run.py), nor
+        its VFs not back after a reboot (compute_agent/health/vf_restore_run.py), nor
         its VFs whose vGPU type is not back, nor its used one-time-use
-        devices (agent/cleaning/rules.py)."""
+        devices (compute_agent/cleaning/rules.py)."""
         known_bad = {}
         if self.vf_restore is not None:
             inventory, known_bad = self.vf_restore.apply(inventory)
@@ -584,7 +584,7 @@ class Agent:
 
     def probe_facts(self) -> ProbeFacts:
         """The daemon's state, as /healthz and /readyz judge it
-        (agent/daemon/probes.py): read from memory, Placement never asked."""
+        (compute_agent/daemon/probes.py): read from memory, Placement never asked."""
         started = self._turn_started
         return ProbeFacts(
             phase=self.phase,
@@ -600,7 +600,7 @@ class Agent:
     def run_cycle(self) -> CycleOutcome:
         """A cycle, timed and counted by result (metrics) and recorded
         (record_path). A dependency that goes away or comes back is one
-        line each way (agent/dependencies.py); every other failure is one
+        line each way (compute_agent/dependencies.py); every other failure is one
         line, and the next cycle tries again. It raises only
         AnotherAgentServesHost: then no cycle is to come."""
         started = time.monotonic()
@@ -621,7 +621,7 @@ class Agent:
             self._check_placement_once()
             outcome = CycleOutcome(True, result=self.update_provider_tree())
         except AnotherAgentServesHost:
-            raise  # the daemon's end (agent/daemon/supervisor.py)
+            raise  # the daemon's end (compute_agent/daemon/supervisor.py)
         except DriverUnavailable as e:
             unavailable = (Dependency.LIBVIRT, e.where, e.problem)
         except DependencyUnavailable as e:
@@ -768,7 +768,7 @@ class Agent:
 
     def _align_store_safely(self) -> None:
         """The store's rows follow the allocations a heal moved, should that
-        heal have been killed before it wrote them (agent/heal/realign.py)."""
+        heal have been killed before it wrote them (compute_agent/heal/realign.py)."""
         try:
             align_store(self, DeviceIndex(self.manager.tracker.pools()))
         except (PlacementUnavailable, PlacementError) as e:
@@ -778,7 +778,7 @@ class Agent:
 
     def restore_after_reboot(self) -> None:
         """Before the first cycle: the devices a host reboot took that the
-        agent manages, back (agent/health/vf_restore_run.py). A failure is
+        agent manages, back (compute_agent/health/vf_restore_run.py). A failure is
         logged; the cycles keep what is not back reserved."""
         if self.vf_restore is None:
             return

@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.errors import AnotherAgentServesHost
 
 LOG = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _frame(frame: traceback.FrameSummary) -> str:
 def describe(args: threading.ExceptHookArgs) -> str:
     """The exception and where it was raised, on one line, e.g.
     ``OverflowError: timestamp out of range (.../threading.py:331 in wait,
-    from agent/daemon/service.py:307 in _wait_for_next_cycle)``: the innermost
+    from compute_agent/daemon/service.py:307 in _wait_for_next_cycle)``: the innermost
     frame, and the project's innermost when that is another."""
     error = traceback.format_exception_only(args.exc_type, args.exc_value)[-1].strip()
     frames = traceback.extract_tb(args.exc_traceback)

@@ -1,9 +1,9 @@
 """The host inventory a driver reports, and the guests' data types; the
-driver interface itself is drivers/driver.py.
+driver interface itself is compute_agent/drivers/driver.py.
 
 A driver reports what the host *has*, raw and unfiltered. Operator policy
 (the PCI allowlist, enabled mdev types, pmem labels, CPU sets) is applied
-later, by the pure tree builder in ``agent.tree.host_tree``, so the same rules
+later, by the pure tree builder in ``compute_agent.tree.host_tree``, so the same rules
 hold for every driver.
 """
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The driver contract: what the agent needs from a hypervisor driver.
-drivers/fake.py and drivers/libvirt/driver.py implement it, and
+compute_agent/drivers/fake.py and compute_agent/drivers/libvirt/driver.py implement it, and
 tests/contract/ holds both to it. The host's and guests' data types are in
-drivers/base.py, a live migration's in drivers/migration.py."""
+compute_agent/drivers/base.py, a live migration's in compute_agent/drivers/migration.py."""
 from __future__ import annotations
 
 import abc
 from typing import Callable, Collection
 
-from drivers.base import (ForeignGuest, GuestHolding, GuestSpec, GuestState, HostInventory,
+from compute_agent.drivers.base import (ForeignGuest, GuestHolding, GuestSpec, GuestState, HostInventory,
                           PciHealthSignals, SriovFunctions)
-from drivers.migration import LiveMigrationTarget
+from compute_agent.drivers.migration import LiveMigrationTarget
 
 
 class ComputeDriver(abc.ABC):
@@ -97,7 +97,7 @@ class ComputeDriver(abc.ABC):
     @abc.abstractmethod
     def guest_holdings(self, reread: bool = False) -> dict[str, GuestHolding]:
         """Every guest defined or running here, ours and others' alike, by
-        its domain's uuid, with the host resources it holds (drivers/base.py
+        its domain's uuid, with the host resources it holds (compute_agent/drivers/base.py
         GuestHolding). Claims ask before they choose, so it answers as the
         hypervisor is at the call: a guest defined, started, stopped or
         undefined before the call, by this driver or behind its back, is
@@ -115,7 +115,7 @@ class ComputeDriver(abc.ABC):
     def list_foreign_guests(self) -> dict[str, ForeignGuest]:
         """Every guest defined here that is not ours (``list_guests`` does
         not list it), by instance uuid. Raises DriverUnavailable when the
-        hypervisor cannot be asked, and InvalidHostData (drivers.errors)
+        hypervisor cannot be asked, and InvalidHostData (compute_agent.drivers.errors)
         naming the guest whose definition cannot be read: a guest whose
         devices are unknown is not one without devices."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from drivers.base import MigrationFailure
+    from compute_agent.drivers.base import MigrationFailure
 
 _MAX_VALUE_REPR = 80
 

@@ -47,17 +47,17 @@ from typing import Any, Callable, Collection, Iterator
 
 import yaml
 
-from compute_common.cpuset import parse_cpu_set
-from compute_common.pci_address import canonical_address
-from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
+from compute_agent.common.cpuset import parse_cpu_set
+from compute_agent.common.pci_address import canonical_address
+from compute_agent.drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
                           GuestSpec, GuestState, HostInventory, device_resources, Mdev,
                           MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
                           PciHealthSignals, PciKind, PmemNamespace, SriovFunctions)
-from drivers.driver import ComputeDriver
-from drivers.errors import (InvalidFakeHost, InvalidMigrationTarget, LiveMigrationError,
+from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.drivers.errors import (InvalidFakeHost, InvalidMigrationTarget, LiveMigrationError,
                             MdevError, SriovError)
-from drivers.fake_sysfs import vf_address
-from drivers.migration import LiveMigrationTarget, moved_guest
+from compute_agent.drivers.fake_sysfs import vf_address
+from compute_agent.drivers.migration import LiveMigrationTarget, moved_guest
 
 
 def _get(d: dict, key: str, where: str, kind=None, default: Any = ...):

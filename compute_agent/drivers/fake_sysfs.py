@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from compute_common.cpuset import parse_cpu_set
-from compute_common.pci_address import format_address, node_device_name, split_address
-from drivers.errors import MdevError
+from compute_agent.common.cpuset import parse_cpu_set
+from compute_agent.common.pci_address import format_address, node_device_name, split_address
+from compute_agent.drivers.errors import MdevError
 
 # Where a PF's first VF sits, in routing ids (slot * 8 + function) past the
 # PF: 0000:81:00.0 has its VFs at 0000:81:10.0, 0000:81:10.1, ...
@@ -444,7 +444,7 @@ class SysfsBuilder:
         shutil.rmtree(self.device_dir(parent) / mdev_uuid)
 
     def answer_mdev_writes(self) -> None:
-        """Do what the kernel does within the writes drivers.libvirt.mdev
+        """Do what the kernel does within the writes compute_agent.drivers.libvirt.mdev
         makes, which nothing in this tree reacts to: a UUID written to a
         type's ``create`` makes that mdev, ``1`` written to an mdev's
         ``remove`` removes it."""

@@ -1,13 +1,13 @@
 """The small value validators every host-data parser uses, so every parser
 words its complaints the same way: each raises InvalidHostData
-(drivers/errors.py), the declared exception of every host-data parser."""
+(compute_agent/drivers/errors.py), the declared exception of every host-data parser."""
 from __future__ import annotations
 
 import re
 
-from compute_common.cpuset import parse_cpu_set
-from compute_common.pci_address import canonical_address, format_address
-from drivers.errors import InvalidHostData
+from compute_agent.common.cpuset import parse_cpu_set
+from compute_agent.common.pci_address import canonical_address, format_address
+from compute_agent.drivers.errors import InvalidHostData
 
 _MAX_VALUE_REPR = 80
 _HEX_ID = re.compile(r"^(?:0[xX])?([0-9a-fA-F]{4})$")

@@ -15,9 +15,9 @@ import uuid as uuid_lib
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
+from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           HostResource, device_resources)
-from drivers.errors import InvalidMigrationTarget
+from compute_agent.drivers.errors import InvalidMigrationTarget
 
 
 _DEVICE_KEYS = frozenset({"assignment_id", "kind", "device_id", "amount", "cpus",

@@ -1,7 +1,7 @@
 """Heal's errors."""
 from __future__ import annotations
 
-from agent.exception import AgentError
+from compute_agent.exception import AgentError
 
 
 class HealRefused(AgentError):

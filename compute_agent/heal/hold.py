@@ -1,7 +1,7 @@
 """Reserved until healed, as the update loop applies it: the usages the
-rule needs (agent/heal/rules.py), read from Placement only when the model
+rule needs (compute_agent/heal/rules.py), read from Placement only when the model
 takes a class off one of our providers, through the agent's one view of
-allocations (agent/placement/allocations.py): read again only once that
+allocations (compute_agent/placement/allocations.py): read again only once that
 provider's generation moves, a claim touches it, or the refresh interval
 passes.
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from agent.heal import rules as heal
-from agent.placement.allocations import AllocationView
-from agent.tree.provider_tree import ProviderTree
+from compute_agent.heal import rules as heal
+from compute_agent.placement.allocations import AllocationView
+from compute_agent.tree.provider_tree import ProviderTree
 
 LOG = logging.getLogger(__name__)
 

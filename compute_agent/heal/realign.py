@@ -1,5 +1,5 @@
 """The store follows Placement: assignment rows moved to where a reshape
-put their allocations. Pure rules, no I/O (agent/heal/run.py reads and
+put their allocations. Pure rules, no I/O (compute_agent/heal/run.py reads and
 writes).
 
 Heal moves allocations (VCPU and MEMORY_MB from the root to a NUMA cell, a
@@ -23,9 +23,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from agent.claims.choice import Pool, Slot, counted_device_id, slot_detail
-from agent.claims.model import Allocations, Assignment
-from drivers.base import DeviceDetail, DeviceKind
+from compute_agent.claims.choice import Pool, Slot, counted_device_id, slot_detail
+from compute_agent.claims.model import Allocations, Assignment
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
 Pools = Mapping[str, Mapping[str, Pool]]  # provider uuid -> class -> pool
 

@@ -30,11 +30,11 @@ from typing import Callable, Iterable, Mapping
 
 import os_traits
 
-from agent.claims.choice import Pool
-from agent.claims.model import Assignment, Migration
-from agent.heal.errors import HealRefused
-from agent.tree.provider_tree import Provider, ProviderTree
-from drivers.base import DeviceKind
+from compute_agent.claims.choice import Pool
+from compute_agent.claims.model import Assignment, Migration
+from compute_agent.heal.errors import HealRefused
+from compute_agent.tree.provider_tree import Provider, ProviderTree
+from compute_agent.drivers.base import DeviceKind
 
 # provider uuid -> resource class -> amount used (or allocated)
 Usages = Mapping[str, Mapping[str, int]]

@@ -1,5 +1,5 @@
 """Heal, as ``compute-agent-manage heal`` and ``[heal] on_startup`` run it:
-read what the plan needs, build the plan (agent/heal/rules.py), send it as one
+read what the plan needs, build the plan (compute_agent/heal/rules.py), send it as one
 ``POST /reshaper``, and re-read and re-plan when another writer got there
 first.
 
@@ -8,7 +8,7 @@ a class off (a few), and each affected consumer's complete allocations (one
 GET each, several at a time: only ``GET /allocations/{consumer}`` tells a
 consumer's project, user, generation and its allocations on other hosts,
 and the reshaper replaces all of them). Writes: one reshaper, then the
-store's rows moved after their allocations (agent/heal/realign.py) in one
+store's rows moved after their allocations (compute_agent/heal/realign.py) in one
 transaction, then the update cycle that deletes the providers the model
 dropped. Heal killed between the reshaper and the store's write is made
 good by the next heal, whose plan is empty, or the agent's next start
@@ -21,25 +21,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from agent.claims.choice import Pool
-from agent.claims.model import Allocations
-from agent.compute.manager import ComputeManager
-from agent.exception import AgentError, GenerationConflict
-from agent.heal import rules as heal
-from agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
-from agent.placement.allocations import tree_allocations
-from agent.placement.client import PlacementClient
-from agent.placement.sync import TreeSync
-from agent.tree.host_tree import BuiltTree
-from agent.tree.provider_tree import ProviderTree, adopt_uuids
-from drivers.base import HostInventory
-from drivers.driver import ComputeDriver
+from compute_agent.claims.choice import Pool
+from compute_agent.claims.model import Allocations
+from compute_agent.compute.manager import ComputeManager
+from compute_agent.exception import AgentError, GenerationConflict
+from compute_agent.heal import rules as heal
+from compute_agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
+from compute_agent.placement.allocations import tree_allocations
+from compute_agent.placement.client import PlacementClient
+from compute_agent.placement.sync import TreeSync
+from compute_agent.tree.host_tree import BuiltTree
+from compute_agent.tree.provider_tree import ProviderTree, adopt_uuids
+from compute_agent.drivers.base import HostInventory
+from compute_agent.drivers.driver import ComputeDriver
 
 LOG = logging.getLogger(__name__)
 
 
 class HealedAgent(Protocol):
-    """What heal needs of the agent (agent/daemon/service.py's Agent, which
+    """What heal needs of the agent (compute_agent/daemon/service.py's Agent, which
     runs heal at start and for 'compute-agent-manage heal')."""
 
     sync: TreeSync
@@ -118,7 +118,7 @@ def make_plan(agent: HealedAgent, model: Model,
 def align_store(agent: HealedAgent, index: DeviceIndex,
                 allocations: Allocations | None = None) -> Realignment:
     """Move the store's rows to where Placement holds their allocations
-    (agent/heal/realign.py), in one transaction. ``allocations``: consumer ->
+    (compute_agent/heal/realign.py), in one transaction. ``allocations``: consumer ->
     provider -> class -> amount, as a reshape just set them; read from
     Placement's tree when not given, and only when some row is not where
     the model puts it."""

@@ -1,6 +1,6 @@
 """Device health: which watched devices are bad, and what that does to the
 provider tree (pure: signals in, verdicts and a tree out; the reading is
-the driver's, the polling agent/health/watch.py's).
+the driver's, the polling compute_agent/health/watch.py's).
 
 What makes a device bad, each a ``DeviceFault``:
 
@@ -25,7 +25,7 @@ What makes a device bad, each a ``DeviceFault``:
 - ``LINK_DOWN``: one of its network interfaces has no carrier while it is
   administratively up. An interface an operator took down is not judged.
 - ``NOT_RESTORED``: a VF that a host reboot took away and the agent could
-  not create again (agent/health/vf_restore.py); not judged from signals.
+  not create again (compute_agent/health/vf_restore.py); not judged from signals.
 
 A device the driver says nothing of, and a file a device does not have
 (no AER capability, not a PF, no netdev) leave that rule unjudged.
@@ -44,11 +44,11 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from agent.claims.choice import Pool
-from agent.tree.host_tree import BuiltTree
-from agent.tree.ownership import UNHEALTHY_TRAIT
-from agent.tree.provider_tree import Provider, ProviderTree
-from drivers.base import DeviceKind, HostInventory, NetLink, PciHealthSignals
+from compute_agent.claims.choice import Pool
+from compute_agent.tree.host_tree import BuiltTree
+from compute_agent.tree.ownership import UNHEALTHY_TRAIT
+from compute_agent.tree.provider_tree import Provider, ProviderTree
+from compute_agent.drivers.base import DeviceKind, HostInventory, NetLink, PciHealthSignals
 
 DEAD_VENDOR = "ffff"
 CORRECTABLE_WINDOW_S = 60.0
@@ -67,10 +67,10 @@ class DeviceFault(str, enum.Enum):
     VF_COUNT = "vf_count"
     LINK_DOWN = "link_down"
     # A VF a host reboot took that the agent could not bring back
-    # (agent/health/vf_restore.py).
+    # (compute_agent/health/vf_restore.py).
     NOT_RESTORED = "not_restored"
     # A vGPU VF whose type the agent could not write back after a host
-    # reboot (agent/compute/vgpu_types.py): its guest cannot start on it.
+    # reboot (compute_agent/compute/vgpu_types.py): its guest cannot start on it.
     VGPU_TYPE_NOT_RESTORED = "vgpu_type_not_restored"
 
     @property

@@ -1,6 +1,6 @@
 """SR-IOV VFs back after a host reboot: what to write, what to verify, what
 to record (pure: the host's answers in, writes, lines and the tree's
-changes out; agent/health/vf_restore_run.py asks the driver and the store).
+changes out; compute_agent/health/vf_restore_run.py asks the driver and the store).
 
 A reboot leaves every PF without VFs (``sriov_numvfs`` 0), and guests
 whose VFs are gone cannot start. Before the agent reports inventory or
@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from agent.health.rules import DeviceFault, DeviceVerdict
-from drivers.base import HostInventory, PciDevice, PciKind, SriovFunctions
+from compute_agent.health.rules import DeviceFault, DeviceVerdict
+from compute_agent.drivers.base import HostInventory, PciDevice, PciKind, SriovFunctions
 
 
 @dataclass(frozen=True)

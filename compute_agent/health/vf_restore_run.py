@@ -1,4 +1,4 @@
-"""SR-IOV VFs back after a host reboot: the run of agent/health/vf_restore.py's
+"""SR-IOV VFs back after a host reboot: the run of compute_agent/health/vf_restore.py's
 rules against the driver and the store. ``restore`` runs once, at start-up,
 before the first cycle (so before inventory is reported and claims are
 served); each cycle then shows the VFs not restored as reserved units
@@ -9,18 +9,18 @@ import logging
 import time
 from dataclasses import replace
 
-from agent.health.rules import DeviceVerdict
-from agent.health.vf_restore import (NotRestored, PfOutcome, PfPlan, SriovRecord,
+from compute_agent.health.rules import DeviceVerdict
+from compute_agent.health.vf_restore import (NotRestored, PfOutcome, PfPlan, SriovRecord,
                                      not_restored_verdicts, plan_pf, record_from_json,
                                      record_to_json, still_missing, updated_record, verify_pf,
                                      vfs_in_use, with_missing_vfs)
-from agent.store.errors import StoreError
-from agent.store.store import (SRIOV_RECORD, VFS_RESTORED_BOOT, Store, meta_value,
+from compute_agent.store.errors import StoreError
+from compute_agent.store.store import (SRIOV_RECORD, VFS_RESTORED_BOOT, Store, meta_value,
                                put_meta_sql)
-from agent.tree.host_tree import BuiltTree
-from drivers.base import DeviceKind, HostInventory, HostResourceKind
-from drivers.driver import ComputeDriver
-from drivers.errors import DriverUnavailable, InvalidHostData, SriovError
+from compute_agent.tree.host_tree import BuiltTree
+from compute_agent.drivers.base import DeviceKind, HostInventory, HostResourceKind
+from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData, SriovError
 
 LOG = logging.getLogger(__name__)
 

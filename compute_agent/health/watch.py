@@ -16,11 +16,11 @@ import threading
 import time
 from typing import Callable, Collection, Mapping
 
-from agent.health.rules import (DeviceVerdict, HealthJudge, HealthSnapshot, apply_health,
+from compute_agent.health.rules import (DeviceVerdict, HealthJudge, HealthSnapshot, apply_health,
                                 watched_devices)
-from agent.tree.host_tree import BuiltTree
-from drivers.base import HostInventory
-from drivers.driver import ComputeDriver
+from compute_agent.tree.host_tree import BuiltTree
+from compute_agent.drivers.base import HostInventory
+from compute_agent.drivers.driver import ComputeDriver
 
 LOG = logging.getLogger(__name__)
 

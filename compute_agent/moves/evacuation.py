@@ -9,7 +9,7 @@
 - What an instance needs to be rebuilt elsewhere survives its host in
   Placement: its allocations, provider by provider, say how much of each
   class it has and which of them sit together under one NUMA cell, which
-  is what the destination request must keep together (agent/moves/request.py).
+  is what the destination request must keep together (compute_agent/moves/request.py).
 - The source that returns gives up exactly the instances whose allocations
   sit on another host's providers, and none that a move in flight here
   still owns.
@@ -26,8 +26,8 @@ from enum import Enum
 
 import os_resource_classes as orc
 
-from agent.claims.choice import carried
-from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
+from compute_agent.claims.choice import carried
+from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
 
 # uuid5 namespace of evacuation moves (fixed once: changing it would make a
 # returning source miss the moves an older conductor made).

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from agent.tree.device_spec import DeviceSpec, first_match
-from drivers.base import DeviceKind, GuestDevice, PciDevice
-from drivers.migration import LiveMigrationTarget
+from compute_agent.tree.device_spec import DeviceSpec, first_match
+from compute_agent.drivers.base import DeviceKind, GuestDevice, PciDevice
+from compute_agent.drivers.migration import LiveMigrationTarget
 
 _WHOLE_DEVICES = (DeviceKind.PCI, DeviceKind.VF)
 

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from agent.claims.model import Allocations
-from agent.exception import GenerationConflict
-from agent.placement.client import PlacementClient
+from compute_agent.claims.model import Allocations
+from compute_agent.exception import GenerationConflict
+from compute_agent.placement.client import PlacementClient
 
 
 def tree_allocations(client: PlacementClient, root_uuid: str) -> Allocations:

@@ -23,10 +23,10 @@ from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
-from agent.config import PLACEMENT_GROUP
-from agent.exception import (GenerationConflict, KeystoneUnavailable, PlacementError,
+from compute_agent.config import PLACEMENT_GROUP
+from compute_agent.exception import (GenerationConflict, KeystoneUnavailable, PlacementError,
                              PlacementUnavailable)
-from agent.metrics import Metrics
+from compute_agent.metrics import Metrics
 
 LOG = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def keystone_problem(error: ks_exc.ClientException) -> str:
 class _DiscoveryWarning(logging.Filter):
     """keystoneauth warns that it could not discover Keystone's versions at
     every attempt while Keystone is away; the KeystoneUnavailable that
-    follows says so once (agent/dependencies.py)."""
+    follows says so once (compute_agent/dependencies.py)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("Failed to discover available identity")

@@ -17,15 +17,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from agent.exception import GenerationConflict, PlacementError
-from agent.placement.client import PlacementClient
-from agent.tree import provider_tree as pt
+from compute_agent.exception import GenerationConflict, PlacementError
+from compute_agent.placement.client import PlacementClient
+from compute_agent.tree import provider_tree as pt
 
 LOG = logging.getLogger(__name__)
 
 
 # What may be reported of a model now, given Placement's tree and what we
-# own: the heal rule's hold (agent/heal/hold.py), which keeps new providers
+# own: the heal rule's hold (compute_agent/heal/hold.py), which keeps new providers
 # reserved while consumers still hold their classes elsewhere.
 Hold = Callable[[pt.ProviderTree, pt.ProviderTree, Callable[[pt.Provider], bool]],
                 pt.ProviderTree]

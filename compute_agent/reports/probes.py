@@ -1,5 +1,5 @@
 """The facts the operator reports judge (``compute-agent-manage status``:
-agent/reports/status.py; ``tree`` and ``upgrade-check``: agent/reports/tree.py),
+compute_agent/reports/status.py; ``tree`` and ``upgrade-check``: compute_agent/reports/tree.py),
 read from the host beside a running agent: every read here is read-only and
 takes no lock. Each dependency is asked with one cheap real request."""
 from __future__ import annotations
@@ -10,22 +10,22 @@ from typing import Callable, TypeVar
 
 from oslo_config import cfg
 
-from agent.daemon import cycle_record
-from agent.daemon.errors import RecordUnreadable
-from agent.daemon.service import Agent, load_driver
-from agent.dependencies import Dependency, Probe, Unknown
-from agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
-from agent.heal import rules as heal_rules
-from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.reports.status import StoreHealth
-from agent.reports.tree import TreeReport
-from agent.reports.tree import compare as compare_trees
-from agent.rpc import broker as broker_probe
-from agent.store.check import StoreFile
-from agent.store.errors import StoreError
-from agent.store.store import inspect_store, schema_version
-from agent.tree.provider_tree import adopt_uuids
-from drivers.errors import DriverUnavailable
+from compute_agent.daemon import cycle_record
+from compute_agent.daemon.errors import RecordUnreadable
+from compute_agent.daemon.service import Agent, load_driver
+from compute_agent.dependencies import Dependency, Probe, Unknown
+from compute_agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
+from compute_agent.heal import rules as heal_rules
+from compute_agent.placement.client import PlacementClient, adapter_from_conf
+from compute_agent.reports.status import StoreHealth
+from compute_agent.reports.tree import TreeReport
+from compute_agent.reports.tree import compare as compare_trees
+from compute_agent.rpc import broker as broker_probe
+from compute_agent.store.check import StoreFile
+from compute_agent.store.errors import StoreError
+from compute_agent.store.store import inspect_store, schema_version
+from compute_agent.tree.provider_tree import adopt_uuids
+from compute_agent.drivers.errors import DriverUnavailable
 
 # A probe waits this long for an answer: status is run by hand and by
 # monitoring, which should not hang on a dead service.
@@ -80,7 +80,7 @@ def placement(conf: cfg.ConfigOpts, root_uuid: str | None
 
 
 def broker(conf: cfg.ConfigOpts) -> Probe | Unknown:
-    """The probe the running agent makes every cycle (agent/rpc/broker.py)."""
+    """The probe the running agent makes every cycle (compute_agent/rpc/broker.py)."""
     return broker_probe.probe(conf, PROBE_TIMEOUT_SECONDS)
 
 

@@ -12,9 +12,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent.daemon.cycle_record import CycleRecord
-from agent.dependencies import Health, Probe, Unknown, describe
-from agent.health.rules import UnhealthyProvider
+from compute_agent.daemon.cycle_record import CycleRecord
+from compute_agent.dependencies import Health, Probe, Unknown, describe
+from compute_agent.health.rules import UnhealthyProvider
 
 # A cycle ends every update_interval (plus jitter) seconds. The record is
 # late after this many of them (a slow cycle, a Placement that times out),
@@ -65,7 +65,7 @@ class StatusFacts:
     # The audit's unfixed findings, one line each.
     audit: tuple[str, ...] | Unknown
     # The providers Placement shows out of scheduling for a device's
-    # health (agent/health/rules.py), as the running agent marked them.
+    # health (compute_agent/health/rules.py), as the running agent marked them.
     device_health: tuple[UnhealthyProvider, ...] | Unknown = ()
 
 

@@ -2,10 +2,10 @@
 would report now beside Placement's, how they differ, and each class the
 host is unhealed for with the consumers that hold it.
 
-The discovered tree is the model (agent/tree/host_tree.py) with the UUIDs
-Placement already uses, and reserved-until-healed applied (agent/heal/rules.py):
+The discovered tree is the model (compute_agent/tree/host_tree.py) with the UUIDs
+Placement already uses, and reserved-until-healed applied (compute_agent/heal/rules.py):
 exactly what the next cycle would report. A difference is what that cycle
-would change, by the ownership rules (agent/tree/ownership.py): an operator's
+would change, by the ownership rules (compute_agent/tree/ownership.py): an operator's
 ``reserved`` on a device inventory and others' traits are kept, so they are
 no difference; a provider in our tree that is not ours is listed apart.
 """
@@ -15,9 +15,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from agent.heal import rules as heal
-from agent.tree import ownership
-from agent.tree.provider_tree import (INVENTORY_FIELDS, Provider, ProviderTree,
+from compute_agent.heal import rules as heal
+from compute_agent.tree import ownership
+from compute_agent.tree.provider_tree import (INVENTORY_FIELDS, Provider, ProviderTree,
                                       normalized_inventories, reported_traits, tree_as_dicts)
 
 # provider uuid -> consumer uuid -> {"resources": {class: amount}}, as

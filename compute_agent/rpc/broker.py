@@ -8,7 +8,7 @@ away) and each success. oslo.messaging has no public hook for a
 connection's state: its callbacks are its consumers' own. So the agent's
 update loop asks the broker itself, once a cycle, on a connection of its
 own kept open (BrokerWatch: a round trip, a login again only when that
-fails), and says the one line each way (agent/dependencies.py); the
+fails), and says the one line each way (compute_agent/dependencies.py); the
 commands ask once, with a login (probe); the driver's lines about its
 reconnection loop are demoted to DEBUG by a filter on its logger, matched
 on their format strings. Should a release of the driver change those
@@ -26,9 +26,9 @@ from amqp import exceptions as amqp_exceptions
 from amqp import spec as amqp_spec
 from oslo_config import cfg
 
-from agent.dependencies import Dependencies, Dependency, Probe, Unknown
-from agent.exception import ConfigError
-from agent.messaging import messaging
+from compute_agent.dependencies import Dependencies, Dependency, Probe, Unknown
+from compute_agent.exception import ConfigError
+from compute_agent.messaging import messaging
 
 # oslo.messaging's rabbit driver reaches these when the URL names no host.
 RABBIT_DEFAULT = ("localhost", 5672)

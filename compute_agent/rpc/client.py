@@ -4,7 +4,7 @@ version cap for rolling upgrades.
     api = ComputeAgentAPI(conf)
     api.build_instance("host-1", instance_uuid, spec, allocations)
 
-Errors arrive as the agent's own types (agent.exception): InvalidRequest,
+Errors arrive as the agent's own types (compute_agent.exception): InvalidRequest,
 NoSuchInstance, ClaimFailed, MoveInProgress, StoreUnavailable and
 InternalError. A call newer than the client's version cap is refused here,
 before it is sent, with VersionCapped. A call that gets no answer within
@@ -20,13 +20,13 @@ import time
 
 from kombu.exceptions import OperationalError
 
-from agent.dependencies import Probe, describe
-from agent.exception import VersionCapped
-from agent.messaging import TOPIC, messaging, transport
-from agent.rpc import broker
-from agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
-from agent.rpc.outstanding import OutstandingCalls
-from agent.rpc.versions import OLDEST, VERSION
+from compute_agent.dependencies import Probe, describe
+from compute_agent.exception import VersionCapped
+from compute_agent.messaging import TOPIC, messaging, transport
+from compute_agent.rpc import broker
+from compute_agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
+from compute_agent.rpc.outstanding import OutstandingCalls
+from compute_agent.rpc.versions import OLDEST, VERSION
 
 LOG = logging.getLogger(__name__)
 
@@ -48,14 +48,14 @@ NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
 class ComputeAgentAPI:
     def __init__(self, conf, timeout: float = 60,
                  outstanding: OutstandingCalls | None = None):
-        """``conf`` has the agent's options registered (agent.config).
+        """``conf`` has the agent's options registered (compute_agent.config).
         ``outstanding`` is shared by clients one watchdog looks after."""
         self.timeout = timeout
         self.outstanding = outstanding or OutstandingCalls()
         self._conf = conf
         # A client's first call opens the connection its answers come back
         # on, with no bound on its attempts: until then each call asks the
-        # broker first (agent/rpc/broker.py).
+        # broker first (compute_agent/rpc/broker.py).
         self._answers_connected = False
         self.client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),

@@ -1,9 +1,9 @@
 """The RPC client's errors, raised in the caller's process: none is sent
-back over RPC (those are agent.exception's)."""
+back over RPC (those are compute_agent.exception's)."""
 from __future__ import annotations
 
-from agent.exception import AgentError
-from agent.messaging import messaging
+from compute_agent.exception import AgentError
+from compute_agent.messaging import messaging
 
 
 class BrokerDown(AgentError):

@@ -28,18 +28,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from agent.dependencies import Unknown
-from agent.exception import SourceHostUp
-from agent.messaging import messaging, transport
-from agent.rpc import broker
-from agent.rpc.outstanding import OutstandingCalls
+from compute_agent.dependencies import Unknown
+from compute_agent.exception import SourceHostUp
+from compute_agent.messaging import messaging, transport
+from compute_agent.rpc import broker
+from compute_agent.rpc.outstanding import OutstandingCalls
 
 TOPIC = "compute-agent-heartbeat"
 # How long the destination trusts a source found down. Short: the source
 # checks for evacuated instances only when it starts, so a source back
 # within this window could miss one that a later rebuild takes.
 DOWN_VERDICT_SECONDS = 60.0
-VERSION = "1.3"  # agent/rpc/versions.py: report_alive appeared in 1.3
+VERSION = "1.3"  # compute_agent/rpc/versions.py: report_alive appeared in 1.3
 # What a call that gets no answer takes beyond its timeout: oslo.messaging's
 # wait for the reply overruns it by up to about 50 ms (measured against
 # RabbitMQ 3.10).
@@ -92,7 +92,7 @@ class HeartbeatEndpoint:
         """Since 1.3. This agent is alive: its host, its clock, since when
         it runs, and how many instances it holds (in memory: no store).
         Also, for an agent that finds this one serving its host at start
-        (agent/daemon/one_agent.py): its root provider, state path and
+        (compute_agent/daemon/one_agent.py): its root provider, state path and
         machine (older agents leave them out)."""
         return {"host": self._agent.policy.host, "time": time.time(),
                 "started_at": self._started_at,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from jsonschema import Draft202012Validator
 
-from agent.claims.choice import InstanceSpec, check_spec_carried
-from agent.exception import InvalidRequest
+from compute_agent.claims.choice import InstanceSpec, check_spec_carried
+from compute_agent.exception import InvalidRequest
 
 # `\Z`, not `$`: `$` also matches before a final newline. Either case is a
 # UUID; canonical() makes it lower case, as Placement and the store have it.
@@ -15,7 +15,7 @@ UUID = {"type": "string",
         "pattern": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                    r"[0-9a-fA-F]{12}\Z"}
 UUID_FIELDS = ("instance_uuid", "migration_uuid")
-# A PCI address, "dddd:bb:ss.f" (compute_common/pci_address.py), either case.
+# A PCI address, "dddd:bb:ss.f" (compute_agent/common/pci_address.py), either case.
 PCI_ADDRESS = {"type": "string",
                "pattern": r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[01][0-9a-fA-F]\.[0-7]\Z"}
 
@@ -71,7 +71,7 @@ NOTHING = _schema()
 DEVICE = _schema(address=PCI_ADDRESS)
 # The destination's answer to check_can_live_migrate_destination, as the
 # source takes it; each claimed device is read strictly by
-# drivers.migration.ClaimedDevice.
+# compute_agent.drivers.migration.ClaimedDevice.
 DESTINATION = {
     "type": "object",
     "required": ["claimed", "migration_uri"],

@@ -9,7 +9,7 @@ appeared in. Removing or changing a call is 2.0, served beside 1.x for a
 release.
 
 A new version is one new line at the end of VERSIONS; the endpoint's
-methods (agent/rpc/server.py) each name the version they appeared in.
+methods (compute_agent/rpc/server.py) each name the version they appeared in.
 """
 from __future__ import annotations
 
@@ -64,5 +64,5 @@ def known(number: str) -> str:
     """``number`` itself, when the ledger lists it."""
     if number not in {v.number for v in VERSIONS}:
         raise ValueError(f"RPC API version {number} is not in the ledger "
-                         "(agent/rpc/versions.py)")
+                         "(compute_agent/rpc/versions.py)")
     return number

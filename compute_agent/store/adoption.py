@@ -8,7 +8,7 @@ CPUs), read from its domain, become assignments of its instance: the same
 rows a completed build leaves (state claimed, owner the instance).
 
 A device the guest holds maps to the pool slot with that device on the
-provider its allocation names (agent/store/rebuild.py's GuestRows, shared
+provider its allocation names (compute_agent/store/rebuild.py's GuestRows, shared
 with the rebuild of a lost store). Nova's root inventory the model puts
 elsewhere (VCPU, MEMORY_MB, PCPU on NUMA cells) stays where Placement has
 it: a pinned CPU is found in the model's PCPU pools, counted classes become
@@ -31,11 +31,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from agent.claims.choice import Pool
-from agent.claims.model import Allocations
-from agent.store.errors import AdoptionRefused
-from agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore
-from drivers.base import DeviceKind, ForeignGuest, HostResource, HostResourceKind
+from compute_agent.claims.choice import Pool
+from compute_agent.claims.model import Allocations
+from compute_agent.store.errors import AdoptionRefused
+from compute_agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore
+from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostResource, HostResourceKind
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ rebuilds it.
 A store that is there is believed only once it has been checked whole:
 SQLite's ``integrity_check`` (every page, and every index against its
 table), and its commit sequence against the host's record of it
-(agent/store/sequence.py): a store behind its record has lost writes the
+(compute_agent/store/sequence.py): a store behind its record has lost writes the
 agent acknowledged, however it lost them. An operator who put an older
 store back on purpose accepts it with ``compute-agent-manage
 accept-store``.
@@ -20,9 +20,9 @@ accept-store``.
 One missing store is not lost: a host that nova-compute ran until today,
 whose compute_id the agent found, runs nova's guests (no metadata of
 ours, no guest of ours) and has no store of ours yet. That host is
-adopted (agent/store/adoption.py) before anything is served.
+adopted (compute_agent/store/adoption.py) before anything is served.
 
-Pure: the facts are gathered by the caller (agent/daemon/service.py); the rules
+Pure: the facts are gathered by the caller (compute_agent/daemon/service.py); the rules
 are here, one named function each, applied in order by ``judge``.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ DETAIL_CHARACTERS = 200
 
 
 class StoreFile(str, enum.Enum):
-    """What is at the store's path, as inspect_store (agent/store/store.py) found it."""
+    """What is at the store's path, as inspect_store (compute_agent/store/store.py) found it."""
 
     ABSENT = "missing"
     EMPTY = "empty"  # zero bytes, or a database without a single table
@@ -57,7 +57,7 @@ class StoreFacts:
     root_uuid: str | None = None  # the root provider it was created for
     # Its commit sequence; None in a store from before the sequence.
     sequence: int | None = None
-    # The host's record of the sequence (agent/store/sequence.py), and
+    # The host's record of the sequence (compute_agent/store/sequence.py), and
     # where it is; None when there is none, or it cannot be read.
     recorded: int | None = None
     record_path: str = ""

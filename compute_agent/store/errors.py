@@ -1,8 +1,8 @@
 """The store's errors. None crosses RPC: the RPC server answers a failing
-store as agent.exception.StoreUnavailable."""
+store as compute_agent.exception.StoreUnavailable."""
 from __future__ import annotations
 
-from agent.exception import AgentError
+from compute_agent.exception import AgentError
 
 
 class StoreError(AgentError):

@@ -15,7 +15,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable
+from compute_agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable
 
 FILENAME = "lock"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from agent.exception import ConfigError
-from agent.store.atomic_file import write_private
+from compute_agent.exception import ConfigError
+from compute_agent.store.atomic_file import write_private
 
 FILENAME = "compute_id"
 

@@ -18,7 +18,7 @@ either; those ids only label amounts, and are paired in sorted order.
 Root DISK_GB rows never reach a guest's metadata and get new ids.
 
 The matching of a guest's devices to its allocations (``GuestRows``) is
-shared with adoption (agent/store/adoption.py), which reads the devices from a
+shared with adoption (compute_agent/store/adoption.py), which reads the devices from a
 foreign guest's domain instead of from our metadata.
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from agent.claims.choice import Pool, Slot, slot_detail
-from agent.claims.model import Allocations, Assignment, AssignmentState, Owner
-from agent.store.errors import RebuildRefused
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from compute_agent.claims.choice import Pool, Slot, slot_detail
+from compute_agent.claims.model import Allocations, Assignment, AssignmentState, Owner
+from compute_agent.store.errors import RebuildRefused
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ before any of its jobs is answered, the new number is written here and
 synced. At start, a store whose sequence is behind this record has lost
 writes the agent acknowledged: its write-ahead log was emptied or rolled
 back after a crash, or an older copy of ``state.db`` was put back
-(agent/store/check.py refuses it).
+(compute_agent/store/check.py refuses it).
 
 Where: ``<state_path>/store_sequence``, beside ``compute_id``. Outside the
 store and its write-ahead log, so that nothing that happens to those
@@ -18,7 +18,7 @@ own time too. A whole state directory restored from a backup takes it
 back with the store: that case is not told apart.
 
 Cost: one ``fdatasync`` per group commit. The file is written whole once
-(agent/store/atomic_file.py) and then overwritten in place, so its size and
+(compute_agent/store/atomic_file.py) and then overwritten in place, so its size and
 blocks never change and a data sync suffices. It holds two slots, each in
 a sector of its own, written in turn: a write torn by a power loss spoils
 one slot, and the other still holds the number before, which is behind
@@ -31,8 +31,8 @@ import re
 import zlib
 from pathlib import Path
 
-from agent.store.atomic_file import write_private
-from agent.store.errors import StoreError
+from compute_agent.store.atomic_file import write_private
+from compute_agent.store.errors import StoreError
 
 FILENAME = "store_sequence"
 SLOT_BYTES = 512

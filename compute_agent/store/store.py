@@ -2,7 +2,7 @@
 
 SQLite in WAL mode with ``synchronous=FULL``: a write returns only once it
 is on disk. Writes go through one writer thread that group-commits them
-(agent/store/writer.py), so 32 claimers share one fsync instead of queueing
+(compute_agent/store/writer.py), so 32 claimers share one fsync instead of queueing
 for 32.
 
 The database itself refuses a device held by two live assignments (a
@@ -12,7 +12,7 @@ The agent that holds the state directory guards every group commit
 (``Holding``): before its jobs are answered, the store must still be the
 file at its path (not removed or replaced under the running agent), and
 the commit's sequence is on disk in the host's record
-(agent/store/sequence.py), which the next start compares with the store.
+(compute_agent/store/sequence.py), which the next start compares with the store.
 """
 from __future__ import annotations
 
@@ -28,17 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
+from compute_agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
                                 MigrationRole, MigrationState, MoveKind, Owner, RequestDigest,
                                 UseState)
-from agent.store import sequence as sequence_record
-from agent.store.check import StoreFacts, StoreFile, one_line
-from agent.store.errors import StoreError, StoreMoved
+from compute_agent.store import sequence as sequence_record
+from compute_agent.store.check import StoreFacts, StoreFile, one_line
+from compute_agent.store.errors import StoreError, StoreMoved
 # Decision and run_statements belong to the store's API too.
-from agent.store.writer import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
+from compute_agent.store.writer import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
                                 run_statements)
-from agent.tree.provider_tree import Provider
-from drivers.base import DeviceDetail, DeviceKind
+from compute_agent.tree.provider_tree import Provider
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
 
@@ -117,7 +117,7 @@ _V4 = """
 DROP INDEX assignments_one_live_holder;
 UPDATE assignments SET kind = 'host_resources' WHERE kind = 'numa' AND device_id = 'host';
 -- A device is one device whatever provider or class it was claimed under
--- (agent/claims/choice.py device_identity): a PCI address whole or as a VF.
+-- (compute_agent/claims/choice.py device_identity): a PCI address whole or as a VF.
 CREATE UNIQUE INDEX assignments_one_live_holder
     ON assignments (CASE WHEN kind IN ('pci', 'vf') THEN 'pci' ELSE kind END, device_id)
     WHERE state != 'released' AND kind NOT IN ('numa', 'host_resources');
@@ -266,10 +266,10 @@ ROOT_UUID = "root_uuid"  # the root provider the store was created for
 # "open" from the moment the holder opened the store (checkpointed into
 # the database file itself) until it closed it; "closed" after.
 IN_USE = "in_use"
-# The number of group commits the holders made (agent/store/sequence.py);
+# The number of group commits the holders made (compute_agent/store/sequence.py);
 # absent in a store from before it.
 COMMIT_SEQUENCE = "commit_sequence"
-# SR-IOV PFs as last seen with all their VFs (agent/health/vf_restore.py,
+# SR-IOV PFs as last seen with all their VFs (compute_agent/health/vf_restore.py,
 # JSON), and the boot whose VFs were restored; absent before the first.
 SRIOV_RECORD = "sriov_record"
 VFS_RESTORED_BOOT = "vfs_restored_boot_id"
@@ -395,7 +395,7 @@ def _named(path: Path, e: sqlite3.Error) -> StoreError:
 
 
 class Holding:
-    """The CommitGuard (agent/store/writer.py) of the agent that holds the
+    """The CommitGuard (compute_agent/store/writer.py) of the agent that holds the
     state directory. Before a group commit's jobs are answered: the store
     is still the file at its path, and the commit's sequence is recorded.
     Once the file is found gone, every later write is refused too, and
@@ -787,7 +787,7 @@ def update_assignments_sql(rows: list[Assignment]) -> Statement:
 
 def realign_assignments_sql(rows: list[Assignment]) -> Statement:
     """Write back where rows sit: provider, class, kind, device and detail
-    (heal moved their allocations; agent/heal/realign.py)."""
+    (heal moved their allocations; compute_agent/heal/realign.py)."""
     now = time.time()
     return ("UPDATE assignments SET provider_uuid=?, resource_class=?, kind=?, "
             "device_id=?, detail=?, updated_at=? WHERE id=?",

@@ -14,7 +14,7 @@ the benchmarks use it. Each process appends whole lines to the same log
 (O_APPEND: one write per line), and writes a request's line before its
 response is sent, so the log stays exact.
 
-    python -m agent.testing.local_placement --dir D [--port P] [--workers N]
+    python -m compute_agent.testing.local_placement --dir D [--port P] [--workers N]
 """
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ class LocalPlacement:
     def start(self, timeout: float = 60) -> "LocalPlacement":
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.testing.local_placement",
+            [sys.executable, "-m", "compute_agent.testing.local_placement",
              "--dir", str(self.directory), "--port", str(self.port),
              "--workers", str(self.workers)],
             stdout=subprocess.PIPE, stderr=open(self.directory / "server.err", "a"),

@@ -19,7 +19,7 @@ Each entry is a JSON object. Every key it sets must match:
   driver) can be, and only the operator knows that.
 - ``one_time_use``: "yes" or "no" (JSON true and false too), default no,
   nova's key (2025.2): a device used once is not offered again until it is
-  cleaned. Its provider gets ``HW_PCI_ONE_TIME_USE``; agent/cleaning/
+  cleaned. Its provider gets ``HW_PCI_ONE_TIME_USE``; compute_agent/cleaning/
   says what a used device does to the tree.
 - ``clean_command``: how the agent cleans such a device, run with the
   device's PCI address appended as the last argument: a list of arguments,
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import os_resource_classes as orc
 import os_traits
 
-from agent.exception import ConfigError, shown
-from compute_common.pci_address import PARTS as _ADDRESS_PARTS, split_address
-from drivers.base import PciDevice
+from compute_agent.exception import ConfigError, shown
+from compute_agent.common.pci_address import PARTS as _ADDRESS_PARTS, split_address
+from compute_agent.drivers.base import PciDevice
 
 OPTION = "[pci] device_spec"
 _KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits",

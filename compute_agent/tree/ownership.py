@@ -28,14 +28,14 @@ operator write to the same providers. The agent changes only what it owns:
   ``[pci] device_spec`` instead. When a total shrinks below an operator's
   reserved, the reserved is lowered to one below the new total.
 - **Device health.** A provider whose device the health watch finds bad
-  (agent/health/rules.py) carries ``CUSTOM_HW_DEVICE_UNHEALTHY`` and a
+  (compute_agent/health/rules.py) carries ``CUSTOM_HW_DEVICE_UNHEALTHY`` and a
   reason trait of that family, both the agent's; while it carries them in
   Placement, its device inventories' reserved is the agent's too (the bad
   units), so it goes back to the agent's value, 0, once the device
   recovers. An operator's reservation on such a provider is not kept.
 - **One-time-use devices.** ``HW_PCI_ONE_TIME_USE`` (nova's) is the
   agent's, and so is ``CUSTOM_HW_DEVICE_CLEANING_FAILED``, on a provider
-  whose used device's cleaning failed (agent/cleaning/rules.py). On a
+  whose used device's cleaning failed (compute_agent/cleaning/rules.py). On a
   provider that carries ``HW_PCI_ONE_TIME_USE`` in Placement, the device
   inventories' reserved is the agent's (its used units), as nova makes it
   its own there: it goes back to 0 once they are clean.
@@ -47,7 +47,7 @@ from typing import Mapping
 import os_resource_classes as orc
 import os_traits
 
-from agent.tree.cpu_traits import CPU_FEATURE_TRAITS
+from compute_agent.tree.cpu_traits import CPU_FEATURE_TRAITS
 
 # Classes whose reserved the config sets: the host's own share.
 AGENT_RESERVED_CLASSES = frozenset({orc.VCPU, orc.PCPU, orc.MEMORY_MB, orc.DISK_GB})

@@ -8,12 +8,12 @@ import os_resource_classes as orc
 import os_traits
 from oslo_config import cfg
 
-from agent.config import register_mdev_type_groups
-from agent.exception import ConfigError, shown
-from agent.tree.device_spec import PLACEMENT_NAME_LENGTH, parse_specs
-from agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
-from compute_common.cpuset import parse_cpu_set
-from compute_common.pci_address import canonical_address
+from compute_agent.config import register_mdev_type_groups
+from compute_agent.exception import ConfigError, shown
+from compute_agent.tree.device_spec import PLACEMENT_NAME_LENGTH, parse_specs
+from compute_agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
+from compute_agent.common.cpuset import parse_cpu_set
+from compute_agent.common.pci_address import canonical_address
 
 
 # What os-resource-classes and os-traits accept as a custom name, within

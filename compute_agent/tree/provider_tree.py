@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Union
 
-from agent.tree import ownership
+from compute_agent.tree import ownership
 
 # Inventory fields as Placement names them; a record is a plain dict of them.
 INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",

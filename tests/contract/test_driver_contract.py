@@ -1,6 +1,6 @@
 """The driver contract: one suite every driver must pass.
 
-- ``fake``: drivers/fake.py, which our users' tests run against;
+- ``fake``: compute_agent/drivers/fake.py, which our users' tests run against;
 - ``libvirt-test``: the libvirt driver on libvirt's test driver, with a
   sysfs tree of our own (VFs, a GPU with mdev types);
 - ``libvirt-qemu``: the libvirt driver on this machine's real libvirtd
@@ -24,16 +24,16 @@ from typing import Callable
 
 import pytest
 
-from agent.cmd.common import load_config
-from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
+from compute_agent.cmd.common import load_config
+from compute_agent.drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
                           GuestSpec, HostResource, HostResourceKind, Mdev, MigrationFailure,
                           device_resources)
-from drivers.driver import ComputeDriver
-from drivers.errors import LiveMigrationError, MdevError
-from drivers.fake import FakeDriver, FakeNetwork
-from drivers.migration import DeviceMove, LiveMigrationTarget
-from drivers.fake_sysfs import SysfsBuilder, vf_address
-from drivers.libvirt.driver import LibvirtDriver
+from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.drivers.errors import LiveMigrationError, MdevError
+from compute_agent.drivers.fake import FakeDriver, FakeNetwork
+from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
+from compute_agent.drivers.fake_sysfs import SysfsBuilder, vf_address
+from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from tests.functional.helpers import wait_for, write_conf
 from tests.functional.nova_host import nova_domain_xml
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.heartbeat import Heartbeat
-from agent.tree.host_tree import TreeMode
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.heartbeat import Heartbeat
+from compute_agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import Fleet, FleetHost
 from tools.fleet_sim.hosts import Timing, write_agent_conf
 from tools.fleet_sim.placement import SqlitePlacement

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import os_resource_classes as orc
 
-from agent.compute.manager import ComputeManager
-from agent.compute.reconcile import reconcile
-from agent.compute.tracker import Tracker
-from agent.health.vf_restore_run import VfRestore
-from agent.store.store import (Assignment, Migration, Store, all_instances, all_migrations,
+from compute_agent.compute.manager import ComputeManager
+from compute_agent.compute.reconcile import reconcile
+from compute_agent.compute.tracker import Tracker
+from compute_agent.health.vf_restore_run import VfRestore
+from compute_agent.store.store import (Assignment, Migration, Store, all_instances, all_migrations,
                                live_assignments)
-from agent.tree.device_spec import parse_specs
-from agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree, gpu_provider_name,
+from compute_agent.tree.device_spec import parse_specs
+from compute_agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree, gpu_provider_name,
                                   numa_provider_name, pci_provider_name, pmem_provider_name,
                                   pmem_resource_class)
-from drivers.fake import FakeDriver, FakeNetwork
+from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 
 PF = "0000:81:00.0"
 GPU = "0000:84:00.0"
@@ -161,7 +161,7 @@ def make_world(directory: Path, name: str = "hosta", host: dict | None = None,
     a FakeDriver (or subclass) already made from ``host``; else one at
     ``fake://<name>`` on ``network``, where live migrations reach it.
     ``live_migratable``: the PF's VFs may live-migrate."""
-    from compute_common.cpuset import parse_cpu_set
+    from compute_agent.common.cpuset import parse_cpu_set
     directory.mkdir(parents=True, exist_ok=True)
     host = host if host is not None else host_dict()
     cells = len(host.get("numa_cells", []))

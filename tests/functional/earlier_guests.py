@@ -1,5 +1,5 @@
 """Guests as earlier versions of this agent defined them, written by hand
-from the code that wrote them (drivers/libvirt/guest_xml.py at d1b250d and
+from the code that wrote them (compute_agent/drivers/libvirt/guest_xml.py at d1b250d and
 7563c52; the layout held until 88f9c57), never by importing it:
 
 - the domain is named after the instance's name (which is not unique on a
@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from xml.sax.saxutils import escape, quoteattr
 
-from drivers.base import DeviceKind, GuestDevice, GuestSpec
+from compute_agent.drivers.base import DeviceKind, GuestDevice, GuestSpec
 
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
 # d1b250d wrote no MAC; 7563c52 wrote one derived from the assignment.

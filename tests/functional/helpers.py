@@ -10,10 +10,10 @@ from pathlib import Path
 import requests
 import yaml
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.rpc.client import ComputeAgentAPI
-from agent.heal.rules import capacity
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.heal.rules import capacity
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
            "OpenStack-API-Version": "placement 1.39"}
@@ -144,8 +144,8 @@ def failed_cycles(state_path: Path, dependency: str = "Placement") -> int:
     """How many cycles in a row a running agent has found ``dependency``
     down, from the record it rewrites after each cycle (the log says so
     once, not each cycle)."""
-    from agent.daemon import cycle_record
-    from agent.dependencies import Dependency
+    from compute_agent.daemon import cycle_record
+    from compute_agent.dependencies import Dependency
     record = cycle_record.read(cycle_record.path_in(state_path))
     state = record.dependencies.get(Dependency(dependency)) if record else None
     return state.failures if state else 0

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import libvirt
 
-from agent.testing.local_placement import free_port
+from compute_agent.testing.local_placement import free_port
 
 LIBVIRTD = "/usr/sbin/libvirtd"
 # libvirt's fixed directories as a privileged daemon, each replaced by a

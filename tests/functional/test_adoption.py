@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from agent.claims.model import AssignmentState
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.heal.rules import capacity
-from agent.heal.run import run_heal
-from agent.tree.host_tree import build_tree
-from agent.tree.policy import tree_policy_from_conf
-from drivers.libvirt.driver import LibvirtDriver
+from compute_agent.claims.model import AssignmentState
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.heal.rules import capacity
+from compute_agent.heal.run import run_heal
+from compute_agent.tree.host_tree import build_tree
+from compute_agent.tree.policy import tree_policy_from_conf
+from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,
                                       offered, placement_tree, put_allocations)
 from tests.functional.libvirt_host import GPU, MDEV, PF, Host
@@ -261,7 +261,7 @@ def test_an_unmappable_host_is_refused_line_by_line_and_nothing_is_written(nova,
     before = {i: get(placement.url, f"/allocations/{i}")
               for i in [migration, *nova.guests.values()]}
 
-    done = subprocess.run([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+    done = subprocess.run([sys.executable, "-m", "compute_agent.cmd.agent", "--config-file",
                            str(nova.conf), "--once"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr

@@ -1,5 +1,5 @@
 """Reconciliation reads a provider's allocations from a real Placement only
-where they may have changed (agent/placement/allocations.py), counted at the HTTP
+where they may have changed (compute_agent/placement/allocations.py), counted at the HTTP
 level as Placement saw them."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from uuid import uuid4
 import pytest
 import requests
 
-from agent.cmd.common import load_config
-from agent.exception import ConfigError
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import ConfigError
 from tests.functional.helpers import (HEADERS, allocate, make_agent, provider_uuid,
                                       unallocate, wait_for, write_conf)
 from tests.functional.test_update_provider_tree import HOST, POLICY

@@ -1,4 +1,4 @@
-"""The update loop's probe of the broker (agent/rpc/broker.py BrokerWatch) on
+"""The update loop's probe of the broker (compute_agent/rpc/broker.py BrokerWatch) on
 a RabbitMQ node of the test's own: one connection kept across cycles, not
 a login per cycle, and the same findings as a login when the broker goes
 away and comes back."""
@@ -8,9 +8,9 @@ import subprocess
 
 from oslo_config import cfg
 
-from agent.config import register_opts
-from agent.dependencies import Dependency, Probe
-from agent.rpc.broker import BrokerWatch
+from compute_agent.config import register_opts
+from compute_agent.dependencies import Dependency, Probe
+from compute_agent.rpc.broker import BrokerWatch
 
 
 def connections(node) -> int:

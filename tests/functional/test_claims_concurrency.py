@@ -15,9 +15,9 @@ import uuid as uuid_lib
 
 import pytest
 
-from agent.claims.model import AssignmentState
-from agent.exception import ClaimFailed, InvalidRequest
-from drivers.base import DeviceKind
+from compute_agent.claims.model import AssignmentState
+from compute_agent.exception import ClaimFailed, InvalidRequest
+from compute_agent.drivers.base import DeviceKind
 from tests.functional.claims_world import (host_dict, make_world, new_uuid, spec)
 from tests.writer import hold_writer, wait_queued
 

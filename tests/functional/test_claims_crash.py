@@ -21,7 +21,7 @@ and checks:
 - an audit (reconcile, fix=False) finds nothing.
 
 The hypervisor must outlive the agent, so the child's FakeDriver keeps
-its guests and created mdevs in a state file (drivers/fake.py), written
+its guests and created mdevs in a state file (compute_agent/drivers/fake.py), written
 atomically after each change: a guest definition either happened or did
 not, as with libvirt's define.
 """
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.claims.model import AssignmentState, Owner
-from agent.compute.reconcile import reconcile
-from agent.exception import ClaimFailed
-from drivers.base import DeviceKind
-from drivers.fake import FakeDriver
+from compute_agent.claims.model import AssignmentState, Owner
+from compute_agent.compute.reconcile import reconcile
+from compute_agent.exception import ClaimFailed
+from compute_agent.drivers.base import DeviceKind
+from compute_agent.drivers.fake import FakeDriver
 from tests.functional.claims_world import PMEM_RC, host_dict, make_world, new_uuid, spec
 
 KILLS = 200

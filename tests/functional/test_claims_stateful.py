@@ -38,11 +38,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
-from agent.claims.model import AssignmentState, MigrationState, Owner
-from agent.compute.reconcile import reconcile
-from agent.exception import ClaimFailed, MoveInProgress
-from drivers.base import DeviceKind
-from drivers.fake import FakeNetwork
+from compute_agent.claims.model import AssignmentState, MigrationState, Owner
+from compute_agent.compute.reconcile import reconcile
+from compute_agent.exception import ClaimFailed, MoveInProgress
+from compute_agent.drivers.base import DeviceKind
+from compute_agent.drivers.fake import FakeNetwork
 from tests.functional.claims_world import (PMEM_RC, World, make_world, new_uuid,
                                            spec)
 
@@ -282,7 +282,7 @@ class ClaimsMachine(RuleBasedStateMachine):
           succeeds=st.booleans())
     def live_migrate(self, data, restarts, succeeds):
         """A live migration to the other host, in the conductor's order
-        (agent.rpcapi.live_migrate_instance): the source is told first, the
+        (compute_agent.rpcapi.live_migrate_instance): the source is told first, the
         allocations are swapped, the destination claims, the source
         migrates the guest, the destination settles; or, after the
         destination's claim, both roll back. The source restarts after any

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.testing.local_placement import free_port
+from compute_agent.testing.local_placement import free_port
 from tests.functional.helpers import write_conf
 
 BIN = Path(sys.executable).parent

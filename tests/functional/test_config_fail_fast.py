@@ -35,7 +35,7 @@ def agent_once(tmp_path: Path, placement: dict | None = None, **sections):
         conf.write_text(text[0] + "[placement]\n"
                         + "".join(f"{k} = {v}\n" for k, v in placement.items())
                         + ("\n[" + rest[1] if len(rest) > 1 else ""))
-    return run("agent.cmd.agent", conf, "--once"), tmp_path / "state"
+    return run("compute_agent.cmd.agent", conf, "--once"), tmp_path / "state"
 
 
 def assert_refused(done, state: Path, *named: str) -> None:
@@ -101,8 +101,8 @@ def test_a_bad_transport_url_is_shown_without_its_password(tmp_path):
 
 
 @pytest.mark.parametrize("module,args", [
-    ("agent.cmd.manage", ["tree"]),
-    ("agent.cmd.ctl", ["host-info", "somehost"]),
+    ("compute_agent.cmd.manage", ["tree"]),
+    ("compute_agent.cmd.ctl", ["host-info", "somehost"]),
 ])
 def test_every_command_runs_the_check(tmp_path, module, args):
     conf = write_conf(tmp_path, NO_PLACEMENT, "failfast", HOST,
@@ -116,7 +116,7 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
     store = tmp_path / "state" / "state.db"
     store.mkdir(parents=True)
     (tmp_path / "state" / "compute_id").write_text("5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31\n")
-    done = run("agent.cmd.agent", conf, "--once")
+    done = run("compute_agent.cmd.agent", conf, "--once")
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert f"store {store}: cannot be opened: not a regular file" in lines[0]
@@ -125,11 +125,11 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
 # --- names the agent does not read --------------------------------------------
 
 COMMANDS = [
-    ("agent.cmd.agent", ["--once"]),
-    ("agent.cmd.agent", []),
-    ("agent.cmd.manage", ["status"]),
-    ("agent.cmd.manage", ["upgrade-check"]),
-    ("agent.cmd.ctl", ["host-info", "somehost"]),
+    ("compute_agent.cmd.agent", ["--once"]),
+    ("compute_agent.cmd.agent", []),
+    ("compute_agent.cmd.manage", ["status"]),
+    ("compute_agent.cmd.manage", ["upgrade-check"]),
+    ("compute_agent.cmd.ctl", ["host-info", "somehost"]),
 ]
 
 
@@ -163,7 +163,7 @@ def test_names_of_another_version_are_one_warning_and_the_agent_runs(tmp_path):
     conf = conf_with(tmp_path, "[DEFAULT]\nupdate_interval_max = 5\n"
                      "[newer_feature]\nenabled = true\n"
                      "[mdev_nvidia-36]\ndevice_addresses = 0000:81:00.0\n")
-    done = run("agent.cmd.agent", conf, "--once")
+    done = run("compute_agent.cmd.agent", conf, "--once")
     warnings = [line for line in done.stderr.splitlines() if "Not read by this version" in line]
     assert done.returncode == 1 and "cycle failed" in done.stderr, done.stderr
     assert len(warnings) == 1 and " WARNING " in warnings[0], done.stderr
@@ -205,7 +205,7 @@ def test_bug_a_log_file_name_too_long_is_one_line_in_every_command(tmp_path, mod
 def test_bug_a_value_that_cannot_work_is_refused_before_anything_is_written(
         tmp_path, extra, named, once):
     conf = conf_with(tmp_path, extra.format(tmp=tmp_path))
-    done = run("agent.cmd.agent", conf, *(["--once"] if once else []))
+    done = run("compute_agent.cmd.agent", conf, *(["--once"] if once else []))
     assert_refused(done, tmp_path / "state", named)
 
 
@@ -215,10 +215,10 @@ def test_bug_a_busy_metrics_port_stops_the_daemon_before_it_writes_anything(tmp_
         busy.listen()
         port = busy.getsockname()[1]
         conf = conf_with(tmp_path, f"[metrics]\nlisten = 127.0.0.1:{port}\n")
-        done = run("agent.cmd.agent", conf)
+        done = run("compute_agent.cmd.agent", conf)
         # Beside a running agent its port is rightly in use: not a refusal
         # for the commands that do not serve it.
-        status = run("agent.cmd.manage", conf, "status")
+        status = run("compute_agent.cmd.manage", conf, "status")
     assert_refused(done, tmp_path / "state", "[metrics] listen: cannot serve metrics there: "
                    "address already in use", f"'127.0.0.1:{port}'")
     assert "listen" not in status.stderr
@@ -235,7 +235,7 @@ def test_bug_a_busy_metrics_port_stops_the_daemon_before_it_writes_anything(tmp_
 def test_bug_a_long_value_is_cut_with_its_length_in_a_line_of_300(
         tmp_path, section, option, value, length):
     conf = conf_with(tmp_path, f"[{section}]\n{option} = {value}\n")
-    done = run("agent.cmd.agent", conf, "--once")
+    done = run("compute_agent.cmd.agent", conf, "--once")
     assert_refused(done, tmp_path / "state", f"[{section}] {option}:",
                    f"({length} characters)")
     assert len(done.stderr.strip()) <= 300, done.stderr[:400]
@@ -243,14 +243,14 @@ def test_bug_a_long_value_is_cut_with_its_length_in_a_line_of_300(
 
 def test_bug_a_bad_value_of_a_deprecated_option_is_one_line(tmp_path):
     conf = conf_with(tmp_path, "[DEFAULT]\nreserved_host_memory_mb = abc\n")
-    done = run("agent.cmd.agent", conf, "--once")
+    done = run("compute_agent.cmd.agent", conf, "--once")
     assert_refused(done, tmp_path / "state", "[DEFAULT] reserved_host_memory_mb:", "'abc'")
 
 
 def test_bug_a_config_file_starting_with_a_byte_order_mark_is_read(tmp_path):
     conf = conf_with(tmp_path, "[DEFAULT]\nupdate_interval = 7\n")
     conf.write_bytes(b"\xef\xbb\xbf" + conf.read_bytes())
-    done = run("agent.cmd.agent", conf, "--once")
+    done = run("compute_agent.cmd.agent", conf, "--once")
     assert done.returncode == 1 and "cycle failed" in done.stderr, done.stderr
     assert "error:" not in done.stderr and "Not read" not in done.stderr
 
@@ -262,7 +262,7 @@ def test_bug_a_broker_that_refuses_the_credentials_is_exit_2_in_one_line(tmp_pat
     changes nothing there): refused for good, so systemd must not retry."""
     conf = conf_with(tmp_path, "[DEFAULT]\n"
                      "transport_url = rabbit://guest:not-the-password@127.0.0.1:5672/\n")
-    done = run("agent.cmd.agent", conf)
+    done = run("compute_agent.cmd.agent", conf)
     assert_refused(done, tmp_path / "state", "[DEFAULT] transport_url: the message broker "
                    "at rabbit://127.0.0.1:5672/ refused the credentials of user 'guest'")
     assert "not-the-password" not in done.stderr
@@ -271,7 +271,7 @@ def test_bug_a_broker_that_refuses_the_credentials_is_exit_2_in_one_line(tmp_pat
 def agent_daemon(conf: Path) -> subprocess.Popen:
     """The daemon started on ``conf``, its standard error piped."""
     env = {**os.environ, "PYTHONPATH": str(TOP)}
-    return subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+    return subprocess.Popen([sys.executable, "-m", "compute_agent.cmd.agent", "--config-file",
                              str(conf)], stderr=subprocess.PIPE, text=True, env=env)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.rpc.versions import VERSION
-from agent.testing.local_placement import LocalPlacement, free_port
+from compute_agent.rpc.versions import VERSION
+from compute_agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.helpers import (provider_uuid, put_allocations, unallocate,
                                       wait_serving, write_conf)
 

@@ -10,9 +10,9 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.store import node_identity
-from agent.testing.fault_proxy import PlacementFault, FaultProxy
-from agent.testing.local_placement import free_port
+from compute_agent.store import node_identity
+from compute_agent.testing.fault_proxy import PlacementFault, FaultProxy
+from compute_agent.testing.local_placement import free_port
 from tests.functional.helpers import wait_for, write_conf
 
 BIN = Path(sys.executable).parent

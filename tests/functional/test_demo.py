@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from agent.cmd import ctl
+from compute_agent.cmd import ctl
 from tests.functional.helpers import put_allocations, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

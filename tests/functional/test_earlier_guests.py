@@ -21,11 +21,11 @@ import libvirt
 import pytest
 from lxml import etree
 
-from agent.cmd.common import load_config
-from agent.compute.reconcile import reconcile
-from agent.daemon.service import Agent
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
-from drivers.migration import DeviceMove, LiveMigrationTarget
+from compute_agent.cmd.common import load_config
+from compute_agent.compute.reconcile import reconcile
+from compute_agent.daemon.service import Agent
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 from tests.contract.test_driver_contract import libvirt_driver
 from tests.functional.earlier_guests import DERIVED_MAC, NO_MAC, earlier_domain_xml
 from tests.functional.helpers import placement_tree, write_conf

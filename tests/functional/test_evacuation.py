@@ -26,10 +26,10 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from agent.cmd.common import load_config
-from agent.moves.evacuation import evacuation_migration_uuid
-from agent.rpc.client import ComputeAgentAPI
-from drivers.fake_sysfs import SysfsBuilder
+from compute_agent.cmd.common import load_config
+from compute_agent.moves.evacuation import evacuation_migration_uuid
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
@@ -39,7 +39,7 @@ DOWN_AFTER = 2
 
 def command(module: str, conf: Path, *args, timeout: float = 60
             ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"agent.cmd.{module}",
+    return subprocess.run([sys.executable, "-m", f"compute_agent.cmd.{module}",
                            "--config-file", str(conf), *args],
                           capture_output=True, text=True, timeout=timeout)
 
@@ -65,7 +65,7 @@ class QemuAgent:
 
     def start(self, api: ComputeAgentAPI) -> QemuAgent:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cmd.agent", "--config-file", str(self.conf)],
+            [sys.executable, "-m", "compute_agent.cmd.agent", "--config-file", str(self.conf)],
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         wait_for(lambda: self._answers(api), timeout=60)
         return self
@@ -181,7 +181,7 @@ def test_a_destination_killed_mid_evacuation_resumes_each_guest_once_and_the_sou
 
     # Evacuate; the destination is SIGKILLed as soon as it has accepted all
     # five (the move and the claim on its disk), while it builds them.
-    ctl = subprocess.Popen([sys.executable, "-m", "agent.cmd.ctl", "--config-file",
+    ctl = subprocess.Popen([sys.executable, "-m", "compute_agent.cmd.ctl", "--config-file",
                             str(a.conf), "--timeout", "8", "evacuate", a.name,
                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)

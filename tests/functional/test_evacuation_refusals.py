@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.cmd.common import load_config
-from agent.exception import NoSuchInstance, SourceHostUp
-from agent.moves.evacuation import evacuation_migration_uuid
-from agent.rpc.client import ComputeAgentAPI
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import NoSuchInstance, SourceHostUp
+from compute_agent.moves.evacuation import evacuation_migration_uuid
+from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import get, put_allocations, unallocate
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
 
@@ -40,7 +40,7 @@ def two(tmp_path, placement, services):
 
 
 def ctl(conf: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cmd.ctl", "--config-file",
+    return subprocess.run([sys.executable, "-m", "compute_agent.cmd.ctl", "--config-file",
                            str(conf), "--timeout", "20", *args],
                           capture_output=True, text=True, timeout=60)
 

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.cmd.common import load_config
-from agent.conductor.evacuation import Evacuator
-from agent.conductor.live_migration import live_migrate_instance
-from agent.exception import NoSuchInstance
-from agent.moves.evacuation import evacuation_migration_uuid
-from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.heartbeat import Heartbeat
+from compute_agent.cmd.common import load_config
+from compute_agent.conductor.evacuation import Evacuator
+from compute_agent.conductor.live_migration import live_migrate_instance
+from compute_agent.exception import NoSuchInstance
+from compute_agent.moves.evacuation import evacuation_migration_uuid
+from compute_agent.placement.client import PlacementClient, adapter_from_conf
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.heartbeat import Heartbeat
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
@@ -72,7 +72,7 @@ class FakeAgent:
 
     def start(self, api: ComputeAgentAPI) -> FakeAgent:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cmd.agent", "--config-file", str(self.conf)],
+            [sys.executable, "-m", "compute_agent.cmd.agent", "--config-file", str(self.conf)],
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         wait_for(lambda: self._answers(api), timeout=60)
         return self
@@ -142,7 +142,7 @@ def held_by(url: str, consumer: str) -> set[str]:
 
 
 def ctl(conf: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cmd.ctl", "--config-file",
+    return subprocess.run([sys.executable, "-m", "compute_agent.cmd.ctl", "--config-file",
                            str(conf), "--timeout", "30", *args],
                           capture_output=True, text=True, timeout=90)
 
@@ -152,9 +152,9 @@ def ctl(conf: Path, *args) -> subprocess.CompletedProcess:
 # killed. The allocation write before it is the real one.
 CTL_STOPPED_BEFORE_SECOND_CALL = """
 import sys, threading, time
-from agent.cmd import ctl
-from agent.conductor.live_migration import live_migrate_instance
-from agent.rpc.client import ComputeAgentAPI
+from compute_agent.cmd import ctl
+from compute_agent.conductor.live_migration import live_migrate_instance
+from compute_agent.rpc.client import ComputeAgentAPI
 mark = sys.argv[1]
 calls = []
 real = ComputeAgentAPI.rebuild_instance

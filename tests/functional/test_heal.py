@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.heal.errors import HealRefused
-from agent.heal.run import run_heal
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.heal.errors import HealRefused
+from compute_agent.heal.run import run_heal
 from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,
                                       offered, placement_tree, put_allocations, used,
                                       wait_for, write_conf)

@@ -21,16 +21,16 @@ import uuid
 import pytest
 from lxml import etree
 
-from agent.claims.model import Owner
-from agent.cmd.common import load_config
-from agent.compute.manager import ComputeManager
-from agent.compute.tracker import Tracker
-from agent.daemon.service import Agent
-from agent.exception import ClaimFailed
-from agent.store.store import Store
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt.guest_xml import build_domain_xml
+from compute_agent.claims.model import Owner
+from compute_agent.cmd.common import load_config
+from compute_agent.compute.manager import ComputeManager
+from compute_agent.compute.tracker import Tracker
+from compute_agent.daemon.service import Agent
+from compute_agent.exception import ClaimFailed
+from compute_agent.store.store import Store
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt.guest_xml import build_domain_xml
 from tests.functional.helpers import placement_tree, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
 from tests.functional.nova_host import nova_domain_xml

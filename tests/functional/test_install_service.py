@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent import config
+from compute_agent import config
 
 TOP = Path(__file__).resolve().parents[2]
 INSTALL = TOP / "tools/install-service"

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from agent.claims.model import AssignmentState, Owner
-from agent.cmd.common import load_config
-from agent.compute.manager import ComputeManager
-from agent.compute.tracker import Tracker
-from agent.daemon.service import Agent
-from agent.store.store import Store, live_changed_at
+from compute_agent.claims.model import AssignmentState, Owner
+from compute_agent.cmd.common import load_config
+from compute_agent.compute.manager import ComputeManager
+from compute_agent.compute.tracker import Tracker
+from compute_agent.daemon.service import Agent
+from compute_agent.store.store import Store, live_changed_at
 from tests.functional.helpers import put_allocations, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
 

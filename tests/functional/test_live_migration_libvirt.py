@@ -22,11 +22,11 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec, HostResource,
+from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec, HostResource,
                           HostResourceKind, MigrationFailure)
-from drivers.errors import LiveMigrationError
-from drivers.libvirt.driver import LibvirtDriver
-from drivers.libvirt.guest_xml import domain_name
+from compute_agent.drivers.errors import LiveMigrationError
+from compute_agent.drivers.libvirt.driver import LibvirtDriver
+from compute_agent.drivers.libvirt.guest_xml import domain_name
 from tests.contract.test_driver_contract import libvirt_driver, target
 
 PMEM_BYTES = 64 << 20

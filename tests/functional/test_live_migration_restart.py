@@ -20,12 +20,12 @@ import uuid
 import libvirt
 from keystoneauth1 import adapter, session
 
-from agent.cmd.common import load_config
-from agent.conductor.live_migration import live_migrate_instance
-from agent.placement.auth import NoAuth2
-from agent.placement.client import PlacementClient
-from agent.rpc.client import ComputeAgentAPI
-from drivers.libvirt.guest_xml import domain_name
+from compute_agent.cmd.common import load_config
+from compute_agent.conductor.live_migration import live_migrate_instance
+from compute_agent.placement.auth import NoAuth2
+from compute_agent.placement.client import PlacementClient
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.drivers.libvirt.guest_xml import domain_name
 from tests.functional.helpers import put_allocations, wait_for
 from tests.functional.test_evacuation import (SPEC, allocations_of, command,  # noqa: F401
                                               hosts, providers_of)

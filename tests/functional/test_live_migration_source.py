@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 from keystoneauth1 import adapter, session
 
-from agent.claims.model import MigrationState
-from agent.cmd.common import load_config
-from agent.conductor.live_migration import _write_allocations
-from agent.daemon import service
-from agent.daemon.service import Agent
-from agent.placement.allocations import move_allocations
-from agent.placement.auth import NoAuth2
-from agent.placement.client import PlacementClient
-from agent.rpc import server as rpc
-from agent.rpc.client import ComputeAgentAPI
-from drivers.fake import FakeDriver, FakeNetwork
+from compute_agent.claims.model import MigrationState
+from compute_agent.cmd.common import load_config
+from compute_agent.conductor.live_migration import _write_allocations
+from compute_agent.daemon import service
+from compute_agent.daemon.service import Agent
+from compute_agent.placement.allocations import move_allocations
+from compute_agent.placement.auth import NoAuth2
+from compute_agent.placement.client import PlacementClient
+from compute_agent.rpc import server as rpc
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 from tests.functional.helpers import placement_tree, put_allocations, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
@@ -124,7 +124,7 @@ class Cloud:
 
     def ctl(self, *args, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "agent.cmd.ctl", "--config-file",
+            [sys.executable, "-m", "compute_agent.cmd.ctl", "--config-file",
              str(Path(self.a.conf.config_file[0])), "--timeout", str(timeout), *args],
             capture_output=True, text=True, timeout=120)
 
@@ -149,7 +149,7 @@ SLOW_MIGRATION_SECONDS = 12
 
 def error_line(done: subprocess.CompletedProcess) -> str:
     """A refusal: exit 1, one line on stderr after the program's name
-    (run as ``python -m agent.cmd.ctl``, so that this worktree's code runs)."""
+    (run as ``python -m compute_agent.cmd.ctl``, so that this worktree's code runs)."""
     assert done.returncode == 1, (done.stdout, done.stderr)
     (line,) = done.stderr.strip().splitlines()
     return line.split(": ", 1)[1]

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import HEADERS
 
 

@@ -17,11 +17,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.exception import ConfigError, InvalidRequest
-from agent.testing.fault_proxy import FaultProxy, PlacementFault
-from agent.testing.local_placement import free_port
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.exception import ConfigError, InvalidRequest
+from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
+from compute_agent.testing.local_placement import free_port
 from tests.functional.helpers import placement_tree, put_allocations, wait_for, write_conf
 
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
@@ -238,7 +238,7 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, placement):
 
         conf = write_conf(tmp_path / "daemon", placement.url, "metrics-port-in-use", HOST,
                           metrics={"listen": f"127.0.0.1:{port}"})
-        done = subprocess.run([sys.executable, "-m", "agent.cmd.agent",
+        done = subprocess.run([sys.executable, "-m", "compute_agent.cmd.agent",
                                "--config-file", str(conf)],
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
@@ -266,7 +266,7 @@ def answered(port: int, path: str, code: int) -> tuple[int, str] | None:
 
 
 def start_daemon(conf: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+    return subprocess.Popen([sys.executable, "-m", "compute_agent.cmd.agent", "--config-file",
                              str(conf)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.heal.run import run_heal
-from agent.tree.host_tree import (TreeMode, build_tree, compute_on_cells, devices_under_cells,
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.heal.run import run_heal
+from compute_agent.tree.host_tree import (TreeMode, build_tree, compute_on_cells, devices_under_cells,
                                   gpu_provider_name, numa_provider_name, pci_provider_name,
                                   pmem_provider_name)
-from agent.tree.policy import tree_policy_from_conf
+from compute_agent.tree.policy import tree_policy_from_conf
 from tests.functional.helpers import (assert_never_more_than_physical, get, offered,
                                       placement_tree, put_allocations, used,
                                       write_conf)

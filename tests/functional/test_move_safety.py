@@ -20,8 +20,8 @@ import uuid
 import pytest
 from lxml import etree
 
-from agent.exception import InvalidRequest
-from agent.placement.allocations import move_allocations
+from compute_agent.exception import InvalidRequest
+from compute_agent.placement.allocations import move_allocations
 from tests.functional.helpers import failed_cycles, wait_for
 from tests.functional.test_rpc import (BIGGER, BROKER, SPEC, AgentDaemon,  # noqa: F401
                                        build, conductor, devices)

@@ -17,13 +17,13 @@ from pathlib import Path
 import kombu
 import pytest
 
-from agent.cmd.common import load_config
-from agent.daemon.one_agent_check import PROBE_DEADLINE_SECONDS
-from agent.dependencies import Unknown
-from agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC, agent_serving
-from agent.store import node_identity
-from agent.testing.fault_proxy import FaultProxy, PlacementFault
-from agent.testing.local_placement import free_port
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.one_agent_check import PROBE_DEADLINE_SECONDS
+from compute_agent.dependencies import Unknown
+from compute_agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC, agent_serving
+from compute_agent.store import node_identity
+from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
+from compute_agent.testing.local_placement import free_port
 from tests.functional.helpers import get, wait_for, write_conf
 from tests.functional.test_daemon import HOST, run, start_daemon
 

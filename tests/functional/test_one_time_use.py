@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.cmd.common import load_config
-from agent.rpc.client import ComputeAgentAPI
-from agent.tree.ownership import CLEANING_FAILED_TRAIT
+from compute_agent.cmd.common import load_config
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.tree.ownership import CLEANING_FAILED_TRAIT
 from tests.functional.helpers import get, put_allocations, unallocate, wait_for
 from tests.functional.libvirt_host import NIC0, NO_NUMA, PF, Host
 

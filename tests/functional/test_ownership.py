@@ -6,8 +6,8 @@ import logging
 
 import requests
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
 from tests.functional.helpers import HEADERS, get, make_agent, placement_tree, write_conf
 
 HOST = {
@@ -25,7 +25,7 @@ POLICY = {
                             '"resource_class": "SRIOV_NET_VF"}']},
     "devices": {"enabled_mdev_types": "nvidia-222"},
 }
-TRAITS_LOGGER = "agent.placement.sync"
+TRAITS_LOGGER = "compute_agent.placement.sync"
 
 
 def tree_of(agent, placement):

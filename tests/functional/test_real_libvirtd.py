@@ -19,12 +19,12 @@ import libvirt
 import pytest
 from lxml import etree
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.tree.cpu_traits import cpu_feature_traits
-from drivers.libvirt import capabilities
-from drivers.libvirt.connection import Connection
-from drivers.libvirt.host_cpu import HostCpuFeatures
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.tree.cpu_traits import cpu_feature_traits
+from compute_agent.drivers.libvirt import capabilities
+from compute_agent.drivers.libvirt.connection import Connection
+from compute_agent.drivers.libvirt.host_cpu import HostCpuFeatures
 from tests.functional.helpers import placement_tree, totals, write_conf
 
 

@@ -14,11 +14,11 @@ import uuid
 
 import pytest
 
-from agent.claims.model import Owner
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.exception import DevicesInUse
-from drivers.base import DeviceKind
+from compute_agent.claims.model import Owner
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.exception import DevicesInUse
+from compute_agent.drivers.base import DeviceKind
 from tests.functional.helpers import placement_tree, write_conf
 from tests.functional.libvirt_host import live_pins
 

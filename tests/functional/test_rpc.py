@@ -20,16 +20,16 @@ import pytest
 from keystoneauth1 import adapter, session
 from lxml import etree
 
-from agent.cmd.common import load_config
-from agent.exception import (ClaimFailed, InvalidRequest, LiveMigrationRefused,
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import (ClaimFailed, InvalidRequest, LiveMigrationRefused,
                              NoSuchInstance, RetryMismatch,
                              StoreUnavailable, VersionCapped)
-from agent.messaging import TOPIC, messaging, transport
-from agent.placement.allocations import move_allocations
-from agent.placement.auth import NoAuth2
-from agent.placement.client import PlacementClient
-from agent.rpc.client import ComputeAgentAPI
-from agent.store.store import COMMIT_SEQUENCE
+from compute_agent.messaging import TOPIC, messaging, transport
+from compute_agent.placement.allocations import move_allocations
+from compute_agent.placement.auth import NoAuth2
+from compute_agent.placement.client import PlacementClient
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.store.store import COMMIT_SEQUENCE
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.libvirt_host import GPU, PF, Host
 

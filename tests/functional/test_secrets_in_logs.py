@@ -4,9 +4,9 @@ authenticating through Keystone (a stand-in that issues tokens) and
 talking to the machine's RabbitMQ, with every option logged at start."""
 from __future__ import annotations
 
-from agent.cmd.common import load_config
-from agent.rpc.client import ComputeAgentAPI
-from agent.testing.local_placement import free_port
+from compute_agent.cmd.common import load_config
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.testing.local_placement import free_port
 from tests.functional.keystone_standin import KeystoneStandin
 from tests.functional.test_rpc import AgentDaemon
 from tests.functional.test_status import rewrite

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.store import lock as state_lock
-from agent.store.store import SCHEMA_VERSION
-from agent.testing.local_placement import LocalPlacement, free_port
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.store import lock as state_lock
+from compute_agent.store.store import SCHEMA_VERSION
+from compute_agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.keystone_standin import KeystoneStandin
 from tests.functional.libvirt_host import Host
 
@@ -26,7 +26,7 @@ RABBIT = "rabbit://guest:guest@127.0.0.1:5672/"
 
 
 def manage(conf: Path, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "agent.cmd.manage", "--config-file",
+    done = subprocess.run([sys.executable, "-m", "compute_agent.cmd.manage", "--config-file",
                            str(conf), *args], capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL)
     assert "Traceback" not in done.stderr, done.stderr
@@ -274,7 +274,7 @@ def test_keystone_not_answering_is_said_as_keystone(tmp_path, placement):
                          "username": "u", "password": "p", "project_name": "service",
                          "user_domain_name": "Default", "project_domain_name": "Default",
                          "endpoint": None})
-    done = subprocess.run([sys.executable, "-m", "agent.cmd.agent", "--config-file",
+    done = subprocess.run([sys.executable, "-m", "compute_agent.cmd.agent", "--config-file",
                            str(conf), "--once"], capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 1

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from lxml import etree
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.store import node_identity
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.store import node_identity
 from tests.functional.helpers import (provider_uuid, put_allocations, unallocate,
                                       wait_serving, write_conf)
 from tests.functional.test_ctl import HOST, PF, RABBIT, VF_SPEC, ctl

@@ -16,8 +16,8 @@ from typing import Callable
 
 import pytest
 
-from agent.messaging import TOPIC
-from agent.testing.local_placement import LocalPlacement, free_port
+from compute_agent.messaging import TOPIC
+from compute_agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.helpers import failed_cycles, get, wait_for, write_conf
 
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
@@ -98,7 +98,7 @@ def stop_daemon(proc: subprocess.Popen) -> int:
 
 
 def rpc_tree(conf: Path, host: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cmd.ctl", "--config-file", str(conf),
+    return subprocess.run([sys.executable, "-m", "compute_agent.cmd.ctl", "--config-file", str(conf),
                            "--timeout", "10", "tree", host],
                           capture_output=True, text=True, timeout=60)
 
@@ -213,8 +213,8 @@ def test_a_loop_stalled_on_a_hung_placement_stops_the_pings_until_it_answers(
 # (OverflowError from Event.wait), on its second call, after READY=1.
 DYING_LOOP = """
 import sys
-from agent.cmd import agent
-from agent.daemon.service import Agent
+from compute_agent.cmd import agent
+from compute_agent.daemon.service import Agent
 
 waits = []
 wait = Agent._wait_for_next_cycle
@@ -261,7 +261,7 @@ def failing_runner(self):
     raise RuntimeError("listener broke")
 
 base.PollStyleListenerAdapter._runner = failing_runner
-from agent.cmd import agent
+from compute_agent.cmd import agent
 sys.exit(agent.main(sys.argv[1:]))
 """
 

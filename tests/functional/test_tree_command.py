@@ -12,14 +12,14 @@ from pathlib import Path
 
 import requests
 
-from agent.store import lock as state_lock
+from compute_agent.store import lock as state_lock
 from tests.functional.helpers import HEADERS, get
 from tests.functional.test_heal import GUESTS, PMEM, agent_in_mode, flat_host_with_guests
 
 
 def manage_tree(conf: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "agent.cmd.manage", "--config-file", str(conf), "tree",
+        [sys.executable, "-m", "compute_agent.cmd.manage", "--config-file", str(conf), "tree",
          *args], capture_output=True, text=True, timeout=60,
         stdin=subprocess.DEVNULL)
 
@@ -106,7 +106,7 @@ def test_a_closed_pipe_ends_quietly_and_an_unreachable_placement_is_unknown(
     agent.stop()
     conf = tmp_path / "agent.conf"
     reader = subprocess.Popen(
-        [sys.executable, "-m", "agent.cmd.manage", "--config-file", str(conf), "tree",
+        [sys.executable, "-m", "compute_agent.cmd.manage", "--config-file", str(conf), "tree",
          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL)
     reader.stdout.close()  # as `| head -1` does once it has its line

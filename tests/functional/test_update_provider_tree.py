@@ -9,8 +9,8 @@ from uuid import uuid4
 
 import requests
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
 from tests.functional.helpers import (HEADERS, allocate, make_agent, placement_tree,
                                       totals, unallocate, wait_for)
 

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.heal.run import run_heal
+from compute_agent.heal.run import run_heal
 from tests.functional.test_heal import PMEM, flat_host_with_guests
 
 
 def upgrade_check(conf: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cmd.manage", "--config-file",
+    return subprocess.run([sys.executable, "-m", "compute_agent.cmd.manage", "--config-file",
                            str(conf), "upgrade-check", *args],
                           capture_output=True, text=True, timeout=120)
 

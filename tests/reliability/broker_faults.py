@@ -24,10 +24,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.cmd.common import load_config
-from agent.exception import NoSuchInstance
-from agent.messaging import messaging
-from agent.rpc.client import ComputeAgentAPI
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import NoSuchInstance
+from compute_agent.messaging import messaging
+from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.private_services import PrivateRabbitMQ
 from tests.functional.test_rpc import SPEC, AgentDaemon
@@ -58,7 +58,7 @@ class BrokerAgent(AgentDaemon):
 
     def start(self, api: ComputeAgentAPI) -> "BrokerAgent":
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cmd.agent", "--config-file", str(self.conf)],
+            [sys.executable, "-m", "compute_agent.cmd.agent", "--config-file", str(self.conf)],
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         wait_for(lambda: self._answers(api), timeout=60)
         return self
@@ -85,7 +85,7 @@ class BrokerAgent(AgentDaemon):
                               since)
 
     def record(self) -> dict:
-        """The update loop's record (agent/daemon/cycle_record.py)."""
+        """The update loop's record (compute_agent/daemon/cycle_record.py)."""
         return json.loads((Path(self.host.dir) / "state" / "last_cycle.json").read_text())
 
     def broker_in_record(self) -> dict:
@@ -93,7 +93,7 @@ class BrokerAgent(AgentDaemon):
                     if d["dependency"] == "the message broker")
 
     def manage(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "agent.cmd.manage", "--config-file",
+        return subprocess.run([sys.executable, "-m", "compute_agent.cmd.manage", "--config-file",
                                str(self.conf), *args], capture_output=True, text=True,
                               timeout=120, stdin=subprocess.DEVNULL)
 

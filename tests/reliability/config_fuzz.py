@@ -1,5 +1,5 @@
 """Fuzzed config files through the agent's start-up read
-(agent.cmd.common.load_config, as compute-agent calls it): a valid file
+(compute_agent.cmd.common.load_config, as compute-agent calls it): a valid file
 with sections, options and values added, overridden or broken, names
 misspelt, and raw junk lines. Each file is taken, or refused with one
 ConfigError (the exit-2 path, its first line naming the option); nothing
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from agent.cmd.common import load_config
-from agent.cmd.config_check.options import registered_options
-from agent.cmd.daemon import cli_opts
-from agent.exception import ConfigError
+from compute_agent.cmd.common import load_config
+from compute_agent.cmd.config_check.options import registered_options
+from compute_agent.cmd.daemon import cli_opts
+from compute_agent.exception import ConfigError
 from tests.functional.helpers import write_conf
 from tests.reliability.exploring import Outcome
 from tests.reliability.host_data_fuzz import junk_text

@@ -2,10 +2,10 @@
 protocol while it SIGKILLs them, and checks after every operation that
 nothing was lost or doubled.
 
-Two hosts, each a `compute-agent` process (python -m agent.cmd.agent) with
+Two hosts, each a `compute-agent` process (python -m compute_agent.cmd.agent) with
 its own host name, state directory and hypervisor, the real Placement and a
 RabbitMQ broker. The hypervisor outlives the agent process: either the fake
-driver with a state file (drivers/fake.py: fast, VFs and vGPUs) or the
+driver with a state file (compute_agent/drivers/fake.py: fast, VFs and vGPUs) or the
 libvirt driver on a private libvirtd with QEMU/KVM (real guests; a pinned
 CPU and file-backed nvdimms are the devices, as nothing of this machine's
 may be given to a guest).
@@ -59,24 +59,24 @@ from typing import Callable
 import libvirt
 from keystoneauth1 import adapter, session
 
-from agent.cmd.common import load_config
-from agent.cmd.manage import audit_report
-from agent.conductor.evacuation import Evacuator
-from agent.conductor.live_migration import _write_allocations, live_migrate_instance
-from agent.daemon.service import Agent
-from agent.exception import (AgentError, ClaimFailed, InvalidRequest,
+from compute_agent.cmd.common import load_config
+from compute_agent.cmd.manage import audit_report
+from compute_agent.conductor.evacuation import Evacuator
+from compute_agent.conductor.live_migration import _write_allocations, live_migrate_instance
+from compute_agent.daemon.service import Agent
+from compute_agent.exception import (AgentError, ClaimFailed, InvalidRequest,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              PlacementError)
-from agent.messaging import messaging
-from agent.moves.evacuation import evacuation_migration_uuid, spec_from_allocations
-from agent.placement.allocations import move_allocations
-from agent.placement.auth import NoAuth2
-from agent.placement.client import PlacementClient
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.heartbeat import Heartbeat
-from drivers.base import PciKind
-from drivers.fake import FakeDriver, load_host_file
-from drivers.fake_sysfs import SysfsBuilder
+from compute_agent.messaging import messaging
+from compute_agent.moves.evacuation import evacuation_migration_uuid, spec_from_allocations
+from compute_agent.placement.allocations import move_allocations
+from compute_agent.placement.auth import NoAuth2
+from compute_agent.placement.client import PlacementClient
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.heartbeat import Heartbeat
+from compute_agent.drivers.base import PciKind
+from compute_agent.drivers.fake import FakeDriver, load_host_file
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from tests.functional.claims_world import GPU, MDEV_TYPE, PF, host_dict
 from tests.functional.helpers import HEADERS, placement_tree, write_conf
 
@@ -112,7 +112,7 @@ class AgentProcess:
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agent.cmd.agent", "--config-file", str(self.conf)],
+                [sys.executable, "-m", "compute_agent.cmd.agent", "--config-file", str(self.conf)],
                 stdout=log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -952,7 +952,7 @@ class CrashLoop:
     def audit(self, h: AgentProcess, command: bool) -> None:
         """The reconciliation, fixing nothing, beside the running agent."""
         if command:
-            done = subprocess.run([sys.executable, "-m", "agent.cmd.manage", "--config-file",
+            done = subprocess.run([sys.executable, "-m", "compute_agent.cmd.manage", "--config-file",
                                    str(h.conf), "audit", "--json"],
                                   capture_output=True, text=True, timeout=120)
             self.figures.command_audits += 1

@@ -2,11 +2,11 @@
 JSON and the sysfs files the libvirt driver reads, each a valid document
 mutated (elements, attributes and keys deleted, duplicated, given junk
 values; raw text truncated or spliced). Every parser answers with a
-result or InvalidHostData (drivers/host_data.py), and discovery as a
+result or InvalidHostData (compute_agent/drivers/host_data.py), and discovery as a
 whole (LibvirtDriver.get_host_inventory) always answers.
 
 The valid documents are real ones: the node devices of the functional
-tests' host (drivers/fake_sysfs.py writes them as libvirt does), the
+tests' host (compute_agent/drivers/fake_sysfs.py writes them as libvirt does), the
 capabilities of this machine's libvirtd and of libvirt's test driver,
 and ``ndctl list -N -X`` output as ndctl documents it.
 """
@@ -23,11 +23,11 @@ import libvirt
 from hypothesis import strategies as st
 from lxml import etree
 
-from agent.cmd.common import load_config
-from drivers.errors import InvalidHostData
-from drivers.libvirt import capabilities, nodedev, pmem
-from drivers.libvirt.driver import LibvirtDriver
-from drivers.libvirt.sysfs import SysfsReader
+from compute_agent.cmd.common import load_config
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.libvirt import capabilities, nodedev, pmem
+from compute_agent.drivers.libvirt.driver import LibvirtDriver
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 from tests.functional.libvirt_host import Host
 from tests.reliability.exploring import Outcome
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.dependencies import Dependency, DependencyState, Health
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.dependencies import Dependency, DependencyState, Health
 from tests.functional.helpers import put_allocations, wait_for, write_conf
 from tests.functional.private_services import PrivateLibvirtd
 

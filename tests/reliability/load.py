@@ -23,8 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.cmd.common import load_config
-from agent.rpc.client import ComputeAgentAPI
+from compute_agent.cmd.common import load_config
+from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.libvirt_host import DEVICE_SPECS, Host
 from tests.functional.test_rpc import BROKER, AgentDaemon
 

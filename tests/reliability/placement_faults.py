@@ -25,9 +25,9 @@ from pathlib import Path
 
 import requests
 
-from agent.store import node_identity
-from agent.testing.fault_proxy import PlacementFault, FaultProxy
-from drivers.fake_sysfs import SysfsBuilder
+from compute_agent.store import node_identity
+from compute_agent.testing.fault_proxy import PlacementFault, FaultProxy
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import HEADERS, get
 
 NUMA_CELLS = {0: "0-7", 1: "8-15"}
@@ -111,7 +111,7 @@ timeout = {PLACEMENT_TIMEOUT}
 
 
 def agent_command(conf: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "agent.cmd.agent", "--config-file", str(conf), *args]
+    return [sys.executable, "-m", "compute_agent.cmd.agent", "--config-file", str(conf), *args]
 
 
 def this_checkout() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Fuzzed RPC calls through the real broker to a real agent daemon.
 
-The payloads come from each method's JSON schema (agent/rpc/schemas.py,
+The payloads come from each method's JSON schema (compute_agent/rpc/schemas.py,
 which the endpoint's methods carry): valid-shaped ones, drawing uuids,
 providers and resource classes from what the host really has so that
 some calls are taken, then edited: keys dropped or added, values made
@@ -9,7 +9,7 @@ unknown methods and at unknown or malformed versions.
 
 What each call may end in:
 - a method the agent serves, at a version it serves: a result, or one
-  of agent.exception's errors for the caller's mistake (InvalidRequest,
+  of compute_agent.exception's errors for the caller's mistake (InvalidRequest,
   NoSuchInstance, ClaimFailed, MoveInProgress, DevicesInUse). An
   InternalError (the agent failed unforeseen), a StoreUnavailable (the
   store is fine), an oslo.messaging RemoteError or a timeout is a
@@ -48,19 +48,19 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from agent.claims.choice import InstanceSpec
-from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind, RequestDigest
-from agent.cmd.common import load_config
-from agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidRequest,
+from compute_agent.claims.choice import InstanceSpec
+from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind, RequestDigest
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidRequest,
                              LiveMigrationFailed, LiveMigrationRefused, MoveInProgress,
                              NoSuchInstance, RetryMismatch, SourceHostUp)
-from agent.compute.tracker import claim_request
-from agent.messaging import TOPIC, messaging, transport
-from agent.rpc import schemas
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.server import ComputeAgentEndpoint
-from agent.rpc.versions import VERSION
-from agent.store.store import all_instances, all_migrations, instance_requests
+from compute_agent.compute.tracker import claim_request
+from compute_agent.messaging import TOPIC, messaging, transport
+from compute_agent.rpc import schemas
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.server import ComputeAgentEndpoint
+from compute_agent.rpc.versions import VERSION
+from compute_agent.store.store import all_instances, all_migrations, instance_requests
 from oslo_messaging._utils import version_is_compatible
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon

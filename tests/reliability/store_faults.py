@@ -19,11 +19,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.cmd.common import load_config
-from agent.exception import StoreUnavailable
-from agent.messaging import messaging
-from agent.rpc.client import ComputeAgentAPI
-from agent.store import node_identity
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import StoreUnavailable
+from compute_agent.messaging import messaging
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.store import node_identity
 from tests.functional.helpers import placement_tree, put_allocations, unallocate, wait_for
 from tests.functional.test_store_lost import PF, Daemon
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agent.messaging import messaging
+from compute_agent.messaging import messaging
 from tests.functional.helpers import wait_for
 from tests.functional.private_services import PrivateRabbitMQ
 from tests.reliability.broker_faults import (CALL_TIMEOUT, BrokerAgent, Conductor,

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from drivers.errors import DriverUnavailable
+from compute_agent.drivers.errors import DriverUnavailable
 from tests.functional.helpers import unallocate
 from tests.reliability.libvirt_faults import (build, build_with_libvirtd_stopping, held,
                                               libvirt_agent, restart_under_the_loop,
@@ -36,7 +36,7 @@ def agent(tmp_path, placement, private_libvirtd):
 
 def said(caplog) -> list[tuple[str, str]]:
     return [(r.levelname, r.getMessage()) for r in caplog.records
-            if r.levelno >= logging.INFO and r.name.startswith(("agent", "drivers"))]
+            if r.levelno >= logging.INFO and r.name.startswith("compute_agent")]
 
 
 def test_libvirtd_restarted_under_the_update_loop(agent, private_libvirtd, caplog):
@@ -96,7 +96,7 @@ def test_libvirtd_stopping_in_the_middle_of_a_build(agent, private_libvirtd, cap
     assert isinstance(build_with_libvirtd_stopping(agent, private_libvirtd, instance, wanted),
                       DriverUnavailable)
     claimed = held(agent.manager.get_instance(instance))
-    assert [r.getMessage() for r in caplog.records if r.name == "agent.compute.manager"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "compute_agent.compute.manager"] == [
         f"Spawning {instance} failed (cannot connect to libvirt at {private_libvirtd.uri}: "
         f"Failed to connect socket to '{private_libvirtd.socket}': No such file or "
         "directory); the hypervisor cannot say whether its guest exists: its claim stays "

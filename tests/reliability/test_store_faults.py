@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.rpc.errors import NoAnswer
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.rpc.errors import NoAnswer
 from tests.functional.helpers import write_conf
 from tests.functional.test_store_lost import HOST
 from tests.reliability.store_faults import StoreDisk, StoreFaultHost, cut_in_half, refusal

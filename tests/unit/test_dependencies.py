@@ -1,4 +1,4 @@
-"""agent/dependencies.py: one line going down, one coming back, a counter
+"""compute_agent/dependencies.py: one line going down, one coming back, a counter
 in between; and the Placement client's failures told apart by dependency."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import logging
 import pytest
 from keystoneauth1 import exceptions as ks_exc
 
-from agent.daemon import cycle_record
-from agent.daemon.errors import RecordUnreadable
-from agent.dependencies import (LINE_LIMIT, Dependencies, Dependency, DependencyState,
+from compute_agent.daemon import cycle_record
+from compute_agent.daemon.errors import RecordUnreadable
+from compute_agent.dependencies import (LINE_LIMIT, Dependencies, Dependency, DependencyState,
                                 Health, answered, failed, reached_before)
-from agent.exception import KeystoneUnavailable, PlacementUnavailable
-from agent.placement.client import PlacementClient, connection_problem, keystone_problem
+from compute_agent.exception import KeystoneUnavailable, PlacementUnavailable
+from compute_agent.placement.client import PlacementClient, connection_problem, keystone_problem
 
 URL = "http://127.0.0.1:8778"
 # What urllib3 says, inside keystoneauth's ConnectFailure, for a port that
@@ -64,7 +64,7 @@ def test_the_board_logs_once_each_way_over_many_cycles(caplog):
     now = [0.0]
     board = Dependencies(clock=lambda: now[0])
     path = (Dependency.LIBVIRT, Dependency.PLACEMENT)
-    with caplog.at_level(logging.DEBUG, logger="agent.dependencies"):
+    with caplog.at_level(logging.DEBUG, logger="compute_agent.dependencies"):
         board.observe_path(path)
         for _ in range(5):
             now[0] += 1

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cmd import common, ctl, daemon, manage
+from compute_agent.cmd import common, ctl, daemon, manage
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^ {0,3}```.*?^ {0,3}```[^\n]*$", re.MULTILINE | re.DOTALL)
@@ -219,7 +219,7 @@ def test_every_logger_the_configuration_page_names_is_a_module_that_logs():
     """Loggers follow the modules (``logging.getLogger(__name__)``): a name
     for ``default_log_levels`` is a package, or a module with a logger."""
     text = (ROOT / "docs" / "configuration.md").read_text()
-    named = set(re.findall(r"`((?:agent|drivers)(?:\.\w+)*)`", text))
+    named = set(re.findall(r"`(compute_agent(?:\.\w+)*)`", text))
     assert len(named) > 5, named
 
     def logs(name: str) -> bool:

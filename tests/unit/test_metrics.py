@@ -1,14 +1,14 @@
-"""agent/metrics.py: what the recording calls leave in the registry (the
+"""compute_agent/metrics.py: what the recording calls leave in the registry (the
 endpoint is scraped in tests/functional/test_metrics.py)."""
 from __future__ import annotations
 
 import pytest
 
-from agent.exception import ClaimFailed, InvalidRequest
-from agent.metrics import (Metrics, ProviderCapacity, parse_listen, probe_response,
+from compute_agent.exception import ClaimFailed, InvalidRequest
+from compute_agent.metrics import (Metrics, ProviderCapacity, parse_listen, probe_response,
                            provider_capacity)
-from agent.store.errors import StoreError
-from agent.tree.provider_tree import Provider
+from compute_agent.store.errors import StoreError
+from compute_agent.tree.provider_tree import Provider
 
 
 def series(metrics: Metrics, name: str) -> dict[frozenset, float]:

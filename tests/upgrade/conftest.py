@@ -9,10 +9,10 @@ import libvirt
 import pytest
 from keystoneauth1 import adapter, session
 
-from agent.cmd.common import load_config
-from agent.placement.auth import NoAuth2
-from agent.placement.client import PlacementClient
-from agent.rpc.client import ComputeAgentAPI
+from compute_agent.cmd.common import load_config
+from compute_agent.placement.auth import NoAuth2
+from compute_agent.placement.client import PlacementClient
+from compute_agent.rpc.client import ComputeAgentAPI
 from tests.upgrade.hosts import BROKER
 from tests.upgrade.old_version import OldVersion
 

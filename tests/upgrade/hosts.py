@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import get, wait_for, write_conf
 from tests.functional.libvirt_host import DEVICE_SPECS, PF
 
@@ -166,7 +166,7 @@ class NewAgent:
     def __init__(self, host, api):
         self.host = host
         self.log = host.dir / "new-agent.log"
-        self.proc = subprocess.Popen(this_checkout("agent.cmd.agent", "--config-file",
+        self.proc = subprocess.Popen(this_checkout("compute_agent.cmd.agent", "--config-file",
                                                    str(host.conf)),
                                      env=new_env(), cwd=str(REPO),
                                      stdout=subprocess.DEVNULL,
@@ -200,7 +200,7 @@ class NewAgent:
 
 def manage(host, *args: str) -> subprocess.CompletedProcess:
     """This checkout's compute-agent-manage on the host's config."""
-    return subprocess.run(this_checkout("agent.cmd.manage", "--config-file", str(host.conf),
+    return subprocess.run(this_checkout("compute_agent.cmd.manage", "--config-file", str(host.conf),
                                         *args),
                           env=new_env(), cwd=str(REPO), capture_output=True, text=True,
                           timeout=180)

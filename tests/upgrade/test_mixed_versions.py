@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from agent.rpc.versions import VERSION
+from compute_agent.rpc.versions import VERSION
 from tests.functional.helpers import put_allocations, wait_for
 from tests.upgrade.hosts import BROKER, NewAgent, QemuHost
 from tests.upgrade.old_version import run_here

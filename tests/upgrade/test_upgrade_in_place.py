@@ -19,11 +19,11 @@ import uuid
 
 import pytest
 
-from agent.conductor.live_migration import live_migrate_instance
-from agent.exception import DevicesInUse
-from agent.placement.allocations import move_allocations
-from agent.store.store import SCHEMA_VERSION
-from agent.tree.ownership import agent_owns_trait
+from compute_agent.conductor.live_migration import live_migrate_instance
+from compute_agent.exception import DevicesInUse
+from compute_agent.placement.allocations import move_allocations
+from compute_agent.store.store import SCHEMA_VERSION
+from compute_agent.tree.ownership import agent_owns_trait
 from tests.functional.helpers import put_allocations, unallocate
 from tests.functional.libvirt_host import live_pins
 from tests.upgrade.hosts import (DEDICATED_CPU, NewAgent, QemuHost, DeviceHost,

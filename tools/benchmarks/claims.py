@@ -29,12 +29,12 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.claims.model import AssignmentState
-from agent.compute.tracker import Tracker
-from agent.store.store import STORE_FILE, Store, live_assignments
-from agent.tree.device_spec import parse_specs
-from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
-from drivers.fake import FakeDriver
+from compute_agent.claims.model import AssignmentState
+from compute_agent.compute.tracker import Tracker
+from compute_agent.store.store import STORE_FILE, Store, live_assignments
+from compute_agent.tree.device_spec import parse_specs
+from compute_agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
+from compute_agent.drivers.fake import FakeDriver
 from tools.benchmarks.common import device_host, percentile
 
 RUNS = 5
@@ -266,7 +266,7 @@ def measure_startup(workdir: Path) -> list[dict]:
 
 def run(workdir: Path) -> list[dict]:
     host = Host(4, 64, 2, 512)
-    gc.freeze()  # as the daemon does once started (agent/cmd/daemon.py)
+    gc.freeze()  # as the daemon does once started (compute_agent/cmd/daemon.py)
     results = [measure_claims(workdir, host, n) for n in CLAIMERS]
     one, many = results[0], results[-1]
     for r in results:

@@ -29,11 +29,11 @@ from typing import Callable
 
 import requests
 
-from agent.cmd.common import load_config
-from agent.daemon.service import Agent
-from agent.testing.local_placement import LocalPlacement
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt.sysfs import SysfsReader
+from compute_agent.cmd.common import load_config
+from compute_agent.daemon.service import Agent
+from compute_agent.testing.local_placement import LocalPlacement
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 
 RUNS = 5
 PF = "0000:81:00.0"

@@ -1,5 +1,5 @@
 """Evacuation of 100 instances from a down host: what ``compute-agent-ctl
-evacuate`` does (agent/conductor/evacuation.py), run here against two compute-agent
+evacuate`` does (compute_agent/conductor/evacuation.py), run here against two compute-agent
 daemons (fake driver, durable stores) over the real RabbitMQ and the real
 Placement.
 
@@ -23,12 +23,12 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from agent.cmd.common import load_config
-from agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
-from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.heartbeat import Heartbeat
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.cmd.common import load_config
+from compute_agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
+from compute_agent.placement.client import PlacementClient, adapter_from_conf
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.heartbeat import Heartbeat
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import get, put_allocations, write_conf
 from tools.benchmarks.common import device_host
 from tools.benchmarks.rpc import PFS, RABBIT, SERVICES, VFS_PER_PF, Allocations, stop, \
@@ -92,7 +92,7 @@ def evacuate_once(workdir: Path, parallel: int) -> dict:
         for which, (host, path) in confs.items():
             logs.append(open(workdir / f"{which}.log", "w"))
             procs[which] = subprocess.Popen(
-                [sys.executable, "-m", "agent.cmd.agent", "--config-file", str(path)],
+                [sys.executable, "-m", "compute_agent.cmd.agent", "--config-file", str(path)],
                 stdout=logs[-1], stderr=subprocess.STDOUT)
             wait_until_serving(conf, host, procs[which])
         api = ComputeAgentAPI(conf, timeout=60)

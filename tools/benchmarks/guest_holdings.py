@@ -1,6 +1,6 @@
 """Benchmark: what a claim pays to learn what every guest holds.
 
-Claims never choose a device a guest's domain holds (agent/claims/veto.py),
+Claims never choose a device a guest's domain holds (compute_agent/claims/veto.py),
 so the manager asks the driver's ``guest_holdings()`` before each claim. On
 a libvirtd of its own (QEMU/KVM, tests/functional/private_services.py),
 with 10, 100 and 500 defined guests of nova's shape, each holding a VF and
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from agent import config
-from drivers.base import GuestSpec
-from drivers.libvirt.driver import LibvirtDriver
+from compute_agent import config
+from compute_agent.drivers.base import GuestSpec
+from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from tests.functional.nova_host import nova_domain_xml
 from tests.functional.private_services import PrivateLibvirtd
 

@@ -20,11 +20,11 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.daemon.service import Agent
-from agent.heal import run as healer
-from agent.heal.run import run_heal
-from agent.testing.local_placement import LocalPlacement
-from agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
+from compute_agent.daemon.service import Agent
+from compute_agent.heal import run as healer
+from compute_agent.heal.run import run_heal
+from compute_agent.testing.local_placement import LocalPlacement
+from compute_agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
 from tools.benchmarks.common import device_host
 from tools.benchmarks.placement_loop import agent_on
 

@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.testing.local_placement import LocalPlacement
-from agent.tree.host_tree import gpu_provider_name
-from drivers.fake_sysfs import vhba_xml
+from compute_agent.testing.local_placement import LocalPlacement
+from compute_agent.tree.host_tree import gpu_provider_name
+from compute_agent.drivers.fake_sysfs import vhba_xml
 from tests.functional.helpers import providers_named
 from tests.functional.libvirt_host import Host
 from tools.benchmarks.common import percentile

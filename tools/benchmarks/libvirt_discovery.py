@@ -29,9 +29,9 @@ import time
 import libvirt
 from oslo_config import cfg
 
-from agent import config
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt.driver import LibvirtDriver
+from compute_agent import config
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt.driver import LibvirtDriver
 
 CELLS = 8
 CPUS_PER_CELL = 4

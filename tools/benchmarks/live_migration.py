@@ -18,8 +18,8 @@ from pathlib import Path
 
 import requests
 
-from agent.placement.allocations import move_allocations
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.placement.allocations import move_allocations
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import HEADERS
 from tests.functional.private_services import PrivateLibvirtd, running_libvirtd_pair
 from tests.functional.test_live_migration_agents import Cloud

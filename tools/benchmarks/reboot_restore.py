@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.libvirt_host import PF, Host
 
 RUNS = 5

@@ -15,8 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.daemon.service import Agent
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.daemon.service import Agent
+from compute_agent.testing.local_placement import LocalPlacement
 from tools.benchmarks.placement_loop import fake_host, make_agent
 
 PROVIDERS = 1000

@@ -28,10 +28,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent.cmd.common import load_config
-from agent.messaging import messaging
-from agent.rpc.client import ComputeAgentAPI
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.cmd.common import load_config
+from compute_agent.messaging import messaging
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import write_conf
 from tools.benchmarks.common import device_host, percentile
 
@@ -107,7 +107,7 @@ class TrivialEndpoint:
 
 def serve_trivial(conf_path: str, host: str) -> None:
     """The reference server, run as ``python -c`` by ``run``; until SIGTERM."""
-    from agent.messaging import TOPIC, transport
+    from compute_agent.messaging import TOPIC, transport
     server = messaging.get_rpc_server(
         transport(load_config(["--config-file", conf_path])),
         messaging.Target(topic=TOPIC, server=host), [TrivialEndpoint()],

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 
 RUNS = 5
 IDLE_S = 3

@@ -1,6 +1,6 @@
 """The store's check at every start, and what guarding a commit costs.
 
-The start check (``inspect_store``, then the rules of agent/store/check.py):
+The start check (``inspect_store``, then the rules of compute_agent/store/check.py):
 SQLite's ``integrity_check`` over the whole file, every index against its
 table, and the commit sequence against the host's record. Measured on
 stores of 1,000 and 10,000 instances, each holding four assignments (two
@@ -8,9 +8,9 @@ NUMA rows, a VF, a vGPU), as the claims case writes them; median of
 several runs, the file in the page cache as at a restart. Target: under
 2 s at 10,000.
 
-The guard of each group commit (agent/store/store.py ``Holding``): the
+The guard of each group commit (compute_agent/store/store.py ``Holding``): the
 store's file looked at, and the sequence written and synced in its record
-(agent/store/sequence.py): one ``fdatasync`` more per group commit. Measured
+(compute_agent/store/sequence.py): one ``fdatasync`` more per group commit. Measured
 as the median time of one write that commits alone, and the commits per
 second of 32 writers sharing group commits, with the guard (the daemon's
 store) and without (a store nobody holds).
@@ -23,10 +23,10 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.claims.model import Assignment, AssignmentState, Owner
-from agent.store.check import HostFacts, StoreVerdict, judge
-from agent.store.store import Store, insert_assignments_sql, inspect_store, put_instance_sql
-from drivers.base import DeviceDetail, DeviceKind
+from compute_agent.claims.model import Assignment, AssignmentState, Owner
+from compute_agent.store.check import HostFacts, StoreVerdict, judge
+from compute_agent.store.store import Store, insert_assignments_sql, inspect_store, put_instance_sql
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
 SIZES = (1_000, 10_000)
 CHECK_RUNS = 5

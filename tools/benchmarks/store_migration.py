@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.store.store import SCHEMA_VERSION, Store, migrate, schema_version
+from compute_agent.store.store import SCHEMA_VERSION, Store, migrate, schema_version
 
 INSTANCES = 10_000
 OLDEST_SCHEMA = 2

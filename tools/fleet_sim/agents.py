@@ -1,5 +1,5 @@
 """The fleet's agents in one process: each as the daemon runs it
-(agent/cmd/daemon.py: the state directory's lock, the one-agent check, the
+(compute_agent/cmd/daemon.py: the state directory's lock, the one-agent check, the
 update loop with its store, the heartbeat and RPC servers), on the fake
 driver, with its own config and state directory."""
 from __future__ import annotations
@@ -13,17 +13,17 @@ from pathlib import Path
 
 import requests
 
-from agent.cmd.common import load_config
-from agent.cmd.daemon import STOP_POLL
-from agent.daemon.one_agent_check import check_one_agent_per_host
-from agent.daemon.probes import Phase
-from agent.daemon.service import Agent
-from agent.messaging import bound_broker_waits
-from agent.rpc import broker
-from agent.rpc.heartbeat import make_server as heartbeat_server
-from agent.rpc.server import make_server
-from agent.store import lock as state_lock
-from agent.tree.provider_tree import ProviderTree
+from compute_agent.cmd.common import load_config
+from compute_agent.cmd.daemon import STOP_POLL
+from compute_agent.daemon.one_agent_check import check_one_agent_per_host
+from compute_agent.daemon.probes import Phase
+from compute_agent.daemon.service import Agent
+from compute_agent.messaging import bound_broker_waits
+from compute_agent.rpc import broker
+from compute_agent.rpc.heartbeat import make_server as heartbeat_server
+from compute_agent.rpc.server import make_server
+from compute_agent.store import lock as state_lock
+from compute_agent.tree.provider_tree import ProviderTree
 from tools.fleet_sim.placement import digest
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",

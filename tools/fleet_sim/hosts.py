@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from agent.tree.host_tree import TreeMode
+from compute_agent.tree.host_tree import TreeMode
 
 # nova's class for the VFs the [pci] device_spec below allowlists.
 VF_SPEC = '{"vendor_id": "8086", "product_id": "154c", "physical_network": "physnet1"}'

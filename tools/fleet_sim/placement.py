@@ -4,7 +4,7 @@ database.
 Production shape (``GunicornPlacement``): placement's WSGI application
 under gunicorn's worker processes, on a MariaDB database of the run's own;
 every request is a line of gunicorn's access log, with its duration and
-time. For the functional test, ``agent.testing.local_placement`` on SQLite
+time. For the functional test, ``compute_agent.testing.local_placement`` on SQLite
 serves it (``SqlitePlacement``): its log has the request lines without
 times. Either way the fleet's "in step" is read from the database with
 one query per table, so checking it costs Placement no request.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement, free_port
+from compute_agent.testing.local_placement import LocalPlacement, free_port
 
 # method, path?query, status, microseconds, [time], user agent
 ACCESS_FORMAT = '%(m)s %(U)s?%(q)s %(s)s %(D)s %(t)s "%(a)s"'
@@ -123,7 +123,7 @@ TRAITS_SQL = ("SELECT rp.name, t.name FROM resource_provider_traits rpt "
 
 
 class SqlitePlacement:
-    """agent.testing.local_placement on SQLite, one process."""
+    """compute_agent.testing.local_placement on SQLite, one process."""
 
     def __init__(self, directory: Path):
         self.server = LocalPlacement(directory)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from tools.fleet_sim.placement import Request
 
 if TYPE_CHECKING:
-    from agent.rpc.client import ComputeAgentAPI
-    from agent.rpc.heartbeat import Heartbeat
+    from compute_agent.rpc.client import ComputeAgentAPI
+    from compute_agent.rpc.heartbeat import Heartbeat
 
 TOP = Path(__file__).resolve().parents[2]
 AGENTS_NICENESS = 19

@@ -1,7 +1,7 @@
 """The fleet's operator and scheduler scenarios: ``compute-agent-ctl
 hosts`` as an operator runs it, the scheduler's allocation candidates for
 one flavor in each tree mode, and an evacuation by the project's own
-conductor (agent/conductor/evacuation.py). Each returns its figures as a
+conductor (compute_agent/conductor/evacuation.py). Each returns its figures as a
 dict of the keys docs/scale.md lists."""
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Callable
 
 import requests
 
-from agent.cmd.common import load_config
-from agent.conductor.evacuation import Evacuator
-from agent.placement.allocations import tree_allocations
-from agent.placement.client import PlacementClient, adapter_from_conf
-from agent.rpc.heartbeat import Heartbeat
-from agent.tree.host_tree import TreeMode
+from compute_agent.cmd.common import load_config
+from compute_agent.conductor.evacuation import Evacuator
+from compute_agent.placement.allocations import tree_allocations
+from compute_agent.placement.client import PlacementClient, adapter_from_conf
+from compute_agent.rpc.heartbeat import Heartbeat
+from compute_agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import DEVICE_CLASSES_PREFIX, HEADERS
 from tools.fleet_sim.hosts import VF_CLASS
 from tools.fleet_sim.run import percentile, worktree_env

@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.private_services import PrivateRabbitMQ
 from tests.reliability.broker_faults import BrokerAgent, Conductor, seconds_until_served
 

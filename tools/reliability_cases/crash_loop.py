@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.reliability.crash_loop import CrashLoop, FakeHypervisors, Violation
 
 NAME = "crash_loop"

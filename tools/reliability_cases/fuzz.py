@@ -8,7 +8,7 @@ import logging
 import subprocess
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.reliability import host_data_fuzz as host_data
 from tests.reliability.config_fuzz import FuzzedConfig
 from tests.reliability.exploring import Tally, explore_for
@@ -26,7 +26,7 @@ SHARES = {"RPC payloads": 0.3, "node-device XML": 0.12, "capabilities XML": 0.12
 def run(minutes: float, workdir: Path) -> list[dict]:
     # Discovery warns about every device the junk spoils: thousands of
     # lines that say the parsers work, and would bury the table.
-    drivers_log = logging.getLogger("drivers")
+    drivers_log = logging.getLogger("compute_agent.drivers")
     level = drivers_log.level
     drivers_log.setLevel(logging.ERROR)
     try:

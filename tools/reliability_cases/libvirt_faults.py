@@ -13,8 +13,8 @@ import time
 import uuid
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement
-from drivers.errors import DriverUnavailable
+from compute_agent.testing.local_placement import LocalPlacement
+from compute_agent.drivers.errors import DriverUnavailable
 from tests.functional.helpers import unallocate
 from tests.functional.private_services import PrivateLibvirtd
 from tests.reliability.libvirt_faults import (build, build_with_libvirtd_stopping, held,
@@ -36,7 +36,7 @@ class Lines(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name == "agent.dependencies":
+        if record.name == "compute_agent.dependencies":
             self.lines.append(record.getMessage())
 
 
@@ -44,7 +44,7 @@ def run(minutes: float, workdir: Path) -> list[dict]:
     placement = LocalPlacement(workdir / "placement").start()
     libvirtd = PrivateLibvirtd(workdir / "libvirtd").start()
     lines = Lines()
-    said = logging.getLogger("agent.dependencies")
+    said = logging.getLogger("compute_agent.dependencies")
     level = said.level
     said.setLevel(logging.INFO)  # the back line is INFO
     said.addHandler(lines)

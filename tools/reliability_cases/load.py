@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.reliability.load import run_load
 
 NAME = "load"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.reliability.placement_faults import Scenario
 
 NAME = "placement_faults"

@@ -9,7 +9,7 @@ import random
 import time
 from pathlib import Path
 
-from agent.testing.local_placement import LocalPlacement
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.reliability.store_faults import StoreFaultHost
 
 NAME = "store_faults"

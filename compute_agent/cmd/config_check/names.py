@@ -11,9 +11,9 @@ from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 from oslo_config import iniparser
 
-from agent.cmd.config_check.options import DEFAULT, auth_group, config_files, registered_options
-from agent import config
-from agent.exception import ConfigError
+from compute_agent.cmd.config_check.options import DEFAULT, auth_group, config_files, registered_options
+from compute_agent import config
+from compute_agent.exception import ConfigError
 
 LOG = logging.getLogger(__name__)
 

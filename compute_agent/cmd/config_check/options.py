@@ -10,8 +10,8 @@ from typing import Any
 
 from oslo_config import cfg
 
-from agent.config import PLACEMENT_GROUP
-from agent.exception import ConfigError, shown
+from compute_agent.config import PLACEMENT_GROUP
+from compute_agent.exception import ConfigError, shown
 
 
 DEFAULT = "DEFAULT"

@@ -24,17 +24,17 @@ from oslo_context import context as request_context
 from oslo_log import formatters as log_formatters
 from oslo_log import log as oslo_log
 
-from agent.cmd.config_check.options import DEFAULT, Option, masked_url, written_as
-from agent.cmd.errors import BadValue
-from agent.config import PLACEMENT_GROUP
-from agent.exception import ConfigError, shown
-from agent.messaging import messaging
-from agent.metrics import parse_listen
-from agent.rpc import versions as rpc_versions
+from compute_agent.cmd.config_check.options import DEFAULT, Option, masked_url, written_as
+from compute_agent.cmd.errors import BadValue
+from compute_agent.config import PLACEMENT_GROUP
+from compute_agent.exception import ConfigError, shown
+from compute_agent.messaging import messaging
+from compute_agent.metrics import parse_listen
+from compute_agent.rpc import versions as rpc_versions
 
 
 # A refusal's longest: with the command's name and "error: " before it,
-# the line stays within 300 characters (agent.cmd.common.ERROR_LINE_LIMIT).
+# the line stays within 300 characters (compute_agent.cmd.common.ERROR_LINE_LIMIT).
 REFUSAL_LENGTH = 270
 
 
@@ -392,7 +392,7 @@ def keystone_system_scope(value: str) -> None:
 
 
 def listen_address(value: str) -> None:
-    """host:port for a server of ours (agent/metrics.py parses it)."""
+    """host:port for a server of ours (compute_agent/metrics.py parses it)."""
     try:
         parse_listen(value)
     except ValueError as e:
@@ -458,7 +458,7 @@ VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("upgrade_levels", "compute_agent"): rpc_version,
 }
 
-# Options the operator's policy reads (agent/tree/policy.py); policy_rules
+# Options the operator's policy reads (compute_agent/tree/policy.py); policy_rules
 # checks them as the agent will read them.
 POLICY_OPTIONS = frozenset({
     (DEFAULT, "owner_trait"),
@@ -502,7 +502,7 @@ FREE_FORM: dict[tuple[str, str], str] = {
 }
 
 # Bounds for the numbers of the libraries, which declare none (or only a
-# minimum): (min, max), inclusive. Ours declare theirs (agent/config.py).
+# minimum): (min, max), inclusive. Ours declare theirs (compute_agent/config.py).
 LIBRARY_BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     (DEFAULT, "log_rotate_interval"): (1, 1_000_000),
     (DEFAULT, "max_logfile_count"): (1, 10_000),

@@ -14,15 +14,15 @@ from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
-from agent.cmd.config_check.names import check_names, misspelling_of
-from agent.cmd.config_check.options import (DEFAULT, Option, auth_group, read_config_files,
+from compute_agent.cmd.config_check.names import check_names, misspelling_of
+from compute_agent.cmd.config_check.options import (DEFAULT, Option, auth_group, read_config_files,
                                             registered_options)
-from agent.cmd.config_check.value_rules import check_option, path_lengths, refusal
-from agent.cmd.errors import BadValue
-from agent.config import PLACEMENT_GROUP
-from agent.exception import ConfigError, shown
-from agent.metrics import parse_listen
-from agent.tree.policy import tree_policy_from_conf
+from compute_agent.cmd.config_check.value_rules import check_option, path_lengths, refusal
+from compute_agent.cmd.errors import BadValue
+from compute_agent.config import PLACEMENT_GROUP
+from compute_agent.exception import ConfigError, shown
+from compute_agent.metrics import parse_listen
+from compute_agent.tree.policy import tree_policy_from_conf
 
 
 def _option(conf: cfg.ConfigOpts, section: str, name: str) -> Option:
@@ -218,7 +218,7 @@ def config_sources(conf: cfg.ConfigOpts) -> None:
 
 
 def policy_rules(conf: cfg.ConfigOpts) -> None:
-    """The operator's policy parses (agent/tree/policy.py: CPU sets, the PCI
+    """The operator's policy parses (compute_agent/tree/policy.py: CPU sets, the PCI
     allowlist, mdev types and classes, pmem labels, the owner trait); its
     errors name the option and the value. The root's UUID plays no part."""
     tree_policy_from_conf(conf, str(uuid.UUID(int=0)))

@@ -1,7 +1,7 @@
 """Parsing of libvirt's capabilities XML and of sysfs NUMA node files.
 
 Pure functions: the caller hands in text, these hand back the NumaCell
-dataclasses of drivers.base and a list of warnings. No libvirt, no file I/O.
+dataclasses of compute_agent.drivers.base and a list of warnings. No libvirt, no file I/O.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Iterable, Mapping
 
 from lxml import etree
 
-from drivers.base import NumaCell
-from drivers.errors import InvalidHostData
-from drivers.host_data import parse_cpulist, parse_int
+from compute_agent.drivers.base import NumaCell
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.host_data import parse_cpulist, parse_int
 
 DEVICE = "capabilities"
 # Units libvirt writes on <memory> and <pages>, as multiples of a KiB.

@@ -12,7 +12,7 @@ from typing import Callable, TypeVar
 
 import libvirt
 
-from drivers.errors import DriverUnavailable
+from compute_agent.drivers.errors import DriverUnavailable
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")

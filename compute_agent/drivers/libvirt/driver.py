@@ -15,23 +15,23 @@ from urllib.parse import urlsplit
 
 import libvirt
 
-from drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
+from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
                           HostInventory, Mdev, MdevParent, MigrationFailure, PciDevice,
                           PciHealthSignals, PciKind, SriovFunctions)
-from drivers.driver import ComputeDriver
-from drivers.errors import InvalidHostData, LiveMigrationError, MdevError, MigrationXmlError
-from drivers.libvirt import capabilities, nodedev, pmem
-from drivers.libvirt.connection import Connection, is_connection_error
-from drivers.libvirt.guest_xml import parse_guest
-from drivers.libvirt.guests import GuestManager
-from drivers.libvirt.host_cpu import HostCpuFeatures
-from drivers.libvirt.mdev import MdevSysfs
-from drivers.libvirt.migration_xml import rewrite_for_destination
-from drivers.libvirt.sriov import write_num_vfs
-from drivers.libvirt.sysfs import SysfsReader
-from drivers.libvirt.vendor_vfio import VgpuTypeWriter
-from drivers.migration import LiveMigrationTarget
-from drivers.warnings_once import WarningsOnce
+from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.drivers.errors import InvalidHostData, LiveMigrationError, MdevError, MigrationXmlError
+from compute_agent.drivers.libvirt import capabilities, nodedev, pmem
+from compute_agent.drivers.libvirt.connection import Connection, is_connection_error
+from compute_agent.drivers.libvirt.guest_xml import parse_guest
+from compute_agent.drivers.libvirt.guests import GuestManager
+from compute_agent.drivers.libvirt.host_cpu import HostCpuFeatures
+from compute_agent.drivers.libvirt.mdev import MdevSysfs
+from compute_agent.drivers.libvirt.migration_xml import rewrite_for_destination
+from compute_agent.drivers.libvirt.sriov import write_num_vfs
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
+from compute_agent.drivers.libvirt.vendor_vfio import VgpuTypeWriter
+from compute_agent.drivers.migration import LiveMigrationTarget
+from compute_agent.drivers.warnings_once import WarningsOnce
 
 LOG = logging.getLogger(__name__)
 _GIB = 1024 ** 3

@@ -19,12 +19,12 @@ from typing import Iterable, Mapping
 
 from lxml import etree
 
-from drivers.base import (DeviceKind, ForeignGuest, GuestDevice, GuestHolding, GuestSpec,
+from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestDevice, GuestHolding, GuestSpec,
                           HostResource, HostResourceKind)
-from drivers.errors import InvalidHostData
-from drivers.host_data import (format_pci_address, parse_cpulist, parse_int,
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.host_data import (format_pci_address, parse_cpulist, parse_int,
                                parse_pci_address)
-from drivers.libvirt.capabilities import _kib, parse_xml
+from compute_agent.drivers.libvirt.capabilities import _kib, parse_xml
 
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"
 PREFIX = "ca"

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import libvirt
 
-from drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
+from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
                           MigrationFailure)
-from drivers.errors import InvalidHostData, LiveMigrationError, MdevError
-from drivers.libvirt.connection import Connection
-from drivers.libvirt.guest_xml import (build_domain_xml, domain_identity, domain_name,
+from compute_agent.drivers.errors import InvalidHostData, LiveMigrationError, MdevError
+from compute_agent.drivers.libvirt.connection import Connection
+from compute_agent.drivers.libvirt.guest_xml import (build_domain_xml, domain_identity, domain_name,
                                        parse_foreign, parse_holding, parse_live,
                                        parse_metadata)
-from drivers.libvirt.mdev import MdevSysfs
+from compute_agent.drivers.libvirt.mdev import MdevSysfs
 
 LOG = logging.getLogger(__name__)
 

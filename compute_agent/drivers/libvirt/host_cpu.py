@@ -17,9 +17,9 @@ import logging
 
 import libvirt
 
-from drivers.errors import InvalidHostData
-from drivers.libvirt import capabilities
-from drivers.libvirt.connection import Connection
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.libvirt import capabilities
+from compute_agent.drivers.libvirt.connection import Connection
 
 LOG = logging.getLogger(__name__)
 BASELINE = "baselineCPU"

@@ -16,8 +16,8 @@ import errno
 import os
 import uuid as uuid_lib
 
-from drivers.errors import MdevError
-from drivers.libvirt.guest_xml import DEFAULT_MDEV_MODEL
+from compute_agent.drivers.errors import MdevError
+from compute_agent.drivers.libvirt.guest_xml import DEFAULT_MDEV_MODEL
 
 
 class MdevSysfs:

@@ -24,13 +24,13 @@ from typing import Iterable
 
 from lxml import etree
 
-from compute_common.cpuset import format_cpu_set
-from drivers.base import DeviceKind, GuestDevice
-from drivers.errors import InvalidHostData, MigrationXmlError
-from drivers.host_data import parse_cpulist, parse_int, parse_pci_address
-from drivers.libvirt.capabilities import _kib, parse_xml
-from drivers.libvirt.guest_xml import NAMESPACE
-from drivers.migration import DeviceMove, LiveMigrationTarget
+from compute_agent.common.cpuset import format_cpu_set
+from compute_agent.drivers.base import DeviceKind, GuestDevice
+from compute_agent.drivers.errors import InvalidHostData, MigrationXmlError
+from compute_agent.drivers.host_data import parse_cpulist, parse_int, parse_pci_address
+from compute_agent.drivers.libvirt.capabilities import _kib, parse_xml
+from compute_agent.drivers.libvirt.guest_xml import NAMESPACE
+from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 
 _NS = f"{{{NAMESPACE}}}"
 _PCI_SOURCES = ("devices/hostdev[@type='pci']/source/address",

@@ -1,6 +1,6 @@
 """Parsing of libvirt node-device XML (``virNodeDevice.XMLDesc()``).
 
-Pure functions: XML text in, drivers.base dataclasses out. Elements this
+Pure functions: XML text in, compute_agent.drivers.base dataclasses out. Elements this
 module does not know are ignored, because libvirt adds new ones over time.
 """
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Iterable
 
 from lxml import etree
 
-from compute_common.pci_address import PARTS, address_from_node_device_name
-from drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
-from drivers.errors import InvalidHostData
-from drivers.host_data import format_pci_address, parse_hex_id, parse_int, parse_numa_node
-from drivers.libvirt.capabilities import parse_xml
+from compute_agent.common.pci_address import PARTS, address_from_node_device_name
+from compute_agent.drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.host_data import format_pci_address, parse_hex_id, parse_int, parse_numa_node
+from compute_agent.drivers.libvirt.capabilities import parse_xml
 
 # libvirt >= 7.3 names an mdev "mdev_<uuid>_<parent>"; before, "mdev_<uuid>".
 _MDEV_NAME = re.compile(r"^mdev_([0-9a-fA-F_]{36})(?:_.*)?$")

@@ -12,10 +12,10 @@ import json
 import uuid
 from typing import Iterable, Mapping
 
-from drivers.base import PmemNamespace
-from drivers.errors import InvalidHostData
-from drivers.host_data import parse_int, parse_numa_node
-from drivers.libvirt.sysfs import SysfsReader
+from compute_agent.drivers.base import PmemNamespace
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.host_data import parse_int, parse_numa_node
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 
 NDCTL = "ndctl JSON"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from drivers.errors import SriovError
+from compute_agent.drivers.errors import SriovError
 
 
 def write_num_vfs(sysfs_root: str | os.PathLike, pf_address: str, count: int) -> None:

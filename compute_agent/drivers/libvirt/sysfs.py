@@ -11,11 +11,11 @@ import re
 from dataclasses import replace
 from typing import Iterable
 
-from drivers.base import (Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind,
+from compute_agent.drivers.base import (Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind,
                           SriovFunctions)
-from drivers.errors import InvalidHostData
-from drivers.host_data import parse_hex_id, parse_int, parse_numa_node, parse_pci_address
-from drivers.libvirt.capabilities import parse_sysfs_numa_node
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.host_data import parse_hex_id, parse_int, parse_numa_node, parse_pci_address
+from compute_agent.drivers.libvirt.capabilities import parse_sysfs_numa_node
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _HUGEPAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")

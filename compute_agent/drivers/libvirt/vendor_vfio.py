@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 
-from drivers.errors import InvalidHostData, MdevError
-from drivers.libvirt.mdev import write_attribute
-from drivers.libvirt.sysfs import SysfsReader, nvidia_type_number
+from compute_agent.drivers.errors import InvalidHostData, MdevError
+from compute_agent.drivers.libvirt.mdev import write_attribute
+from compute_agent.drivers.libvirt.sysfs import SysfsReader, nvidia_type_number
 
 
 class VgpuTypeWriter:

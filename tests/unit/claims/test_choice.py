@@ -9,10 +9,10 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 
-from agent.claims.choice import (MAX_AMOUNT, Choice, HeldDevices, InstanceSpec, Pool, Slot, Wanted,
+from compute_agent.claims.choice import (MAX_AMOUNT, Choice, HeldDevices, InstanceSpec, Pool, Slot, Wanted,
                                  carried, check_spec_carried, choose, parse_allocations)
-from agent.exception import ClaimFailed, InvalidRequest
-from drivers.base import DeviceKind
+from compute_agent.exception import ClaimFailed, InvalidRequest
+from compute_agent.drivers.base import DeviceKind
 
 NUMA0 = "00000000-0000-4000-8000-00000000000a"
 NUMA1 = "00000000-0000-4000-8000-00000000000b"

@@ -1,5 +1,5 @@
 """The claim model's request digests: what a retry is compared with."""
-from agent.claims.model import RequestDigest
+from compute_agent.claims.model import RequestDigest
 
 SPEC = {"name": "vm", "vcpus": 2, "memory_mb": 1024}
 ALLOCATIONS = {"rp-1": {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}}

@@ -1,12 +1,12 @@
-"""The hypervisor's veto (agent/claims/veto.py), pure: what guests hold is
+"""The hypervisor's veto (compute_agent/claims/veto.py), pure: what guests hold is
 never chosen, and which of it the store does not explain."""
 import pytest
 
-from agent.claims.choice import HeldDevices, Pool, Slot, Wanted, choose
-from agent.claims.veto import (StrayHolding, Unexplained, assignable_resources, stray_holdings,
+from compute_agent.claims.choice import HeldDevices, Pool, Slot, Wanted, choose
+from compute_agent.claims.veto import (StrayHolding, Unexplained, assignable_resources, stray_holdings,
                                vetoed_resources)
-from agent.exception import ClaimFailed
-from drivers.base import DeviceKind, GuestHolding, HostResource, HostResourceKind
+from compute_agent.exception import ClaimFailed
+from compute_agent.drivers.base import DeviceKind, GuestHolding, HostResource, HostResourceKind
 
 PF = "00000000-0000-4000-8000-0000000000f0"
 GPU = "00000000-0000-4000-8000-0000000000e0"

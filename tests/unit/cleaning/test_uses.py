@@ -8,14 +8,14 @@ import uuid
 
 import pytest
 
-from agent.claims.choice import Pool, Slot
-from agent.claims.model import DeviceUse, UseState
-from agent.cleaning.run import Cleaner, run_command
-from agent.compute.tracker import Tracker
-from agent.exception import ClaimFailed, InvalidRequest
-from agent.store.store import Store, device_uses, migrate, schema_version
-from agent.tree.device_spec import DeviceSpec
-from drivers.base import DeviceKind
+from compute_agent.claims.choice import Pool, Slot
+from compute_agent.claims.model import DeviceUse, UseState
+from compute_agent.cleaning.run import Cleaner, run_command
+from compute_agent.compute.tracker import Tracker
+from compute_agent.exception import ClaimFailed, InvalidRequest
+from compute_agent.store.store import Store, device_uses, migrate, schema_version
+from compute_agent.tree.device_spec import DeviceSpec
+from compute_agent.drivers.base import DeviceKind
 from tests.functional.helpers import wait_for
 from tests.unit.compute.trackers import tracker_on
 
@@ -161,7 +161,7 @@ def until_cleaned(tracker, cleaner, address: str) -> None:
 
 
 def test_a_cleaning_that_succeeds_gives_the_device_back(tracker, caplog):
-    caplog.set_level(logging.INFO, "agent.cleaning.run")
+    caplog.set_level(logging.INFO, "compute_agent.cleaning.run")
     ran = []
 
     def run(command, address, timeout):

@@ -1,4 +1,4 @@
-"""What every console script does alike (agent/cmd/common.py) and the
+"""What every console script does alike (compute_agent/cmd/common.py) and the
 pure parts of the commands: the --spec file's documented format and its
 example, --json errors, the --version, the --once summary line. (The
 commands as subprocesses: tests/functional/test_cli.py.)"""
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.cmd import common, ctl
-from agent.cmd.daemon import once_summary
-from agent.daemon.service import CycleOutcome
-from agent.exception import ConfigError, InvalidRequest
-from agent.placement.sync import SyncResult
-from agent.rpc import schemas as rpc_schemas
-from agent.rpc.outstanding import Overdue, OutstandingCalls
-from agent.tree.provider_tree import Provider, ProviderTree
+from compute_agent.cmd import common, ctl
+from compute_agent.cmd.daemon import once_summary
+from compute_agent.daemon.service import CycleOutcome
+from compute_agent.exception import ConfigError, InvalidRequest
+from compute_agent.placement.sync import SyncResult
+from compute_agent.rpc import schemas as rpc_schemas
+from compute_agent.rpc.outstanding import Overdue, OutstandingCalls
+from compute_agent.tree.provider_tree import Provider, ProviderTree
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / ctl.EXAMPLE_SPEC
@@ -221,7 +221,7 @@ def test_outstanding_calls_are_overdue_past_their_own_timeout_then_after_the_las
 
 
 def device_conf(conf_file: Path, *args: str):
-    from agent.cmd import manage
+    from compute_agent.cmd import manage
     command = manage.cfg.SubCommandOpt("command", handler=manage.add_parsers)
     return common.load_config(["--config-file", str(conf_file), "device", *args],
                               [command], command_help=manage.HELP)
@@ -235,21 +235,21 @@ def device_conf(conf_file: Path, *args: str):
      "device release: gives the device back to scheduling; say --yes once it is clean"),
 ])
 def test_device_refuses_a_bad_request_before_asking_the_agent(conf_file, args, line):
-    from agent.cmd.manage import device_request
+    from compute_agent.cmd.manage import device_request
     with pytest.raises(ConfigError) as caught:
         device_request(device_conf(conf_file, *args))
     assert str(caught.value) == line
 
 
 def test_device_takes_an_address_in_either_case(conf_file):
-    from agent.cmd.manage import DeviceAction, device_request
+    from compute_agent.cmd.manage import DeviceAction, device_request
     assert device_request(device_conf(conf_file, "release", "0000:AF:00.0", "--yes")) == (
         DeviceAction.RELEASE, "0000:af:00.0")
     assert device_request(device_conf(conf_file, "list")) == (DeviceAction.LIST, None)
 
 
 def test_a_device_use_is_one_line():
-    from agent.cmd.manage import device_use_line
+    from compute_agent.cmd.manage import device_use_line
     entry = {"address": "0000:af:00.0", "state": "used", "reason": "", "held": False,
              "cleaning": False}
     assert device_use_line(entry) == "0000:af:00.0: used"

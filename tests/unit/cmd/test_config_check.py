@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from oslo_config import cfg
 
-from agent import config
-from agent.cmd.config_check import names, options, value_rules
-from agent.cmd.common import load_config
-from agent.cmd.errors import BadValue
-from agent.exception import ConfigError
-from agent.store.errors import StoreError
-from agent.store.store import inspect_store
+from compute_agent import config
+from compute_agent.cmd.config_check import names, options, value_rules
+from compute_agent.cmd.common import load_config
+from compute_agent.cmd.errors import BadValue
+from compute_agent.exception import ConfigError
+from compute_agent.store.errors import StoreError
+from compute_agent.store.store import inspect_store
 
 # Stands for a path under the test's own tmp_path that nothing creates: an
 # absolute path such as /nonexistent may exist on a shared machine.

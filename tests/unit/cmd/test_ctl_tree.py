@@ -1,6 +1,6 @@
 """ctl tree's rendering of the agent's answer, by Placement's field names."""
-from agent.cmd.ctl import in_placement_terms
-from agent.tree.provider_tree import tree_lines
+from compute_agent.cmd.ctl import in_placement_terms
+from compute_agent.tree.provider_tree import tree_lines
 
 ROOT = {"uuid": "r", "name": "h", "generation": 3, "traits": ["COMPUTE_NODE"],
         "inventories": {"VCPU": {"total": 8, "reserved": 1, "allocation_ratio": 4.0}}}

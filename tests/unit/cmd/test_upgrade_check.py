@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from oslo_upgradecheck.upgradecheck import Code
 
-from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
-from agent.cmd.common import load_config
-from agent.cmd.upgrade_check import (UpgradeChecks, moves_result, schema_result,
+from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
+from compute_agent.cmd.common import load_config
+from compute_agent.cmd.upgrade_check import (UpgradeChecks, moves_result, schema_result,
                                      unhealed_result)
-from agent.reports.tree import Holder, UnhealedClass
-from agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
+from compute_agent.reports.tree import Holder, UnhealedClass
+from compute_agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
 
 ROOT = "3f0b6c1e-8a57-4d52-9c3e-2b1f6e0a9d47"
 STORE = Path("/var/lib/compute-agent/state.db")

@@ -1,4 +1,4 @@
-"""One test per reconcile rule (agent/compute/reconcile.py), each named after it,
+"""One test per reconcile rule (compute_agent/compute/reconcile.py), each named after it,
 on a host world with the fake driver (which passes the driver contract)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from agent.claims.model import AssignmentState, MigrationState, MoveKind
-from agent.compute import reconcile as rules
-from agent.compute.reconcile import reconcile
-from agent.exception import SourceHostUp
-from agent.store.store import live_changed_at, migrations_changed_at
-from drivers.base import DeviceKind
+from compute_agent.claims.model import AssignmentState, MigrationState, MoveKind
+from compute_agent.compute import reconcile as rules
+from compute_agent.compute.reconcile import reconcile
+from compute_agent.exception import SourceHostUp
+from compute_agent.store.store import live_changed_at, migrations_changed_at
+from compute_agent.drivers.base import DeviceKind
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
 
 VF = {"pf": {"SRIOV_NET_VF": 1}}

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.compute.tracker import Tracker
-from agent.store.store import Store
+from compute_agent.compute.tracker import Tracker
+from compute_agent.store.store import Store
 
 
 @contextmanager

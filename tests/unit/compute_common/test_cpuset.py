@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from compute_common.cpuset import format_cpu_set, parse_cpu_set
+from compute_agent.common.cpuset import format_cpu_set, parse_cpu_set
 
 
 @pytest.mark.parametrize("text,cpus", [

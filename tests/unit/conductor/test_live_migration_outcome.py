@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 from oslo_messaging import MessagingTimeout, RemoteError
 
-from agent.claims.model import MigrationRole
-from agent.conductor.live_migration import (MoveOutcome, NextStep, answer_lost,
+from compute_agent.claims.model import MigrationRole
+from compute_agent.conductor.live_migration import (MoveOutcome, NextStep, answer_lost,
                                             live_migrate_instance, live_migrate_outcome,
                                             next_step)
-from agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
+from compute_agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
                              LiveMigrationOutcomeUnknown, LiveMigrationRefused,
                              MoveInProgress, NoSuchInstance, StoreUnavailable,
                              VersionCapped)
-from agent.rpc.errors import BrokerUnreachable, NoAnswer
+from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 from tests.unit.conductor.test_live_migration_source import (DESTINATION_ALLOCATIONS, SWAP,
                                                              Conductor, spec)
 

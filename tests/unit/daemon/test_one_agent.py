@@ -1,8 +1,8 @@
 """One agent per host: the rules that refuse a second agent's start
-(agent/daemon/one_agent.py)."""
+(compute_agent/daemon/one_agent.py)."""
 from __future__ import annotations
 
-from agent.daemon.one_agent import (AnsweringAgent, ThisAgent, agent_answering_for_host,
+from compute_agent.daemon.one_agent import (AnsweringAgent, ThisAgent, agent_answering_for_host,
                                     root_of_another_agent)
 
 OURS = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"

@@ -1,6 +1,6 @@
 from dataclasses import replace
 
-from agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
+from compute_agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
 
 SERVING = ProbeFacts(phase=Phase.SERVING, loop_running=True, turn_seconds=None,
                      turn_limit=120, dead_threads=(), cycle_succeeded=True,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from agent.daemon.errors import AnotherAgentServesHost
-from agent.daemon.supervisor import Supervisor
+from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.supervisor import Supervisor
 
 
 def test_a_thread_ending_because_another_agent_serves_the_host_is_a_refusal(monkeypatch):

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from agent.daemon import systemd
-from agent.daemon.supervisor import Supervisor
+from compute_agent.daemon import systemd
+from compute_agent.daemon.supervisor import Supervisor
 
 
 @pytest.fixture

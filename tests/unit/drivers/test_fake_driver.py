@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
+from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           HostInventory, Mdev, MdevParent, MdevType, PciKind,
                           PmemNamespace)
-from drivers.errors import InvalidFakeHost, SriovError
-from drivers.fake import (FakeDriver, fake_definition, host_from_dict, load_host_file,
+from compute_agent.drivers.errors import InvalidFakeHost, SriovError
+from compute_agent.drivers.fake import (FakeDriver, fake_definition, host_from_dict, load_host_file,
                           vf_address)
-from drivers.migration import DeviceMove, LiveMigrationTarget
+from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 
 HOST = {
     "disk_gb": 100,

@@ -5,9 +5,9 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice
-from drivers.errors import InvalidMigrationTarget
-from drivers.migration import ClaimedDevice, DeviceMove, LiveMigrationTarget, pair_devices
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice
+from compute_agent.drivers.errors import InvalidMigrationTarget
+from compute_agent.drivers.migration import ClaimedDevice, DeviceMove, LiveMigrationTarget, pair_devices
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
 MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"

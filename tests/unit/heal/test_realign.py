@@ -1,11 +1,11 @@
-"""The store follows Placement after a reshape (agent/heal/realign.py), without
+"""The store follows Placement after a reshape (compute_agent/heal/realign.py), without
 Placement."""
 from __future__ import annotations
 
-from agent.claims.choice import Pool, Slot
-from agent.claims.model import Assignment, AssignmentState, Owner
-from agent.heal.realign import DeviceIndex, misplaced, realign
-from drivers.base import DeviceDetail, DeviceKind
+from compute_agent.claims.choice import Pool, Slot
+from compute_agent.claims.model import Assignment, AssignmentState, Owner
+from compute_agent.heal.realign import DeviceIndex, misplaced, realign
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
 ROOT, CELL0, CELL1, PF, PMEM_FLAT, PMEM0, PMEM1, GPU = (
     "root", "cell0", "cell1", "pf", "pmem-flat", "pmem0", "pmem1", "gpu")

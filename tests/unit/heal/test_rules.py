@@ -7,14 +7,14 @@ from collections import defaultdict
 
 import pytest
 
-from agent.claims.choice import Pool, Slot
-from agent.claims.model import Assignment, Migration
-from agent.heal.errors import HealRefused
-from agent.heal.rules import Consumer, capacity, hold_unhealed, plan_heal
-from agent.tree.device_spec import parse_specs
-from agent.tree.host_tree import TreeMode
-from agent.tree.provider_tree import Provider, ProviderTree, inventory
-from drivers.base import DeviceKind
+from compute_agent.claims.choice import Pool, Slot
+from compute_agent.claims.model import Assignment, Migration
+from compute_agent.heal.errors import HealRefused
+from compute_agent.heal.rules import Consumer, capacity, hold_unhealed, plan_heal
+from compute_agent.tree.device_spec import parse_specs
+from compute_agent.tree.host_tree import TreeMode
+from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
+from compute_agent.drivers.base import DeviceKind
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"
 
@@ -146,8 +146,8 @@ MODE_GUESTS = {
 
 
 def mode_tree(mode):
-    from agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
-    from drivers.fake import host_from_dict
+    from compute_agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
+    from compute_agent.drivers.fake import host_from_dict
 
     return build_tree(host_from_dict(MODE_HOST), TreePolicy(
         host="h", root_uuid=MODE_ROOT, mode=mode,
@@ -160,7 +160,7 @@ def mode_tree(mode):
 def placed(mode, tree: ProviderTree, built) -> dict:
     """consumer -> (allocations by provider uuid, assignments) as the
     agent's claims in ``mode`` leave them."""
-    from agent.tree.host_tree import compute_on_cells, numa_provider_name
+    from compute_agent.tree.host_tree import compute_on_cells, numa_provider_name
 
     uuid_of = {p.name: p.uuid for p in tree}
     device_pool = {(pool.kind, s.device_id): pool for pool in built.pools
@@ -212,7 +212,7 @@ def offered_by_class(tree: ProviderTree) -> dict[str, int]:
 def switch(old_mode, new_mode):
     """(Placement's tree in ``old_mode``, the consumers and the store's
     rows there, the ``new_mode`` model with Placement's UUIDs, its pools)."""
-    from agent.tree.provider_tree import adopt_uuids
+    from compute_agent.tree.provider_tree import adopt_uuids
 
     current = as_placement_has_it(mode_tree(old_mode).tree)
     old = placed(old_mode, current, mode_tree(old_mode))

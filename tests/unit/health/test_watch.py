@@ -7,13 +7,13 @@ import json
 import logging
 import threading
 
-from agent.health.rules import DeviceFault
-from agent.health.watch import HealthWatch
-from agent.tree.device_spec import parse_specs
-from agent.tree.host_tree import TreePolicy, build_tree
-from agent.tree.ownership import UNHEALTHY_TRAIT
-from drivers.base import PciHealthSignals
-from drivers.fake import FakeDriver
+from compute_agent.health.rules import DeviceFault
+from compute_agent.health.watch import HealthWatch
+from compute_agent.tree.device_spec import parse_specs
+from compute_agent.tree.host_tree import TreePolicy, build_tree
+from compute_agent.tree.ownership import UNHEALTHY_TRAIT
+from compute_agent.drivers.base import PciHealthSignals
+from compute_agent.drivers.fake import FakeDriver
 
 NIC = "0000:3b:00.0"
 OTHER = "0000:3c:00.0"
@@ -58,7 +58,7 @@ def test_a_device_bad_at_the_first_cycle_is_never_offered():
 
 
 def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
-    caplog.set_level(logging.INFO, logger="agent.health.watch")
+    caplog.set_level(logging.INFO, logger="compute_agent.health.watch")
     fake, wakes = driver(), Wakes()
     watch = HealthWatch(fake, 1.0, 100, wakes)
     assert nic_reserved(cycle(watch, fake)) == 0
@@ -89,7 +89,7 @@ def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
 
 
 def test_a_device_no_longer_allowlisted_is_no_longer_watched(caplog):
-    caplog.set_level(logging.INFO, logger="agent.health.watch")
+    caplog.set_level(logging.INFO, logger="compute_agent.health.watch")
     fake = driver()
     watch = HealthWatch(fake, 1.0, 100, Wakes())
     fake.set_device_health(dead(NIC))

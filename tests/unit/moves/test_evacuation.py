@@ -1,17 +1,17 @@
-"""The evacuation rules both ends share (agent/moves/evacuation.py), pure."""
+"""The evacuation rules both ends share (compute_agent/moves/evacuation.py), pure."""
 from __future__ import annotations
 
 import uuid
 
 import pytest
 
-from agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
-from agent.conductor.evacuation import lost_a_race
-from agent.exception import GenerationConflict, PlacementError
-from agent.moves.evacuation import (DestinationRecord, destination_record, evacuated_away,
+from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
+from compute_agent.conductor.evacuation import lost_a_race
+from compute_agent.exception import GenerationConflict, PlacementError
+from compute_agent.moves.evacuation import (DestinationRecord, destination_record, evacuated_away,
                                     evacuation_name_free_again, evacuation_migration_uuid,
                                     interrupted_evacuations, spec_from_allocations)
-from agent.moves.request import SourceProvider, candidate_root, move_request
+from compute_agent.moves.request import SourceProvider, candidate_root, move_request
 
 ROOT, CELL0, CELL1, PF1, GPU0, LOOSE = (str(uuid.uuid4()) for _ in range(6))
 TREE = {

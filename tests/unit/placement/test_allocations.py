@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.exception import PlacementUnavailable
-from agent.placement.allocations import AllocationView, ProviderRead, needs_reading
+from compute_agent.exception import PlacementUnavailable
+from compute_agent.placement.allocations import AllocationView, ProviderRead, needs_reading
 
 ROOT, CELL = "root", "cell"
 

@@ -1,14 +1,14 @@
-"""agent/reports/status.py: each rule, and the exit code as the worst check."""
+"""compute_agent/reports/status.py: each rule, and the exit code as the worst check."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 
-from agent.daemon.cycle_record import CycleRecord
-from agent.dependencies import Dependency, DependencyState, Health, Probe, Unknown
-from agent.reports import status
-from agent.reports.status import Level, StatusFacts, StoreHealth, judge
+from compute_agent.daemon.cycle_record import CycleRecord
+from compute_agent.dependencies import Dependency, DependencyState, Health, Probe, Unknown
+from compute_agent.reports import status
+from compute_agent.reports.status import Level, StatusFacts, StoreHealth, judge
 
 NOW = 10_000.0
 PLACEMENT = "http://127.0.0.1:8778"
@@ -130,7 +130,7 @@ def test_unhealed_and_audit_findings_are_warnings_and_unknown_is_never_ok():
 
 
 def test_a_device_out_of_scheduling_is_a_warning_naming_it_and_unknown_is_never_ok():
-    from agent.health.rules import DeviceFault, UnhealthyProvider
+    from compute_agent.health.rules import DeviceFault, UnhealthyProvider
     assert level_of(status.device_health, healthy()) is Level.OK
     bad = UnhealthyProvider("h_0000:81:00.0", frozenset({DeviceFault.AER_NONFATAL}),
                             (("CUSTOM_PCI_8086_154C", 1, 4),))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from agent.heal.rules import hold_unhealed
-from agent.reports.tree import FieldDifference, Holder, Presence, TreeVerdict, compare, usages
-from agent.tree.provider_tree import Provider, ProviderTree, inventory
+from compute_agent.heal.rules import hold_unhealed
+from compute_agent.reports.tree import FieldDifference, Holder, Presence, TreeVerdict, compare, usages
+from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"
 VF = "CUSTOM_PCI_8086_154C"

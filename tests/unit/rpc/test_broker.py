@@ -1,4 +1,4 @@
-"""agent/rpc/broker.py: the broker's state from the loop's probe, one line each
+"""compute_agent/rpc/broker.py: the broker's state from the loop's probe, one line each
 way; the rabbit driver's reconnection lines demoted to DEBUG, its other
 lines left alone; py-amqp's warning about the cancel of our own fanout
 consumer as a server closes demoted too; the probe's findings in a few
@@ -11,8 +11,8 @@ import pytest
 from amqp import spec as amqp_spec
 from amqp.exceptions import AccessRefused
 
-from agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown
-from agent.rpc import broker
+from compute_agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown
+from compute_agent.rpc import broker
 
 URL = "rabbit://127.0.0.1:5672/"
 DOWN = Probe(Dependency.BROKER, URL, "did not answer (connection refused)")
@@ -21,7 +21,7 @@ UP = Probe(Dependency.BROKER, URL)
 
 def test_an_outage_over_many_probes_is_one_line_each_way_and_a_counter(caplog):
     board = Dependencies(clock=iter(range(100, 200, 10)).__next__)
-    caplog.set_level(logging.DEBUG, logger="agent.dependencies")
+    caplog.set_level(logging.DEBUG, logger="compute_agent.dependencies")
     for answer in [UP, DOWN, DOWN, DOWN, DOWN, UP, UP]:
         broker.observe(board, answer)
         if answer is DOWN:

@@ -1,4 +1,4 @@
-"""The heartbeat's verdicts and the destination's fence (agent/rpc/heartbeat.py)."""
+"""The heartbeat's verdicts and the destination's fence (compute_agent/rpc/heartbeat.py)."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from agent.exception import SourceHostUp
-from agent.rpc.heartbeat import HostState, SourceFence, judge
+from compute_agent.exception import SourceHostUp
+from compute_agent.rpc.heartbeat import HostState, SourceFence, judge
 
 
 class Beats:

@@ -11,18 +11,18 @@ import uuid
 
 import pytest
 
-from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
+from compute_agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner)
-from agent.cmd.common import load_config
-from agent.exception import (InternalError, InvalidRequest, LiveMigrationRefused,
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import (InternalError, InvalidRequest, LiveMigrationRefused,
                              NoSuchInstance, StoreUnavailable, VersionCapped)
-from agent.messaging import messaging
-from agent.rpc import schemas
-from agent.rpc import versions as rpc_versions
-from agent.rpc.client import ComputeAgentAPI
-from agent.rpc.server import ComputeAgentEndpoint, UnservedCallsAsWarnings, listed_instances
-from agent.store.errors import StoreError
-from drivers.base import DeviceKind
+from compute_agent.messaging import messaging
+from compute_agent.rpc import schemas
+from compute_agent.rpc import versions as rpc_versions
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.server import ComputeAgentEndpoint, UnservedCallsAsWarnings, listed_instances
+from compute_agent.store.errors import StoreError
+from compute_agent.drivers.base import DeviceKind
 
 SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
 INSTANCE = "3f1c2a44-5b6d-4e7f-8a9b-0c1d2e3f4a5b"
@@ -239,7 +239,7 @@ def test_a_refused_payload_never_reaches_the_manager():
 
 
 def test_the_callers_errors_pass_as_they_are(caplog):
-    with pytest.raises(NoSuchInstance), caplog.at_level(logging.DEBUG, "agent.rpc.server"):
+    with pytest.raises(NoSuchInstance), caplog.at_level(logging.DEBUG, "compute_agent.rpc.server"):
         endpoint(NoSuchInstance(INSTANCE)).get_instance({}, instance_uuid=INSTANCE)
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
@@ -408,7 +408,7 @@ def test_a_refusal_naming_its_side_by_role_crosses_rpc_as_before():
     # older callers rebuild the same error with the same message.
     from oslo_messaging._drivers import common as wire
 
-    from agent.messaging import ALLOWED_EXMODS
+    from compute_agent.messaging import ALLOWED_EXMODS
     message = "live migration of instance inst refused on the destination: vf 0000:81:00.1"
     try:
         raise LiveMigrationRefused("inst", MigrationRole.DESTINATION, ["vf 0000:81:00.1"])

@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from agent.claims.choice import Pool, Slot
-from agent.claims.model import AssignmentState, Owner
-from agent.store.adoption import plan_adoption
-from agent.store.errors import AdoptionRefused
-from drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, HostResource,
+from compute_agent.claims.choice import Pool, Slot
+from compute_agent.claims.model import AssignmentState, Owner
+from compute_agent.store.adoption import plan_adoption
+from compute_agent.store.errors import AdoptionRefused
+from compute_agent.drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, HostResource,
                           HostResourceKind)
 
 # Nova's tree as the agent's nested model sees it: the root keeps nova's

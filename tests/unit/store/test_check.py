@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.store.check import (DETAIL_CHARACTERS, HostFacts, StoreFacts, StoreFile,
+from compute_agent.store.check import (DETAIL_CHARACTERS, HostFacts, StoreFacts, StoreFile,
                                StoreVerdict, judge, one_line)
 
 ROOT = "5d2bd8a6-8f2f-4f0b-9c55-0e1c9d1b6c11"

@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from agent.claims.choice import Pool, Slot
-from agent.store.errors import RebuildRefused
-from agent.store.rebuild import plan_rebuild
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
-from drivers.libvirt.guest_xml import build_domain_xml, parse_guest
+from compute_agent.claims.choice import Pool, Slot
+from compute_agent.store.errors import RebuildRefused
+from compute_agent.store.rebuild import plan_rebuild
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from compute_agent.drivers.libvirt.guest_xml import build_domain_xml, parse_guest
 
 ROOT, CELL, PF = "root-p", "cell0-p", "pf-p"
 POOLS = {

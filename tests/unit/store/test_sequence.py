@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import stat
 
-from agent.store.sequence import (SLOT_BYTES, SequenceRecord, read_recorded, record_path,
+from compute_agent.store.sequence import (SLOT_BYTES, SequenceRecord, read_recorded, record_path,
                                   write_recorded)
 
 

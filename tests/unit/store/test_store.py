@@ -13,23 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
+from compute_agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
                                 MigrationState, MoveKind, Owner)
-from agent.store import lock as state_lock
-from agent.store import sequence as sequence_record
-from agent.store.check import StoreFile, StoreVerdict, judge
-from agent.store.errors import StoreError, StoreMoved
-from agent.store.store import (COMMIT_SEQUENCE, MIGRATIONS, SCHEMA_VERSION, Store,
+from compute_agent.store import lock as state_lock
+from compute_agent.store import sequence as sequence_record
+from compute_agent.store.check import StoreFile, StoreVerdict, judge
+from compute_agent.store.errors import StoreError, StoreMoved
+from compute_agent.store.store import (COMMIT_SEQUENCE, MIGRATIONS, SCHEMA_VERSION, Store,
                                accept_store, all_instances, all_migrations, delete_instance_sql,
                                insert_assignments_sql, inspect_store, live_assignments, migrate,
                                placement_view, put_instance_sql, put_migration_sql,
                                put_placement_view_sql, run_statements, schema_version,
                                stored_schema_version, update_assignments_sql)
-from agent.store.writer import Decision
+from compute_agent.store.writer import Decision
 from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
                                 strip_sequence)
-from agent.tree.provider_tree import Provider, inventory
-from drivers.base import DeviceDetail, DeviceKind
+from compute_agent.tree.provider_tree import Provider, inventory
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from tests.writer import hold_writer, wait_queued
 
 REPO = Path(__file__).resolve().parents[3]
@@ -645,7 +645,7 @@ def test_a_write_is_visible_to_a_fresh_connection_and_process_once_it_returns(st
 _WRITE_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
+from compute_agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
                                insert_assignments_sql, live_assignments, migrate, placement_view,
                                put_instance_sql, put_migration_sql, put_placement_view_sql,
                                run_statements, schema_version, update_assignments_sql)
@@ -721,7 +721,7 @@ def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
 def crash_after_a_write(path: Path) -> None:
     """A holder that writes one instance and dies without closing: the
     write is acknowledged and only in the write-ahead log."""
-    code = (f"from agent.store.store import Store, put_instance_sql; import os\n"
+    code = (f"from compute_agent.store.store import Store, put_instance_sql; import os\n"
             f"s = Store({str(path)!r}, {ROOT_UUID!r})\n"
             f"s.write([put_instance_sql('a', {{'name': 'a'}})])\n"
             f"os._exit(0)\n")
@@ -786,8 +786,8 @@ def test_the_state_directory_has_one_holder(tmp_path):
     assert (tmp_path / "lock").stat().st_mode & 0o777 == 0o600
     # Another process: flock locks belong to the open file, so a second
     # open in this process would conflict the same way.
-    code = (f"from agent.store import lock as state_lock\n"
-            f"from agent.store.errors import StateDirectoryInUse\n"
+    code = (f"from compute_agent.store import lock as state_lock\n"
+            f"from compute_agent.store.errors import StateDirectoryInUse\n"
             f"try:\n    state_lock.acquire({str(tmp_path)!r})\n"
             f"except StateDirectoryInUse as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from agent.store.writer import INSERT_CHUNK, Decision, GroupCommitter, Job
+from compute_agent.store.writer import INSERT_CHUNK, Decision, GroupCommitter, Job
 from tests.writer import hold_writer, wait_queued
 
 INSERT = "INSERT INTO t VALUES (?, ?)"

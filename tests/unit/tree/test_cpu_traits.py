@@ -1,5 +1,5 @@
 """libvirt's CPU feature names as os-traits names."""
-from agent.tree.cpu_traits import CPU_FEATURE_TRAITS, cpu_feature_trait, cpu_feature_traits
+from compute_agent.tree.cpu_traits import CPU_FEATURE_TRAITS, cpu_feature_trait, cpu_feature_traits
 
 
 def test_plain_feature_names_map_upper_cased():

@@ -1,7 +1,7 @@
 """What the agent owns in Placement: others' traits and an operator's
 reserved on device inventories survive every diff."""
-from agent.tree import ownership
-from agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
+from compute_agent.tree import ownership
+from compute_agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
                                       SetInventories, SetTraits, UpdateProvider, describe, diff,
                                       inventory)
 

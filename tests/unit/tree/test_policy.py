@@ -2,9 +2,9 @@
 accepted, bad values are refused naming the option."""
 import pytest
 
-from agent.cmd.common import load_config
-from agent.exception import ConfigError
-from agent.tree.policy import tree_policy_from_conf
+from compute_agent.cmd.common import load_config
+from compute_agent.exception import ConfigError
+from compute_agent.tree.policy import tree_policy_from_conf
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 

@@ -5,8 +5,8 @@ import uuid
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent.tree.ownership import AGENT_RESERVED_CLASSES, agent_owns_trait
-from agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
+from compute_agent.tree.ownership import AGENT_RESERVED_CLASSES, agent_owns_trait
+from compute_agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
                                       SetAggregates, SetInventories, SetTraits, UpdateProvider,
                                       adopt_uuids, diff, inventory, normalized_inventories,
                                       provider_diff, reported_traits)

@@ -1,6 +1,7 @@
 """A conductor's calls over RabbitMQ, with the RPC client of whichever
 version runs this file: an earlier one in its own virtualenv (its
-agent/rpcapi.py), or this checkout (agent/rpc/client.py, PYTHONPATH set).
+agent/rpcapi.py or agent/rpc/client.py), or this checkout
+(compute_agent/rpc/client.py, PYTHONPATH set).
 
 Reads {"config": path, "host": name, "steps": [[method, {argument: value}],
 ...]} on stdin; prints {"results": ["ok" or the error's class name, ...],
@@ -14,17 +15,25 @@ import inspect
 import json
 import sys
 
-from agent.cmd.common import load_config
-
 try:
-    from agent.rpc.client import ComputeAgentAPI
-except ImportError:  # before the rpc package: one module
-    from agent.rpcapi import ComputeAgentAPI
+    from compute_agent.cmd.common import load_config
+    from compute_agent.exception import AgentError
+    from compute_agent.rpc.client import ComputeAgentAPI
+except ImportError:  # before the one namespace: agent
+    from agent.cmd.common import load_config
+    from agent.exception import AgentError
+    try:
+        from agent.rpc.client import ComputeAgentAPI
+    except ImportError:  # before the rpc package: one module
+        from agent.rpcapi import ComputeAgentAPI
 
 
 def error_name(error: Exception) -> str:
-    """The declared error's class, as oslo.messaging rebuilt it."""
-    return type(error).__name__.removesuffix("_Remote")
+    """The declared error's class, as oslo.messaging rebuilt it: one of
+    this client's own errors, whichever version's agent sent it (else its
+    class name marked as not rebuilt)."""
+    name = type(error).__name__.removesuffix("_Remote")
+    return name if isinstance(error, AgentError) else f"not rebuilt: {name}"
 
 
 def main() -> None:

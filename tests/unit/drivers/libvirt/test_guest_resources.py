@@ -4,9 +4,9 @@ hostdev source address, interface type='hostdev', mdev hostdev by uuid,
 nvdimm source path, cputune vcpupin cpuset)."""
 import pytest
 
-from drivers.base import HostResource, HostResourceKind as K
-from drivers.errors import InvalidHostData
-from drivers.libvirt.guest_xml import held_resources
+from compute_agent.drivers.base import HostResource, HostResourceKind as K
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.libvirt.guest_xml import held_resources
 
 DOMAIN = """<domain type='kvm'>
   <name>instance-x</name>

@@ -1,8 +1,8 @@
 import pytest
 
-from drivers.base import NumaCell
-from drivers.errors import InvalidHostData
-from drivers.libvirt import capabilities
+from compute_agent.drivers.base import NumaCell
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.libvirt import capabilities
 
 CAPS = """<capabilities>
   <host>

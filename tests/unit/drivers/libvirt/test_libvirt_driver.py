@@ -7,12 +7,12 @@ import libvirt
 import pytest
 from oslo_config import cfg
 
-from agent import config
-from drivers.base import Mdev, PciKind
-from drivers.errors import DriverUnavailable
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt.connection import Connection
-from drivers.libvirt.driver import LibvirtDriver
+from compute_agent import config
+from compute_agent.drivers.base import Mdev, PciKind
+from compute_agent.drivers.errors import DriverUnavailable
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt.connection import Connection
+from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from tests.unit.drivers.libvirt.test_libvirt_capabilities import CAPS_64K
 
 PF = "0000:81:00.0"

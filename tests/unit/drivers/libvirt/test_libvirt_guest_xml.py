@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from lxml import etree
 
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
-from drivers.errors import InvalidHostData
-from drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
                                        domain_identity, parse_metadata, vf_mac)
 from tests.functional.earlier_guests import (DERIVED_MAC, NO_MAC, derived_mac,
                                              earlier_domain_xml)

@@ -8,14 +8,14 @@ import libvirt
 import pytest
 from lxml import etree
 
-from drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
-from drivers.errors import MdevError
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt.connection import Connection
-from drivers.libvirt.guest_xml import vf_mac
-from drivers.libvirt import guests as guests_module
-from drivers.libvirt.guests import GuestManager
-from drivers.libvirt.mdev import MdevSysfs
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from compute_agent.drivers.errors import MdevError
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt.connection import Connection
+from compute_agent.drivers.libvirt.guest_xml import vf_mac
+from compute_agent.drivers.libvirt import guests as guests_module
+from compute_agent.drivers.libvirt.guests import GuestManager
+from compute_agent.drivers.libvirt.mdev import MdevSysfs
 from tests.functional.earlier_guests import DERIVED_MAC, NO_MAC, earlier_domain_xml
 
 PF = "0000:81:00.0"

@@ -5,10 +5,10 @@ import logging
 import libvirt
 import pytest
 
-from agent.tree.cpu_traits import cpu_feature_traits
-from drivers.libvirt import capabilities
-from drivers.libvirt.connection import Connection
-from drivers.libvirt.host_cpu import HostCpuFeatures
+from compute_agent.tree.cpu_traits import cpu_feature_traits
+from compute_agent.drivers.libvirt import capabilities
+from compute_agent.drivers.libvirt.connection import Connection
+from compute_agent.drivers.libvirt.host_cpu import HostCpuFeatures
 from tests.unit.drivers.libvirt.test_libvirt_capabilities import CAPS, HOST_CPU
 
 # baselineCPU's answer for HOST_CPU with VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES,
@@ -88,7 +88,7 @@ def test_the_same_host_cpu_is_expanded_once():
 def test_a_connection_that_cannot_baseline_leaves_the_listed_features_with_one_warning(
         fake, caplog):
     cpu, caps = features_of(fake)
-    with caplog.at_level(logging.WARNING, "drivers.libvirt.host_cpu"):
+    with caplog.at_level(logging.WARNING, "compute_agent.drivers.libvirt.host_cpu"):
         assert cpu.features(caps) == caps.cpu_features
         assert cpu.features(caps) == caps.cpu_features
     (record,) = caplog.records

@@ -1,8 +1,8 @@
 import pytest
 
-from drivers.base import Mdev, MdevType, PciKind
-from drivers.errors import InvalidHostData
-from drivers.libvirt import nodedev
+from compute_agent.drivers.base import Mdev, MdevType, PciKind
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.libvirt import nodedev
 
 PF = """<device>
   <name>pci_0000_3b_00_0</name>

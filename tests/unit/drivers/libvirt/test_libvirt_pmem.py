@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from drivers.base import PmemNamespace
-from drivers.errors import InvalidHostData
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt import pmem
-from drivers.libvirt.sysfs import SysfsReader
+from compute_agent.drivers.base import PmemNamespace
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt import pmem
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 
 NS = {"dev": "namespace0.0", "mode": "devdax", "map": "dev",
       "size": 4225761280, "uuid": "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9",

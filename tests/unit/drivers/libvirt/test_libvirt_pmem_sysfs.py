@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from drivers.base import PmemNamespace
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt import pmem
-from drivers.libvirt.sysfs import SysfsReader
+from compute_agent.drivers.base import PmemNamespace
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt import pmem
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 
 GIB = 1 << 30
 BUS = "devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0012:00/ndbus0"

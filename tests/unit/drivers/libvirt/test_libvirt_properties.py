@@ -9,11 +9,11 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings, strategies as st
 from lxml import etree
 
-from compute_common.pci_address import format_address, node_device_name
-from drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
-from drivers.errors import InvalidHostData
-from drivers.libvirt import capabilities, nodedev, pmem
-from drivers.libvirt.sysfs import SysfsReader
+from compute_agent.common.pci_address import format_address, node_device_name
+from compute_agent.drivers.base import Mdev, MdevParent, MdevType, PciDevice, PciKind
+from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.libvirt import capabilities, nodedev, pmem
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 
 SETTINGS = settings(
     max_examples=200, deadline=None,

@@ -3,11 +3,11 @@ import shutil
 
 import pytest
 
-from drivers.base import Mdev, MdevType, NetLink, PciHealthSignals, PciKind
-from drivers.errors import SriovError
-from drivers.fake_sysfs import SysfsBuilder
-from drivers.libvirt.sriov import write_num_vfs
-from drivers.libvirt.sysfs import SysfsReader, parse_aer_total
+from compute_agent.drivers.base import Mdev, MdevType, NetLink, PciHealthSignals, PciKind
+from compute_agent.drivers.errors import SriovError
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt.sriov import write_num_vfs
+from compute_agent.drivers.libvirt.sysfs import SysfsReader, parse_aer_total
 
 GPU = "0000:06:00.0"
 PF = "0000:81:00.0"

@@ -4,8 +4,8 @@ directory named pci10000:e0 under the controller itself."""
 import os
 from pathlib import Path
 
-from drivers.base import PciKind
-from drivers.libvirt.sysfs import SysfsReader
+from compute_agent.drivers.base import PciKind
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 
 VMD_BRIDGE = "devices/pci0000:00/0000:00:0e.0/pci10000:e0/10000:e0:06.0"
 

@@ -4,8 +4,8 @@ tests/functional/test_live_migration_libvirt.py and the contract."""
 import libvirt
 import pytest
 
-from drivers.base import MigrationFailure
-from drivers.libvirt.guests import migration_failure
+from compute_agent.drivers.base import MigrationFailure
+from compute_agent.drivers.libvirt.guests import migration_failure
 
 
 def error(code: int, domain: int) -> libvirt.libvirtError:

@@ -5,14 +5,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from lxml import etree
 
-from drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
+from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
                           device_resources)
-from drivers.errors import MigrationXmlError
-from drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
+from compute_agent.drivers.errors import MigrationXmlError
+from compute_agent.drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
                                        domain_identity, held_resources, parse_metadata,
                                        vf_mac)
-from drivers.libvirt.migration_xml import rewrite_for_destination
-from drivers.migration import DeviceMove, LiveMigrationTarget
+from compute_agent.drivers.libvirt.migration_xml import rewrite_for_destination
+from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
 SOURCE_MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
