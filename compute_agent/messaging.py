@@ -1,12 +1,16 @@
 """oslo.messaging, set up once for the RPC server and for its client."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import sys
+import types
 import warnings
 
 from oslo_config import cfg
+
+from compute_agent import exception
 
 # oslo.messaging imports oslo.service, which imports eventlet, whose green
 # DNS resolver (dnspython) only serves eventlet's green threads: the agent
@@ -25,8 +29,15 @@ with warnings.catch_warnings():
     from oslo_messaging._tracing import client as _tracing
 
 TOPIC = "compute-agent"
-# Our typed errors reach the caller as the same types.
-ALLOWED_EXMODS = ["agent.exception"]
+# The module our typed errors are named by on the wire. 0.3.0 and earlier
+# installed them as agent.exception, and their callers rebuild only that
+# name: for one release every agent sends that name (sent_as_before), and
+# every caller takes both, the old one through accept_errors_sent_as_before.
+# So an error keeps its type whichever side of a rolling upgrade is newer.
+# The release after sends compute_agent.exception.
+ERRORS_MODULE = "compute_agent.exception"
+ERRORS_MODULE_BEFORE = "agent.exception"
+ALLOWED_EXMODS = [ERRORS_MODULE, ERRORS_MODULE_BEFORE]
 # oslo.messaging decodes a message recursively, in the thread that receives
 # it, before any endpoint sees it. At Python's default recursion limit
 # (1000) a message about as deep as a client at that same limit can send
@@ -78,5 +89,54 @@ def bound_broker_waits(conf: cfg.ConfigOpts, seconds: float) -> None:
             group="oslo_messaging_rabbit")
 
 
+def sent_as_before(error: Exception) -> Exception:
+    """``error``, one of compute_agent.exception's, as 0.3.0's callers can
+    rebuild it: oslo.messaging names an error on the wire by its class's
+    module and name, so its class becomes a subclass named alike in
+    ERRORS_MODULE_BEFORE (created once per class). Other errors as they
+    are."""
+    cls = type(error)
+    if cls.__module__ != ERRORS_MODULE:
+        return error
+    error.__class__ = _before(cls)
+    return error
+
+
+_SENT_AS_BEFORE: dict[type, type] = {}
+
+
+def _before(cls: type) -> type:
+    if cls not in _SENT_AS_BEFORE:
+        _SENT_AS_BEFORE[cls] = type(cls.__name__, (cls,), {"__module__": ERRORS_MODULE_BEFORE,
+                                                           "__qualname__": cls.__qualname__})
+    return _SENT_AS_BEFORE[cls]
+
+
+def accept_errors_sent_as_before() -> None:
+    """Let oslo.messaging rebuild an error named ERRORS_MODULE_BEFORE as
+    ours: it imports the module the wire names, and nothing installs
+    ``agent`` any more, so that name is bound to compute_agent.exception in
+    this process. Not where a package of that name is installed (another
+    distribution's): its errors stay RemoteError."""
+    top = ERRORS_MODULE_BEFORE.partition(".")[0]
+    if ERRORS_MODULE_BEFORE in sys.modules or _installed(top):
+        return
+    stand_in = types.ModuleType(top, "0.3.0's module path of compute_agent.exception, "
+                                     "for errors sent by its agents")
+    stand_in.exception = exception  # type: ignore[attr-defined]
+    sys.modules[top] = stand_in
+    sys.modules[ERRORS_MODULE_BEFORE] = exception
+
+
+def _installed(top: str) -> bool:
+    """A module or regular package of that name is importable (a bare
+    directory of that name on the path, a namespace package, is not one)."""
+    if top in sys.modules:
+        return True
+    spec = importlib.util.find_spec(top)
+    return spec is not None and spec.origin is not None
+
+
 def transport(conf: cfg.ConfigOpts):
+    accept_errors_sent_as_before()
     return messaging.get_rpc_transport(conf, allowed_remote_exmods=ALLOWED_EXMODS)

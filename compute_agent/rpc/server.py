@@ -2,15 +2,15 @@
 host, oslo.messaging's default (threading) executor.
 
 Each call is one method of ComputeAgentEndpoint, marked with the API
-version it appeared in; agent/rpc/versions.py is the ledger of versions
+version it appeared in; compute_agent/rpc/versions.py is the ledger of versions
 and says how they may change. Only the marked methods are served: the
 endpoint's own attributes are not calls.
 
 A call's payload is checked whole before the manager is asked anything
-(agent/rpc/schemas.py): its shape, its schema, uuids made lower case, the
+(compute_agent/rpc/schemas.py): its shape, its schema, uuids made lower case, the
 move's two uuids told apart. Every method that changes state is idempotent
 on the instance and migration uuids, so a conductor may retry after a
-timeout. Every error a call raises is one of agent.exception's, which the
+timeout. Every error a call raises is one of compute_agent.exception's, which the
 caller gets as the same type: its own mistakes as they are, a failing
 store as StoreUnavailable, and anything else, logged here once with its
 traceback, as InternalError. A call of a method or version this agent does
@@ -25,15 +25,16 @@ import sqlite3
 import threading
 from enum import Enum
 
-from agent.claims.model import Assignment, AssignmentState, Migration
-from agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
-from agent.messaging import TOPIC, allow_deep_messages, messaging, transport
-from agent.rpc import schemas
-from agent.rpc import versions as rpc_versions
-from agent.rpc.heartbeat import SourceFence
-from agent.rpc.versions import VERSION
-from agent.store.errors import StoreError
-from agent.tree.provider_tree import tree_as_dicts
+from compute_agent.claims.model import Assignment, AssignmentState, Migration
+from compute_agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
+from compute_agent.messaging import (TOPIC, allow_deep_messages, messaging, sent_as_before,
+                                     transport)
+from compute_agent.rpc import schemas
+from compute_agent.rpc import versions as rpc_versions
+from compute_agent.rpc.heartbeat import SourceFence
+from compute_agent.rpc.versions import VERSION
+from compute_agent.store.errors import StoreError
+from compute_agent.tree.provider_tree import tree_as_dicts
 
 LOG = logging.getLogger(__name__)
 # What the caller is told of an error it cannot act on; the log has all.
@@ -65,12 +66,12 @@ def rpc_method(since: str, schema: dict):
                 LOG.debug("RPC %s", name)
                 return method(self, ctxt, **arguments)
             # Before AgentError: StoreError is one, but not one a caller
-            # can rebuild (agent.store.errors is not on the wire).
+            # can rebuild (compute_agent.store.errors is not on the wire).
             except (StoreError, sqlite3.Error) as e:
                 LOG.error("RPC %s: the store failed: %s", name, short(e))
                 raise StoreUnavailable(name, short(e)) from None
-            except AgentError:
-                raise
+            except AgentError as e:
+                raise sent_as_before(e) from None
             except Exception as e:  # noqa: BLE001 - answered as a declared type
                 LOG.exception("RPC %s failed", name)
                 raise InternalError(name, short(e)) from None
