@@ -6,11 +6,11 @@ from __future__ import annotations
 import socket
 
 from keystoneauth1 import loading as ks_loading
-
-from compute_agent import messaging
 from oslo_config import cfg, iniparser
 from oslo_log import log as logging
 from oslo_log import versionutils
+
+from compute_agent import messaging
 
 PLACEMENT_GROUP = "placement"
 

@@ -13,8 +13,8 @@ import enum
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Mapping
 
 LOG = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class DependencyState:
                 "health": self.health.value}
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "DependencyState":
+    def from_dict(cls, doc: dict) -> DependencyState:
         return cls(**{**doc, "dependency": Dependency(doc["dependency"]),
                       "health": Health(doc["health"])})
 

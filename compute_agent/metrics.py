@@ -49,10 +49,11 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import ClassVar
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -60,8 +61,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from compute_agent.claims.model import MoveKind
-from compute_agent.exception import (ClaimFailed, ConfigError, InvalidRequest,
-                             MoveInProgress)
+from compute_agent.exception import ClaimFailed, ConfigError, InvalidRequest, MoveInProgress
 from compute_agent.store.errors import StoreError
 from compute_agent.tree.provider_tree import Provider
 
@@ -221,7 +221,7 @@ class _CapacityCollector:
     """The provider_* gauges, read from the update loop's last reads when
     scraped: a provider that left the tree leaves no series behind."""
 
-    LABELS = ["provider", "provider_uuid", "resource_class"]
+    LABELS: ClassVar[list[str]] = ["provider", "provider_uuid", "resource_class"]
     FAMILIES = (
         ("total", "Units of each provider's inventory, by resource class "
          "(Placement's total)."),

@@ -6,12 +6,17 @@ client, the allocation swap and the conductor's live-migration run.
 Each lives in its own package (compute_agent/rpc/client.py,
 compute_agent/placement/allocations.py, compute_agent/conductor/live_migration.py); this
 module only names them, and is what docs/architecture.md promises."""
-from compute_agent.conductor.live_migration import (MoveOutcome, NextStep, live_migrate_instance,
-                                            live_migrate_outcome, next_step)
+from compute_agent.conductor.live_migration import (
+                                            MoveOutcome,
+                                            NextStep,
+                                            live_migrate_instance,
+                                            live_migrate_outcome,
+                                            next_step,
+)
 from compute_agent.placement.allocations import move_allocations
 from compute_agent.rpc.client import ComputeAgentAPI
-from compute_agent.rpc.outstanding import OutstandingCalls
 from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
+from compute_agent.rpc.outstanding import OutstandingCalls
 
 __all__ = ["BrokerUnreachable", "ComputeAgentAPI", "MoveOutcome", "NextStep", "NoAnswer",
            "OutstandingCalls", "live_migrate_instance", "live_migrate_outcome",

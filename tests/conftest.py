@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from compute_agent.testing.local_placement import LocalPlacement
-from tests.functional.private_services import (PrivateLibvirtd, PrivateRabbitMQ,
-                                               running_libvirtd_pair)
+from tests.functional.private_services import PrivateLibvirtd, PrivateRabbitMQ, running_libvirtd_pair
 
 # The suite runs on several workers on a shared 2-core machine, where how
 # long an example takes to draw or to run says nothing about the code

@@ -24,9 +24,9 @@ from pathlib import Path
 import requests
 import yaml
 
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.store import node_identity
 from compute_agent.testing.local_placement import LocalPlacement, free_port
-from compute_agent.drivers.fake_sysfs import SysfsBuilder
 
 TOP = Path(__file__).resolve().parents[1]
 WORK = TOP / ".demo"

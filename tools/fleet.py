@@ -22,15 +22,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compute_agent.cmd.daemon import STOP_POLL  # noqa: E402
-from compute_agent.tree.host_tree import TreeMode  # noqa: E402
-from tools.fleet_sim.hosts import Timing, write_agent_conf  # noqa: E402
-from tools.fleet_sim.placement import GunicornPlacement  # noqa: E402
-from tools.fleet_sim.run import (BusClients, ProcessFleet, agent_cpu_ms_per_host_cycle,  # noqa: E402
-                                 idle_cost, latency, processes_figures, wait_in_step)
-from tools.fleet_sim.scenarios import (candidates_in_each_mode, ctl_conf,  # noqa: E402
-                                       ctl_hosts, evacuate)
-from tools.fleet_sim.worker import GIL_SWITCH_SECONDS  # noqa: E402
+from compute_agent.cmd.daemon import STOP_POLL
+from compute_agent.tree.host_tree import TreeMode
+from tools.fleet_sim.hosts import Timing, write_agent_conf
+from tools.fleet_sim.placement import GunicornPlacement
+from tools.fleet_sim.run import (
+    BusClients,
+    ProcessFleet,
+    agent_cpu_ms_per_host_cycle,
+    idle_cost,
+    latency,
+    processes_figures,
+    wait_in_step,
+)
+from tools.fleet_sim.scenarios import candidates_in_each_mode, ctl_conf, ctl_hosts, evacuate
+from tools.fleet_sim.worker import GIL_SWITCH_SECONDS
 
 # Every scenario, in the order a run takes them; registration always runs.
 SCENARIOS = ("ctl_hosts", "allocation_candidates", "idle", "idle_with_instances",
@@ -136,7 +142,7 @@ def main() -> int:
     result: dict = {}
     try:
         run(args, timing, root, say, result)
-    except Exception as e:  # what was measured before is still shown
+    except Exception as e:  # noqa: BLE001 - what was measured before is still shown
         result["error"] = f"{type(e).__name__}: {e}"
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -16,7 +16,7 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TOP))
 
-import tools.reliability_cases as cases_package
+import tools.reliability_cases as cases_package  # noqa: E402 - after the path it needs
 
 COLUMNS = ("scenario", "seconds", "ops", "faults", "violations", "notes")
 
@@ -37,7 +37,7 @@ def run_case(module, minutes: float) -> list[dict]:
     try:
         with tempfile.TemporaryDirectory(prefix=f"reliability-{module.NAME}-") as tmp:
             rows = module.run(minutes, Path(tmp))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a case that fails is a violation
         return [{"scenario": module.NAME, "seconds": time.monotonic() - started,
                  "ops": 0, "faults": 0, "violations": 1, "notes": "the case failed",
                  "problems": [traceback.format_exc()]}]

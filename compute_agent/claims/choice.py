@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import random
 import uuid as uuid_lib
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Container, Iterable, Mapping
+from typing import ClassVar
 
 import os_resource_classes as orc
 
-from compute_agent.exception import ClaimFailed, InvalidRequest
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, HostResource, device_resources
+from compute_agent.exception import ClaimFailed, InvalidRequest
 
 MAX_AMOUNT = 1 << 20
 # The classes a guest's vCPUs are allocated as: shared, and dedicated.
@@ -76,7 +77,7 @@ class Choice:
     kind: DeviceKind
     device_id: str
     amount: int = 1
-    detail: DeviceDetail = DeviceDetail()
+    detail: DeviceDetail = field(default_factory=DeviceDetail)
 
 
 def slot_detail(pool: Pool, slot: Slot) -> DeviceDetail:
@@ -275,10 +276,10 @@ class InstanceSpec:
     vcpus: int
     memory_mb: int
 
-    LIMITS = {"vcpus": 4096, "memory_mb": 1 << 24}
+    LIMITS: ClassVar[dict[str, int]] = {"vcpus": 4096, "memory_mb": 1 << 24}
 
     @classmethod
-    def from_payload(cls, payload, field_name: str = "spec") -> "InstanceSpec":
+    def from_payload(cls, payload, field_name: str = "spec") -> InstanceSpec:
         if not isinstance(payload, dict):
             raise InvalidRequest(field_name, payload, "must be an object")
         name = payload.get("name")

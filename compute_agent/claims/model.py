@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
@@ -100,7 +100,7 @@ class Assignment:
     boot_id: str
     detail: DeviceDetail = field(default=DeviceDetail(), compare=False, hash=False)
 
-    def with_(self, **changes) -> "Assignment":
+    def with_(self, **changes) -> Assignment:
         return replace(self, **changes)
 
 
@@ -123,7 +123,7 @@ class RequestDigest:
     digests: tuple[tuple[str, str], ...]
 
     @classmethod
-    def of(cls, **fields) -> "RequestDigest":
+    def of(cls, **fields) -> RequestDigest:
         flat: dict[str, object] = {}
         for name, value in fields.items():
             if name == "spec" and isinstance(value, dict):
@@ -132,7 +132,7 @@ class RequestDigest:
                 flat[name] = value
         return cls(tuple(sorted((k, digest(v)) for k, v in flat.items())))
 
-    def differing(self, asked: "RequestDigest") -> list[str]:
+    def differing(self, asked: RequestDigest) -> list[str]:
         """The fields, sorted, that ``asked`` has other than this record."""
         mine, theirs = dict(self.digests), dict(asked.digests)
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
@@ -141,7 +141,7 @@ class RequestDigest:
         return json.dumps(dict(self.digests), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | None) -> "RequestDigest | None":
+    def from_json(cls, text: str | None) -> RequestDigest | None:
         """None for a record made before requests were recorded (store
         schema 6)."""
         if text is None:

@@ -14,8 +14,8 @@ knows is held in the store too.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Collection, Mapping
 
 from compute_agent.claims.choice import Pool, slot_resources
 from compute_agent.drivers.base import GuestHolding, HostResource, HostResourceKind

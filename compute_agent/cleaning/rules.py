@@ -18,15 +18,15 @@ failed adds ``CUSTOM_HW_DEVICE_CLEANING_FAILED`` to the provider.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import DeviceUse, UseState
+from compute_agent.drivers.base import DeviceKind
 from compute_agent.tree.host_tree import BuiltTree
 from compute_agent.tree.ownership import CLEANING_FAILED_TRAIT
 from compute_agent.tree.provider_tree import Provider, ProviderTree
-from compute_agent.drivers.base import DeviceKind
 
 
 def units_out(pool: Pool, used: frozenset[str], held: frozenset[str]) -> int:

@@ -21,8 +21,8 @@ import logging
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from compute_agent.compute.tracker import Tracker
 from compute_agent.exception import InvalidRequest

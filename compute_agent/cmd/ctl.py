@@ -38,14 +38,21 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from oslo_config import cfg
 
-from compute_agent.cmd.common import (CommandHelp, exit_config_error, json_requested,
-                              load_config, print_output, report_error, setup_logging,
-                              tolerate_closed_stdout)
+from compute_agent.cmd.common import (
+    CommandHelp,
+    exit_config_error,
+    json_requested,
+    load_config,
+    print_output,
+    report_error,
+    setup_logging,
+    tolerate_closed_stdout,
+)
 from compute_agent.cmd.errors import SpecFileError
 from compute_agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
 from compute_agent.conductor.live_migration import LiveMigrator
@@ -56,7 +63,7 @@ from compute_agent.rpc import schemas as rpc_schemas
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 from compute_agent.rpc.heartbeat import Heartbeat
-from compute_agent.rpc.outstanding import Overdue, OutstandingCalls
+from compute_agent.rpc.outstanding import OutstandingCalls, Overdue
 from compute_agent.tree.provider_tree import tree_lines
 
 PROG = "compute-agent-ctl"
@@ -261,14 +268,13 @@ def spec_file_help(fields: tuple[str, ...]) -> str:
     spec = rpc_schemas.SPEC["properties"]
     described = {
         "instance_uuid": '"instance_uuid": the new instance\'s UUID',
-        "spec": ('"spec": {"name": 1 to %d printable characters, "vcpus": 1 to %d, '
-                 '"memory_mb": 1 to %d}' % (spec["name"]["maxLength"],
-                                            spec["vcpus"]["maximum"],
-                                            spec["memory_mb"]["maximum"])),
+        "spec": (f'"spec": {{"name": 1 to {spec["name"]["maxLength"]} printable characters, '
+                 f'"vcpus": 1 to {spec["vcpus"]["maximum"]}, '
+                 f'"memory_mb": 1 to {spec["memory_mb"]["maximum"]}}}'),
         "allocations": ('"allocations": what the scheduler allocated in Placement, by '
                         'provider: {PROVIDER_UUID: {"resources": {RESOURCE_CLASS: '
-                        'amount}}}, at most %d providers of %d classes each'
-                        % (rpc_schemas.MAX_PROVIDERS, rpc_schemas.MAX_RESOURCE_CLASSES)),
+                        f'amount}}}}}}, at most {rpc_schemas.MAX_PROVIDERS} providers of '
+                        f'{rpc_schemas.MAX_RESOURCE_CLASSES} classes each'),
     }
     return ("FILE: a JSON object with exactly " + "; ".join(described[f] for f in fields)
             + f". Its format: {EXAMPLE_SPEC} (placeholder providers); tools/demo writes "

@@ -12,9 +12,15 @@ import time
 from oslo_config import cfg
 from oslo_log import log as logging
 
-from compute_agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
-                              load_config, print_output, setup_logging,
-                              tolerate_closed_stdout)
+from compute_agent.cmd.common import (
+    CommandHelp,
+    exit_config_error,
+    exit_store_error,
+    load_config,
+    print_output,
+    setup_logging,
+    tolerate_closed_stdout,
+)
 from compute_agent.cmd.config_check.whole import metrics_port_free
 from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.one_agent_check import check_one_agent_per_host
@@ -29,8 +35,7 @@ from compute_agent.rpc import broker
 from compute_agent.rpc.heartbeat import make_server as heartbeat_server
 from compute_agent.rpc.server import make_server
 from compute_agent.store import lock as state_lock
-from compute_agent.store.errors import (StateDirectoryInUse, StateDirectoryUnusable, StoreError,
-                                StoreRefused)
+from compute_agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable, StoreError, StoreRefused
 
 LOG = logging.getLogger(__name__)
 # How long each of the two RPC listeners (the API's, the heartbeat's) may

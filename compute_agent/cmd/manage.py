@@ -64,14 +64,24 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from compute_agent.cmd import upgrade_check
-from compute_agent.cmd.common import (CommandHelp, exit_config_error, exit_store_error,
-                              json_requested, load_config, print_output, report_error,
-                              setup_logging, tolerate_closed_stdout)
 from compute_agent.claims.model import UseState
+from compute_agent.cmd import upgrade_check
+from compute_agent.cmd.common import (
+    CommandHelp,
+    exit_config_error,
+    exit_store_error,
+    json_requested,
+    load_config,
+    print_output,
+    report_error,
+    setup_logging,
+    tolerate_closed_stdout,
+)
+from compute_agent.common.pci_address import canonical_address
 from compute_agent.compute.reconcile import Report
 from compute_agent.daemon.service import Agent, load_driver
 from compute_agent.dependencies import Unknown
+from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.exception import AgentError, ConfigError
 from compute_agent.health.rules import UnhealthyProvider, unhealthy_providers
 from compute_agent.placement.allocations import tree_allocations
@@ -83,16 +93,19 @@ from compute_agent.reports.tree import TreeVerdict
 from compute_agent.store import lock as state_lock
 from compute_agent.store import node_identity
 from compute_agent.store.check import StoreFile
-from compute_agent.store.errors import (RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable,
-                                StoreError)
+from compute_agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable, StoreError
 from compute_agent.store.rebuild import RebuiltStore, plan_rebuild
-from compute_agent.store.store import (SCHEMA_VERSION, STORE_FILE, accept_store, create_filled,
-                               inspect_store, new_assignment_id)
+from compute_agent.store.store import (
+    SCHEMA_VERSION,
+    STORE_FILE,
+    accept_store,
+    create_filled,
+    inspect_store,
+    new_assignment_id,
+)
 from compute_agent.tree.host_tree import build_tree
 from compute_agent.tree.policy import tree_policy_from_conf
 from compute_agent.tree.provider_tree import tree_as_dicts, tree_lines
-from compute_agent.common.pci_address import canonical_address
-from compute_agent.drivers.errors import DriverUnavailable
 
 PROG = "compute-agent-manage"
 HELP = CommandHelp(

@@ -20,23 +20,31 @@ needs fails: unknown is never success.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Collection, Iterable
 
 from oslo_config import cfg
 from oslo_upgradecheck import upgradecheck
 from oslo_upgradecheck.upgradecheck import Code, Result
 
 from compute_agent.claims.model import Migration
+from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.exception import AgentError
 from compute_agent.reports.probes import read_beside_agent, tree_report
 from compute_agent.reports.tree import UnhealedClass
 from compute_agent.store import node_identity
 from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import StoreError
-from compute_agent.store.store import (MIGRATIONS, SCHEMA_VERSION, STORE_FILE, Store, all_migrations,
-                               downgrade_refusal, inspect_store, stored_schema_version)
-from compute_agent.drivers.errors import DriverUnavailable
+from compute_agent.store.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    STORE_FILE,
+    Store,
+    all_migrations,
+    downgrade_refusal,
+    inspect_store,
+    stored_schema_version,
+)
 
 # An exception escaping a check: oslo.upgradecheck's code for it, apart
 # from the checks' own 0-2.

@@ -10,23 +10,51 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from compute_agent.claims.choice import InstanceSpec
-from compute_agent.claims.model import (Assignment, Migration, MigrationRole, MigrationState, MoveKind,
-                                Owner, RequestDigest)
+from compute_agent.claims.model import (
+    Assignment,
+    Migration,
+    MigrationRole,
+    MigrationState,
+    MoveKind,
+    Owner,
+    RequestDigest,
+)
 from compute_agent.compute.tracker import Tracker, check_move_of, check_retry, check_uuid
-from compute_agent.exception import (DevicesInUse, InvalidRequest, LiveMigrationFailed,
-                             LiveMigrationRefused, MoveInProgress, RetryMismatch)
-from compute_agent.moves.evacuation import evacuation_name_free_again
-from compute_agent.moves.live_migration import (live_migratable_devices, mdev_refusals, mdev_type_refusals,
-                                        pci_refusals)
-from compute_agent.tree.device_spec import DeviceSpec
-from compute_agent.drivers.base import (DeviceKind, GuestDevice, GuestSpec, GuestState, MigrationFailure,
-                          device_resources)
+from compute_agent.drivers.base import (
+    DeviceKind,
+    GuestDevice,
+    GuestSpec,
+    GuestState,
+    MigrationFailure,
+    device_resources,
+)
 from compute_agent.drivers.driver import ComputeDriver
-from compute_agent.drivers.errors import DriverUnavailable, InvalidMigrationTarget, LiveMigrationError, MdevError
+from compute_agent.drivers.errors import (
+    DriverUnavailable,
+    InvalidMigrationTarget,
+    LiveMigrationError,
+    MdevError,
+)
 from compute_agent.drivers.migration import ClaimedDevice, LiveMigrationTarget, pair_devices
+from compute_agent.exception import (
+    DevicesInUse,
+    InvalidRequest,
+    LiveMigrationFailed,
+    LiveMigrationRefused,
+    MoveInProgress,
+    RetryMismatch,
+)
+from compute_agent.moves.evacuation import evacuation_name_free_again
+from compute_agent.moves.live_migration import (
+    live_migratable_devices,
+    mdev_refusals,
+    mdev_type_refusals,
+    pci_refusals,
+)
+from compute_agent.tree.device_spec import DeviceSpec
 
 LOG = logging.getLogger(__name__)
 
@@ -769,7 +797,7 @@ class ComputeManager:
                     LOG.info("Evacuation %s of instance %s resumed: guest built, "
                              "move completed", m.uuid, m.instance_uuid)
                     done.append(m.uuid)
-            except Exception as e:  # one rebuild must not stop the others
+            except Exception as e:  # noqa: BLE001 - one rebuild must not stop the others
                 LOG.warning("Evacuation %s of instance %s not resumed yet: %s",
                             m.uuid, m.instance_uuid, e)
         return done

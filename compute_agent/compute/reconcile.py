@@ -15,17 +15,30 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
-from compute_agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                                MigrationState, MoveKind, Owner)
+from compute_agent.claims.model import (
+    Assignment,
+    AssignmentState,
+    Migration,
+    MigrationRole,
+    MigrationState,
+    MoveKind,
+    Owner,
+)
 from compute_agent.claims.veto import assignable_resources, describe_stray, stray_holdings
 from compute_agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
+from compute_agent.drivers.base import (
+    DeviceKind,
+    ForeignGuest,
+    GuestHolding,
+    GuestState,
+    HostResource,
+    device_resources,
+)
 from compute_agent.moves.evacuation import evacuated_away
 from compute_agent.store.store import live_changed_at, migrations_changed_at
-from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestState, HostResource,
-                          device_resources)
 
 LOG = logging.getLogger(__name__)
 
@@ -117,7 +130,7 @@ class Pass:
         try:
             action()
             self.report.add(kind, subject, detail, fixed=True)
-        except Exception as e:  # one bad record must not stop the others
+        except Exception as e:  # noqa: BLE001 - one bad record must not stop the others
             self.report.add(kind, subject, f"{detail.split(':')[0]}; fixing failed: {e}")
 
     def claimed(self, uuid: str) -> list[Assignment]:

@@ -21,24 +21,47 @@ import threading
 import time
 import uuid as uuid_lib
 from collections import defaultdict
+from collections.abc import Callable, Container
 from dataclasses import replace
-from typing import Callable, Container
 
 from compute_agent.claims.choice import HeldDevices, InstanceSpec, Pool, choose, parse_allocations
-from compute_agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
-                                MigrationRole, MigrationState, MoveKind, Owner, RequestDigest,
-                                UseState)
+from compute_agent.claims.model import (
+    Assignment,
+    AssignmentState,
+    DeviceUse,
+    Migration,
+    MigrationRole,
+    MigrationState,
+    MoveKind,
+    Owner,
+    RequestDigest,
+    UseState,
+)
 from compute_agent.claims.veto import vetoed_resources
+from compute_agent.drivers.base import DeviceKind, GuestHolding, HostResource
 from compute_agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance, RetryMismatch
 from compute_agent.metrics import Metrics
 from compute_agent.moves.evacuation import evacuation_name_free_again
-from compute_agent.store.store import (Decision, Statement, Store, all_instances, all_migrations,
-                               delete_device_uses_sql, delete_instance_sql, delete_migration_sql,
-                               device_uses, insert_assignments_sql, instance_requests,
-                               live_assignments, new_assignment_id, put_device_uses_sql,
-                               put_instance_sql, put_migration_sql, realign_assignments_sql,
-                               update_assignments_sql)
-from compute_agent.drivers.base import DeviceKind, GuestHolding, HostResource
+from compute_agent.store.store import (
+    Decision,
+    Statement,
+    Store,
+    all_instances,
+    all_migrations,
+    delete_device_uses_sql,
+    delete_instance_sql,
+    delete_migration_sql,
+    device_uses,
+    insert_assignments_sql,
+    instance_requests,
+    live_assignments,
+    new_assignment_id,
+    put_device_uses_sql,
+    put_instance_sql,
+    put_migration_sql,
+    realign_assignments_sql,
+    update_assignments_sql,
+)
 
 
 def check_uuid(value, field_name: str) -> str:
@@ -151,7 +174,7 @@ class Tracker:
                         del self._by_instance[a.instance_uuid]
 
     def _rows_of(self, instance_uuid: str, owner: Owner | None = None,
-                 migration_uuid: str | None | type(...) = ...) -> list[Assignment]:
+                 migration_uuid: str | type(...) | None = ...) -> list[Assignment]:
         rows = [self._live[i] for i in sorted(self._by_instance.get(instance_uuid, ()))]
         return [a for a in rows
                 if (owner is None or a.owner is owner)

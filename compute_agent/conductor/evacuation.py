@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Callable
 
 import os_traits
 
@@ -35,15 +35,19 @@ from compute_agent.conductor.errors import NoSuchHost
 from compute_agent.conductor.source_tree import read_device_traits, read_source_tree
 from compute_agent.exception import AgentError, NoSuchInstance, PlacementError, SourceHostUp
 from compute_agent.messaging import messaging
-from compute_agent.moves.evacuation import (DestinationRecord, InterruptedEvacuation, destination_record,
-                                    evacuation_migration_uuid, interrupted_evacuations,
-                                    spec_from_allocations)
+from compute_agent.moves.evacuation import (
+    DestinationRecord,
+    InterruptedEvacuation,
+    destination_record,
+    evacuation_migration_uuid,
+    interrupted_evacuations,
+    spec_from_allocations,
+)
 from compute_agent.moves.request import SourceProvider, candidate_root, move_request
 from compute_agent.placement.allocations import move_allocations, tree_allocations
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.heartbeat import Heartbeat, Liveness
-
 
 # Instances evacuated at once by default: enough to overlap Placement's and
 # the destination's answers, few enough not to crowd one destination.

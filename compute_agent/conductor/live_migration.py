@@ -23,24 +23,31 @@ from __future__ import annotations
 import logging
 import time
 import uuid as uuid_lib
+from collections.abc import Callable
 from enum import Enum
-from typing import Callable
 
 import os_traits
 
 from compute_agent.claims.model import MigrationState
 from compute_agent.conductor.errors import LiveMigrationNotPossible
 from compute_agent.conductor.source_tree import read_device_traits, read_source_tree
-from compute_agent.exception import (AgentError, CallFailed, InvalidRequest,
-                             LiveMigrationFailed, LiveMigrationOutcomeUnknown,
-                             LiveMigrationRefused, MoveInProgress, NoSuchInstance,
-                             VersionCapped)
+from compute_agent.drivers.base import MigrationFailure
+from compute_agent.exception import (
+    AgentError,
+    CallFailed,
+    InvalidRequest,
+    LiveMigrationFailed,
+    LiveMigrationOutcomeUnknown,
+    LiveMigrationRefused,
+    MoveInProgress,
+    NoSuchInstance,
+    VersionCapped,
+)
 from compute_agent.messaging import messaging
 from compute_agent.moves.request import candidate_root, move_request
 from compute_agent.placement.allocations import move_allocations
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc.client import ComputeAgentAPI
-from compute_agent.drivers.base import MigrationFailure
 
 LOG = logging.getLogger(__name__)
 
@@ -251,7 +258,7 @@ def _ask_source(api: ComputeAgentAPI, instance_uuid: str, source: str, migration
                     type(answer).__name__, left)
         time.sleep(min(ask_pause, left))
         timeout = max(deadline - time.monotonic(), ASK_TIMEOUT_FLOOR_SECONDS)
-        answer = answer_of(lambda: api.live_migrate(
+        answer = answer_of(lambda timeout=timeout: api.live_migrate(
             source, migration, instance_uuid, destination,
             timeout=min(timeout, api.timeout)))
 

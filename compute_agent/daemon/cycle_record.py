@@ -38,7 +38,7 @@ class CycleRecord:
                 "dependencies": [s.as_dict() for s in self.dependencies.values()]}
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "CycleRecord":
+    def from_dict(cls, doc: dict) -> CycleRecord:
         states = [DependencyState.from_dict(d) for d in doc["dependencies"]]
         return cls(doc["pid"], doc["last_cycle_at"], doc["last_success_at"],
                    doc["last_problem"], {s.dependency: s for s in states})

@@ -53,7 +53,7 @@ class AnsweringAgent:
     machine: str | None = None
 
     @classmethod
-    def from_report(cls, report: dict) -> "AnsweringAgent":
+    def from_report(cls, report: dict) -> AnsweringAgent:
         def said(key: str) -> str | None:
             value = report.get(key) if isinstance(report, dict) else None
             if not isinstance(value, str) or not value:

@@ -18,8 +18,12 @@ from pathlib import Path
 from oslo_config import cfg
 
 from compute_agent.daemon.errors import AnotherAgentServesHost
-from compute_agent.daemon.one_agent import (AnsweringAgent, ThisAgent, agent_answering_for_host,
-                                    root_of_another_agent)
+from compute_agent.daemon.one_agent import (
+    AnsweringAgent,
+    ThisAgent,
+    agent_answering_for_host,
+    root_of_another_agent,
+)
 from compute_agent.dependencies import Unknown
 from compute_agent.exception import DependencyUnavailable, PlacementError
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf

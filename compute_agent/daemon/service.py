@@ -7,9 +7,9 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from oslo_config import cfg
 
@@ -26,8 +26,16 @@ from compute_agent.daemon.one_agent_check import PlacementCheck
 from compute_agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
 from compute_agent.daemon.systemd import Watchdog
 from compute_agent.dependencies import Dependencies, Dependency, Health, describe
-from compute_agent.exception import (AgentError, ConfigError, DependencyUnavailable,
-                             PlacementError, PlacementUnavailable)
+from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostInventory
+from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData
+from compute_agent.exception import (
+    AgentError,
+    ConfigError,
+    DependencyUnavailable,
+    PlacementError,
+    PlacementUnavailable,
+)
 from compute_agent.heal.hold import UnhealedHold
 from compute_agent.heal.realign import DeviceIndex
 from compute_agent.heal.run import align_store, run_heal
@@ -37,22 +45,25 @@ from compute_agent.health.watch import HealthWatch
 from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from compute_agent.moves.evacuation import evacuation_migration_uuid
 from compute_agent.placement.allocations import AllocationView, move_allocations, tree_allocations
-from compute_agent.placement.client import (DEFAULT_TIMEOUT_SECONDS, PlacementClient,
-                                    adapter_from_conf)
+from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
 from compute_agent.placement.sync import SyncResult, TreeSync
 from compute_agent.rpc import broker
 from compute_agent.store import check as store_check
 from compute_agent.store import node_identity
 from compute_agent.store.adoption import plan_adoption
 from compute_agent.store.errors import AdoptionRefused, StoreError, StoreRefused
-from compute_agent.store.store import (STORE_FILE, Store, create_filled, inspect_store,
-                               new_assignment_id, placement_view, put_placement_view_sql)
+from compute_agent.store.store import (
+    STORE_FILE,
+    Store,
+    create_filled,
+    inspect_store,
+    new_assignment_id,
+    placement_view,
+    put_placement_view_sql,
+)
 from compute_agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
 from compute_agent.tree.policy import tree_policy_from_conf
 from compute_agent.tree.provider_tree import Provider, ProviderTree
-from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostInventory
-from compute_agent.drivers.driver import ComputeDriver
-from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData
 
 LOG = logging.getLogger(__name__)
 
@@ -250,7 +261,7 @@ class AgentSettings:
     record_path: Path | None = None
 
     @classmethod
-    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool) -> "AgentSettings":
+    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool) -> AgentSettings:
         return cls(
             update_interval=conf.update_interval, update_jitter=conf.update_jitter,
             reconcile_interval=conf.reconcile_interval,
@@ -351,7 +362,7 @@ class Agent:
             manager.tracker.store.on_moved(self._store_moved)
 
     @classmethod
-    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> "Agent":
+    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> Agent:
         """Raises ConfigError for a bad value, StoreRefused when the store
         is not to be served from (store_check). Asks the hypervisor and
         Placement only when the store is missing or empty. ``holder``: the

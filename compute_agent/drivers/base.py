@@ -203,7 +203,7 @@ class DeviceDetail:
                              if (value := getattr(self, name)) is not None})
 
     @classmethod
-    def from_json(cls, text: str) -> "DeviceDetail":
+    def from_json(cls, text: str) -> DeviceDetail:
         """Read what ``to_json`` wrote, or the plain dict of the same keys
         that agents wrote before this class. Raises ValueError naming the
         first field that is not one of ours or not of its type."""

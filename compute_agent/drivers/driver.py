@@ -5,17 +5,24 @@ compute_agent/drivers/base.py, a live migration's in compute_agent/drivers/migra
 from __future__ import annotations
 
 import abc
-from typing import Callable, Collection
+from collections.abc import Callable, Collection
 
-from compute_agent.drivers.base import (ForeignGuest, GuestHolding, GuestSpec, GuestState, HostInventory,
-                          PciHealthSignals, SriovFunctions)
+from compute_agent.drivers.base import (
+    ForeignGuest,
+    GuestHolding,
+    GuestSpec,
+    GuestState,
+    HostInventory,
+    PciHealthSignals,
+    SriovFunctions,
+)
 from compute_agent.drivers.migration import LiveMigrationTarget
 
 
 class ComputeDriver(abc.ABC):
     """What the agent needs from a hypervisor driver."""
 
-    def init_host(self) -> None:
+    def init_host(self) -> None:  # noqa: B027 - a driver may leave it
         """Connect and prepare; called once before the first cycle."""
 
     @abc.abstractmethod
@@ -23,7 +30,7 @@ class ComputeDriver(abc.ABC):
         """Discover the host. Raises DriverUnavailable when the hypervisor
         cannot be reached; unreadable devices are skipped with a warning."""
 
-    def register_change_listener(self, callback: Callable[[], None]) -> None:
+    def register_change_listener(self, callback: Callable[[], None]) -> None:  # noqa: B027 - a driver may leave it
         """Ask to be told when the host's devices change between periods.
         Drivers without change events ignore this."""
 
@@ -34,7 +41,7 @@ class ComputeDriver(abc.ABC):
         returns nothing for a device, which then goes unjudged."""
         return {}
 
-    def cleanup(self) -> None:
+    def cleanup(self) -> None:  # noqa: B027 - a driver may leave it
         """Release connections and threads."""
 
     # --- guests: called outside the tracker's lock -----------------------
@@ -166,7 +173,7 @@ class ComputeDriver(abc.ABC):
 
     @abc.abstractmethod
     def live_migrate(self, instance_uuid: str, dest_uri: str,
-                     target: "LiveMigrationTarget") -> None:
+                     target: LiveMigrationTarget) -> None:
         """Move the running guest, while it runs, to the hypervisor at
         ``dest_uri``, where it runs with ``target``'s destination devices in
         place of its own (the driver rewrites its own definition of the

@@ -40,22 +40,45 @@ import json
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator
+from typing import Any
 
 import yaml
 
 from compute_agent.common.cpuset import parse_cpu_set
 from compute_agent.common.pci_address import canonical_address
-from compute_agent.drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
-                          GuestSpec, GuestState, HostInventory, device_resources, Mdev,
-                          MdevParent, MdevType, MigrationFailure, NumaCell, PciDevice,
-                          PciHealthSignals, PciKind, PmemNamespace, SriovFunctions)
+from compute_agent.drivers.base import (
+    DeviceDetail,
+    DeviceKind,
+    ForeignGuest,
+    GuestDevice,
+    GuestHolding,
+    GuestSpec,
+    GuestState,
+    HostInventory,
+    Mdev,
+    MdevParent,
+    MdevType,
+    MigrationFailure,
+    NumaCell,
+    PciDevice,
+    PciHealthSignals,
+    PciKind,
+    PmemNamespace,
+    SriovFunctions,
+    device_resources,
+)
 from compute_agent.drivers.driver import ComputeDriver
-from compute_agent.drivers.errors import (InvalidFakeHost, InvalidMigrationTarget, LiveMigrationError,
-                            MdevError, SriovError)
+from compute_agent.drivers.errors import (
+    InvalidFakeHost,
+    InvalidMigrationTarget,
+    LiveMigrationError,
+    MdevError,
+    SriovError,
+)
 from compute_agent.drivers.fake_sysfs import vf_address
 from compute_agent.drivers.migration import LiveMigrationTarget, moved_guest
 
@@ -277,12 +300,12 @@ class FakeNetwork:
     destination."""
 
     def __init__(self) -> None:
-        self._drivers: dict[str, "FakeDriver"] = {}
+        self._drivers: dict[str, FakeDriver] = {}
 
-    def join(self, uri: str, driver: "FakeDriver") -> None:
+    def join(self, uri: str, driver: FakeDriver) -> None:
         self._drivers[uri] = driver
 
-    def find(self, uri: str) -> "FakeDriver | None":
+    def find(self, uri: str) -> FakeDriver | None:
         return self._drivers.get(uri)
 
 
@@ -329,7 +352,7 @@ class FakeDriver(ComputeDriver):
                 pass
 
     @classmethod
-    def from_conf(cls, conf) -> "FakeDriver":
+    def from_conf(cls, conf) -> FakeDriver:
         host = load_host_file(conf.fake.host_file) if conf.fake.host_file else None
         return cls(host, state_file=conf.fake.state_file)
 
@@ -388,7 +411,7 @@ class FakeDriver(ComputeDriver):
         finally:
             os.close(directory)
 
-    def _reach(self, uri: str) -> "FakeDriver | None":
+    def _reach(self, uri: str) -> FakeDriver | None:
         """The hypervisor at ``uri``: on this one's network, or a persisted
         one's file."""
         if uri.startswith(FILE_URI):

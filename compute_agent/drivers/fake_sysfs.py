@@ -510,7 +510,7 @@ class SysfsBuilder:
         to current_vgpu_type, which nothing in this tree reacts to: each
         VF's file read back and taken as written; a write the driver
         would have refused is undone (the file says the type before it)."""
-        for pf, card in self._vgpu_cards.items():
+        for pf in self._vgpu_cards:
             # All read before any is answered: answering rewrites the
             # card's files. Types removed first, as they free room.
             written = {vf: int((self.device_dir(vf) / "nvidia" /

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 import uuid as uuid_lib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
-from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
-                          HostResource, device_resources)
+from compute_agent.drivers.base import (
+    DeviceDetail,
+    DeviceKind,
+    GuestDevice,
+    GuestSpec,
+    HostResource,
+    device_resources,
+)
 from compute_agent.drivers.errors import InvalidMigrationTarget
-
 
 _DEVICE_KEYS = frozenset({"assignment_id", "kind", "device_id", "amount", "cpus",
                           "detail"})
@@ -78,7 +83,7 @@ class ClaimedDevice:
                 "device": device_to_dict(self.device)}
 
     @classmethod
-    def from_dict(cls, obj: object, field: str) -> "ClaimedDevice":
+    def from_dict(cls, obj: object, field: str) -> ClaimedDevice:
         body = _object(obj, field, frozenset({"resource_class", "device"}))
         return cls(_name(body["resource_class"], f"{field}.resource_class"),
                    device_from_dict(body["device"], f"{field}.device"))
@@ -96,7 +101,7 @@ class DeviceMove:
                 "destination": device_to_dict(self.destination)}
 
     @classmethod
-    def from_dict(cls, obj: object, field: str) -> "DeviceMove":
+    def from_dict(cls, obj: object, field: str) -> DeviceMove:
         body = _object(obj, field, frozenset({"source", "destination"}))
         return cls(device_from_dict(body["source"], f"{field}.source"),
                    device_from_dict(body["destination"], f"{field}.destination"))
@@ -128,7 +133,7 @@ class LiveMigrationTarget:
                 "moves": [m.to_dict() for m in self.moves]}
 
     @classmethod
-    def from_dict(cls, obj: object, field: str = "target") -> "LiveMigrationTarget":
+    def from_dict(cls, obj: object, field: str = "target") -> LiveMigrationTarget:
         """Raises InvalidMigrationTarget naming the first bad field."""
         body = _object(obj, field, frozenset({"instance_uuid", "moves"}))
         instance_uuid = body["instance_uuid"]
@@ -152,7 +157,7 @@ class LiveMigrationTarget:
 
     @classmethod
     def identity(cls, instance_uuid: str,
-                 devices: Iterable[GuestDevice]) -> "LiveMigrationTarget":
+                 devices: Iterable[GuestDevice]) -> LiveMigrationTarget:
         """Every device in its own place: a move that changes nothing."""
         return cls(instance_uuid, tuple(DeviceMove(d, d) for d in devices))
 

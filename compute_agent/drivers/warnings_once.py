@@ -8,7 +8,7 @@ back after a cycle without it (the device recovered and failed again).
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class WarningsOnce:

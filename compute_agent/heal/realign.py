@@ -20,8 +20,8 @@ allocation's amount: the row is reported as unaligned and left alone.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from compute_agent.claims.choice import Pool, Slot, counted_device_id, slot_detail
 from compute_agent.claims.model import Allocations, Assignment

@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
 
 import os_traits
 
 from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import Assignment, Migration
+from compute_agent.drivers.base import DeviceKind
 from compute_agent.heal.errors import HealRefused
 from compute_agent.tree.provider_tree import Provider, ProviderTree
-from compute_agent.drivers.base import DeviceKind
 
 # provider uuid -> resource class -> amount used (or allocated)
 Usages = Mapping[str, Mapping[str, int]]

@@ -17,13 +17,16 @@ good by the next heal, whose plan is empty, or the agent's next start
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import Allocations
 from compute_agent.compute.manager import ComputeManager
+from compute_agent.drivers.base import HostInventory
+from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.exception import AgentError, GenerationConflict
 from compute_agent.heal import rules as heal
 from compute_agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
@@ -32,8 +35,6 @@ from compute_agent.placement.client import PlacementClient
 from compute_agent.placement.sync import TreeSync
 from compute_agent.tree.host_tree import BuiltTree
 from compute_agent.tree.provider_tree import ProviderTree, adopt_uuids
-from compute_agent.drivers.base import HostInventory
-from compute_agent.drivers.driver import ComputeDriver
 
 LOG = logging.getLogger(__name__)
 

@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
 
 from compute_agent.claims.choice import Pool
+from compute_agent.drivers.base import DeviceKind, HostInventory, NetLink, PciHealthSignals
 from compute_agent.tree.host_tree import BuiltTree
 from compute_agent.tree.ownership import UNHEALTHY_TRAIT
 from compute_agent.tree.provider_tree import Provider, ProviderTree
-from compute_agent.drivers.base import DeviceKind, HostInventory, NetLink, PciHealthSignals
 
 DEAD_VENDOR = "ffff"
 CORRECTABLE_WINDOW_S = 60.0

@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from compute_agent.health.rules import DeviceFault, DeviceVerdict
 from compute_agent.drivers.base import HostInventory, PciDevice, PciKind, SriovFunctions
+from compute_agent.health.rules import DeviceFault, DeviceVerdict
 
 
 @dataclass(frozen=True)

@@ -9,18 +9,28 @@ import logging
 import time
 from dataclasses import replace
 
-from compute_agent.health.rules import DeviceVerdict
-from compute_agent.health.vf_restore import (NotRestored, PfOutcome, PfPlan, SriovRecord,
-                                     not_restored_verdicts, plan_pf, record_from_json,
-                                     record_to_json, still_missing, updated_record, verify_pf,
-                                     vfs_in_use, with_missing_vfs)
-from compute_agent.store.errors import StoreError
-from compute_agent.store.store import (SRIOV_RECORD, VFS_RESTORED_BOOT, Store, meta_value,
-                               put_meta_sql)
-from compute_agent.tree.host_tree import BuiltTree
 from compute_agent.drivers.base import DeviceKind, HostInventory, HostResourceKind
 from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData, SriovError
+from compute_agent.health.rules import DeviceVerdict
+from compute_agent.health.vf_restore import (
+    NotRestored,
+    PfOutcome,
+    PfPlan,
+    SriovRecord,
+    not_restored_verdicts,
+    plan_pf,
+    record_from_json,
+    record_to_json,
+    still_missing,
+    updated_record,
+    verify_pf,
+    vfs_in_use,
+    with_missing_vfs,
+)
+from compute_agent.store.errors import StoreError
+from compute_agent.store.store import SRIOV_RECORD, VFS_RESTORED_BOOT, Store, meta_value, put_meta_sql
+from compute_agent.tree.host_tree import BuiltTree
 
 LOG = logging.getLogger(__name__)
 

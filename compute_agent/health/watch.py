@@ -14,13 +14,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
-from compute_agent.health.rules import (DeviceVerdict, HealthJudge, HealthSnapshot, apply_health,
-                                watched_devices)
-from compute_agent.tree.host_tree import BuiltTree
 from compute_agent.drivers.base import HostInventory
 from compute_agent.drivers.driver import ComputeDriver
+from compute_agent.health.rules import (
+    DeviceVerdict,
+    HealthJudge,
+    HealthSnapshot,
+    apply_health,
+    watched_devices,
+)
+from compute_agent.tree.host_tree import BuiltTree
 
 LOG = logging.getLogger(__name__)
 

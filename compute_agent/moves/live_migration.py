@@ -15,11 +15,11 @@ with every reason at once and nothing moves.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from compute_agent.tree.device_spec import DeviceSpec, first_match
 from compute_agent.drivers.base import DeviceKind, GuestDevice, PciDevice
 from compute_agent.drivers.migration import LiveMigrationTarget
+from compute_agent.tree.device_spec import DeviceSpec, first_match
 
 _WHOLE_DEVICES = (DeviceKind.PCI, DeviceKind.VF)
 

@@ -16,8 +16,8 @@ than the refresh interval: the bound within which a deletion is seen.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from compute_agent.claims.model import Allocations
 from compute_agent.exception import GenerationConflict

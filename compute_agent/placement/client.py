@@ -24,8 +24,12 @@ from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
 from compute_agent.config import PLACEMENT_GROUP
-from compute_agent.exception import (GenerationConflict, KeystoneUnavailable, PlacementError,
-                             PlacementUnavailable)
+from compute_agent.exception import (
+    GenerationConflict,
+    KeystoneUnavailable,
+    PlacementError,
+    PlacementUnavailable,
+)
 from compute_agent.metrics import Metrics
 
 LOG = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from compute_agent.exception import GenerationConflict, PlacementError
 from compute_agent.placement.client import PlacementClient

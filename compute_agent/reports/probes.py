@@ -5,8 +5,9 @@ takes no lock. Each dependency is asked with one cheap real request."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from oslo_config import cfg
 
@@ -14,6 +15,7 @@ from compute_agent.daemon import cycle_record
 from compute_agent.daemon.errors import RecordUnreadable
 from compute_agent.daemon.service import Agent, load_driver
 from compute_agent.dependencies import Dependency, Probe, Unknown
+from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
 from compute_agent.heal import rules as heal_rules
 from compute_agent.placement.client import PlacementClient, adapter_from_conf
@@ -25,7 +27,6 @@ from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import StoreError
 from compute_agent.store.store import inspect_store, schema_version
 from compute_agent.tree.provider_tree import adopt_uuids
-from compute_agent.drivers.errors import DriverUnavailable
 
 # A probe waits this long for an answer: status is run by hand and by
 # monitoring, which should not hang on a dead service.
@@ -108,7 +109,7 @@ def store(path: Path) -> StoreHealth:
     return StoreHealth(str(path), None, version, rows)
 
 
-def last_cycle(state_path: str) -> cycle_record.CycleRecord | None | Unknown:
+def last_cycle(state_path: str) -> cycle_record.CycleRecord | Unknown | None:
     try:
         return cycle_record.read(cycle_record.path_in(state_path))
     except RecordUnreadable as e:

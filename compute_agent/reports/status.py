@@ -9,8 +9,8 @@ never taken for good: a fact left unknown is at least a warning, with why.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from compute_agent.daemon.cycle_record import CycleRecord
 from compute_agent.dependencies import Health, Probe, Unknown, describe
@@ -60,7 +60,7 @@ class StatusFacts:
     broker: Probe | Unknown
     store: StoreHealth
     # None: no cycle has ended on this host yet.
-    cycle: CycleRecord | None | Unknown
+    cycle: CycleRecord | Unknown | None
     unhealed: tuple[str, ...] | Unknown
     # The audit's unfixed findings, one line each.
     audit: tuple[str, ...] | Unknown

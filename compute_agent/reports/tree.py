@@ -12,13 +12,19 @@ no difference; a provider in our tree that is not ours is listed apart.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from compute_agent.heal import rules as heal
 from compute_agent.tree import ownership
-from compute_agent.tree.provider_tree import (INVENTORY_FIELDS, Provider, ProviderTree,
-                                      normalized_inventories, reported_traits, tree_as_dicts)
+from compute_agent.tree.provider_tree import (
+    INVENTORY_FIELDS,
+    Provider,
+    ProviderTree,
+    normalized_inventories,
+    reported_traits,
+    tree_as_dicts,
+)
 
 # provider uuid -> consumer uuid -> {"resources": {class: amount}}, as
 # ``GET /resource_providers/{uuid}/allocations`` gives it.

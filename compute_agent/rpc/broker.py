@@ -18,8 +18,8 @@ since the outage is seen by the probe.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import kombu
 from amqp import exceptions as amqp_exceptions

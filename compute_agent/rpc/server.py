@@ -27,8 +27,7 @@ from enum import Enum
 
 from compute_agent.claims.model import Assignment, AssignmentState, Migration
 from compute_agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
-from compute_agent.messaging import (TOPIC, allow_deep_messages, messaging, sent_as_before,
-                                     transport)
+from compute_agent.messaging import TOPIC, allow_deep_messages, messaging, sent_as_before, transport
 from compute_agent.rpc import schemas
 from compute_agent.rpc import versions as rpc_versions
 from compute_agent.rpc.heartbeat import SourceFence
@@ -72,7 +71,7 @@ def rpc_method(since: str, schema: dict):
                 raise StoreUnavailable(name, short(e)) from None
             except AgentError as e:
                 raise sent_as_before(e) from None
-            except Exception as e:  # noqa: BLE001 - answered as a declared type
+            except Exception as e:
                 LOG.exception("RPC %s failed", name)
                 raise InternalError(name, short(e)) from None
 

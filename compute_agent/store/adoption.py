@@ -28,14 +28,14 @@ in ``skipped``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import Allocations
+from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostResource, HostResourceKind
 from compute_agent.store.errors import AdoptionRefused
 from compute_agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore
-from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostResource, HostResourceKind
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
 REBUILD_HINT = "run 'compute-agent-manage rebuild-store' to rebuild it"
 ACCEPT_HINT = "'compute-agent-manage accept-store' accepts it as it is"
 # A refusal is one line: SQLite's messages carry newlines and may be long.

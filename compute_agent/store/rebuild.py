@@ -23,13 +23,13 @@ foreign guest's domain instead of from our metadata.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from compute_agent.claims.choice import Pool, Slot, slot_detail
 from compute_agent.claims.model import Allocations, Assignment, AssignmentState, Owner
-from compute_agent.store.errors import RebuildRefused
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
+from compute_agent.store.errors import RebuildRefused
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class GuestRows:
             if not amount:
                 continue
             pool = self.pools.get(key[0], {}).get(key[1])
-            if pool is None and key[1] in COUNTED_CLASSES or (
+            if (pool is None and key[1] in COUNTED_CLASSES) or (
                     pool is not None and pool.kind.counted and pool.numa_node is None):
                 self._add(key, DeviceKind.HOST_RESOURCES, "host", amount, DeviceDetail(),
                           None)

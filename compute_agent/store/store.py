@@ -24,21 +24,31 @@ import sqlite3
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
-from compute_agent.claims.model import (Assignment, AssignmentState, DeviceUse, Migration,
-                                MigrationRole, MigrationState, MoveKind, Owner, RequestDigest,
-                                UseState)
+from compute_agent.claims.model import (
+    Assignment,
+    AssignmentState,
+    DeviceUse,
+    Migration,
+    MigrationRole,
+    MigrationState,
+    MoveKind,
+    Owner,
+    RequestDigest,
+    UseState,
+)
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from compute_agent.store import sequence as sequence_record
 from compute_agent.store.check import StoreFacts, StoreFile, one_line
 from compute_agent.store.errors import StoreError, StoreMoved
+
 # Decision and run_statements belong to the store's API too.
-from compute_agent.store.writer import (Decision, GroupCommitter, Job, Statement,  # noqa: F401
-                                run_statements)
+from compute_agent.store.writer import Decision, GroupCommitter, Job, Statement, run_statements  # noqa: F401
 from compute_agent.tree.provider_tree import Provider
-from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
 T = TypeVar("T")
 
@@ -837,7 +847,7 @@ def all_instances(conn: sqlite3.Connection) -> dict[str, dict]:
 def _request(row: sqlite3.Row, record: str) -> RequestDigest | None:
     """The request a record keeps; None in a store older than schema 6
     (read as it is by upgrade checks) and for a record made before it."""
-    if "request" not in row.keys():
+    if "request" not in row.keys():  # noqa: SIM118 - a Row has no __contains__ by name
         return None
     try:
         return RequestDigest.from_json(row["request"])

@@ -42,8 +42,9 @@ import queue
 import re
 import sqlite3
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from compute_agent.store.errors import StoreError
 
@@ -100,7 +101,7 @@ class Decision:
 
 
 class Job:
-    __slots__ = ("work", "decide", "key", "undo", "result", "error", "_pending")
+    __slots__ = ("_pending", "decide", "error", "key", "result", "undo", "work")
 
     def __init__(self, work=None, decide: Callable[[], Decision] | None = None,
                  key: str | None = None):
@@ -283,7 +284,7 @@ class GroupCommitter:
                 if job.error is not None and job.undo is not None:
                     try:
                         job.undo()
-                    except Exception:  # noqa: BLE001 - every waiter must wake
+                    except Exception:
                         LOG.exception("Undoing a decision whose write failed")
                 job.finish()
 
@@ -336,7 +337,7 @@ class GroupCommitter:
                     job.run(conn)
                     conn.execute("RELEASE job")
                     changed = changed or conn.total_changes != before
-                except BaseException as e:
+                except BaseException as e:  # noqa: BLE001 - the job's caller gets it
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     job.error = e

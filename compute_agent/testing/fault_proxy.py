@@ -116,7 +116,7 @@ class FaultProxy:
     def total_injected(self) -> int:
         return sum(self.injected.values())
 
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         args=(0.05,), name="fault-proxy", daemon=True)
         self._thread.start()
@@ -129,7 +129,7 @@ class FaultProxy:
             self._thread = None
         self._server.server_close()
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -186,7 +186,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._serve()
 
-    do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = do_GET
+    do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = do_GET  # noqa: N815 - http.server's names
 
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)

@@ -177,7 +177,7 @@ class LocalPlacement:
     def request_log(self) -> Path:
         return self.directory / "requests.log"
 
-    def start(self, timeout: float = 60) -> "LocalPlacement":
+    def start(self, timeout: float = 60) -> LocalPlacement:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "compute_agent.testing.local_placement",

@@ -38,9 +38,10 @@ from dataclasses import dataclass
 import os_resource_classes as orc
 import os_traits
 
-from compute_agent.exception import ConfigError, shown
-from compute_agent.common.pci_address import PARTS as _ADDRESS_PARTS, split_address
+from compute_agent.common.pci_address import PARTS as _ADDRESS_PARTS
+from compute_agent.common.pci_address import split_address
 from compute_agent.drivers.base import PciDevice
+from compute_agent.exception import ConfigError, shown
 
 OPTION = "[pci] device_spec"
 _KNOWN_KEYS = {"vendor_id", "product_id", "address", "resource_class", "traits",

@@ -17,12 +17,12 @@ import os_resource_classes as orc
 import os_traits
 
 from compute_agent.claims.choice import Pool, Slot
+from compute_agent.common.pci_address import node_device_name
+from compute_agent.drivers.base import DeviceKind, HostInventory, MdevParent, MdevType, PciDevice, PciKind
 from compute_agent.exception import ConfigError
 from compute_agent.tree.cpu_traits import cpu_feature_traits
 from compute_agent.tree.device_spec import DeviceSpec, first_match
 from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
-from compute_agent.common.pci_address import node_device_name
-from compute_agent.drivers.base import DeviceKind, HostInventory, MdevParent, MdevType, PciDevice, PciKind
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ operator write to the same providers. The agent changes only what it owns:
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import os_resource_classes as orc
 import os_traits

@@ -8,17 +8,16 @@ import os_resource_classes as orc
 import os_traits
 from oslo_config import cfg
 
+from compute_agent.common.cpuset import parse_cpu_set
+from compute_agent.common.pci_address import canonical_address
 from compute_agent.config import register_mdev_type_groups
 from compute_agent.exception import ConfigError, shown
 from compute_agent.tree.device_spec import PLACEMENT_NAME_LENGTH, parse_specs
 from compute_agent.tree.host_tree import MdevTypePolicy, TreeMode, TreePolicy
-from compute_agent.common.cpuset import parse_cpu_set
-from compute_agent.common.pci_address import canonical_address
-
 
 # What os-resource-classes and os-traits accept as a custom name, within
 # the 255 characters Placement takes for a trait or a resource class.
-_CUSTOM_NAME = re.compile(r"CUSTOM_[A-Z0-9_]{1,%d}" % (PLACEMENT_NAME_LENGTH - len("CUSTOM_")))
+_CUSTOM_NAME = re.compile(rf"CUSTOM_[A-Z0-9_]{{1,{PLACEMENT_NAME_LENGTH - len('CUSTOM_')}}}")
 
 
 def _cpu_option(conf: cfg.ConfigOpts, name: str) -> frozenset[int] | None:

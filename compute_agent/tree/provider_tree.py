@@ -9,8 +9,8 @@ tested without Placement.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Union
 
 from compute_agent.tree import ownership
 
@@ -120,7 +120,7 @@ class ProviderTree:
         return out
 
     @classmethod
-    def parents_first(cls, providers: Iterable[Provider]) -> "ProviderTree":
+    def parents_first(cls, providers: Iterable[Provider]) -> ProviderTree:
         """A tree from providers in any order. ValueError when one names a
         parent that is not among them, or the parents form a loop."""
         by_uuid = {p.uuid: p for p in providers}
@@ -140,7 +140,7 @@ class ProviderTree:
             place(p)
         return cls(ordered)
 
-    def copy(self) -> "ProviderTree":
+    def copy(self) -> ProviderTree:
         return ProviderTree(dataclasses.replace(p) for p in self.depth_first())
 
 
@@ -215,8 +215,8 @@ class DeleteProvider:
     name: str
 
 
-Operation = Union[CreateProvider, UpdateProvider, SetInventories, SetTraits,
-                  SetAggregates, DeleteProvider]
+Operation = (CreateProvider | UpdateProvider | SetInventories | SetTraits
+             | SetAggregates | DeleteProvider)
 
 
 def adopt_uuids(desired: ProviderTree, current: ProviderTree) -> ProviderTree:

@@ -18,22 +18,32 @@ or refuses and leaves it where it was.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from compute_agent.cmd.common import load_config
-from compute_agent.drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, GuestDevice, GuestHolding,
-                          GuestSpec, HostResource, HostResourceKind, Mdev, MigrationFailure,
-                          device_resources)
+from compute_agent.drivers.base import (
+    DeviceDetail,
+    DeviceKind,
+    ForeignGuest,
+    GuestDevice,
+    GuestHolding,
+    GuestSpec,
+    HostResource,
+    HostResourceKind,
+    Mdev,
+    MigrationFailure,
+    device_resources,
+)
 from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.drivers.errors import LiveMigrationError, MdevError
 from compute_agent.drivers.fake import FakeDriver, FakeNetwork
-from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 from compute_agent.drivers.fake_sysfs import SysfsBuilder, vf_address
 from compute_agent.drivers.libvirt.driver import LibvirtDriver
+from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 from tests.functional.helpers import wait_for, write_conf
 from tests.functional.nova_host import nova_domain_xml
 

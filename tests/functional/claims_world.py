@@ -18,14 +18,27 @@ import os_resource_classes as orc
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.reconcile import reconcile
 from compute_agent.compute.tracker import Tracker
-from compute_agent.health.vf_restore_run import VfRestore
-from compute_agent.store.store import (Assignment, Migration, Store, all_instances, all_migrations,
-                               live_assignments)
-from compute_agent.tree.device_spec import parse_specs
-from compute_agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree, gpu_provider_name,
-                                  numa_provider_name, pci_provider_name, pmem_provider_name,
-                                  pmem_resource_class)
 from compute_agent.drivers.fake import FakeDriver, FakeNetwork
+from compute_agent.health.vf_restore_run import VfRestore
+from compute_agent.store.store import (
+    Assignment,
+    Migration,
+    Store,
+    all_instances,
+    all_migrations,
+    live_assignments,
+)
+from compute_agent.tree.device_spec import parse_specs
+from compute_agent.tree.host_tree import (
+    MdevTypePolicy,
+    TreePolicy,
+    build_tree,
+    gpu_provider_name,
+    numa_provider_name,
+    pci_provider_name,
+    pmem_provider_name,
+    pmem_resource_class,
+)
 
 PF = "0000:81:00.0"
 GPU = "0000:84:00.0"
@@ -80,7 +93,7 @@ class World:
         self.names = {p.name: p.uuid for p in built.tree}
         return built.pools_by_uuid({})
 
-    def start(self) -> "World":
+    def start(self) -> World:
         self.store = Store(self.path)
         # As the agent's start: a reboot's VFs back before anything is
         # built, and the PFs' counts recorded as a cycle records them.
@@ -100,7 +113,7 @@ class World:
             self.store.close()
             self.store = None
 
-    def restart(self) -> "World":
+    def restart(self) -> World:
         """The agent process restarts; the hypervisor keeps running."""
         self.stop()
         return self.start()

@@ -12,8 +12,8 @@ import yaml
 
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
-from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.heal.rules import capacity
+from compute_agent.rpc.client import ComputeAgentAPI
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
            "OpenStack-API-Version": "placement 1.39"}

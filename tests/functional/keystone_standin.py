@@ -83,7 +83,7 @@ class KeystoneStandin:
         self.auth_url = f"http://127.0.0.1:{self.server.server_port}/v3"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def start(self) -> "KeystoneStandin":
+    def start(self) -> KeystoneStandin:
         self._thread.start()
         return self
 

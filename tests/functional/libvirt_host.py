@@ -12,8 +12,8 @@ from lxml import etree
 
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
-from compute_agent.store import node_identity
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.store import node_identity
 from tests.functional.helpers import placement_tree, provider_uuid, provider_view, write_conf
 
 PF = "0000:81:00.0"            # Intel 82599, VFs 8086:10ed, cell 1

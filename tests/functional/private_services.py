@@ -12,9 +12,9 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import libvirt
 
@@ -97,7 +97,7 @@ class PrivateLibvirtd:
     def uri(self) -> str:
         return f"qemu+unix:///system?socket={self.socket}"
 
-    def start(self, timeout: float = 60) -> "PrivateLibvirtd":
+    def start(self, timeout: float = 60) -> PrivateLibvirtd:
         self.socket.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "--",
@@ -247,7 +247,7 @@ class PrivateRabbitMQ:
         subprocess.run(["rabbitmqctl", "-q", "-n", self.node, *args], check=True,
                        timeout=120, stdout=subprocess.DEVNULL)
 
-    def start(self) -> "PrivateRabbitMQ":
+    def start(self) -> PrivateRabbitMQ:
         # As the rabbitmq-server wrapper starts it (su to the rabbitmq user),
         # but with the descriptors the hard limit allows: su's PAM session
         # sets the soft limit to 1,024, which RabbitMQ turns into 832

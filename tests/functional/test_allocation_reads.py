@@ -11,8 +11,15 @@ import requests
 
 from compute_agent.cmd.common import load_config
 from compute_agent.exception import ConfigError
-from tests.functional.helpers import (HEADERS, allocate, make_agent, provider_uuid,
-                                      unallocate, wait_for, write_conf)
+from tests.functional.helpers import (
+    HEADERS,
+    allocate,
+    make_agent,
+    provider_uuid,
+    unallocate,
+    wait_for,
+    write_conf,
+)
 from tests.functional.test_update_provider_tree import HOST, POLICY
 
 SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}

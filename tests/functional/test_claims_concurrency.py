@@ -16,9 +16,9 @@ import uuid as uuid_lib
 import pytest
 
 from compute_agent.claims.model import AssignmentState
-from compute_agent.exception import ClaimFailed, InvalidRequest
 from compute_agent.drivers.base import DeviceKind
-from tests.functional.claims_world import (host_dict, make_world, new_uuid, spec)
+from compute_agent.exception import ClaimFailed, InvalidRequest
+from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
 from tests.writer import hold_writer, wait_queued
 
 N = 32
@@ -53,7 +53,7 @@ def claim_all_at_once(w, count: int):
         except ClaimFailed as e:
             with lock:
                 refused.append((uuid, e))
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             with lock:
                 errors.append((uuid, e))
         else:
@@ -142,7 +142,7 @@ def test_concurrent_claims_in_one_batch_for_one_instance_do_not_double(world):
         try:
             answers.append(tuple(a.id for a in w.tracker.claim_build(
                 uuid, spec(), w.allocations(CLAIM))))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=one) for _ in range(N)]
@@ -173,7 +173,7 @@ def test_a_device_given_back_and_claimed_at_once_is_written_in_that_order(tmp_pa
         def run(call, *args):
             try:
                 call(*args)
-            except Exception as e:  # noqa: BLE001 - reported below
+            except Exception as e:
                 errors.append(e)
 
         callers = [threading.Thread(target=run, args=(w.tracker.release_instance, first)),

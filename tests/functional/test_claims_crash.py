@@ -38,9 +38,9 @@ import pytest
 
 from compute_agent.claims.model import AssignmentState, Owner
 from compute_agent.compute.reconcile import reconcile
-from compute_agent.exception import ClaimFailed
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.fake import FakeDriver
+from compute_agent.exception import ClaimFailed
 from tests.functional.claims_world import PMEM_RC, host_dict, make_world, new_uuid, spec
 
 KILLS = 200
@@ -247,7 +247,7 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(tmp_path, root_disk)
                 os.close(read_fd)
                 child_main(directory, log_path, write_fd,
                            rng.randrange(1 << 30) + iteration, mixes)
-            except BaseException:  # noqa: BLE001
+            except BaseException:
                 import traceback
                 traceback.print_exc()
                 code = 3

@@ -31,20 +31,19 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
-                                 precondition, rule)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from compute_agent.claims.model import AssignmentState, MigrationState, Owner
 from compute_agent.compute.reconcile import reconcile
-from compute_agent.exception import ClaimFailed, MoveInProgress
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.fake import FakeNetwork
-from tests.functional.claims_world import (PMEM_RC, World, make_world, new_uuid,
-                                           spec)
+from compute_agent.exception import ClaimFailed, MoveInProgress
+from tests.functional.claims_world import PMEM_RC, World, make_world, new_uuid, spec
 
 HOSTS = ("A", "B")
 # The steps of a live migration after which the source may restart.
@@ -136,7 +135,7 @@ class ClaimsMachine(RuleBasedStateMachine):
     confirm_at_destination = False
     # What went through, over one whole run of the machine (every example):
     # a run where every claim is refused must not pass for a good one.
-    successes: Counter = Counter()
+    successes: ClassVar[Counter] = Counter()
 
     def __init__(self):
         super().__init__()

@@ -16,8 +16,7 @@ import pytest
 
 from compute_agent.rpc.versions import VERSION
 from compute_agent.testing.local_placement import LocalPlacement, free_port
-from tests.functional.helpers import (provider_uuid, put_allocations, unallocate,
-                                      wait_serving, write_conf)
+from tests.functional.helpers import provider_uuid, put_allocations, unallocate, wait_serving, write_conf
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

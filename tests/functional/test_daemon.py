@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from compute_agent.store import node_identity
-from compute_agent.testing.fault_proxy import PlacementFault, FaultProxy
+from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
 from compute_agent.testing.local_placement import free_port
 from tests.functional.helpers import wait_for, write_conf
 

@@ -16,10 +16,10 @@ import uuid
 
 import pytest
 
+from compute_agent.drivers.fake_sysfs import vf_address
 from compute_agent.exception import ClaimFailed
 from compute_agent.health.rules import DeviceFault
 from compute_agent.tree.ownership import UNHEALTHY_TRAIT
-from compute_agent.drivers.fake_sysfs import vf_address
 from tests.functional.helpers import get, put_allocations, wait_for
 from tests.functional.libvirt_host import DEVICE_SPECS, GPU, NIC0, PF, Host
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import libvirt
 import pytest

@@ -27,9 +27,9 @@ import libvirt
 import pytest
 
 from compute_agent.cmd.common import load_config
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.moves.evacuation import evacuation_migration_uuid
 from compute_agent.rpc.client import ComputeAgentAPI
-from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from tests.functional.helpers import get, put_allocations, wait_for, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"

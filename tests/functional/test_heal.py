@@ -22,9 +22,17 @@ from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
 from compute_agent.heal.errors import HealRefused
 from compute_agent.heal.run import run_heal
-from tests.functional.helpers import (HEADERS, assert_never_more_than_physical, get,
-                                      offered, placement_tree, put_allocations, used,
-                                      wait_for, write_conf)
+from tests.functional.helpers import (
+    HEADERS,
+    assert_never_more_than_physical,
+    get,
+    offered,
+    placement_tree,
+    put_allocations,
+    used,
+    wait_for,
+    write_conf,
+)
 
 HOST = {
     "disk_gb": 100,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from compute_agent.tree.host_tree import gpu_provider_name
 from compute_agent.drivers.fake_sysfs import vhba_xml
+from compute_agent.tree.host_tree import gpu_provider_name
 from tests.functional.helpers import get, providers_named, wait_for
 from tests.functional.libvirt_host import Host
 

@@ -26,11 +26,11 @@ from compute_agent.cmd.common import load_config
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.daemon.service import Agent
-from compute_agent.exception import ClaimFailed
-from compute_agent.store.store import Store
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.drivers.libvirt.guest_xml import build_domain_xml
+from compute_agent.exception import ClaimFailed
+from compute_agent.store.store import Store
 from tests.functional.helpers import placement_tree, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
 from tests.functional.nova_host import nova_domain_xml

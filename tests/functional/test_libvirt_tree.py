@@ -21,6 +21,7 @@ import pytest
 from tests.functional.helpers import allocate, provider_uuid, totals, unallocate, wait_for
 from tests.functional.libvirt_host import GPU, NO_NUMA, PF, Host
 
+
 @pytest.fixture
 def host(tmp_path, placement):
     h = Host(tmp_path, placement.url)

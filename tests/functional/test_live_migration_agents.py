@@ -31,13 +31,13 @@ from keystoneauth1 import adapter, session
 from compute_agent.cmd.common import load_config
 from compute_agent.conductor.live_migration import live_migrate_instance
 from compute_agent.daemon.service import Agent
+from compute_agent.drivers.fake import FakeNetwork
+from compute_agent.drivers.libvirt.guest_xml import domain_name
 from compute_agent.exception import ClaimFailed, LiveMigrationFailed, LiveMigrationRefused
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc import server as rpc
 from compute_agent.rpc.client import ComputeAgentAPI
-from compute_agent.drivers.fake import FakeNetwork
-from compute_agent.drivers.libvirt.guest_xml import domain_name
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
 from tests.functional.helpers import HEADERS, placement_tree, put_allocations, write_conf
 

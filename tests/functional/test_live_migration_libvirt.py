@@ -22,8 +22,15 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec, HostResource,
-                          HostResourceKind, MigrationFailure)
+from compute_agent.drivers.base import (
+    DeviceDetail,
+    DeviceKind,
+    GuestDevice,
+    GuestSpec,
+    HostResource,
+    HostResourceKind,
+    MigrationFailure,
+)
 from compute_agent.drivers.errors import LiveMigrationError
 from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from compute_agent.drivers.libvirt.guest_xml import domain_name

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import threading
-import time
 import uuid
 
 import libvirt
@@ -22,13 +21,12 @@ from keystoneauth1 import adapter, session
 
 from compute_agent.cmd.common import load_config
 from compute_agent.conductor.live_migration import live_migrate_instance
+from compute_agent.drivers.libvirt.guest_xml import domain_name
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc.client import ComputeAgentAPI
-from compute_agent.drivers.libvirt.guest_xml import domain_name
 from tests.functional.helpers import put_allocations, wait_for
-from tests.functional.test_evacuation import (SPEC, allocations_of, command,  # noqa: F401
-                                              hosts, providers_of)
+from tests.functional.test_evacuation import SPEC, allocations_of, command, hosts, providers_of  # noqa: F401
 
 # The conductor's calls: short, so that its asks while the source is down
 # time out soon (the agent's answer is what is tested, not the wait).

@@ -23,12 +23,12 @@ from compute_agent.cmd.common import load_config
 from compute_agent.conductor.live_migration import _write_allocations
 from compute_agent.daemon import service
 from compute_agent.daemon.service import Agent
+from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 from compute_agent.placement.allocations import move_allocations
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc import server as rpc
 from compute_agent.rpc.client import ComputeAgentAPI
-from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 from tests.functional.helpers import placement_tree, put_allocations, write_conf
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"

@@ -24,13 +24,26 @@ import pytest
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
 from compute_agent.heal.run import run_heal
-from compute_agent.tree.host_tree import (TreeMode, build_tree, compute_on_cells, devices_under_cells,
-                                  gpu_provider_name, numa_provider_name, pci_provider_name,
-                                  pmem_provider_name)
+from compute_agent.tree.host_tree import (
+    TreeMode,
+    build_tree,
+    compute_on_cells,
+    devices_under_cells,
+    gpu_provider_name,
+    numa_provider_name,
+    pci_provider_name,
+    pmem_provider_name,
+)
 from compute_agent.tree.policy import tree_policy_from_conf
-from tests.functional.helpers import (assert_never_more_than_physical, get, offered,
-                                      placement_tree, put_allocations, used,
-                                      write_conf)
+from tests.functional.helpers import (
+    assert_never_more_than_physical,
+    get,
+    offered,
+    placement_tree,
+    put_allocations,
+    used,
+    write_conf,
+)
 
 PF, GPU = "0000:3b:00.0", "0000:af:00.0"
 HOST = {
@@ -77,7 +90,7 @@ def scheduled(tree: dict[str, dict], host: str, mode: TreeMode, cell: int,
               holds: dict[str, int]) -> dict:
     """A guest's allocations as a scheduler makes them in ``mode``."""
     compute = numa_provider_name(host, cell) if compute_on_cells(mode) else host
-    home = {rc: compute for rc in COUNTED}
+    home = dict.fromkeys(COUNTED, compute)
     home |= {"VGPU": gpu_provider_name(host, GPU), VF: pci_provider_name(host, PF),
              PMEM: pmem_provider_name(host, "SMALL",
                                       cell if devices_under_cells(mode) else None)}
@@ -134,7 +147,7 @@ class Switch:
 
         def checked(method, url, body=None, expected=(200,)):
             answer = real(method, url, body, expected)
-            if (url.endswith("/inventories") and method == "PUT"
+            if ((url.endswith("/inventories") and method == "PUT")
                     or url == "/reshaper" or method == "DELETE"):
                 self.checked_writes += 1
                 assert_never_more_than_physical(self.url, self.root, PHYSICAL)

@@ -23,8 +23,7 @@ from lxml import etree
 from compute_agent.exception import InvalidRequest
 from compute_agent.placement.allocations import move_allocations
 from tests.functional.helpers import failed_cycles, wait_for
-from tests.functional.test_rpc import (BIGGER, BROKER, SPEC, AgentDaemon,  # noqa: F401
-                                       build, conductor, devices)
+from tests.functional.test_rpc import BIGGER, BROKER, SPEC, AgentDaemon, build, conductor, devices  # noqa: F401
 
 
 def live_devices(view: dict) -> dict[str, list[str]]:

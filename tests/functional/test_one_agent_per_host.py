@@ -20,7 +20,8 @@ import pytest
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.one_agent_check import PROBE_DEADLINE_SECONDS
 from compute_agent.dependencies import Unknown
-from compute_agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC, agent_serving
+from compute_agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC
+from compute_agent.rpc.heartbeat import agent_serving
 from compute_agent.store import node_identity
 from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
 from compute_agent.testing.local_placement import free_port
@@ -46,7 +47,7 @@ class Daemon:
         self.log = directory / "agent.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         self.proc = start_daemon(self.conf, self.log)
         return self
 
@@ -205,7 +206,7 @@ class SilentConsumer:
         while not self._stopping.is_set():
             try:
                 self._connection.drain_events(timeout=0.2)
-            except socket.timeout:
+            except TimeoutError:
                 pass
 
     def close(self) -> None:

@@ -21,12 +21,11 @@ from lxml import etree
 
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
-from compute_agent.tree.cpu_traits import cpu_feature_traits
 from compute_agent.drivers.libvirt import capabilities
 from compute_agent.drivers.libvirt.connection import Connection
 from compute_agent.drivers.libvirt.host_cpu import HostCpuFeatures
+from compute_agent.tree.cpu_traits import cpu_feature_traits
 from tests.functional.helpers import placement_tree, totals, write_conf
-
 
 
 def real_agent(tmp_path: Path, placement_url: str, uri: str) -> Agent:

@@ -17,10 +17,11 @@ import pytest
 from compute_agent.claims.model import Owner
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
-from compute_agent.exception import DevicesInUse
 from compute_agent.drivers.base import DeviceKind
+from compute_agent.exception import DevicesInUse
 from tests.functional.helpers import placement_tree, write_conf
 from tests.functional.libvirt_host import live_pins
+
 
 @pytest.fixture
 def agent(tmp_path, placement, private_libvirtd):

@@ -17,13 +17,20 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 from keystoneauth1 import adapter, session
 from lxml import etree
 
 from compute_agent.cmd.common import load_config
-from compute_agent.exception import (ClaimFailed, InvalidRequest, LiveMigrationRefused,
-                             NoSuchInstance, RetryMismatch,
-                             StoreUnavailable, VersionCapped)
+from compute_agent.exception import (
+    ClaimFailed,
+    InvalidRequest,
+    LiveMigrationRefused,
+    NoSuchInstance,
+    RetryMismatch,
+    StoreUnavailable,
+    VersionCapped,
+)
 from compute_agent.messaging import TOPIC, messaging, transport
 from compute_agent.placement.allocations import move_allocations
 from compute_agent.placement.auth import NoAuth2
@@ -32,8 +39,6 @@ from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.store.store import COMMIT_SEQUENCE
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.libvirt_host import GPU, PF, Host
-
-import requests
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
 SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
@@ -54,7 +59,7 @@ class AgentDaemon:
     def name(self) -> str:
         return self.host.name
 
-    def start(self, api: ComputeAgentAPI) -> "AgentDaemon":
+    def start(self, api: ComputeAgentAPI) -> AgentDaemon:
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "compute-agent"), "--config-file",
              str(self.conf)], stdout=open(self.log, "a"), stderr=subprocess.STDOUT)

@@ -21,12 +21,10 @@ from lxml import etree
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
 from compute_agent.store import node_identity
-from tests.functional.helpers import (provider_uuid, put_allocations, unallocate,
-                                      wait_serving, write_conf)
+from tests.functional.helpers import provider_uuid, put_allocations, unallocate, wait_serving, write_conf
 from tests.functional.test_ctl import HOST, PF, RABBIT, VF_SPEC, ctl
 from tests.functional.test_daemon import run
-from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
-                                strip_sequence)
+from tests.store_damage import drop_from_unique_index, page_with_free_space_corruption, strip_sequence
 
 BIN = Path(sys.executable).parent
 

@@ -3,6 +3,7 @@ the test owns (READY=1, watchdog pings, STOPPING=1), a loop that stalls,
 and a thread that dies. Real Placement, real RabbitMQ, the fake driver."""
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -11,8 +12,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -141,7 +142,7 @@ def test_ready_once_rpc_serves_watchdog_pings_while_idle_stopping_on_sigterm(
         time.sleep(2)
         pings = notify_socket.times("WATCHDOG=1", since=resumed)
         assert len(pings) >= 3, pings
-        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
         assert max(gaps) < WATCHDOG_USEC / 1e6, gaps
 
         terminated = time.monotonic()
@@ -162,7 +163,7 @@ def test_a_loop_failing_because_placement_is_down_still_pings(tmp_path, notify_s
         wait_for(lambda: failed_cycles(tmp_path / "state") >= 3)
         pings = notify_socket.times("WATCHDOG=1", since=ready)
         assert len(pings) >= 4
-        assert max(b - a for a, b in zip(pings, pings[1:])) < WATCHDOG_USEC / 1e6
+        assert max(b - a for a, b in itertools.pairwise(pings)) < WATCHDOG_USEC / 1e6
     finally:
         assert stop_daemon(proc) == 0
 

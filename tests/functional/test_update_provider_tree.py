@@ -11,8 +11,15 @@ import requests
 
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
-from tests.functional.helpers import (HEADERS, allocate, make_agent, placement_tree,
-                                      totals, unallocate, wait_for)
+from tests.functional.helpers import (
+    HEADERS,
+    allocate,
+    make_agent,
+    placement_tree,
+    totals,
+    unallocate,
+    wait_for,
+)
 
 HOST = {
     "disk_gb": 200,

@@ -20,11 +20,11 @@ from lxml import etree
 
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
+from compute_agent.drivers.errors import MdevError
+from compute_agent.drivers.libvirt.sysfs import SysfsReader
 from compute_agent.exception import ClaimFailed
 from compute_agent.health.rules import DeviceFault
 from compute_agent.store.store import Store
-from compute_agent.drivers.errors import MdevError
-from compute_agent.drivers.libvirt.sysfs import SysfsReader
 from tests.functional.helpers import get, put_allocations, unallocate
 from tests.functional.libvirt_host import Host
 

@@ -24,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
+
 from compute_agent.cmd.common import load_config
 from compute_agent.exception import NoSuchInstance
 from compute_agent.messaging import messaging
@@ -31,8 +33,6 @@ from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.private_services import PrivateRabbitMQ
 from tests.functional.test_rpc import SPEC, AgentDaemon
-
-import requests
 
 # Each call's timeout: an outage of a few seconds fails calls in flight.
 CALL_TIMEOUT = 3.0
@@ -56,7 +56,7 @@ class BrokerAgent(AgentDaemon):
         self.conf = self.host.write_conf({"transport_url": broker.url,
                                           "update_interval": 1})
 
-    def start(self, api: ComputeAgentAPI) -> "BrokerAgent":
+    def start(self, api: ComputeAgentAPI) -> BrokerAgent:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "compute_agent.cmd.agent", "--config-file", str(self.conf)],
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
@@ -210,11 +210,11 @@ class Conductor:
         while not self._stop.is_set():
             try:
                 self.one_instance()
-            except Exception as e:  # noqa: BLE001 - a violation, kept for the report
+            except Exception as e:
                 self._problem(f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
                 return
 
-    def start(self) -> "Conductor":
+    def start(self) -> Conductor:
         self._threads = [threading.Thread(target=self._caller, daemon=True,
                                           name=f"caller-{n}") for n in range(self.callers)]
         for thread in self._threads:

@@ -223,7 +223,7 @@ class ConfigSweep:
                     case.expect is Expect.REFUSED or "did you mean" in line):
                 return "right", line
             return "badly_refused", line[:200]
-        except Exception as error:  # noqa: BLE001 - counted, with what it was
+        except Exception as error:
             return "escaped", f"{type(error).__name__}: {str(error)[:200]}"
         if case.expect is Expect.TAKEN:
             return "right", ""

@@ -51,12 +51,13 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import libvirt
+import requests
 from keystoneauth1 import adapter, session
 
 from compute_agent.cmd.common import load_config
@@ -64,9 +65,17 @@ from compute_agent.cmd.manage import audit_report
 from compute_agent.conductor.evacuation import Evacuator
 from compute_agent.conductor.live_migration import _write_allocations, live_migrate_instance
 from compute_agent.daemon.service import Agent
-from compute_agent.exception import (AgentError, ClaimFailed, InvalidRequest,
-                             LiveMigrationOutcomeUnknown, LiveMigrationRefused,
-                             PlacementError)
+from compute_agent.drivers.base import PciKind
+from compute_agent.drivers.fake import FakeDriver, load_host_file
+from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.exception import (
+    AgentError,
+    ClaimFailed,
+    InvalidRequest,
+    LiveMigrationOutcomeUnknown,
+    LiveMigrationRefused,
+    PlacementError,
+)
 from compute_agent.messaging import messaging
 from compute_agent.moves.evacuation import evacuation_migration_uuid, spec_from_allocations
 from compute_agent.placement.allocations import move_allocations
@@ -74,13 +83,8 @@ from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.heartbeat import Heartbeat
-from compute_agent.drivers.base import PciKind
-from compute_agent.drivers.fake import FakeDriver, load_host_file
-from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from tests.functional.claims_world import GPU, MDEV_TYPE, PF, host_dict
 from tests.functional.helpers import HEADERS, placement_tree, write_conf
-
-import requests
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
 READY = "compute-agent running as host"
@@ -429,7 +433,7 @@ class CrashLoop:
 
     # --- processes -------------------------------------------------------
 
-    def start(self) -> "CrashLoop":
+    def start(self) -> CrashLoop:
         for h in self.hosts.values():
             began = time.monotonic()
             h.spawn()
@@ -493,7 +497,7 @@ class CrashLoop:
         def send() -> None:
             try:
                 done.set_result(getattr(self.api, method)(host, *args))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
+            except BaseException as e:
                 done.set_exception(e)
 
         threading.Thread(target=send, daemon=True).start()
@@ -663,7 +667,7 @@ class CrashLoop:
                 done.set_result(live_migrate_instance(
                     self.helper_api, self.placement, instance, source, dest, held.spec,
                     allocations, migration_uuid=migration, outcome_wait=60))
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 done.set_exception(e)
 
         self.ensure_up()
@@ -800,7 +804,7 @@ class CrashLoop:
             try:
                 done.set_result(evacuator.evacuate(source, dest, force=True,
                                                    deadline=time.monotonic() + 60))
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 done.set_exception(e)
 
         threading.Thread(target=evacuate, daemon=True).start()

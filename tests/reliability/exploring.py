@@ -13,8 +13,8 @@ import enum
 import random
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -94,7 +94,7 @@ def explore_for(tally: Tally, strategy: st.SearchStrategy,
     while time.monotonic() < deadline:
         try:
             explore(tally, strategy, check, batch, random.getrandbits(64))
-        except Exception as error:  # noqa: BLE001 - recorded as a violation
+        except Exception as error:
             tally.violations.append(
                 f"{tally.surface}: {type(error).__name__}: "
                 f"{' '.join(str(error).split())[:300]}\n"

@@ -79,7 +79,7 @@ def build_with_libvirtd_stopping(agent: Agent, libvirtd: PrivateLibvirtd, instan
     agent.driver.spawn = libvirtd_stops_first
     try:
         build(agent, instance, wanted)
-    except Exception as e:  # noqa: BLE001 - the caller judges it
+    except Exception as e:
         return e
     finally:
         agent.driver.spawn = spawn

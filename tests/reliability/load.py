@@ -40,7 +40,7 @@ class ProcessFigures:
     fds: int
 
     @classmethod
-    def of(cls, pid: int) -> "ProcessFigures":
+    def of(cls, pid: int) -> ProcessFigures:
         status = dict(line.split(":", 1) for line in
                       Path(f"/proc/{pid}/status").read_text().splitlines())
         return cls(rss_kib=int(status["VmRSS"].split()[0]),
@@ -135,7 +135,8 @@ class LoadFigures:
                 "problems": self.errors[:20], "figures": self.as_dict()}
 
 
-def _caller(api: ComputeAgentAPI, daemon: LoadDaemon, slot: dict, until: float, figures: LoadFigures, lock: threading.Lock) -> None:
+def _caller(api: ComputeAgentAPI, daemon: LoadDaemon, slot: dict, until: float,
+            figures: LoadFigures, lock: threading.Lock) -> None:
     while time.monotonic() < until:
         instance = str(uuid.uuid4())
         try:
@@ -146,7 +147,7 @@ def _caller(api: ComputeAgentAPI, daemon: LoadDaemon, slot: dict, until: float, 
                 took = time.monotonic() - began
                 with lock:
                     figures.latencies.append(took)
-        except Exception as error:  # noqa: BLE001 - every error is counted
+        except Exception as error:
             with lock:
                 figures.errors.append(f"{instance}: {type(error).__name__}: "
                                       f"{' '.join(str(error).split())[:200]}")

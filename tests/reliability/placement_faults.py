@@ -25,9 +25,9 @@ from pathlib import Path
 
 import requests
 
-from compute_agent.store import node_identity
-from compute_agent.testing.fault_proxy import PlacementFault, FaultProxy
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.store import node_identity
+from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
 from tests.functional.helpers import HEADERS, get
 
 NUMA_CELLS = {0: "0-7", 1: "8-15"}

@@ -47,21 +47,30 @@ from enum import Enum
 from pathlib import Path
 
 from hypothesis import strategies as st
+from oslo_messaging._utils import version_is_compatible
 
 from compute_agent.claims.choice import InstanceSpec
 from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind, RequestDigest
 from compute_agent.cmd.common import load_config
-from compute_agent.exception import (AgentError, ClaimFailed, DevicesInUse, InvalidRequest,
-                             LiveMigrationFailed, LiveMigrationRefused, MoveInProgress,
-                             NoSuchInstance, RetryMismatch, SourceHostUp)
 from compute_agent.compute.tracker import claim_request
+from compute_agent.exception import (
+    AgentError,
+    ClaimFailed,
+    DevicesInUse,
+    InvalidRequest,
+    LiveMigrationFailed,
+    LiveMigrationRefused,
+    MoveInProgress,
+    NoSuchInstance,
+    RetryMismatch,
+    SourceHostUp,
+)
 from compute_agent.messaging import TOPIC, messaging, transport
 from compute_agent.rpc import schemas
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.server import ComputeAgentEndpoint
 from compute_agent.rpc.versions import VERSION
 from compute_agent.store.store import all_instances, all_migrations, instance_requests
-from oslo_messaging._utils import version_is_compatible
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
 from tests.reliability.exploring import Outcome
@@ -188,7 +197,7 @@ class HostFacts:
     migrations: list[str] = field(default_factory=list)
     host: str = ""  # the agent's own [DEFAULT] host
     # The state-changing calls the setup made, which retries repeat.
-    made: list["Call"] = field(default_factory=list)
+    made: list[Call] = field(default_factory=list)
 
 
 def uuids(known: list[str]) -> st.SearchStrategy[str]:
@@ -203,7 +212,7 @@ def fitting_allocations(facts: HostFacts) -> st.SearchStrategy[dict]:
     one_provider = st.sampled_from(sorted(facts.inventories)).flatmap(
         lambda rp: st.lists(st.sampled_from(facts.inventories[rp]), min_size=1,
                             max_size=2, unique=True).map(
-            lambda classes: (rp, {"resources": {rc: 1 for rc in classes}})))
+            lambda classes: (rp, {"resources": dict.fromkeys(classes, 1)})))
     return st.lists(one_provider, min_size=1, max_size=3,
                     unique_by=lambda pair: pair[0]).map(dict)
 

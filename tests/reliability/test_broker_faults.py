@@ -12,8 +12,7 @@ import pytest
 from compute_agent.messaging import messaging
 from tests.functional.helpers import wait_for
 from tests.functional.private_services import PrivateRabbitMQ
-from tests.reliability.broker_faults import (CALL_TIMEOUT, BrokerAgent, Conductor,
-                                             seconds_until_served, serves)
+from tests.reliability.broker_faults import CALL_TIMEOUT, BrokerAgent, Conductor, seconds_until_served
 
 # Failed probes the outage lasts: the counter must move while nothing is said.
 OUTAGE_PROBES = 3

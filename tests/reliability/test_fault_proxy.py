@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import requests
 
-from compute_agent.testing.fault_proxy import PlacementFault, FaultProxy
+from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
 from tests.functional.helpers import HEADERS
 
 

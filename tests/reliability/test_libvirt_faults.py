@@ -11,9 +11,14 @@ import pytest
 
 from compute_agent.drivers.errors import DriverUnavailable
 from tests.functional.helpers import unallocate
-from tests.reliability.libvirt_faults import (build, build_with_libvirtd_stopping, held,
-                                              libvirt_agent, restart_under_the_loop,
-                                              schedule)
+from tests.reliability.libvirt_faults import (
+    build,
+    build_with_libvirtd_stopping,
+    held,
+    libvirt_agent,
+    restart_under_the_loop,
+    schedule,
+)
 
 
 @pytest.fixture

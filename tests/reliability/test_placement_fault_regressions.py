@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compute_agent.testing.fault_proxy import PlacementFault, FaultProxy
+from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
 from tests.functional.helpers import make_agent, placement_tree
 
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}

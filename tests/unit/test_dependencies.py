@@ -9,8 +9,16 @@ from keystoneauth1 import exceptions as ks_exc
 
 from compute_agent.daemon import cycle_record
 from compute_agent.daemon.errors import RecordUnreadable
-from compute_agent.dependencies import (LINE_LIMIT, Dependencies, Dependency, DependencyState,
-                                Health, answered, failed, reached_before)
+from compute_agent.dependencies import (
+    LINE_LIMIT,
+    Dependencies,
+    Dependency,
+    DependencyState,
+    Health,
+    answered,
+    failed,
+    reached_before,
+)
 from compute_agent.exception import KeystoneUnavailable, PlacementUnavailable
 from compute_agent.placement.client import PlacementClient, connection_problem, keystone_problem
 

@@ -86,7 +86,7 @@ class Parser:
     """What one parser accepts: option -> whether it takes a value, and
     its subcommands' parsers."""
     options: dict[str, bool]
-    subcommands: dict[str, "Parser"]
+    subcommands: dict[str, Parser]
 
 
 def options_in_help(help_text: str) -> dict[str, bool]:

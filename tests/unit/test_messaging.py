@@ -6,9 +6,13 @@ from __future__ import annotations
 from oslo_config import cfg
 
 from compute_agent import config
-from compute_agent.exception import NoSuchInstance, InvalidRequest
-from compute_agent.messaging import (ALLOWED_EXMODS, accept_errors_sent_as_before,
-                                     bound_broker_waits, sent_as_before)
+from compute_agent.exception import InvalidRequest, NoSuchInstance
+from compute_agent.messaging import (
+    ALLOWED_EXMODS,
+    accept_errors_sent_as_before,
+    bound_broker_waits,
+    sent_as_before,
+)
 
 
 def rabbit_conf(**rabbit) -> cfg.ConfigOpts:
@@ -56,7 +60,7 @@ def sent(error: Exception) -> dict:
     from oslo_messaging._drivers import common as wire
     try:
         raise sent_as_before(error)
-    except Exception:  # noqa: BLE001 - serialized as the server does
+    except Exception:
         return json.loads(wire.serialize_remote_exception(sys.exc_info()))
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compute_agent.exception import ClaimFailed, InvalidRequest
-from compute_agent.metrics import (Metrics, ProviderCapacity, parse_listen, probe_response,
-                           provider_capacity)
+from compute_agent.metrics import Metrics, ProviderCapacity, parse_listen, probe_response, provider_capacity
 from compute_agent.store.errors import StoreError
 from compute_agent.tree.provider_tree import Provider
 

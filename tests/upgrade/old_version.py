@@ -86,7 +86,7 @@ class OldVersion:
     def bin(self, name: str) -> Path:
         return self.venv / "bin" / name
 
-    def install(self) -> "OldVersion":
+    def install(self) -> OldVersion:
         """Installed once; a second call, or another process's, reuses it."""
         check_in_history(self.commit)
         self.dir.parent.mkdir(parents=True, exist_ok=True)

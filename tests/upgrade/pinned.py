@@ -29,6 +29,10 @@ PINNED: tuple[Pinned, ...] = (
            "schema 5 and RPC 1.4", True, True),
     Pinned("d748ab61c9005d3cee504612224093372be7523f",
            "release 0.2.0: schema 6 and RPC 1.5", True, True),
+    Pinned("058dc397361f952601add4d0fe78d5a089b0b553",
+           "release 0.3.0: schema 7 and RPC 1.6; the last installed as the top-level "
+           "agent, drivers and compute_common (its errors named agent.exception on "
+           "the wire)", True, True),
 )
 
 

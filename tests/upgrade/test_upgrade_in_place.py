@@ -26,8 +26,16 @@ from compute_agent.store.store import SCHEMA_VERSION
 from compute_agent.tree.ownership import agent_owns_trait
 from tests.functional.helpers import put_allocations, unallocate
 from tests.functional.libvirt_host import live_pins
-from tests.upgrade.hosts import (DEDICATED_CPU, NewAgent, QemuHost, DeviceHost,
-                                 consumer_allocations, manage, placement_view, store_schema)
+from tests.upgrade.hosts import (
+    DEDICATED_CPU,
+    DeviceHost,
+    NewAgent,
+    QemuHost,
+    consumer_allocations,
+    manage,
+    placement_view,
+    store_schema,
+)
 from tests.upgrade.old_version import descends_from
 from tests.upgrade.pinned import PINNED, short
 
@@ -78,7 +86,7 @@ def owns_no_less(before: dict[str, dict], after: dict[str, dict]) -> dict[str, o
         assert all(agent_owns_trait(t, frozenset()) for t in more["traits"]), more
         if more["classes"] or more["traits"]:
             added[name] = more
-    added.update({name: "new provider" for name in set(after) - set(before)})
+    added.update(dict.fromkeys(set(after) - set(before), "new provider"))
     return added
 
 

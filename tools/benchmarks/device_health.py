@@ -24,16 +24,16 @@ import random
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import requests
 
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
-from compute_agent.testing.local_placement import LocalPlacement
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.drivers.libvirt.sysfs import SysfsReader
+from compute_agent.testing.local_placement import LocalPlacement
 
 RUNS = 5
 PF = "0000:81:00.0"

@@ -31,8 +31,7 @@ from compute_agent.rpc.heartbeat import Heartbeat
 from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import get, put_allocations, write_conf
 from tools.benchmarks.common import device_host
-from tools.benchmarks.rpc import PFS, RABBIT, SERVICES, VFS_PER_PF, Allocations, stop, \
-    wait_until_serving
+from tools.benchmarks.rpc import PFS, RABBIT, SERVICES, VFS_PER_PF, Allocations, stop, wait_until_serving
 
 INSTANCES = 100
 RUNS = 3

@@ -33,12 +33,12 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from compute_agent.drivers.fake_sysfs import vhba_xml
 from compute_agent.testing.local_placement import LocalPlacement
 from compute_agent.tree.host_tree import gpu_provider_name
-from compute_agent.drivers.fake_sysfs import vhba_xml
 from tests.functional.helpers import providers_named
 from tests.functional.libvirt_host import Host
 from tools.benchmarks.common import percentile
@@ -128,12 +128,12 @@ def one_run(host: Host, clock: CallbackClock, requests: RequestClock, hba: str) 
             host.sys.bind_mdev_driver(LATE_GPU, TYPES)
             called = time.monotonic()
             vhba = connection.call(
-                lambda conn: conn.nodeDeviceCreateXML(vhba_xml(hba, n), 0))
+                lambda conn, n=n: conn.nodeDeviceCreateXML(vhba_xml(hba, n), 0))
             reached = offered
         else:
             host.sys.unbind_mdev_driver(LATE_GPU)
             called = time.monotonic()
-            connection.call(lambda conn: vhba.destroy())
+            connection.call(lambda conn, vhba=vhba: vhba.destroy())
             vhba, reached = None, gone
         arrival = clock.next_arrival(delivered + 1)
         seen = seen_at(reached)

@@ -86,7 +86,7 @@ class XMLDescCounter:
         self.calls = 0
         self._real = libvirt.virNodeDevice.XMLDesc
 
-    def __enter__(self) -> "XMLDescCounter":
+    def __enter__(self) -> XMLDescCounter:
         real, counter = self._real, self
 
         def counting(dev, flags=0):

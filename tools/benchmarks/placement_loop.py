@@ -13,17 +13,18 @@ import time
 import uuid
 from pathlib import Path
 
+from keystoneauth1 import adapter, session
+
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.daemon.service import STORE_FILE, Agent, placement_sync
+from compute_agent.drivers.fake import FakeDriver
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
 from compute_agent.store.store import Store
 from compute_agent.testing.local_placement import LocalPlacement
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreePolicy
-from compute_agent.drivers.fake import FakeDriver
-from keystoneauth1 import adapter, session
 
 SIZES = (10, 100, 1000)
 CYCLES = 7

@@ -57,7 +57,7 @@ def run(workdir: Path) -> dict:
             kernel = host.agent.driver.set_num_vfs
             played: list[float] = []
 
-            def set_num_vfs(pf_address: str, count: int) -> None:
+            def set_num_vfs(pf_address: str, count: int, kernel=kernel, played=played) -> None:
                 began = time.perf_counter()
                 kernel(pf_address, count)
                 played.append(time.perf_counter() - began)

@@ -24,9 +24,9 @@ import uuid
 from pathlib import Path
 
 from compute_agent.claims.model import Assignment, AssignmentState, Owner
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from compute_agent.store.check import HostFacts, StoreVerdict, judge
 from compute_agent.store.store import Store, insert_assignments_sql, inspect_store, put_instance_sql
-from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
 SIZES = (1_000, 10_000)
 CHECK_RUNS = 5

@@ -80,7 +80,7 @@ class FleetHost:
         try:
             self.error = ""
             self.start()
-        except Exception as e:  # one host's failure is reported, not fatal
+        except Exception as e:  # noqa: BLE001 - one host's failure is reported, not fatal
             self.error = f"{type(e).__name__}: {e}"
 
     def stop(self) -> None:

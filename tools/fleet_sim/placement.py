@@ -166,8 +166,8 @@ class GunicornPlacement:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.database = f"fleet_{uuid.uuid4().hex[:12]}"
-        self._mysql = dict(host=mysql_host, port=mysql_port, user=mysql_user,
-                           password=mysql_password)
+        self._mysql = {"host": mysql_host, "port": mysql_port, "user": mysql_user,
+                       "password": mysql_password}
         self.log = RequestLog(directory / "access.log")
         self.proc: subprocess.Popen | None = None
         directory.mkdir(parents=True, exist_ok=True)
@@ -205,7 +205,7 @@ class GunicornPlacement:
                 return
             except requests.RequestException:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"gunicorn exited; see {self.directory}/gunicorn.err")
+                    raise RuntimeError(f"gunicorn exited; see {self.directory}/gunicorn.err") from None
                 time.sleep(0.1)
         raise RuntimeError("Placement did not answer")
 

@@ -196,7 +196,7 @@ class BusClients:
             try:
                 self.api._call(host, "get_host_info", timeout=timeout)
                 return None if self.heartbeat.check(host).up else host
-            except Exception:
+            except Exception:  # noqa: BLE001 - any failure: the host is not serving
                 return host
 
         with ThreadPoolExecutor(max_workers=16) as pool:

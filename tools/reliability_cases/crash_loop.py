@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from compute_agent.testing.local_placement import LocalPlacement
 from tests.reliability.crash_loop import CrashLoop, FakeHypervisors, Violation

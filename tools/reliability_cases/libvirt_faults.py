@@ -13,13 +13,18 @@ import time
 import uuid
 from pathlib import Path
 
-from compute_agent.testing.local_placement import LocalPlacement
 from compute_agent.drivers.errors import DriverUnavailable
+from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.helpers import unallocate
 from tests.functional.private_services import PrivateLibvirtd
-from tests.reliability.libvirt_faults import (build, build_with_libvirtd_stopping, held,
-                                              libvirt_agent, restart_under_the_loop,
-                                              schedule)
+from tests.reliability.libvirt_faults import (
+    build,
+    build_with_libvirtd_stopping,
+    held,
+    libvirt_agent,
+    restart_under_the_loop,
+    schedule,
+)
 
 NAME = "libvirt_faults"
 CYCLES = "libvirtd restarted under the update loop"

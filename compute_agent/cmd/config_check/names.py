@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from keystoneauth1 import loading as ks_loading
-from oslo_config import cfg
-from oslo_config import iniparser
+from oslo_config import cfg, iniparser
 
-from compute_agent.cmd.config_check.options import DEFAULT, auth_group, config_files, registered_options
 from compute_agent import config
+from compute_agent.cmd.config_check.options import DEFAULT, auth_group, config_files, registered_options
 from compute_agent.exception import ConfigError
 
 LOG = logging.getLogger(__name__)

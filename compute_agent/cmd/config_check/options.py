@@ -13,7 +13,6 @@ from oslo_config import cfg
 from compute_agent.config import PLACEMENT_GROUP
 from compute_agent.exception import ConfigError, shown
 
-
 DEFAULT = "DEFAULT"
 
 

@@ -12,9 +12,10 @@ import re
 import ssl
 import syslog
 import threading
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from keystoneauth1 import discover
@@ -31,7 +32,6 @@ from compute_agent.exception import ConfigError, shown
 from compute_agent.messaging import messaging
 from compute_agent.metrics import parse_listen
 from compute_agent.rpc import versions as rpc_versions
-
 
 # A refusal's longest: with the command's name and "error: " before it,
 # the line stays within 300 characters (compute_agent.cmd.common.ERROR_LINE_LIMIT).

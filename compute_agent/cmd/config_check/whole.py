@@ -15,8 +15,13 @@ from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
 from compute_agent.cmd.config_check.names import check_names, misspelling_of
-from compute_agent.cmd.config_check.options import (DEFAULT, Option, auth_group, read_config_files,
-                                            registered_options)
+from compute_agent.cmd.config_check.options import (
+    DEFAULT,
+    Option,
+    auth_group,
+    read_config_files,
+    registered_options,
+)
 from compute_agent.cmd.config_check.value_rules import check_option, path_lengths, refusal
 from compute_agent.cmd.errors import BadValue
 from compute_agent.config import PLACEMENT_GROUP

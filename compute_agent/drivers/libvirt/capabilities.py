@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from lxml import etree
 

@@ -9,15 +9,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-from typing import Callable, Collection
 from urllib.parse import urlsplit
 
 import libvirt
 
-from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
-                          HostInventory, Mdev, MdevParent, MigrationFailure, PciDevice,
-                          PciHealthSignals, PciKind, SriovFunctions)
+from compute_agent.drivers.base import (
+    DeviceKind,
+    ForeignGuest,
+    GuestHolding,
+    GuestSpec,
+    GuestState,
+    HostInventory,
+    Mdev,
+    MdevParent,
+    MigrationFailure,
+    PciDevice,
+    PciHealthSignals,
+    PciKind,
+    SriovFunctions,
+)
 from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.drivers.errors import InvalidHostData, LiveMigrationError, MdevError, MigrationXmlError
 from compute_agent.drivers.libvirt import capabilities, nodedev, pmem

@@ -14,16 +14,22 @@ from __future__ import annotations
 
 import hashlib
 import uuid as uuid_lib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from lxml import etree
 
-from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestDevice, GuestHolding, GuestSpec,
-                          HostResource, HostResourceKind)
+from compute_agent.drivers.base import (
+    DeviceKind,
+    ForeignGuest,
+    GuestDevice,
+    GuestHolding,
+    GuestSpec,
+    HostResource,
+    HostResourceKind,
+)
 from compute_agent.drivers.errors import InvalidHostData
-from compute_agent.drivers.host_data import (format_pci_address, parse_cpulist, parse_int,
-                               parse_pci_address)
+from compute_agent.drivers.host_data import format_pci_address, parse_cpulist, parse_int, parse_pci_address
 from compute_agent.drivers.libvirt.capabilities import _kib, parse_xml
 
 NAMESPACE = "http://compute-agent.openstack.org/xmlns/instance/1"

@@ -13,13 +13,25 @@ from dataclasses import dataclass
 
 import libvirt
 
-from compute_agent.drivers.base import (DeviceKind, ForeignGuest, GuestHolding, GuestSpec, GuestState,
-                          MigrationFailure)
+from compute_agent.drivers.base import (
+    DeviceKind,
+    ForeignGuest,
+    GuestHolding,
+    GuestSpec,
+    GuestState,
+    MigrationFailure,
+)
 from compute_agent.drivers.errors import InvalidHostData, LiveMigrationError, MdevError
 from compute_agent.drivers.libvirt.connection import Connection
-from compute_agent.drivers.libvirt.guest_xml import (build_domain_xml, domain_identity, domain_name,
-                                       parse_foreign, parse_holding, parse_live,
-                                       parse_metadata)
+from compute_agent.drivers.libvirt.guest_xml import (
+    build_domain_xml,
+    domain_identity,
+    domain_name,
+    parse_foreign,
+    parse_holding,
+    parse_live,
+    parse_metadata,
+)
 from compute_agent.drivers.libvirt.mdev import MdevSysfs
 
 LOG = logging.getLogger(__name__)

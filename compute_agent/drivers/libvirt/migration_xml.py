@@ -19,8 +19,8 @@ changes a device's kind; the caller gets either a complete XML or nothing.
 from __future__ import annotations
 
 import uuid as uuid_lib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from lxml import etree
 

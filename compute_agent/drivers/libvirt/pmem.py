@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import uuid
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from compute_agent.drivers.base import PmemNamespace
 from compute_agent.drivers.errors import InvalidHostData

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
-from compute_agent.drivers.base import (Mdev, MdevType, NetLink, NumaCell, PciDevice, PciHealthSignals, PciKind,
-                          SriovFunctions)
+from compute_agent.drivers.base import (
+    Mdev,
+    MdevType,
+    NetLink,
+    NumaCell,
+    PciDevice,
+    PciHealthSignals,
+    PciKind,
+    SriovFunctions,
+)
 from compute_agent.drivers.errors import InvalidHostData
 from compute_agent.drivers.host_data import parse_hex_id, parse_int, parse_numa_node, parse_pci_address
 from compute_agent.drivers.libvirt.capabilities import parse_sysfs_numa_node

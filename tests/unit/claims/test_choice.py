@@ -1,18 +1,29 @@
 """Pure device choice, the allocation and spec checks, and a property test
 that no held device is ever chosen."""
 import copy
-from dataclasses import replace
 import uuid
+from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
-                                 precondition, rule)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from compute_agent.claims.choice import (MAX_AMOUNT, Choice, HeldDevices, InstanceSpec, Pool, Slot, Wanted,
-                                 carried, check_spec_carried, choose, parse_allocations)
-from compute_agent.exception import ClaimFailed, InvalidRequest
+from compute_agent.claims.choice import (
+    MAX_AMOUNT,
+    Choice,
+    HeldDevices,
+    InstanceSpec,
+    Pool,
+    Slot,
+    Wanted,
+    carried,
+    check_spec_carried,
+    choose,
+    parse_allocations,
+)
 from compute_agent.drivers.base import DeviceKind
+from compute_agent.exception import ClaimFailed, InvalidRequest
 
 NUMA0 = "00000000-0000-4000-8000-00000000000a"
 NUMA1 = "00000000-0000-4000-8000-00000000000b"

@@ -3,10 +3,15 @@ never chosen, and which of it the store does not explain."""
 import pytest
 
 from compute_agent.claims.choice import HeldDevices, Pool, Slot, Wanted, choose
-from compute_agent.claims.veto import (StrayHolding, Unexplained, assignable_resources, stray_holdings,
-                               vetoed_resources)
-from compute_agent.exception import ClaimFailed
+from compute_agent.claims.veto import (
+    StrayHolding,
+    Unexplained,
+    assignable_resources,
+    stray_holdings,
+    vetoed_resources,
+)
 from compute_agent.drivers.base import DeviceKind, GuestHolding, HostResource, HostResourceKind
+from compute_agent.exception import ClaimFailed
 
 PF = "00000000-0000-4000-8000-0000000000f0"
 GPU = "00000000-0000-4000-8000-0000000000e0"
@@ -14,7 +19,7 @@ PMEM = "00000000-0000-4000-8000-0000000000d0"
 CELL = "00000000-0000-4000-8000-0000000000a0"
 VFS = ("0000:81:10.0", "0000:81:10.1", "0000:81:10.2")
 MDEVS = ("11111111-0000-4000-8000-000000000001", "11111111-0000-4000-8000-000000000002")
-GUEST, OTHER, THIRD = ("aaaaaaaa-0000-4000-8000-00000000000%d" % i for i in (1, 2, 3))
+GUEST, OTHER, THIRD = (f"aaaaaaaa-0000-4000-8000-00000000000{i}" for i in (1, 2, 3))
 
 
 def pci(address: str) -> HostResource:

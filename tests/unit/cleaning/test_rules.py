@@ -3,10 +3,10 @@ import json
 
 from compute_agent.claims.model import DeviceUse, UseState
 from compute_agent.cleaning.rules import apply_uses
+from compute_agent.drivers.fake import host_from_dict
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.tree.ownership import CLEANING_FAILED_TRAIT, inventories_to_write
-from compute_agent.drivers.fake import host_from_dict
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 PF = "0000:3b:00.0"

@@ -12,10 +12,10 @@ from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import DeviceUse, UseState
 from compute_agent.cleaning.run import Cleaner, run_command
 from compute_agent.compute.tracker import Tracker
+from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import ClaimFailed, InvalidRequest
 from compute_agent.store.store import Store, device_uses, migrate, schema_version
 from compute_agent.tree.device_spec import DeviceSpec
-from compute_agent.drivers.base import DeviceKind
 from tests.functional.helpers import wait_for
 from tests.unit.compute.trackers import tracker_on
 

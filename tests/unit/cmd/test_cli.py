@@ -17,7 +17,7 @@ from compute_agent.daemon.service import CycleOutcome
 from compute_agent.exception import ConfigError, InvalidRequest
 from compute_agent.placement.sync import SyncResult
 from compute_agent.rpc import schemas as rpc_schemas
-from compute_agent.rpc.outstanding import Overdue, OutstandingCalls
+from compute_agent.rpc.outstanding import OutstandingCalls, Overdue
 from compute_agent.tree.provider_tree import Provider, ProviderTree
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -3,15 +3,14 @@ test_config_sweep.py runs them over every option of the sample)."""
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 import pytest
 from oslo_config import cfg
 
 from compute_agent import config
-from compute_agent.cmd.config_check import names, options, value_rules
 from compute_agent.cmd.common import load_config
+from compute_agent.cmd.config_check import names, options, value_rules
 from compute_agent.cmd.errors import BadValue
 from compute_agent.exception import ConfigError
 from compute_agent.store.errors import StoreError

@@ -14,8 +14,8 @@ import pytest
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
-from compute_agent.cmd.config_check import options, value_rules, whole
 from compute_agent.cmd.common import load_config
+from compute_agent.cmd.config_check import options, value_rules, whole
 from compute_agent.exception import ConfigError, shown
 from tests.unit.cmd.test_config_check import ABSENT, owned
 

@@ -12,8 +12,7 @@ from oslo_upgradecheck.upgradecheck import Code
 
 from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
 from compute_agent.cmd.common import load_config
-from compute_agent.cmd.upgrade_check import (UpgradeChecks, moves_result, schema_result,
-                                     unhealed_result)
+from compute_agent.cmd.upgrade_check import UpgradeChecks, moves_result, schema_result, unhealed_result
 from compute_agent.reports.tree import Holder, UnhealedClass
 from compute_agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
 

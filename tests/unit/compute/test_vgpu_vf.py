@@ -11,10 +11,10 @@ from compute_agent.claims.choice import Pool, Slot
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
-from compute_agent.store.store import Store
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.errors import MdevError
 from compute_agent.drivers.fake import FakeDriver
+from compute_agent.store.store import Store
 
 SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
 VF0, VF1 = "0000:41:10.0", "0000:41:10.1"

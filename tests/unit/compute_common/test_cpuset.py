@@ -1,6 +1,7 @@
 """CPU list syntax: parse_cpu_set and format_cpu_set."""
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from compute_agent.common.cpuset import format_cpu_set, parse_cpu_set
 

@@ -3,8 +3,13 @@ is 32 bits and real hosts use domains past ffff (Intel VMD puts the devices
 behind it at 10000: and up), so a domain is 4 to 8 hex digits."""
 import pytest
 
-from compute_agent.common.pci_address import (address_from_node_device_name, canonical_address,
-                                        format_address, node_device_name, split_address)
+from compute_agent.common.pci_address import (
+    address_from_node_device_name,
+    canonical_address,
+    format_address,
+    node_device_name,
+    split_address,
+)
 
 
 @pytest.mark.parametrize("text,parts", [

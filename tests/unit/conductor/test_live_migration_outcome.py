@@ -10,16 +10,27 @@ import pytest
 from oslo_messaging import MessagingTimeout, RemoteError
 
 from compute_agent.claims.model import MigrationRole
-from compute_agent.conductor.live_migration import (MoveOutcome, NextStep, answer_lost,
-                                            live_migrate_instance, live_migrate_outcome,
-                                            next_step)
-from compute_agent.exception import (InternalError, InvalidRequest, LiveMigrationFailed,
-                             LiveMigrationOutcomeUnknown, LiveMigrationRefused,
-                             MoveInProgress, NoSuchInstance, StoreUnavailable,
-                             VersionCapped)
+from compute_agent.conductor.live_migration import (
+    MoveOutcome,
+    NextStep,
+    answer_lost,
+    live_migrate_instance,
+    live_migrate_outcome,
+    next_step,
+)
+from compute_agent.exception import (
+    InternalError,
+    InvalidRequest,
+    LiveMigrationFailed,
+    LiveMigrationOutcomeUnknown,
+    LiveMigrationRefused,
+    MoveInProgress,
+    NoSuchInstance,
+    StoreUnavailable,
+    VersionCapped,
+)
 from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
-from tests.unit.conductor.test_live_migration_source import (DESTINATION_ALLOCATIONS, SWAP,
-                                                             Conductor, spec)
+from tests.unit.conductor.test_live_migration_source import DESTINATION_ALLOCATIONS, SWAP, Conductor, spec
 
 MIG = "mig"
 

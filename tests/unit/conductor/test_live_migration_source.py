@@ -9,10 +9,15 @@ import pytest
 
 from compute_agent.claims.model import MigrationRole, MigrationState, MoveKind
 from compute_agent.conductor.live_migration import live_migrate_instance
-from compute_agent.exception import (InvalidRequest, LiveMigrationFailed, LiveMigrationRefused,
-                             MoveInProgress, NoSuchInstance)
-from compute_agent.messaging import messaging
 from compute_agent.drivers.fake import FakeNetwork
+from compute_agent.exception import (
+    InvalidRequest,
+    LiveMigrationFailed,
+    LiveMigrationRefused,
+    MoveInProgress,
+    NoSuchInstance,
+)
+from compute_agent.messaging import messaging
 from tests.functional.claims_world import make_world, new_uuid, spec
 from tests.unit.rpc.test_rpc import AgentWith, RecordingManager, Served
 

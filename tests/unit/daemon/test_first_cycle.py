@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 from compute_agent.daemon.service import Agent, AgentSettings, CycleOutcome, placement_sync
-from compute_agent.tree.host_tree import TreePolicy
 from compute_agent.drivers.fake import FakeDriver
+from compute_agent.tree.host_tree import TreePolicy
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}], "disk_gb": 10}

@@ -2,8 +2,12 @@
 (compute_agent/daemon/one_agent.py)."""
 from __future__ import annotations
 
-from compute_agent.daemon.one_agent import (AnsweringAgent, ThisAgent, agent_answering_for_host,
-                                    root_of_another_agent)
+from compute_agent.daemon.one_agent import (
+    AnsweringAgent,
+    ThisAgent,
+    agent_answering_for_host,
+    root_of_another_agent,
+)
 
 OURS = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 THEIRS = "0b6f3a52-7d0c-4f4e-8a55-3c2b1e9d7f10"

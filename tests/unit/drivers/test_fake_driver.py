@@ -6,12 +6,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
-                          HostInventory, Mdev, MdevParent, MdevType, PciKind,
-                          PmemNamespace)
+from compute_agent.drivers.base import (
+    DeviceDetail,
+    DeviceKind,
+    GuestDevice,
+    GuestSpec,
+    HostInventory,
+    Mdev,
+    MdevParent,
+    MdevType,
+    PciKind,
+    PmemNamespace,
+)
 from compute_agent.drivers.errors import InvalidFakeHost, SriovError
-from compute_agent.drivers.fake import (FakeDriver, fake_definition, host_from_dict, load_host_file,
-                          vf_address)
+from compute_agent.drivers.fake import FakeDriver, fake_definition, host_from_dict, load_host_file, vf_address
 from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 
 HOST = {

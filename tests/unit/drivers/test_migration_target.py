@@ -3,7 +3,8 @@ read strictly, and how a source's devices are paired with it."""
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice
 from compute_agent.drivers.errors import InvalidMigrationTarget

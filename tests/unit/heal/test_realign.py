@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import Assignment, AssignmentState, Owner
-from compute_agent.heal.realign import DeviceIndex, misplaced, realign
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
+from compute_agent.heal.realign import DeviceIndex, misplaced, realign
 
 ROOT, CELL0, CELL1, PF, PMEM_FLAT, PMEM0, PMEM1, GPU = (
     "root", "cell0", "cell1", "pf", "pmem-flat", "pmem0", "pmem1", "gpu")

@@ -9,12 +9,12 @@ import pytest
 
 from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import Assignment, Migration
+from compute_agent.drivers.base import DeviceKind
 from compute_agent.heal.errors import HealRefused
 from compute_agent.heal.rules import Consumer, capacity, hold_unhealed, plan_heal
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreeMode
 from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
-from compute_agent.drivers.base import DeviceKind
 
 ROOT, CELL0, CELL1, PF = "root", "cell0", "cell1", "pf"
 
@@ -146,8 +146,8 @@ MODE_GUESTS = {
 
 
 def mode_tree(mode):
-    from compute_agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
     from compute_agent.drivers.fake import host_from_dict
+    from compute_agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
 
     return build_tree(host_from_dict(MODE_HOST), TreePolicy(
         host="h", root_uuid=MODE_ROOT, mode=mode,

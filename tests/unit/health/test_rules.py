@@ -7,13 +7,21 @@ import json
 
 import pytest
 
-from compute_agent.health.rules import (CORRECTABLE_WINDOW_S, DeviceVerdict, DeviceFault, HealthJudge,
-                                apply_health, link_down, unhealthy_providers, watched_devices)
+from compute_agent.drivers.base import NetLink, PciHealthSignals
+from compute_agent.drivers.fake import host_from_dict
+from compute_agent.health.rules import (
+    CORRECTABLE_WINDOW_S,
+    DeviceFault,
+    DeviceVerdict,
+    HealthJudge,
+    apply_health,
+    link_down,
+    unhealthy_providers,
+    watched_devices,
+)
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
 from compute_agent.tree.ownership import UNHEALTHY_TRAIT
-from compute_agent.drivers.base import NetLink, PciHealthSignals
-from compute_agent.drivers.fake import host_from_dict
 
 DEV = "0000:3b:00.0"
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"

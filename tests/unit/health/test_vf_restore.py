@@ -7,16 +7,27 @@ import json
 
 import pytest
 
-from compute_agent.health.rules import DeviceFault, apply_health
-from compute_agent.health.vf_restore import (NotRestored, PfPlan, RecordedPf, RecordedVf,
-                                     not_restored_verdicts, plan_pf, record_from_json,
-                                     record_to_json, still_missing, updated_record, verify_pf,
-                                     vfs_in_use, with_missing_vfs)
-from compute_agent.tree.device_spec import parse_specs
-from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.drivers.base import PciDevice, PciKind, SriovFunctions
 from compute_agent.drivers.fake import host_from_dict
 from compute_agent.drivers.fake_sysfs import vf_address
+from compute_agent.health.rules import DeviceFault, apply_health
+from compute_agent.health.vf_restore import (
+    NotRestored,
+    PfPlan,
+    RecordedPf,
+    RecordedVf,
+    not_restored_verdicts,
+    plan_pf,
+    record_from_json,
+    record_to_json,
+    still_missing,
+    updated_record,
+    verify_pf,
+    vfs_in_use,
+    with_missing_vfs,
+)
+from compute_agent.tree.device_spec import parse_specs
+from compute_agent.tree.host_tree import TreePolicy, build_tree
 
 PF = "0000:81:00.0"
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"

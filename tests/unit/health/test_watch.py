@@ -7,13 +7,13 @@ import json
 import logging
 import threading
 
+from compute_agent.drivers.base import PciHealthSignals
+from compute_agent.drivers.fake import FakeDriver
 from compute_agent.health.rules import DeviceFault
 from compute_agent.health.watch import HealthWatch
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.tree.ownership import UNHEALTHY_TRAIT
-from compute_agent.drivers.base import PciHealthSignals
-from compute_agent.drivers.fake import FakeDriver
 
 NIC = "0000:3b:00.0"
 OTHER = "0000:3c:00.0"

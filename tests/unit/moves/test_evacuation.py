@@ -8,9 +8,15 @@ import pytest
 from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
 from compute_agent.conductor.evacuation import lost_a_race
 from compute_agent.exception import GenerationConflict, PlacementError
-from compute_agent.moves.evacuation import (DestinationRecord, destination_record, evacuated_away,
-                                    evacuation_name_free_again, evacuation_migration_uuid,
-                                    interrupted_evacuations, spec_from_allocations)
+from compute_agent.moves.evacuation import (
+    DestinationRecord,
+    destination_record,
+    evacuated_away,
+    evacuation_migration_uuid,
+    evacuation_name_free_again,
+    interrupted_evacuations,
+    spec_from_allocations,
+)
 from compute_agent.moves.request import SourceProvider, candidate_root, move_request
 
 ROOT, CELL0, CELL1, PF1, GPU0, LOOSE = (str(uuid.uuid4()) for _ in range(6))

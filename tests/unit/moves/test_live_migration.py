@@ -1,11 +1,15 @@
 """The live-migration pre-check rules: which devices may move."""
 import json
 
-from compute_agent.moves.live_migration import (live_migratable_devices, mdev_refusals, mdev_type_refusals,
-                                        pci_refusals)
-from compute_agent.tree.device_spec import parse_specs
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, PciDevice, PciKind
 from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
+from compute_agent.moves.live_migration import (
+    live_migratable_devices,
+    mdev_refusals,
+    mdev_type_refusals,
+    pci_refusals,
+)
+from compute_agent.tree.device_spec import parse_specs
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
 MARKED_VF = PciDevice("0000:3b:10.1", "8086", "154c", PciKind.VF, 0,

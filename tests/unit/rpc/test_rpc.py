@@ -4,25 +4,38 @@ RabbitMQ: tests/functional/test_rpc.py.)"""
 from __future__ import annotations
 
 import logging
-import sys
 import sqlite3
+import sys
 import time
 import uuid
 
 import pytest
 
-from compute_agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                                MigrationState, MoveKind, Owner)
+from compute_agent.claims.model import (
+    Assignment,
+    AssignmentState,
+    Migration,
+    MigrationRole,
+    MigrationState,
+    MoveKind,
+    Owner,
+)
 from compute_agent.cmd.common import load_config
-from compute_agent.exception import (InternalError, InvalidRequest, LiveMigrationRefused,
-                             NoSuchInstance, StoreUnavailable, VersionCapped)
+from compute_agent.drivers.base import DeviceKind
+from compute_agent.exception import (
+    InternalError,
+    InvalidRequest,
+    LiveMigrationRefused,
+    NoSuchInstance,
+    StoreUnavailable,
+    VersionCapped,
+)
 from compute_agent.messaging import messaging
 from compute_agent.rpc import schemas
 from compute_agent.rpc import versions as rpc_versions
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.server import ComputeAgentEndpoint, UnservedCallsAsWarnings, listed_instances
 from compute_agent.store.errors import StoreError
-from compute_agent.drivers.base import DeviceKind
 
 SPEC = {"name": "guest", "vcpus": 2, "memory_mb": 1024}
 INSTANCE = "3f1c2a44-5b6d-4e7f-8a9b-0c1d2e3f4a5b"

@@ -8,10 +8,9 @@ import pytest
 
 from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import AssignmentState, Owner
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, ForeignGuest, HostResource, HostResourceKind
 from compute_agent.store.adoption import plan_adoption
 from compute_agent.store.errors import AdoptionRefused
-from compute_agent.drivers.base import (DeviceDetail, DeviceKind, ForeignGuest, HostResource,
-                          HostResourceKind)
 
 # Nova's tree as the agent's nested model sees it: the root keeps nova's
 # VCPU and MEMORY_MB only until heal; the cells carry them in the model.

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from compute_agent.store.check import (DETAIL_CHARACTERS, HostFacts, StoreFacts, StoreFile,
-                               StoreVerdict, judge, one_line)
+from compute_agent.store.check import (
+    DETAIL_CHARACTERS,
+    HostFacts,
+    StoreFacts,
+    StoreFile,
+    StoreVerdict,
+    judge,
+    one_line,
+)
 
 ROOT = "5d2bd8a6-8f2f-4f0b-9c55-0e1c9d1b6c11"
 GUEST = "0b6f8f3e-54a4-4b8e-a6a9-2f1e0b3d7d01"

@@ -7,10 +7,10 @@ import itertools
 import pytest
 
 from compute_agent.claims.choice import Pool, Slot
-from compute_agent.store.errors import RebuildRefused
-from compute_agent.store.rebuild import plan_rebuild
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.libvirt.guest_xml import build_domain_xml, parse_guest
+from compute_agent.store.errors import RebuildRefused
+from compute_agent.store.rebuild import plan_rebuild
 
 ROOT, CELL, PF = "root-p", "cell0-p", "pf-p"
 POOLS = {

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import stat
 
-from compute_agent.store.sequence import (SLOT_BYTES, SequenceRecord, read_recorded, record_path,
-                                  write_recorded)
+from compute_agent.store.sequence import (
+    SLOT_BYTES,
+    SequenceRecord,
+    read_recorded,
+    record_path,
+    write_recorded,
+)
 
 
 def test_the_record_lives_beside_the_store_under_a_name_of_its_own(tmp_path):

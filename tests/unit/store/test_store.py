@@ -13,23 +13,45 @@ from pathlib import Path
 
 import pytest
 
-from compute_agent.claims.model import (Assignment, AssignmentState, Migration, MigrationRole,
-                                MigrationState, MoveKind, Owner)
+from compute_agent.claims.model import (
+    Assignment,
+    AssignmentState,
+    Migration,
+    MigrationRole,
+    MigrationState,
+    MoveKind,
+    Owner,
+)
+from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from compute_agent.store import lock as state_lock
 from compute_agent.store import sequence as sequence_record
 from compute_agent.store.check import StoreFile, StoreVerdict, judge
 from compute_agent.store.errors import StoreError, StoreMoved
-from compute_agent.store.store import (COMMIT_SEQUENCE, MIGRATIONS, SCHEMA_VERSION, Store,
-                               accept_store, all_instances, all_migrations, delete_instance_sql,
-                               insert_assignments_sql, inspect_store, live_assignments, migrate,
-                               placement_view, put_instance_sql, put_migration_sql,
-                               put_placement_view_sql, run_statements, schema_version,
-                               stored_schema_version, update_assignments_sql)
+from compute_agent.store.store import (
+    COMMIT_SEQUENCE,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Store,
+    accept_store,
+    all_instances,
+    all_migrations,
+    delete_instance_sql,
+    insert_assignments_sql,
+    inspect_store,
+    live_assignments,
+    migrate,
+    placement_view,
+    put_instance_sql,
+    put_migration_sql,
+    put_placement_view_sql,
+    run_statements,
+    schema_version,
+    stored_schema_version,
+    update_assignments_sql,
+)
 from compute_agent.store.writer import Decision
-from tests.store_damage import (drop_from_unique_index, page_with_free_space_corruption,
-                                strip_sequence)
 from compute_agent.tree.provider_tree import Provider, inventory
-from compute_agent.drivers.base import DeviceDetail, DeviceKind
+from tests.store_damage import drop_from_unique_index, page_with_free_space_corruption, strip_sequence
 from tests.writer import hold_writer, wait_queued
 
 REPO = Path(__file__).resolve().parents[3]
@@ -229,7 +251,7 @@ def test_the_placement_view_is_kept_whole(store):
     assert store.read(placement_view) == smaller
 
 
-@pytest.mark.parametrize("start", range(0, SCHEMA_VERSION))
+@pytest.mark.parametrize("start", range(SCHEMA_VERSION))
 def test_every_version_upgrades_to_the_current_one(tmp_path, start):
     path = tmp_path / "state.db"
     conn = sqlite3.connect(path, isolation_level=None)
@@ -309,7 +331,7 @@ def test_a_failing_job_is_rolled_back_alone_within_its_batch(store):
     def writer(i):
         try:
             results[i] = store.write(make_job(i))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors[i] = e
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
@@ -397,7 +419,7 @@ def test_many_concurrent_writers_all_land(store):
                     run_statements(c, [put_instance_sql(str(uuid.UUID(int=t * 1000 + i + 1)),
                                        {"t": t, "i": i})]), (t, i))[1])
                 assert got == (t, i)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(t,)) for t in range(n_threads)]
@@ -419,7 +441,8 @@ def test_a_device_has_one_live_holder_until_released(store):
         with pytest.raises(sqlite3.IntegrityError):
             store.write(lambda c: run_statements(c, [insert_assignments_sql([second])]))
     # claimed is live too
-    store.write(lambda c: run_statements(c, [update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
+    store.write(lambda c: run_statements(
+        c, [update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
     with pytest.raises(sqlite3.IntegrityError):
         store.write(lambda c: run_statements(
             c, [insert_assignments_sql([assignment(device="0000:81:10.3")])]))
@@ -433,12 +456,15 @@ def test_a_device_has_one_live_holder_until_released(store):
             store.write(lambda c: run_statements(
                 c, [insert_assignments_sql([other])]))
     # Released: free for the next holder, and history may keep several.
-    store.write(lambda c: run_statements(c, [update_assignments_sql([first.with_(state=AssignmentState.RELEASED)])]))
+    store.write(lambda c: run_statements(
+        c, [update_assignments_sql([first.with_(state=AssignmentState.RELEASED)])]))
     again = assignment(device="0000:81:10.3")
     store.write(lambda c: run_statements(c, [insert_assignments_sql([again])]))
     with pytest.raises(sqlite3.IntegrityError):  # a released row cannot come back
-        store.write(lambda c: run_statements(c, [update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
-    store.write(lambda c: run_statements(c, [update_assignments_sql([again.with_(state=AssignmentState.RELEASED)])]))
+        store.write(lambda c: run_statements(
+            c, [update_assignments_sql([first.with_(state=AssignmentState.CLAIMED)])]))
+    store.write(lambda c: run_statements(
+        c, [update_assignments_sql([again.with_(state=AssignmentState.RELEASED)])]))
     store.write(lambda c: run_statements(c, [insert_assignments_sql([assignment(device="0000:81:10.3",
                                                                   st=AssignmentState.RELEASED)])]))
     holders = [a for a in store.read(live_assignments)
@@ -607,7 +633,7 @@ def test_write_after_close_fails_instead_of_hanging(tmp_path):
         try:
             s.write(lambda c: run_statements(c, [put_instance_sql(str(uuid.uuid4()), {})]))
             outcome.append("written")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             outcome.append(type(e).__name__)
 
     t = threading.Thread(target=late, daemon=True)

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from compute_agent.drivers.base import PciDevice, PciKind
 from compute_agent.exception import ConfigError
 from compute_agent.tree.device_spec import first_match, parse_spec, parse_specs
-from compute_agent.drivers.base import PciDevice, PciKind
 
 NIC = PciDevice("0000:3b:00.0", "8086", "1572", PciKind.PF, 0)
 VF = PciDevice("0000:3b:10.1", "8086", "154c", PciKind.VF, 0,

@@ -4,14 +4,22 @@ import uuid
 
 import pytest
 
-from compute_agent.exception import ConfigError
-from compute_agent.tree.device_spec import parse_specs
-from compute_agent.tree.host_tree import (MdevTypePolicy, TreeMode, TreePolicy, build_tree, child_uuid,
-                                  gpu_provider_name, numa_provider_name, pci_provider_name,
-                                  pmem_provider_name)
-from compute_agent.tree.provider_tree import inventory, normalized_inventories
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.fake import host_from_dict
+from compute_agent.exception import ConfigError
+from compute_agent.tree.device_spec import parse_specs
+from compute_agent.tree.host_tree import (
+    MdevTypePolicy,
+    TreeMode,
+    TreePolicy,
+    build_tree,
+    child_uuid,
+    gpu_provider_name,
+    numa_provider_name,
+    pci_provider_name,
+    pmem_provider_name,
+)
+from compute_agent.tree.provider_tree import inventory, normalized_inventories
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 HOST = "cmp1"

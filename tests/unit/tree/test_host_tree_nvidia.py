@@ -3,12 +3,25 @@
 and mdevs on VFs. A VF hosts at most one vGPU."""
 from __future__ import annotations
 
-from compute_agent.tree.host_tree import (MdevTypePolicy, TreePolicy, build_tree, gpu_provider_name,
-                                  numa_provider_name)
-from compute_agent.drivers.base import (DeviceKind, HostInventory, Mdev, MdevParent, MdevType, NumaCell,
-                          PciDevice, PciKind)
+from compute_agent.drivers.base import (
+    DeviceKind,
+    HostInventory,
+    Mdev,
+    MdevParent,
+    MdevType,
+    NumaCell,
+    PciDevice,
+    PciKind,
+)
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.drivers.libvirt.sysfs import SysfsReader
+from compute_agent.tree.host_tree import (
+    MdevTypePolicy,
+    TreePolicy,
+    build_tree,
+    gpu_provider_name,
+    numa_provider_name,
+)
 
 ROOT = "0f3e5a52-4f8b-4a43-9d8e-0c6a1b2d3e4f"
 HOST = "gpuhost"

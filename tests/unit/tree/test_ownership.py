@@ -1,9 +1,18 @@
 """What the agent owns in Placement: others' traits and an operator's
 reserved on device inventories survive every diff."""
 from compute_agent.tree import ownership
-from compute_agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
-                                      SetInventories, SetTraits, UpdateProvider, describe, diff,
-                                      inventory)
+from compute_agent.tree.provider_tree import (
+    CreateProvider,
+    DeleteProvider,
+    Provider,
+    ProviderTree,
+    SetInventories,
+    SetTraits,
+    UpdateProvider,
+    describe,
+    diff,
+    inventory,
+)
 
 ROOT = "00000000-0000-4000-8000-000000000000"
 PF = "00000000-0000-4000-8000-000000000001"

@@ -3,13 +3,26 @@ import dataclasses
 import uuid
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compute_agent.tree.ownership import AGENT_RESERVED_CLASSES, agent_owns_trait
-from compute_agent.tree.provider_tree import (CreateProvider, DeleteProvider, Provider, ProviderTree,
-                                      SetAggregates, SetInventories, SetTraits, UpdateProvider,
-                                      adopt_uuids, diff, inventory, normalized_inventories,
-                                      provider_diff, reported_traits)
+from compute_agent.tree.provider_tree import (
+    CreateProvider,
+    DeleteProvider,
+    Provider,
+    ProviderTree,
+    SetAggregates,
+    SetInventories,
+    SetTraits,
+    UpdateProvider,
+    adopt_uuids,
+    diff,
+    inventory,
+    normalized_inventories,
+    provider_diff,
+    reported_traits,
+)
 
 ROOT = "00000000-0000-4000-8000-000000000000"
 

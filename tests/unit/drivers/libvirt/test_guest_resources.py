@@ -4,7 +4,8 @@ hostdev source address, interface type='hostdev', mdev hostdev by uuid,
 nvdimm source path, cputune vcpupin cpuset)."""
 import pytest
 
-from compute_agent.drivers.base import HostResource, HostResourceKind as K
+from compute_agent.drivers.base import HostResource
+from compute_agent.drivers.base import HostResourceKind as K
 from compute_agent.drivers.errors import InvalidHostData
 from compute_agent.drivers.libvirt.guest_xml import held_resources
 

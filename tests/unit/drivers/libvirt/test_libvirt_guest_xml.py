@@ -1,14 +1,20 @@
 """Domain XML from a GuestSpec, and the metadata read back from it."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lxml import etree
 
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.errors import InvalidHostData
-from compute_agent.drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
-                                       domain_identity, parse_metadata, vf_mac)
-from tests.functional.earlier_guests import (DERIVED_MAC, NO_MAC, derived_mac,
-                                             earlier_domain_xml)
+from compute_agent.drivers.libvirt.guest_xml import (
+    NAMESPACE,
+    DomainIdentity,
+    build_domain_xml,
+    domain_identity,
+    parse_metadata,
+    vf_mac,
+)
+from tests.functional.earlier_guests import DERIVED_MAC, NO_MAC, derived_mac, earlier_domain_xml
 from tests.functional.nova_host import nova_domain_xml
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"

@@ -11,9 +11,9 @@ from lxml import etree
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.errors import MdevError
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.libvirt import guests as guests_module
 from compute_agent.drivers.libvirt.connection import Connection
 from compute_agent.drivers.libvirt.guest_xml import vf_mac
-from compute_agent.drivers.libvirt import guests as guests_module
 from compute_agent.drivers.libvirt.guests import GuestManager
 from compute_agent.drivers.libvirt.mdev import MdevSysfs
 from tests.functional.earlier_guests import DERIVED_MAC, NO_MAC, earlier_domain_xml

@@ -6,7 +6,8 @@ import json
 import os
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from lxml import etree
 
 from compute_agent.common.pci_address import format_address, node_device_name

@@ -2,15 +2,21 @@
 made: each host name changes to the destination's, nothing else does."""
 import libvirt
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lxml import etree
 
-from compute_agent.drivers.base import (DeviceDetail, DeviceKind, GuestDevice, GuestSpec,
-                          device_resources)
+from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec, device_resources
 from compute_agent.drivers.errors import MigrationXmlError
-from compute_agent.drivers.libvirt.guest_xml import (NAMESPACE, DomainIdentity, build_domain_xml,
-                                       domain_identity, held_resources, parse_metadata,
-                                       vf_mac)
+from compute_agent.drivers.libvirt.guest_xml import (
+    NAMESPACE,
+    DomainIdentity,
+    build_domain_xml,
+    domain_identity,
+    held_resources,
+    parse_metadata,
+    vf_mac,
+)
 from compute_agent.drivers.libvirt.migration_xml import rewrite_for_destination
 from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 
