@@ -34,7 +34,7 @@ from compute_agent.messaging import bound_broker_waits
 from compute_agent.rpc import broker
 from compute_agent.rpc.heartbeat import make_server as heartbeat_server
 from compute_agent.rpc.server import make_server
-from compute_agent.store import lock as state_lock
+from compute_agent.store import lock
 from compute_agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable, StoreError, StoreRefused
 
 LOG = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def checked_agent(conf: cfg.ConfigOpts) -> Agent:
         broker.refuse_rejected_credentials(conf, BROKER_PROBE_TIMEOUT_SECONDS)
     # Held until the process ends: before anything in the state
     # directory is read, so two agents never serve one store.
-    state_lock.acquire(conf.state_path)
+    lock.acquire(conf.state_path)
     # Before the store or compute_id is made: a mistyped state_path is
     # refused with nothing written.
     placement_check = check_one_agent_per_host(conf, ask_the_bus=not conf.once)

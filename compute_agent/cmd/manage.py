@@ -86,12 +86,11 @@ from compute_agent.exception import AgentError, ConfigError
 from compute_agent.health.rules import UnhealthyProvider, unhealthy_providers
 from compute_agent.placement.allocations import tree_allocations
 from compute_agent.placement.client import PlacementClient, adapter_from_conf
-from compute_agent.reports import probes as status_probes
+from compute_agent.reports import probes
 from compute_agent.reports import status as status_rules
 from compute_agent.reports.probes import read_beside_agent, tree_report
 from compute_agent.reports.tree import TreeVerdict
-from compute_agent.store import lock as state_lock
-from compute_agent.store import node_identity
+from compute_agent.store import lock, node_identity
 from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable, StoreError
 from compute_agent.store.rebuild import RebuiltStore, plan_rebuild
@@ -242,7 +241,7 @@ def status(conf: cfg.ConfigOpts) -> int:
 
 def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
     root_uuid = node_identity.load(conf.state_path)
-    keystone, placement = status_probes.placement(conf, root_uuid)
+    keystone, placement = probes.placement(conf, root_uuid)
     unhealed: tuple[str, ...] | Unknown
     unhealthy: tuple[UnhealthyProvider, ...] | Unknown
     try:
@@ -260,16 +259,16 @@ def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
     return status_rules.StatusFacts(
         now=time.time(), cycle_seconds=conf.update_interval + conf.update_jitter,
         code_schema_version=SCHEMA_VERSION,
-        hypervisor=status_probes.hypervisor(conf), keystone=keystone,
-        placement=placement, broker=status_probes.broker(conf),
-        store=status_probes.store(Path(conf.state_path) / STORE_FILE),
-        cycle=status_probes.last_cycle(conf.state_path),
+        hypervisor=probes.hypervisor(conf), keystone=keystone,
+        placement=placement, broker=probes.broker(conf),
+        store=probes.store(Path(conf.state_path) / STORE_FILE),
+        cycle=probes.last_cycle(conf.state_path),
         unhealed=unhealed, audit=audit_found, device_health=unhealthy)
 
 
 def rebuild_store(conf: cfg.ConfigOpts) -> int:
     """Holding the state directory (the agent must be stopped)."""
-    state_lock.acquire(conf.state_path)
+    lock.acquire(conf.state_path)
     root_uuid = node_identity.load(conf.state_path)
     path = Path(conf.state_path) / STORE_FILE
     if root_uuid is None:
@@ -301,7 +300,7 @@ def rebuild_store(conf: cfg.ConfigOpts) -> int:
 
 def accept(conf: cfg.ConfigOpts) -> int:
     """Holding the state directory (the agent must be stopped)."""
-    state_lock.acquire(conf.state_path)
+    lock.acquire(conf.state_path)
     accepted = accept_store(Path(conf.state_path) / STORE_FILE)
     print_output(accepted.describe())
     return 0
@@ -370,7 +369,7 @@ def heal(conf: cfg.ConfigOpts) -> int:
     else:
         # Heal writes Placement and the store as the agent would: the agent
         # is stopped (or heals itself at start with [heal] on_startup).
-        state_lock.acquire(conf.state_path)
+        lock.acquire(conf.state_path)
         agent = Agent.from_conf(conf)
         agent.driver.init_host()
         try:

@@ -203,7 +203,7 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
     for a new host, or created holding the guests of the host it adopts
     (``policy`` needed then). Raises StoreRefused with the line(s) that say
     why not, having written nothing. ``holder``: the caller holds the state
-    directory's lock (state_lock); any other caller gets the store
+    directory's lock (compute_agent/store/lock.py); any other caller gets the store
     read-only, and never a new one. A ``root_uuid`` new at this start
     (no compute_id) is written once the store is judged, before the store."""
     facts, reading, judgement = judge_store(path, root_uuid, compute_id_existed,
@@ -366,7 +366,7 @@ class Agent:
         """Raises ConfigError for a bad value, StoreRefused when the store
         is not to be served from (store_check). Asks the hypervisor and
         Placement only when the store is missing or empty. ``holder``: the
-        caller holds the state directory's lock (state_lock), and may
+        caller holds the state directory's lock (compute_agent/store/lock.py), and may
         write there; otherwise it only reads."""
         conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
         compute_id = node_identity.load(conf.state_path)

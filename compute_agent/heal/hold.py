@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from compute_agent.heal import rules as heal
+from compute_agent.heal import rules
 from compute_agent.placement.allocations import AllocationView
 from compute_agent.tree.provider_tree import ProviderTree
 
@@ -24,18 +24,18 @@ LOG = logging.getLogger(__name__)
 class UnhealedHold:
     def __init__(self, allocations: AllocationView):
         self.allocations = allocations
-        self._unhealed: frozenset[heal.Stranded] = frozenset()
+        self._unhealed: frozenset[rules.Stranded] = frozenset()
 
     def hold(self, current: ProviderTree, model: ProviderTree,
-             owned: heal.Owned) -> ProviderTree:
+             owned: rules.Owned) -> ProviderTree:
         """``model`` as the rule lets it be reported now."""
         usages = {uuid: self.allocations.usages(uuid, current.get(uuid).generation)
-                  for uuid in heal.moving(current, model, owned)}
-        held = heal.hold_unhealed(current, model, usages, owned)
+                  for uuid in rules.moving(current, model, owned)}
+        held = rules.hold_unhealed(current, model, usages, owned)
         self._log_change(frozenset(held.stranded))
         return held.tree
 
-    def _log_change(self, found: frozenset[heal.Stranded]) -> None:
+    def _log_change(self, found: frozenset[rules.Stranded]) -> None:
         """Said once when it starts and once when it ends: an unhealed host
         does not repeat itself every cycle."""
         if found == self._unhealed:

@@ -28,7 +28,7 @@ from compute_agent.compute.manager import ComputeManager
 from compute_agent.drivers.base import HostInventory
 from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.exception import AgentError, GenerationConflict
-from compute_agent.heal import rules as heal
+from compute_agent.heal import rules
 from compute_agent.heal.realign import DeviceIndex, Realignment, misplaced, realign
 from compute_agent.placement.allocations import tree_allocations
 from compute_agent.placement.client import PlacementClient
@@ -58,7 +58,7 @@ READERS = 8
 
 @dataclass
 class HealResult:
-    plan: heal.Plan
+    plan: rules.Plan
     applied: bool
     attempts: int
     # The store's rows moved after their allocations: by this heal's
@@ -75,15 +75,15 @@ class Model:
     pools: dict[str, dict[str, Pool]]
 
 
-def consumer_from(uuid: str, doc: dict) -> heal.Consumer:
+def consumer_from(uuid: str, doc: dict) -> rules.Consumer:
     """A consumer from Placement's answer to ``GET /allocations/{uuid}``."""
-    return heal.Consumer(
+    return rules.Consumer(
         uuid, {rp: dict(body["resources"]) for rp, body in doc["allocations"].items()},
         doc.get("project_id"), doc.get("user_id"), doc.get("consumer_generation"),
         doc.get("consumer_type"))
 
 
-def read_consumers(client: PlacementClient, uuids: list[str]) -> dict[str, heal.Consumer]:
+def read_consumers(client: PlacementClient, uuids: list[str]) -> dict[str, rules.Consumer]:
     with ThreadPoolExecutor(READERS, thread_name_prefix="heal-read") as pool:
         docs = pool.map(client.get_consumer_allocations, uuids)
         return {uuid: consumer_from(uuid, doc) for uuid, doc in zip(uuids, docs)}
@@ -99,12 +99,12 @@ def read_model(agent: HealedAgent) -> Model:
 
 
 def make_plan(agent: HealedAgent, model: Model,
-              progress: Callable[[str], None] = lambda line: None) -> heal.Plan:
+              progress: Callable[[str], None] = lambda line: None) -> rules.Plan:
     """Plan from ``model``, reading the consumers it moves; HealRefused
     names a consumer that cannot be moved."""
     sync = agent.sync
     holders: set[str] = set()
-    for uuid, classes in heal.moving(model.current, model.tree, sync.owned).items():
+    for uuid, classes in rules.moving(model.current, model.tree, sync.owned).items():
         for consumer, body in sync.client.get_provider_allocations(uuid).items():
             if set(body["resources"]) & classes:
                 holders.add(consumer)
@@ -112,7 +112,7 @@ def make_plan(agent: HealedAgent, model: Model,
         progress(f"reading the allocations of {len(holders)} consumers...")
     consumers = read_consumers(sync.client, sorted(holders))
     _, assignments, migrations = agent.manager.tracker.snapshot()
-    return heal.plan_heal(model.current, model.tree, model.pools, consumers,
+    return rules.plan_heal(model.current, model.tree, model.pools, consumers,
                           assignments, migrations.values(), sync.owned)
 
 
@@ -143,7 +143,7 @@ def align_store(agent: HealedAgent, index: DeviceIndex,
 
 
 def run_heal(agent: HealedAgent, dry_run: bool = False,
-             confirm: Callable[[heal.Plan], bool] = lambda plan: True,
+             confirm: Callable[[rules.Plan], bool] = lambda plan: True,
              attempts: int = ATTEMPTS,
              progress: Callable[[str], None] = lambda line: None) -> HealResult:
     """Heal the host, or with ``dry_run`` only say how; ``confirm`` sees the

@@ -15,7 +15,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from compute_agent.heal import rules as heal
+from compute_agent.heal.rules import Owned, hold_unhealed
 from compute_agent.tree import ownership
 from compute_agent.tree.provider_tree import (
     INVENTORY_FIELDS,
@@ -165,11 +165,11 @@ def usages(allocations: ProviderAllocations) -> dict[str, dict[str, int]]:
 
 
 def compare(placement: ProviderTree, model: ProviderTree,
-            allocations: ProviderAllocations, owned: heal.Owned = lambda p: True,
+            allocations: ProviderAllocations, owned: Owned = lambda p: True,
             instance_names: Mapping[str, str] | None = None) -> TreeReport:
     """``model`` carries Placement's UUIDs (provider_tree.adopt_uuids);
-    ``allocations`` covers at least every provider heal.moving names."""
-    held = heal.hold_unhealed(placement, model, usages(allocations), owned)
+    ``allocations`` covers at least every provider compute_agent.heal.rules.moving names."""
+    held = hold_unhealed(placement, model, usages(allocations), owned)
     report = TreeReport(placement, held.tree)
     reported = reported_traits(held.tree)
     for p in held.tree.depth_first():

@@ -16,7 +16,7 @@ import pytest
 
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
-from compute_agent.store import lock as state_lock
+from compute_agent.store import lock
 from compute_agent.store.store import SCHEMA_VERSION
 from compute_agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.keystone_standin import KeystoneStandin
@@ -80,7 +80,7 @@ class RunningHost:
         if placement_options:
             self.rewrite(placement=placement_options)
         self.agent = Agent.from_conf(load_config(["--config-file", str(self.conf)]))
-        self.lock = state_lock.acquire(str(tmp_path / "state"))
+        self.lock = lock.acquire(str(tmp_path / "state"))
         self.agent.driver.init_host()
 
     def rewrite(self, **sections: dict) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import requests
 
-from compute_agent.store import lock as state_lock
+from compute_agent.store import lock
 from tests.functional.helpers import HEADERS, get
 from tests.functional.test_heal import GUESTS, PMEM, agent_in_mode, flat_host_with_guests
 
@@ -34,7 +34,7 @@ def test_in_step_then_an_inventory_edited_behind_the_agents_back(tmp_path, place
     agent = agent_in_mode(tmp_path, placement, host, "nested")
     conf = tmp_path / "agent.conf"
     # As a running agent holds it: the command needs no lock.
-    lock = state_lock.acquire(str(tmp_path / "state"))
+    held = lock.acquire(str(tmp_path / "state"))
     try:
         agent.update_provider_tree()
         mark = placement.mark()
@@ -69,7 +69,7 @@ def test_in_step_then_an_inventory_edited_behind_the_agents_back(tmp_path, place
                 "16.0 -> 4.0") in human.stdout
         assert human.stdout.splitlines()[-1] == "1 providers differ; unhealed for no class"
     finally:
-        lock.release()
+        held.release()
         agent.stop()
 
 

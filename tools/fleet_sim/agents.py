@@ -22,7 +22,7 @@ from compute_agent.messaging import bound_broker_waits
 from compute_agent.rpc import broker
 from compute_agent.rpc.heartbeat import make_server as heartbeat_server
 from compute_agent.rpc.server import make_server
-from compute_agent.store import lock as state_lock
+from compute_agent.store import lock
 from compute_agent.tree.provider_tree import ProviderTree
 from tools.fleet_sim.placement import digest
 
@@ -53,7 +53,7 @@ class FleetHost:
         self.broker_poll = broker_poll
         self.agent: Agent | None = None
         self._servers: list = []
-        self._lock: state_lock.StateLock | None = None
+        self._lock: lock.StateLock | None = None
         self.expected = ""
         self.error = ""
         self.cycles_before = 0
@@ -64,7 +64,7 @@ class FleetHost:
         bound_broker_waits(conf, self.broker_poll)
         self.conf = conf
         self.name = conf.host
-        self._lock = state_lock.acquire(conf.state_path)
+        self._lock = lock.acquire(conf.state_path)
         check = check_one_agent_per_host(conf, ask_the_bus=True)
         agent = Agent.from_conf(conf)
         agent.placement_check = check
@@ -194,11 +194,11 @@ class Fleet:
 
     def build_half(self, placement_url: str) -> int:
         counts: list[int] = []
-        lock = threading.Lock()
+        counting = threading.Lock()
 
         def one(host: FleetHost) -> None:
             n = host.build_half(placement_url)
-            with lock:
+            with counting:
                 counts.append(n)
 
         with ThreadPoolExecutor(max_workers=8) as pool:

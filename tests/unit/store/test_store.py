@@ -23,7 +23,7 @@ from compute_agent.claims.model import (
     Owner,
 )
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
-from compute_agent.store import lock as state_lock
+from compute_agent.store import lock
 from compute_agent.store import sequence as sequence_record
 from compute_agent.store.check import StoreFile, StoreVerdict, judge
 from compute_agent.store.errors import StoreError, StoreMoved
@@ -807,20 +807,20 @@ def test_a_commit_that_fails_names_the_file(store):
 
 
 def test_the_state_directory_has_one_holder(tmp_path):
-    held = state_lock.acquire(str(tmp_path))
+    held = lock.acquire(str(tmp_path))
     assert (tmp_path / "lock").read_text() == f"{os.getpid()}\n"
     assert (tmp_path / "lock").stat().st_mode & 0o777 == 0o600
     # Another process: flock locks belong to the open file, so a second
     # open in this process would conflict the same way.
-    code = (f"from compute_agent.store import lock as state_lock\n"
+    code = (f"from compute_agent.store import lock\n"
             f"from compute_agent.store.errors import StateDirectoryInUse\n"
-            f"try:\n    state_lock.acquire({str(tmp_path)!r})\n"
+            f"try:\n    lock.acquire({str(tmp_path)!r})\n"
             f"except StateDirectoryInUse as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert f"state directory {tmp_path} is in use by another agent (pid {os.getpid()})" in out
     held.release()
-    state_lock.acquire(str(tmp_path)).release()
+    lock.acquire(str(tmp_path)).release()
 
 
 def test_a_holders_store_closes_twice_without_error(tmp_path):
