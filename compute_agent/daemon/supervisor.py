@@ -23,6 +23,12 @@ EXIT_THREAD_DIED = 1
 # After a thread's death, how long the orderly stop may take (calls in
 # flight finishing) before the process exits all the same.
 STOP_AFTER_DEATH_SECONDS = 5
+# The main thread's longest wait between two looks at its signals. The
+# kernel hands a process's signal to any of its threads; Python runs the
+# handler in the main thread, and only once that thread is between two
+# waits: a wait of an hour left a SIGTERM unhandled for an hour whenever
+# another thread took it (seen in the upgrade tests, under load).
+SIGNAL_LOOK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -103,8 +109,7 @@ class Supervisor:
 
     def wait(self) -> None:
         """Until a stop request or a thread's death."""
-        # Slices, so that a signal's handler always gets to run.
-        while not self.wake.wait(3600):
+        while not self.wake.wait(SIGNAL_LOOK_SECONDS):
             pass
         self.report()
 
