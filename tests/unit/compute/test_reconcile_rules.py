@@ -10,7 +10,7 @@ import pytest
 
 from compute_agent.claims.model import AssignmentState, MigrationState, MoveKind
 from compute_agent.compute import reconcile as rules
-from compute_agent.compute.reconcile import reconcile
+from compute_agent.compute.reconcile import ReconcileInputs, reconcile
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import SourceHostUp
 from compute_agent.store.store import live_changed_at, migrations_changed_at
@@ -117,9 +117,9 @@ def test_evacuated_elsewhere(w):
     here = {u: {w.uuid("pf")} for u in (ours, *holds.values())}
 
     def run(at_start, allocations=here, found=elsewhere, fix=True, evacuated=holds):
-        return reconcile(w.manager, allocations, at_start=at_start, fix=fix,
-                         elsewhere=found, drop_evacuation_hold=dropped.append,
-                         evacuation_holds=evacuated)
+        return reconcile(w.manager, ReconcileInputs(
+            allocations, at_start=at_start, fix=fix, elsewhere=found,
+            drop_evacuation_hold=dropped.append, evacuation_holds=evacuated))
 
     # Only at start-up, and never on unknown (audits: the other rules would
     # act on the instances with no allocation here).
@@ -160,9 +160,9 @@ def test_an_announced_live_migration_keeps_its_instance_at_start_up(w):
     allocations = {migration: {w.uuid("gpu")}}
     elsewhere = {instance: {new_uuid()}}
     for fix in (False, True):
-        report = reconcile(w.manager, allocations, at_start=True, fix=fix,
-                           elsewhere=elsewhere, announced_timeout=600,
-                           end_announced_move=lambda m: pytest.fail("ended early"))
+        report = reconcile(w.manager, ReconcileInputs(
+            allocations, at_start=True, fix=fix, elsewhere=elsewhere, announced_timeout=600,
+            end_announced_move=lambda m: pytest.fail("ended early")))
         assert report.findings == [] and report.consistent
     assert w.driver.guest_is_running(instance)
     assert w.migrations()[migration].state is MigrationState.ANNOUNCED
@@ -194,9 +194,9 @@ def test_live_migration_never_started(w):
     announced = w.store.read(migrations_changed_at)[migration]
 
     def run(fix, now, callback=end):
-        return reconcile(w.manager, {migration: {w.uuid("gpu")}}, at_start=False,
-                         fix=fix, announced_timeout=TIMEOUT_S, end_announced_move=callback,
-                         clock=lambda: now)
+        return reconcile(w.manager, ReconcileInputs(
+            {migration: {w.uuid("gpu")}}, at_start=False, fix=fix,
+            announced_timeout=TIMEOUT_S, end_announced_move=callback, clock=lambda: now))
 
     assert run(False, just_before(announced + TIMEOUT_S)).findings == [] and not ended
     at_bound = announced + TIMEOUT_S
@@ -217,13 +217,14 @@ def test_assignment_without_guest(w):
     instance = built(w)
     w.driver.destroy(instance)
     changed = w.store.read(live_changed_at)[instance]
-    held = reconcile(w.manager, None, at_start=False, grace=TIMEOUT_S,
-                     clock=lambda: just_before(changed + TIMEOUT_S))
+    held = reconcile(w.manager, ReconcileInputs(
+        None, at_start=False, grace=TIMEOUT_S,
+        clock=lambda: just_before(changed + TIMEOUT_S)))
     assert kinds(held) == ["assignment_without_guest"] and not held.consistent
     assert instance in w.instances()
     # Unchanged for the grace period: given back.
-    report = reconcile(w.manager, None, at_start=False, grace=TIMEOUT_S,
-                       clock=lambda: changed + TIMEOUT_S)
+    report = reconcile(w.manager, ReconcileInputs(
+        None, at_start=False, grace=TIMEOUT_S, clock=lambda: changed + TIMEOUT_S))
     assert kinds(report, fixed=True) == ["assignment_without_guest"]
     assert instance not in w.instances()
 
@@ -242,8 +243,8 @@ def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w):
     w.restart()
     changed = w.store.read(live_changed_at)[instance]
 
-    report = reconcile(w.manager, None, at_start=True, grace=TIMEOUT_S,
-                       clock=lambda: changed + TIMEOUT_S)
+    report = reconcile(w.manager, ReconcileInputs(
+        None, at_start=True, grace=TIMEOUT_S, clock=lambda: changed + TIMEOUT_S))
     assert [(f.kind, f.fixed) for f in report.findings] == [
         ("assignment_without_guest", False)], report.as_dict()
     assert instance in w.instances() and migration in w.migrations()
@@ -326,8 +327,8 @@ def test_bug_reverted_resize_source_given_up_before_the_swap_back(w):
     w.tracker.revert_move(migration)  # revert_resize, killed before the spawn
     w.restart()
 
-    report = reconcile(w.manager, {migration: {w.uuid("pf")}}, at_start=True,
-                       elsewhere={instance: {new_uuid()}})
+    report = reconcile(w.manager, ReconcileInputs(
+        {migration: {w.uuid("pf")}}, at_start=True, elsewhere={instance: {new_uuid()}}))
     assert [(f.kind, f.subject, f.fixed) for f in report.findings] == [
         ("assignment_without_allocation", instance, False)], report.as_dict()
     assert migration in w.migrations() and instance in w.instances()
