@@ -74,48 +74,61 @@ class Report:
                 "unknown": list(self.unknown)}
 
 
-@dataclass
-class Pass:
-    """What one reconciliation pass knows, read once at its start."""
+@dataclass(frozen=True)
+class ReconcileInputs:
+    """What a reconciliation is given by its caller: Placement's side as the
+    caller read it, whether it may fix, and its time bounds."""
 
-    manager: ComputeManager
-    report: Report
-    fix: bool
-    at_start: bool
-    instances: dict[str, dict]
-    rows: dict[str, list[Assignment]]
-    open_moves: dict[str, Migration]  # by instance uuid
-    migrations: dict[str, Migration]  # every move the store knows, open or settled
-    guests: dict[str, GuestState]
     # consumer uuid -> our providers it holds allocations on; None when
     # Placement's answer is unknown.
     allocations: dict[str, set[str]] | None
-    boot_id: str
-    grace: float
-    changed_at: dict[str, float]
-    now: float
-    # The guests another manager defined (an adopted host's nova guests):
-    # never redefined from the store, which would replace nova's definition.
-    foreign: frozenset[str] = frozenset()
+    at_start: bool
+    fix: bool = True
+    # Seconds for which devices whose guest has gone stay held
+    # (orphan_grace_period).
+    grace: float = 0
     # At start-up: instance uuid -> the providers, none of them ours, that
     # hold its allocations, for the instances with none on ours; None when
     # unknown. And how to drop the hold an evacuation's migration consumer
     # keeps on our providers.
     elsewhere: dict[str, set[str]] | None = None
     drop_evacuation_hold: Callable[[str], None] | None = None
-    # The evacuations accepted here and not yet settled, by instance uuid.
-    rebuilds: dict[str, Migration] = field(default_factory=dict)
     # The instances whose evacuation's migration consumer holds allocations
     # on our providers (the evacuator's swap): instance uuid -> that
     # consumer, which the instance's record explains.
     evacuation_holds: dict[str, str] = field(default_factory=dict)
-    # Live migrations announced here and never started: when each was
-    # announced (epoch s), by migration uuid; after how many seconds the
-    # conductor is taken for gone; and how to end such a move (its
-    # allocations back to the instance, its record rolled back).
-    announced_at: dict[str, float] = field(default_factory=dict)
+    # After how many seconds a live migration announced here and never
+    # started is taken for the conductor's loss, and how to end such a move
+    # (its allocations back to the instance, its record rolled back).
     announced_timeout: float = float("inf")
     end_announced_move: Callable[[Migration], None] | None = None
+    # The wall-clock time now, which the store's change times are in.
+    clock: Callable[[], float] = time.time
+
+
+@dataclass
+class Pass:
+    """What one reconciliation pass knows, read once at its start."""
+
+    manager: ComputeManager
+    report: Report
+    inputs: ReconcileInputs
+    instances: dict[str, dict]
+    rows: dict[str, list[Assignment]]
+    open_moves: dict[str, Migration]  # by instance uuid
+    migrations: dict[str, Migration]  # every move the store knows, open or settled
+    guests: dict[str, GuestState]
+    boot_id: str
+    changed_at: dict[str, float]
+    now: float
+    # The guests another manager defined (an adopted host's nova guests):
+    # never redefined from the store, which would replace nova's definition.
+    foreign: frozenset[str] = frozenset()
+    # The evacuations accepted here and not yet settled, by instance uuid.
+    rebuilds: dict[str, Migration] = field(default_factory=dict)
+    # Live migrations announced here and never started: when each was
+    # announced (epoch s), by migration uuid.
+    announced_at: dict[str, float] = field(default_factory=dict)
     # Every guest on the host, ours and others', with what it holds.
     holdings: dict[str, GuestHolding] = field(default_factory=dict)
     # The instances an evacuation is being accepted for here now, their
@@ -124,7 +137,7 @@ class Pass:
 
     def act(self, kind: str, subject: str, detail: str, action: Callable) -> None:
         """Fix (when fixing) and report; ``detail`` reads "what: outcome"."""
-        if not self.fix:
+        if not self.inputs.fix:
             self.report.add(kind, subject, detail.split(":")[0])
             return
         try:
@@ -152,7 +165,7 @@ def claim_stuck_claiming(p: Pass, uuid: str) -> bool:
     when there is no guest, left alone when a running guest lacks some."""
     claiming = [a for a in p.rows.get(uuid, ())
                 if a.state is AssignmentState.CLAIMING and a.migration_uuid is None]
-    if not p.at_start or not claiming:
+    if not p.inputs.at_start or not claiming:
         return False
     guest = p.guests.get(uuid)
     wanted = {a.id for a in claiming if in_guest(a)}
@@ -174,7 +187,7 @@ def evacuation_interrupted(p: Pass, uuid: str) -> bool:
     """At start-up, before RPC is served: an evacuation accepted here whose
     rebuild did not finish is resumed; this host is its single owner. (The
     update loop resumes the same ones at every cycle: resume_rebuilds.)"""
-    if not p.at_start:
+    if not p.inputs.at_start:
         return False
     move = p.rebuilds.get(uuid)
     if move is None:
@@ -191,17 +204,17 @@ def evacuated_elsewhere(p: Pass, uuid: str) -> bool:
     move in flight here owns it) is given up: its guest destroyed, running
     or not, its devices given back, and the evacuation's hold on our
     providers dropped. Skipped while Placement's answer is unknown."""
-    if not p.at_start or p.allocations is None or p.elsewhere is None:
+    if not p.inputs.at_start or p.inputs.allocations is None or p.inputs.elsewhere is None:
         return False
-    elsewhere = p.elsewhere.get(uuid)
-    if not evacuated_away(uuid in p.allocations, elsewhere, p.open_moves.get(uuid),
-                          uuid in p.evacuation_holds):
+    elsewhere = p.inputs.elsewhere.get(uuid)
+    if not evacuated_away(uuid in p.inputs.allocations, elsewhere, p.open_moves.get(uuid),
+                          uuid in p.inputs.evacuation_holds):
         return False
 
     def give_up() -> None:
         p.manager.delete_instance(uuid)
-        if p.drop_evacuation_hold is not None:
-            p.drop_evacuation_hold(uuid)
+        if p.inputs.drop_evacuation_hold is not None:
+            p.inputs.drop_evacuation_hold(uuid)
 
     p.act("evacuated_elsewhere", uuid,
           f"its allocations sit on {len(elsewhere)} provider(s) of another host: "
@@ -222,15 +235,15 @@ def live_migration_never_started(p: Pass, uuid: str) -> bool:
     if move is None or move.state is not MigrationState.ANNOUNCED:
         return False
     age = p.now - p.announced_at.get(move.uuid, p.now)
-    if age < p.announced_timeout:
+    if age < p.inputs.announced_timeout:
         return False
     detail = (f"live migration {move.uuid} announced {age:.0f} s ago never "
               "started: allocations returned to the instance, move ended")
-    if p.end_announced_move is None:
+    if p.inputs.end_announced_move is None:
         p.report.add("live_migration_never_started", uuid, detail.split(":")[0])
         return True
     p.act("live_migration_never_started", uuid, detail,
-          lambda: p.end_announced_move(move))
+          lambda: p.inputs.end_announced_move(move))
     return True
 
 
@@ -260,11 +273,11 @@ def assignment_without_guest(p: Pass, uuid: str) -> bool:
                      f"devices held by an instance that has no guest here; kept for "
                      f"its resize {resize.uuid}, which is not confirmed or reverted yet")
         return True
-    waited = p.now - p.changed_at.get(uuid, p.now - p.grace)
-    if waited < p.grace:
+    waited = p.now - p.changed_at.get(uuid, p.now - p.inputs.grace)
+    if waited < p.inputs.grace:
         p.report.add("assignment_without_guest", uuid,
                      f"devices held by an instance that has no guest here; "
-                     f"given back once unchanged for {p.grace:.0f} s "
+                     f"given back once unchanged for {p.inputs.grace:.0f} s "
                      f"(now {max(waited, 0):.0f} s)")
         return True
     p.act("assignment_without_guest", uuid,
@@ -309,7 +322,7 @@ def mdev_after_reboot(p: Pass, uuid: str) -> bool:
                   f"claimed before this boot by {uuid}: recreated",
                   lambda a=a: driver.ensure_mdev(a.device_id, a.detail.mdev_parent,
                                                  a.detail.mdev_type))
-    if stale and p.fix:
+    if stale and p.inputs.fix:
         p.manager.tracker.rebind_boot(uuid)
     return False
 
@@ -324,11 +337,11 @@ def assignment_without_allocation(p: Pass, uuid: str) -> bool:
     killed between its revert and the restart of its guest), and giving the
     instance up would lose it and forget the move the conductor's retry
     names. Reported, left alone."""
-    if p.allocations is None or uuid in p.allocations or uuid in p.open_moves \
+    if p.inputs.allocations is None or uuid in p.inputs.allocations or uuid in p.open_moves \
             or not p.claimed(uuid):
         return False
     swapped = sorted(m.uuid for m in p.migrations.values()
-                     if m.instance_uuid == uuid and m.uuid in p.allocations)
+                     if m.instance_uuid == uuid and m.uuid in p.inputs.allocations)
     if swapped:
         p.report.add("assignment_without_allocation", uuid,
                      f"Placement holds its devices here for its move {swapped[0]}, "
@@ -375,13 +388,13 @@ def allocation_without_record(p: Pass) -> None:
     being accepted here (its destination waiting the source out) is on its
     way into the store (Pass.arriving). Skipped while Placement's answer is
     unknown."""
-    if p.allocations is None:
+    if p.inputs.allocations is None:
         return
-    known = (set(p.instances) | set(p.migrations) | set(p.evacuation_holds.values())
+    known = (set(p.instances) | set(p.migrations) | set(p.inputs.evacuation_holds.values())
              | p.arriving)
-    for consumer in sorted(set(p.allocations) - known):
+    for consumer in sorted(set(p.inputs.allocations) - known):
         p.report.add("allocation_without_record", consumer,
-                     f"holds allocations on {len(p.allocations[consumer])} of our "
+                     f"holds allocations on {len(p.inputs.allocations[consumer])} of our "
                      "providers that no local record explains")
 
 
@@ -427,20 +440,8 @@ def adopted_guests(foreign: dict[str, ForeignGuest], rows: dict[str, list[Assign
     return out
 
 
-def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
-              at_start: bool, fix: bool = True, grace: float = 0,
-              elsewhere: dict[str, set[str]] | None = None,
-              drop_evacuation_hold: Callable[[str], None] | None = None,
-              evacuation_holds: dict[str, str] | None = None,
-              announced_timeout: float = float("inf"),
-              end_announced_move: Callable[[Migration], None] | None = None,
-              clock: Callable[[], float] = time.time) -> Report:
-    """``allocations``: consumer uuid -> our providers it holds allocations
-    on, or None when Placement's answer is unknown. ``grace``: seconds for
-    which devices whose guest has gone stay held (orphan_grace_period).
-    ``elsewhere``, ``drop_evacuation_hold``, ``evacuation_holds``,
-    ``announced_timeout`` and ``end_announced_move``: see Pass. ``clock``:
-    the wall-clock time now, which the store's change times are in."""
+def reconcile(manager: ComputeManager, inputs: ReconcileInputs) -> Report:
+    """One pass over what ``manager`` holds, with what its caller gives."""
     tracker, driver = manager.tracker, manager.driver
     # Read before the store: an acceptance that ends in between has its
     # record in the snapshot.
@@ -452,16 +453,17 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
     adopted = adopted_guests(driver.list_foreign_guests(), rows)
     holdings = driver.guest_holdings()
     tracker.set_guests(holdings)
-    p = Pass(manager, Report(), fix, at_start, instances, rows,
-             {m.instance_uuid: m for m in moves.values() if m.open}, dict(moves),
-             {**adopted, **driver.list_guests()}, allocations, driver.boot_id(), grace,
-             tracker.store.read(live_changed_at) if grace else {}, clock(),
-             frozenset(adopted), elsewhere, drop_evacuation_hold,
-             {m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())},
-             evacuation_holds or {},
-             tracker.store.read(migrations_changed_at)
-             if any(m.state is MigrationState.ANNOUNCED for m in moves.values()) else {},
-             announced_timeout, end_announced_move, holdings, arriving)
+    announced = any(m.state is MigrationState.ANNOUNCED for m in moves.values())
+    p = Pass(
+        manager=manager, report=Report(), inputs=inputs, instances=instances, rows=rows,
+        open_moves={m.instance_uuid: m for m in moves.values() if m.open},
+        migrations=dict(moves), guests={**adopted, **driver.list_guests()},
+        boot_id=driver.boot_id(),
+        changed_at=tracker.store.read(live_changed_at) if inputs.grace else {},
+        now=inputs.clock(), foreign=frozenset(adopted),
+        rebuilds={m.instance_uuid: m for m in interrupted_rebuilds(moves.values(), set())},
+        announced_at=tracker.store.read(migrations_changed_at) if announced else {},
+        holdings=holdings, arriving=arriving)
     for uuid in sorted(instances):
         for rule in INSTANCE_RULES:
             if rule(p, uuid):
@@ -473,6 +475,6 @@ def reconcile(manager: ComputeManager, allocations: dict[str, set[str]] | None,
         tracker.set_guests(p.holdings)
     for host_rule in HOST_RULES:
         host_rule(p)
-    if allocations is None:
+    if inputs.allocations is None:
         p.report.unknown.append("Placement's allocations")
     return p.report

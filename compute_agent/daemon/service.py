@@ -17,7 +17,7 @@ from compute_agent.claims.model import Migration
 from compute_agent.cleaning.rules import apply_uses
 from compute_agent.cleaning.run import Cleaner
 from compute_agent.compute.manager import ComputeManager
-from compute_agent.compute.reconcile import Report, reconcile
+from compute_agent.compute.reconcile import ReconcileInputs, Report, reconcile
 from compute_agent.compute.tracker import Tracker
 from compute_agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
 from compute_agent.daemon import cycle_record
@@ -526,13 +526,12 @@ class Agent:
         holds = {u: m for u in self.manager.tracker.snapshot()[0]
                  if allocations is not None
                  and (m := evacuation_migration_uuid(u, self.sync.root_uuid)) in allocations}
-        report = reconcile(self.manager, allocations, at_start, fix,
-                           grace=self.settings.orphan_grace_period, elsewhere=elsewhere,
-                           drop_evacuation_hold=self._drop_evacuation_hold,
-                           evacuation_holds=holds,
-                           announced_timeout=self.settings.live_migration_announced_timeout,
-                           end_announced_move=self._end_announced_move,
-                           clock=self.wall_clock)
+        report = reconcile(self.manager, ReconcileInputs(
+            allocations, at_start, fix, grace=self.settings.orphan_grace_period,
+            elsewhere=elsewhere, drop_evacuation_hold=self._drop_evacuation_hold,
+            evacuation_holds=holds,
+            announced_timeout=self.settings.live_migration_announced_timeout,
+            end_announced_move=self._end_announced_move, clock=self.wall_clock))
         self.metrics.findings(report.findings)
         return report
 

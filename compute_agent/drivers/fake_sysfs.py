@@ -12,6 +12,12 @@ libvirt test-driver host XML, so a test sees one host through both views.
 Device directories live under devices/, and bus/, class/ and kernel/ hold
 symlinks to them, as in the kernel's sysfs, because the readers follow
 those links (physfn, virtfnN, driver, iommu_group, mdev_type).
+
+SysfsBuilder is made of one part per kind of device, each writing that
+kind's files (NumaNodeFiles, PciDeviceFiles, PciHealthFiles, MdevFiles,
+NvidiaVgpuFiles, PmemFiles) and LibvirtHostView, which writes the test
+driver's host file; a part that keeps state per PCI device extends how
+devices are removed or VFs enabled.
 """
 from __future__ import annotations
 
@@ -120,20 +126,12 @@ def vf_address(pf_address: str, index: int) -> str:
                           routing_id & 7)
 
 
-class SysfsBuilder:
+class _SysfsFiles:
+    """The tree under its root, and how its files and links are written."""
+
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._numa: dict[int, tuple[str, int]] = {}
-        self._pci: dict[str, _Pci] = {}
-        self._mdevs: dict[str, tuple[str, str]] = {}
-        self._holders: dict[tuple[int, str], int] = {}
-        self._next_group = 1
-        self._npiv_hba: int | None = None
-        # PF address -> its vGPU state, in NVIDIA's vendor-specific layout.
-        self._vgpu_cards: dict[str, _VgpuCard] = {}
-
-    # files
 
     def _write(self, path: Path, text: object) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,19 +143,13 @@ class SysfsBuilder:
             link.unlink()
         link.symlink_to(os.path.relpath(target, link.parent))
 
-    @staticmethod
-    def _write_config(path: Path, vendor: str, product: str) -> None:
-        """The first 64 bytes of config space, what an unprivileged reader
-        gets: vendor and device ids, little-endian, at offset 0."""
-        header = (int(vendor, 16).to_bytes(2, "little")
-                  + int(product, 16).to_bytes(2, "little"))
-        (path / "config").write_bytes(header.ljust(_CONFIG_HEADER, b"\0"))
 
-    def device_dir(self, address: str) -> Path:
-        domain, bus, _, _ = split_address(address)
-        return self.root / "devices" / f"pci{domain:04x}:{bus:02x}" / address
+class NumaNodeFiles(_SysfsFiles):
+    """The NUMA nodes: their CPUs, memory and huge pages."""
 
-    # NUMA
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(root)
+        self._numa: dict[int, tuple[str, int]] = {}
 
     def add_numa_node(self, node_id: int, cpus: str, memory_mb: int,
                       hugepages: dict[int, int] | None = None) -> None:
@@ -174,7 +166,26 @@ class SysfsBuilder:
                         "nr_hugepages", count)
         self._numa[node_id] = (cpus, memory_mb)
 
-    # PCI
+
+class PciDeviceFiles(_SysfsFiles):
+    """PCI devices, their drivers and IOMMU groups, SR-IOV PFs and VFs."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(root)
+        self._pci: dict[str, _Pci] = {}
+        self._next_group = 1
+
+    @staticmethod
+    def _write_config(path: Path, vendor: str, product: str) -> None:
+        """The first 64 bytes of config space, what an unprivileged reader
+        gets: vendor and device ids, little-endian, at offset 0."""
+        header = (int(vendor, 16).to_bytes(2, "little")
+                  + int(product, 16).to_bytes(2, "little"))
+        (path / "config").write_bytes(header.ljust(_CONFIG_HEADER, b"\0"))
+
+    def device_dir(self, address: str) -> Path:
+        domain, bus, _, _ = split_address(address)
+        return self.root / "devices" / f"pci{domain:04x}:{bus:02x}" / address
 
     def add_pci_device(self, address: str, vendor: str, product: str,
                        class_id: str = "030000", numa_node: int | None = None,
@@ -253,8 +264,6 @@ class SysfsBuilder:
             self._link(pf_dir / f"virtfn{index}", vf_dir)
             pf.vfs.append(vf)
         self._write(pf_dir / "sriov_numvfs", num_vfs)
-        if pf_address in self._vgpu_cards:
-            self._write_vgpu_files(pf_address)
         return list(pf.vfs)
 
     def answer_sriov_writes(self) -> None:
@@ -275,26 +284,11 @@ class SysfsBuilder:
                                  f"{len(pf.vfs)} VFs exist: the kernel refuses it (EBUSY)")
             self.set_num_vfs(address, written)
 
-    def reboot(self) -> None:
-        """What a host reboot leaves: every mdev gone, every PF without VFs
-        (sriov_numvfs 0, its VFs' directories and virtfnN links gone); a
-        VF enabled again later gets a new IOMMU group number, as groups are
-        numbered at each boot in the order devices are found."""
-        for mdev_uuid in list(self._mdevs):
-            self.remove_mdev(mdev_uuid)
-        for address, pf in sorted(self._pci.items()):
-            if pf.total_vfs:
-                self.set_num_vfs(address, 0)
-
     def remove_device(self, address: str) -> None:
-        """Unplug a device, its VFs with it, and its mdevs."""
+        """Unplug a device, its VFs with it."""
         dev = self._pci.pop(address)
         for vf in list(dev.vfs):
             self.remove_device(vf)
-        for mdev_uuid, (parent, _) in list(self._mdevs.items()):
-            if parent == address:
-                del self._mdevs[mdev_uuid]
-                (self.root / "bus" / "mdev" / "devices" / mdev_uuid).unlink()
         self._remove_files(address, dev)
 
     def _remove_files(self, address: str, dev: _Pci) -> None:
@@ -308,7 +302,23 @@ class SysfsBuilder:
                 link.unlink()
         shutil.rmtree(self.device_dir(address), ignore_errors=True)
 
-    # health: what a failing device's files show
+    def unplug_vf(self, vf: str) -> None:
+        """Remove one VF alone, as writing its ``remove`` file does: its PF
+        still counts it in sriov_numvfs and its virtfnN link dangles."""
+        self._remove_files(vf, self._pci[vf])
+
+    def replug_vf(self, vf: str) -> None:
+        """The VF found again, as a rescan of the bus finds it."""
+        dev = self._pci[vf]
+        pf_dir = self.device_dir(dev.physfn)
+        self.add_pci_device(vf, dev.vendor, dev.product, dev.class_id,
+                            dev.numa_node, dev.driver, dev.iommu_group)
+        self._pci[vf] = dev
+        self._link(self.device_dir(vf) / "physfn", pf_dir)
+
+
+class PciHealthFiles(PciDeviceFiles):
+    """What a failing PCI device's files show."""
 
     def set_vendor(self, address: str, vendor: str) -> None:
         """What the ``vendor`` file says: "ffff" once config space no
@@ -353,21 +363,21 @@ class SysfsBuilder:
         elif carrier.exists():
             carrier.unlink()
 
-    def unplug_vf(self, vf: str) -> None:
-        """Remove one VF alone, as writing its ``remove`` file does: its PF
-        still counts it in sriov_numvfs and its virtfnN link dangles."""
-        self._remove_files(vf, self._pci[vf])
 
-    def replug_vf(self, vf: str) -> None:
-        """The VF found again, as a rescan of the bus finds it."""
-        dev = self._pci[vf]
-        pf_dir = self.device_dir(dev.physfn)
-        self.add_pci_device(vf, dev.vendor, dev.product, dev.class_id,
-                            dev.numa_node, dev.driver, dev.iommu_group)
-        self._pci[vf] = dev
-        self._link(self.device_dir(vf) / "physfn", pf_dir)
+class MdevFiles(PciDeviceFiles):
+    """Mediated devices and the mdev parents that offer their types."""
 
-    # mdev
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(root)
+        self._mdevs: dict[str, tuple[str, str]] = {}
+
+    def remove_device(self, address: str) -> None:
+        """Unplug a device, its mdevs and its VFs' with it."""
+        for mdev_uuid, (parent, _) in list(self._mdevs.items()):
+            if parent == address:
+                del self._mdevs[mdev_uuid]
+                (self.root / "bus" / "mdev" / "devices" / mdev_uuid).unlink()
+        super().remove_device(address)
 
     def add_mdev_parent(self, address: str, numa_node: int | None,
                         types: dict[str, tuple[str | None, int]],
@@ -460,6 +470,15 @@ class SysfsBuilder:
                     self.add_mdev(create.read_text().strip(), address, type_id)
                     create.unlink()
 
+
+class NvidiaVgpuFiles(PciDeviceFiles):
+    """GPUs in NVIDIA's vendor-specific VFIO layout."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(root)
+        # PF address -> its vGPU state.
+        self._vgpu_cards: dict[str, _VgpuCard] = {}
+
     def add_nvidia_vf_layout(self, pf_address: str, product: str,
                              numa_node: int | None,
                              vgpu_types: dict[int, str],
@@ -483,6 +502,14 @@ class SysfsBuilder:
         self._vgpu_cards[pf_address] = _VgpuCard(
             dict(vgpu_types), equal_size, framebuffer_gb)
         self._write_vgpu_files(pf_address)
+        return vfs
+
+    def set_num_vfs(self, pf_address: str, num_vfs: int) -> list[str]:
+        """As for any PF; on a card's, the VFs added list what they can
+        create, and a VF removed takes its type with it."""
+        vfs = super().set_num_vfs(pf_address, num_vfs)
+        if pf_address in self._vgpu_cards:
+            self._write_vgpu_files(pf_address)
         return vfs
 
     def set_current_vgpu_type(self, vf_address: str, type_id: int) -> None:
@@ -555,7 +582,13 @@ class SysfsBuilder:
                     for t in self._creatable(pf, vf)))
             self._write(nvidia / "current_vgpu_type", card.current.get(vf, 0))
 
-    # nvdimm
+
+class PmemFiles(_SysfsFiles):
+    """Persistent-memory namespaces, their claiming devices and dax devices."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(root)
+        self._holders: dict[tuple[int, str], int] = {}
 
     def add_pmem_namespace(self, region: int, index: int, size_bytes: int,
                            numa_node: int | None, alt_name: str = "",
@@ -621,7 +654,13 @@ class SysfsBuilder:
         self._link(holder_dir / dax / "driver", driver_dir)
         self._link(driver_dir / dax, holder_dir / dax)
 
-    # the libvirt view
+
+class LibvirtHostView(NumaNodeFiles, MdevFiles):
+    """The libvirt test driver's host file for the host built so far."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        super().__init__(root)
+        self._npiv_hba: int | None = None
 
     def add_npiv_hba(self, host: int) -> str:
         """A Fibre Channel HBA that can make NPIV vports, with one vport
@@ -706,6 +745,22 @@ class SysfsBuilder:
                 f"<iommuGroup number='{dev.iommu_group}'>"
                 f"{_address_xml(dev.address)}</iommuGroup>{numa}"
                 "</capability></device>")
+
+
+class SysfsBuilder(LibvirtHostView, PciHealthFiles, NvidiaVgpuFiles, PmemFiles):
+    """One host, built part by part, in sysfs and in the test driver's host
+    file."""
+
+    def reboot(self) -> None:
+        """What a host reboot leaves: every mdev gone, every PF without VFs
+        (sriov_numvfs 0, its VFs' directories and virtfnN links gone); a
+        VF enabled again later gets a new IOMMU group number, as groups are
+        numbered at each boot in the order devices are found."""
+        for mdev_uuid in list(self._mdevs):
+            self.remove_mdev(mdev_uuid)
+        for address, pf in sorted(self._pci.items()):
+            if pf.total_vfs:
+                self.set_num_vfs(address, 0)
 
 
 def _address_xml(address: str) -> str:

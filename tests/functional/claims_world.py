@@ -16,7 +16,7 @@ from pathlib import Path
 import os_resource_classes as orc
 
 from compute_agent.compute.manager import ComputeManager
-from compute_agent.compute.reconcile import reconcile
+from compute_agent.compute.reconcile import ReconcileInputs, Report, reconcile
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 from compute_agent.health.vf_restore_run import VfRestore
@@ -129,8 +129,8 @@ class World:
         return boot_id
 
     def reconcile(self, allocations: dict[str, set[str]] | None, at_start: bool,
-                  fix: bool = True):
-        return reconcile(self.manager, allocations, at_start, fix)
+                  fix: bool = True) -> Report:
+        return reconcile(self.manager, ReconcileInputs(allocations, at_start, fix))
 
     # --- names and allocations ---------------------------------------------
 

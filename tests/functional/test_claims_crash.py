@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from compute_agent.claims.model import AssignmentState, Owner
-from compute_agent.compute.reconcile import reconcile
+from compute_agent.compute.reconcile import ReconcileInputs, reconcile
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.fake import FakeDriver
 from compute_agent.exception import ClaimFailed
@@ -367,13 +367,13 @@ def test_bug_a_source_killed_before_recording_its_resize_kept_the_instance(tmp_p
         inst, mig = new_uuid(), new_uuid()
         w.manager.build_instance(inst, spec(), w.allocations({"pf": {"SRIOV_NET_VF": 1}}))
         w.restart()  # killed before resize_instance; the conductor had swapped
-        report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
-                           elsewhere={inst: {new_uuid()}}, evacuation_holds={})
+        report = reconcile(w.manager, ReconcileInputs(
+            {mig: set(w.names.values())}, at_start=True, elsewhere={inst: {new_uuid()}}))
         assert inst in w.instances() and inst in w.driver.list_guests(), report.as_dict()
         # An evacuation's hold says it: then the source gives it up.
-        report = reconcile(w.manager, {mig: set(w.names.values())}, at_start=True,
-                           elsewhere={inst: {new_uuid()}},
-                           evacuation_holds={inst: mig})
+        report = reconcile(w.manager, ReconcileInputs(
+            {mig: set(w.names.values())}, at_start=True, elsewhere={inst: {new_uuid()}},
+            evacuation_holds={inst: mig}))
         assert inst not in w.instances() and inst not in w.driver.list_guests()
     finally:
         w.stop()

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from compute_agent.claims.model import AssignmentState, MigrationState, Owner
-from compute_agent.compute.reconcile import reconcile
+from compute_agent.compute.reconcile import ReconcileInputs, reconcile
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.fake import FakeNetwork
 from compute_agent.exception import ClaimFailed, MoveInProgress
@@ -363,8 +363,9 @@ class ClaimsMachine(RuleBasedStateMachine):
         def never(m):
             raise AssertionError(f"announced move {m.uuid} ended within its bound")
 
-        report = reconcile(w.manager, placement, at_start=True, elsewhere=elsewhere,
-                           announced_timeout=600, end_announced_move=never)
+        report = reconcile(w.manager, ReconcileInputs(
+            placement, at_start=True, elsewhere=elsewhere, announced_timeout=600,
+            end_announced_move=never))
         assert report.findings == [], (step, report.as_dict())
         event(f"source restarted: {step}")
         self.successes["source restarted mid live migration"] += 1

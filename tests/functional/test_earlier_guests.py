@@ -22,7 +22,7 @@ import pytest
 from lxml import etree
 
 from compute_agent.cmd.common import load_config
-from compute_agent.compute.reconcile import reconcile
+from compute_agent.compute.reconcile import ReconcileInputs, reconcile
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
@@ -170,7 +170,7 @@ def test_bug_reconcile_redefines_a_guest_an_earlier_version_named(world):
     live, saved = held(world, instance)
     assert saved == frozenset(d.assignment_id for d in lacking.devices) != live
 
-    report = reconcile(world.agent.manager, None, at_start=False)
+    report = reconcile(world.agent.manager, ReconcileInputs(None, at_start=False))
 
     assert [(f.kind, f.fixed) for f in report.findings] == [("guest_devices_differ", True)]
     assert held(world, instance) == (live, live)

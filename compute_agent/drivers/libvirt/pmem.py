@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from compute_agent.drivers.base import PmemNamespace
 from compute_agent.drivers.errors import InvalidHostData
 from compute_agent.drivers.host_data import parse_int, parse_numa_node
-from compute_agent.drivers.libvirt.sysfs import SysfsReader
+from compute_agent.drivers.libvirt.sysfs import NvdimmReader
 
 NDCTL = "ndctl JSON"
 
@@ -150,7 +150,7 @@ def parse_ndctl_json(text: str) -> tuple[list[PmemNamespace], list[str]]:
     return found, warnings + more
 
 
-def read_namespaces(reader: SysfsReader, ndctl_json: str | None
+def read_namespaces(reader: NvdimmReader, ndctl_json: str | None
                     ) -> tuple[list[PmemNamespace], list[str]]:
     """From the ndctl JSON file when one is configured, else from sysfs."""
     if not ndctl_json:

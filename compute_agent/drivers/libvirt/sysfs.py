@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TypeVar
 
 from compute_agent.drivers.base import (
     Mdev,
@@ -45,6 +46,8 @@ AER_TOTALS = {"aer_dev_fatal": "TOTAL_ERR_FATAL",
               "aer_dev_correctable": "TOTAL_ERR_COR"}
 # IFF_UP in a net interface's ``flags``: administratively up.
 _IFF_UP = 0x1
+# What one of a device's health files parses to.
+_Parsed = TypeVar("_Parsed")
 
 
 def parse_aer_total(text: str, device: str, file: str) -> int:
@@ -86,7 +89,10 @@ def parse_creatable_vgpu_types(table: str, address: str) -> dict[int, str]:
     return names
 
 
-class SysfsReader:
+class SysfsFiles:
+    """A sysfs tree's files under its root, read so that a file missing,
+    vanished or unreadable raises InvalidHostData naming the device."""
+
     def __init__(self, root: str) -> None:
         self.root = root
 
@@ -124,7 +130,9 @@ class SysfsReader:
         except OSError:
             return None
 
-    # NUMA
+
+class NumaReader(SysfsFiles):
+    """The NUMA nodes: their CPUs, memory and huge pages."""
 
     def numa_cells(self, base_page_kib: int
                    ) -> tuple[list[NumaCell], list[str]]:
@@ -157,7 +165,9 @@ class SysfsReader:
                 warnings.append(str(exc))
         return cells, warnings
 
-    # PCI
+
+class PciReader(SysfsFiles):
+    """PCI devices, SR-IOV PFs and their VFs."""
 
     def pci_addresses(self) -> list[str]:
         return self._listdir(self._path("bus", "pci", "devices"))
@@ -245,6 +255,25 @@ class SysfsReader:
         return replace(device, driver=driver, total_vfs=counts[0],
                        num_vfs=counts[1])
 
+    def pci_devices(self, addresses: Iterable[str] | None = None
+                    ) -> tuple[dict[str, PciDevice], list[str]]:
+        found, warnings = {}, []
+        for address in (self.pci_addresses() if addresses is None
+                        else addresses):
+            try:
+                device = self.pci_device(address)
+            except InvalidHostData as exc:
+                warnings.append(str(exc))
+                continue
+            if device is not None:
+                found[device.address] = device
+        return found, warnings
+
+
+class PciHealthReader(SysfsFiles):
+    """What a failing PCI device's files show: config space, AER counts,
+    VFs gone, and its network links."""
+
     def pci_health(self, address: str) -> PciHealthSignals:
         """A device's health signals; never raises: a file that exists but
         cannot be read or parsed is named in ``unreadable``."""
@@ -253,7 +282,7 @@ class SysfsReader:
             return PciHealthSignals(address, present=False)
         unreadable: list[str] = []
 
-        def field(name: str, parse):
+        def field(name: str, parse: Callable[[str], _Parsed]) -> _Parsed | None:
             """The parsed file, None when there is no such file."""
             path = os.path.join(device_dir, name)
             try:
@@ -331,21 +360,10 @@ class SysfsReader:
         except (OSError, ValueError):
             return None
 
-    def pci_devices(self, addresses: Iterable[str] | None = None
-                    ) -> tuple[dict[str, PciDevice], list[str]]:
-        found, warnings = {}, []
-        for address in (self.pci_addresses() if addresses is None
-                        else addresses):
-            try:
-                device = self.pci_device(address)
-            except InvalidHostData as exc:
-                warnings.append(str(exc))
-                continue
-            if device is not None:
-                found[device.address] = device
-        return found, warnings
 
-    # mdev
+class MdevReader(PciReader):
+    """Mediated devices and the types their parents offer, on the mdev bus
+    and in NVIDIA's vendor-specific VFIO layout."""
 
     def mdev_types(self) -> tuple[dict[str, tuple[MdevType, ...]],
                                   list[str]]:
@@ -452,7 +470,9 @@ class SysfsReader:
                 warnings.append(str(exc))
         return found, warnings
 
-    # nvdimm
+
+class NvdimmReader(SysfsFiles):
+    """Persistent-memory namespaces and their dax devices."""
 
     def nd_namespaces(self) -> tuple[list[dict[str, str | None]],
                                      list[str]]:
@@ -516,3 +536,7 @@ class SysfsReader:
         size = parse_int(self._read(os.path.join(device_dir, "size"), name,
                                     f"{field}/size"), name, f"{field}/size")
         return devices[0], str(size)
+
+
+class SysfsReader(NumaReader, PciHealthReader, MdevReader, NvdimmReader):
+    """Every reader of one sysfs tree, as the driver reads the host."""

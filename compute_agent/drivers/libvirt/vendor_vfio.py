@@ -17,11 +17,11 @@ import os
 
 from compute_agent.drivers.errors import InvalidHostData, MdevError
 from compute_agent.drivers.libvirt.mdev import write_attribute
-from compute_agent.drivers.libvirt.sysfs import SysfsReader, nvidia_type_number
+from compute_agent.drivers.libvirt.sysfs import MdevReader, nvidia_type_number
 
 
 class VgpuTypeWriter:
-    def __init__(self, sysfs: SysfsReader) -> None:
+    def __init__(self, sysfs: MdevReader) -> None:
         self._sysfs = sysfs
 
     def set(self, vf: str, type_id: str) -> bool:

@@ -4,40 +4,42 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from compute_agent.claims.model import AssignmentState, MigrationState, MoveKind
+from compute_agent.claims.model import AssignmentState, Migration, MigrationState, MoveKind
 from compute_agent.compute import reconcile as rules
-from compute_agent.compute.reconcile import reconcile
+from compute_agent.compute.reconcile import ReconcileInputs, Report, reconcile
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import SourceHostUp
 from compute_agent.store.store import live_changed_at, migrations_changed_at
-from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
+from tests.functional.claims_world import World, host_dict, make_world, new_uuid, spec
 
 VF = {"pf": {"SRIOV_NET_VF": 1}}
 VGPU = {"gpu": {"VGPU": 1}}
 
 
 @pytest.fixture
-def w(tmp_path):
+def w(tmp_path: Path) -> Iterator[World]:
     world = make_world(tmp_path)
     yield world
     world.stop()
 
 
-def kinds(report, fixed: bool | None = None) -> list[str]:
+def kinds(report: Report, fixed: bool | None = None) -> list[str]:
     return [f.kind for f in report.findings if fixed is None or f.fixed is fixed]
 
 
-def built(w, wanted=VF) -> str:
+def built(w: World, wanted: dict[str, dict[str, int]] = VF) -> str:
     instance = new_uuid()
     w.manager.build_instance(instance, spec(), w.allocations(wanted))
     return instance
 
 
-def test_the_rules_are_named_and_ordered():
+def test_the_rules_are_named_and_ordered() -> None:
     assert [r.__name__ for r in rules.INSTANCE_RULES] == [
         "claim_stuck_claiming", "evacuation_interrupted",
         "live_migration_never_started", "evacuated_elsewhere",
@@ -48,7 +50,7 @@ def test_the_rules_are_named_and_ordered():
         "device_held_outside_the_store"]
 
 
-def test_claim_stuck_claiming(w):
+def test_claim_stuck_claiming(w: World) -> None:
     carried, lost, lacking = new_uuid(), new_uuid(), new_uuid()
     for instance in (carried, lost, lacking):
         w.tracker.claim_build(instance, spec(), w.allocations(VF))
@@ -69,7 +71,7 @@ def test_claim_stuck_claiming(w):
     assert w.driver.guest_is_running(lacking)
 
 
-def test_evacuation_interrupted(w):
+def test_evacuation_interrupted(w: World) -> None:
     instance, migration = new_uuid(), new_uuid()
     w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
     w.restart()
@@ -79,7 +81,7 @@ def test_evacuation_interrupted(w):
     assert w.migrations()[migration].state is MigrationState.CONFIRMED
 
 
-def test_evacuation_interrupted_between_finish_and_confirm_is_settled(w):
+def test_evacuation_interrupted_between_finish_and_confirm_is_settled(w: World) -> None:
     instance, migration = new_uuid(), new_uuid()
     w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
     w.driver.spawn(w.manager._guest(instance))
@@ -91,7 +93,7 @@ def test_evacuation_interrupted_between_finish_and_confirm_is_settled(w):
     assert w.driver.guest_is_running(instance)
 
 
-def test_evacuation_interrupted_is_resumed_by_the_loop_too_and_only_once(w):
+def test_evacuation_interrupted_is_resumed_by_the_loop_too_and_only_once(w: World) -> None:
     instance, migration = new_uuid(), new_uuid()
     w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
     w.restart()
@@ -101,7 +103,7 @@ def test_evacuation_interrupted_is_resumed_by_the_loop_too_and_only_once(w):
     assert w.manager.resume_rebuilds() == []
 
 
-def test_evacuated_elsewhere(w):
+def test_evacuated_elsewhere(w: World) -> None:
     gone, running_gone, ours, moving = built(w), built(w), built(w), built(w)
     w.driver.power_off(gone)
     # A live migration in flight from here: its instance consumer already
@@ -116,10 +118,12 @@ def test_evacuated_elsewhere(w):
     holds = {gone: new_uuid(), running_gone: new_uuid()}
     here = {u: {w.uuid("pf")} for u in (ours, *holds.values())}
 
-    def run(at_start, allocations=here, found=elsewhere, fix=True, evacuated=holds):
-        return reconcile(w.manager, allocations, at_start=at_start, fix=fix,
-                         elsewhere=found, drop_evacuation_hold=dropped.append,
-                         evacuation_holds=evacuated)
+    def run(at_start: bool, allocations: dict[str, set[str]] | None = here,
+            found: dict[str, set[str]] | None = elsewhere, fix: bool = True,
+            evacuated: dict[str, str] = holds) -> Report:
+        return reconcile(w.manager, ReconcileInputs(
+            allocations, at_start=at_start, fix=fix, elsewhere=found,
+            drop_evacuation_hold=dropped.append, evacuation_holds=evacuated))
 
     # Only at start-up, and never on unknown (audits: the other rules would
     # act on the instances with no allocation here).
@@ -147,7 +151,7 @@ def test_evacuated_elsewhere(w):
     assert not [a for a in w.live() if a.instance_uuid in (gone, running_gone)]
 
 
-def test_an_announced_live_migration_keeps_its_instance_at_start_up(w):
+def test_an_announced_live_migration_keeps_its_instance_at_start_up(w: World) -> None:
     """The conductor swapped the allocations after the source recorded the
     move, then the source restarted: the instance is the move's. Its guest
     is not destroyed (evacuated_elsewhere), nothing else acts on it, and
@@ -160,9 +164,9 @@ def test_an_announced_live_migration_keeps_its_instance_at_start_up(w):
     allocations = {migration: {w.uuid("gpu")}}
     elsewhere = {instance: {new_uuid()}}
     for fix in (False, True):
-        report = reconcile(w.manager, allocations, at_start=True, fix=fix,
-                           elsewhere=elsewhere, announced_timeout=600,
-                           end_announced_move=lambda m: pytest.fail("ended early"))
+        report = reconcile(w.manager, ReconcileInputs(
+            allocations, at_start=True, fix=fix, elsewhere=elsewhere, announced_timeout=600,
+            end_announced_move=lambda m: pytest.fail("ended early")))
         assert report.findings == [] and report.consistent
     assert w.driver.guest_is_running(instance)
     assert w.migrations()[migration].state is MigrationState.ANNOUNCED
@@ -179,7 +183,7 @@ def just_before(moment: float) -> float:
     return math.nextafter(moment, 0)
 
 
-def test_live_migration_never_started(w):
+def test_live_migration_never_started(w: World) -> None:
     """Past the bound the conductor is taken for gone: the move is ended
     by the service's callback (allocations back, record rolled back); the
     audit reports it until then, and only then."""
@@ -187,16 +191,17 @@ def test_live_migration_never_started(w):
     w.manager.check_can_live_migrate_source(migration, instance, "hostb")
     ended = []
 
-    def end(m):
+    def end(m: Migration) -> None:
         ended.append(m.uuid)
         w.manager.rollback_live_migration_at_source(m.uuid, m.instance_uuid)
 
     announced = w.store.read(migrations_changed_at)[migration]
 
-    def run(fix, now, callback=end):
-        return reconcile(w.manager, {migration: {w.uuid("gpu")}}, at_start=False,
-                         fix=fix, announced_timeout=TIMEOUT_S, end_announced_move=callback,
-                         clock=lambda: now)
+    def run(fix: bool, now: float,
+            callback: Callable[[Migration], None] | None = end) -> Report:
+        return reconcile(w.manager, ReconcileInputs(
+            {migration: {w.uuid("gpu")}}, at_start=False, fix=fix,
+            announced_timeout=TIMEOUT_S, end_announced_move=callback, clock=lambda: now))
 
     assert run(False, just_before(announced + TIMEOUT_S)).findings == [] and not ended
     at_bound = announced + TIMEOUT_S
@@ -213,22 +218,23 @@ def test_live_migration_never_started(w):
     assert "live_migration_never_started" not in kinds(run(True, at_bound))
 
 
-def test_assignment_without_guest(w):
+def test_assignment_without_guest(w: World) -> None:
     instance = built(w)
     w.driver.destroy(instance)
     changed = w.store.read(live_changed_at)[instance]
-    held = reconcile(w.manager, None, at_start=False, grace=TIMEOUT_S,
-                     clock=lambda: just_before(changed + TIMEOUT_S))
+    held = reconcile(w.manager, ReconcileInputs(
+        None, at_start=False, grace=TIMEOUT_S,
+        clock=lambda: just_before(changed + TIMEOUT_S)))
     assert kinds(held) == ["assignment_without_guest"] and not held.consistent
     assert instance in w.instances()
     # Unchanged for the grace period: given back.
-    report = reconcile(w.manager, None, at_start=False, grace=TIMEOUT_S,
-                       clock=lambda: changed + TIMEOUT_S)
+    report = reconcile(w.manager, ReconcileInputs(
+        None, at_start=False, grace=TIMEOUT_S, clock=lambda: changed + TIMEOUT_S))
     assert kinds(report, fixed=True) == ["assignment_without_guest"]
     assert instance not in w.instances()
 
 
-def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w):
+def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w: World) -> None:
     """Found by reading after the crash loop's source-side case: a
     cross-host resize's destination destroys its guest, then records the
     revert. Killed in between and back after the grace period (a revert
@@ -242,8 +248,8 @@ def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w):
     w.restart()
     changed = w.store.read(live_changed_at)[instance]
 
-    report = reconcile(w.manager, None, at_start=True, grace=TIMEOUT_S,
-                       clock=lambda: changed + TIMEOUT_S)
+    report = reconcile(w.manager, ReconcileInputs(
+        None, at_start=True, grace=TIMEOUT_S, clock=lambda: changed + TIMEOUT_S))
     assert [(f.kind, f.fixed) for f in report.findings] == [
         ("assignment_without_guest", False)], report.as_dict()
     assert instance in w.instances() and migration in w.migrations()
@@ -254,7 +260,7 @@ def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w):
     assert w.migrations()[migration].state is MigrationState.REVERTED
 
 
-def test_guest_devices_differ_on_a_stopped_guest_is_redefined(w):
+def test_guest_devices_differ_on_a_stopped_guest_is_redefined(w: World) -> None:
     instance = built(w)
     w.driver.power_off(instance)
     w.driver.update_guest(w.manager._guest(instance).__class__(instance, "vm", 1, 512, ()))
@@ -266,7 +272,7 @@ def test_guest_devices_differ_on_a_stopped_guest_is_redefined(w):
     assert kinds(w.reconcile(None, at_start=False)) == []
 
 
-def test_guest_devices_differ_on_a_running_guest_is_reported_and_converges(w):
+def test_guest_devices_differ_on_a_running_guest_is_reported_and_converges(w: World) -> None:
     """Regression: reconcile compared live plus saved ids with the store and
     redefined the saved definition, which a running guest ignores, so it
     reported the same guest as fixed on every pass and never converged."""
@@ -284,7 +290,7 @@ def test_guest_devices_differ_on_a_running_guest_is_reported_and_converges(w):
     assert state.running and state.saved == stored and state.live == frozenset()
 
 
-def test_mdev_after_reboot(tmp_path):
+def test_mdev_after_reboot(tmp_path: Path) -> None:
     w = make_world(tmp_path / "created", host=host_dict(existing_mdev=False))
     instance = built(w, VGPU)
     mdev = next(a.device_id for a in w.live() if a.instance_uuid == instance
@@ -298,7 +304,7 @@ def test_mdev_after_reboot(tmp_path):
     w.stop()
 
 
-def test_assignment_without_allocation(w):
+def test_assignment_without_allocation(w: World) -> None:
     stopped, running = built(w), built(w)
     w.driver.power_off(stopped)
     # Placement unknown: nothing is decided on it (regression: unknown was
@@ -311,7 +317,7 @@ def test_assignment_without_allocation(w):
     assert not by[running].fixed and w.driver.guest_is_running(running)
 
 
-def test_bug_reverted_resize_source_given_up_before_the_swap_back(w):
+def test_bug_reverted_resize_source_given_up_before_the_swap_back(w: World) -> None:
     """Regression (crash loop): a cross-host resize's source killed after
     its revert_resize recorded the revert and before its guest started
     again. Until the conductor swaps the allocations back, the migration
@@ -326,8 +332,8 @@ def test_bug_reverted_resize_source_given_up_before_the_swap_back(w):
     w.tracker.revert_move(migration)  # revert_resize, killed before the spawn
     w.restart()
 
-    report = reconcile(w.manager, {migration: {w.uuid("pf")}}, at_start=True,
-                       elsewhere={instance: {new_uuid()}})
+    report = reconcile(w.manager, ReconcileInputs(
+        {migration: {w.uuid("pf")}}, at_start=True, elsewhere={instance: {new_uuid()}}))
     assert [(f.kind, f.subject, f.fixed) for f in report.findings] == [
         ("assignment_without_allocation", instance, False)], report.as_dict()
     assert migration in w.migrations() and instance in w.instances()
@@ -339,7 +345,7 @@ def test_bug_reverted_resize_source_given_up_before_the_swap_back(w):
     assert kinds(w.reconcile({instance: {w.uuid("pf")}}, at_start=False)) == []
 
 
-def test_guest_without_assignments(w):
+def test_guest_without_assignments(w: World) -> None:
     instance = built(w)
     w.tracker.release_instance(instance)
     report = w.reconcile(None, at_start=False)
@@ -348,7 +354,7 @@ def test_guest_without_assignments(w):
     assert w.driver.guest_is_running(instance)
 
 
-def test_device_held_outside_the_store(w):
+def test_device_held_outside_the_store(w: World) -> None:
     """A guest the store does not know holds a VF, and another holds one the
     store gives to a third instance: each reported, never fixed, and
     neither device is chosen again."""
@@ -379,7 +385,7 @@ def test_device_held_outside_the_store(w):
         - set(vf_of.values()))
 
 
-def test_allocation_without_record(w):
+def test_allocation_without_record(w: World) -> None:
     instance, stranger = built(w), new_uuid()
     report = w.reconcile({instance: {w.uuid("pf")}, stranger: {w.uuid("pf")}},
                          at_start=False)
@@ -388,7 +394,7 @@ def test_allocation_without_record(w):
     assert kinds(w.reconcile(None, at_start=False)) == []
 
 
-def test_bug_an_evacuation_waiting_out_its_source_was_an_allocation_without_record(w):
+def test_bug_an_evacuation_waiting_out_its_source_was_an_allocation_without_record(w: World) -> None:
     """The conductor puts the instance's allocations on the destination's
     providers, then calls it; the destination waits service_down_time for
     the source to be found down before the store has the instance. A
@@ -396,12 +402,12 @@ def test_bug_an_evacuation_waiting_out_its_source_was_an_allocation_without_reco
     instance, migration = new_uuid(), new_uuid()
     in_fence, refuse = threading.Event(), threading.Event()
 
-    def fence():
+    def fence() -> None:
         in_fence.set()
         refuse.wait(10)
         raise SourceHostUp("source", 20)
 
-    def accept():
+    def accept() -> None:
         with pytest.raises(SourceHostUp):
             w.manager.accept_rebuild(migration, instance, spec(), w.allocations(VF), fence)
     accepting = threading.Thread(target=accept)
