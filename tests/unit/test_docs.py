@@ -360,3 +360,29 @@ def test_the_readmes_commands_table_names_every_command_and_subcommand():
         for sub in parsers()[program].subcommands}
     assert console_scripts() == {"compute-agent", "compute-agent-manage", "compute-agent-ctl"}
     assert sorted(expected - named) == []
+
+
+def test_the_readme_and_the_demo_give_the_same_next_steps_in_the_same_order(monkeypatch):
+    """README's "What to try next" and what the demo prints at its end:
+    the same commands, in the same order (the demo prints its Placement's
+    port where README reads it from .demo/placement/port, and ends with
+    itself)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "tools" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(demo, "BIN", ROOT / ".venv" / "bin")
+    printed = demo.closing_words(demo.WORK / "compute-agent.conf", 4321, True,
+                                 demo.WORK / "instance-spec.json")
+    commands = [line.strip().replace("--port 4321", '--port "$(cat .demo/placement/port)"')
+                for line in printed.splitlines()
+                if re.match(r"    (\.venv/bin/|tools/)", line)]
+    assert commands[-1] == "tools/demo"
+    section = (ROOT / "README.md").read_text().partition("\n## What to try next\n")[2]
+    section = section.partition("\n## ")[0]
+    # Fenced lines and code spans, in the order README has them.
+    snippets = [m.group(1) or m.group(0).splitlines()[1] for m in re.finditer(
+        f"{FENCE.pattern}|{CODE_SPAN.pattern}", section, re.MULTILINE | re.DOTALL)]
+    in_readme = [s for s in snippets if s.startswith((".venv/bin/", "tools/"))]
+    assert in_readme == commands[:-1]
