@@ -1,6 +1,7 @@
 """The compute agent. Its packages, from the pure core up to the entry
-points (a module imports only from its own package or those before it;
-tests/unit/test_layering.py holds the code to this order):
+points (a module imports only from its own package or those before it).
+This is the one place the order is written: tests/unit/test_layering.py
+reads it from here and holds the code and docs/architecture.md to it.
 
     common -> drivers                            (they never import the agent)
     dependencies, exception, messaging, config   (modules: the base)

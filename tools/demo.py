@@ -163,7 +163,8 @@ def example_build(providers: list[dict], instance_uuid: str) -> dict:
 
 def write_example_spec(work: Path, placement_url: str) -> Path:
     """``work``/instance-spec.json: example_build on the tree Placement
-    holds for the demo host, for a new instance."""
+    holds for the demo host, for a new instance; its UUID alone in
+    ``work``/instance-uuid."""
     root_uuid = node_identity.load(str(work / "state"))
 
     def get(path: str) -> dict:
@@ -175,7 +176,10 @@ def write_example_spec(work: Path, placement_url: str) -> Path:
                   ["inventories"]}
                  for p in get(f"/resource_providers?in_tree={root_uuid}")["resource_providers"]]
     path = work / "instance-spec.json"
-    path.write_text(json.dumps(example_build(providers, str(uuid.uuid4())), indent=4) + "\n")
+    build = example_build(providers, str(uuid.uuid4()))
+    path.write_text(json.dumps(build, indent=4) + "\n")
+    # For the commands that name the instance: "$(cat .demo/instance-uuid)".
+    (work / "instance-uuid").write_text(build["instance_uuid"] + "\n")
     return path
 
 
@@ -208,12 +212,15 @@ def main() -> int:
 
 
 def closing_words(conf: Path, port: int, stopped: bool, spec: Path) -> str:
-    """What the demo did, and what to try next."""
+    """What the demo did, and what to try next, each command as it runs
+    from the checkout's top, in this order."""
     venv = shown(BIN)
-    run = f"{venv}/compute-agent-manage --config-file {shown(conf)}"
+    config = f"--config-file {shown(conf)}"
+    instance = f'"$(cat {shown(spec.parent / "instance-uuid")})"'
     placement = (
-        f"Placement is stopped; its data stays in {shown(PLACEMENT_DIR)}. Start it\n"
-        f"again, on the same port and data, in another terminal:\n"
+        f"Placement is stopped; its data stays in {shown(PLACEMENT_DIR)}. The commands\n"
+        f"below need it: start it again first, on the same port and data, in\n"
+        f"another terminal, and leave it running:\n"
         f"    {venv}/python -m compute_agent.testing.local_placement --dir "
         f"{shown(PLACEMENT_DIR)} --port {port}"
         if stopped else
@@ -227,22 +234,30 @@ Placement now holds beside the one the agent would report.
 {placement}
 The demo disk, if mounted, stays until: umount {shown(INSTANCES)}
 
-Then try:
-    {run} tree --json
+Then try, in this order:
+    {venv}/compute-agent-manage {config} tree --json
         the same, as JSON
-    {run} audit
-        the agent's store, the guests and Placement compared
-    {venv}/compute-agent --config-file {shown(conf)} --once
+    {venv}/compute-agent-manage {config} audit
+        the agent's store, the guests and Placement compared: consistent
+    {venv}/compute-agent {config} --once
         one more cycle: nothing left to write
-    {venv}/compute-agent --config-file {shown(conf)}
+    tools/services
+        RabbitMQ (and libvirtd) started if not running: the agent's RPC
+    {venv}/compute-agent {config}
         the agent itself, until Ctrl-C; then, in another terminal:
-    {venv}/compute-agent-ctl --config-file {shown(conf)} build {HOST} --spec {shown(spec)}
+    {venv}/compute-agent-ctl {config} build {HOST} --spec {shown(spec)}
         a build as a conductor sends it: {EXAMPLE_GUEST['vcpus']} vCPUs, \
 {EXAMPLE_GUEST['memory_mb']} MB and one VF,
-        on the providers the demo made ({shown(spec)}, written now). A
-        scheduler would have allocated them in Placement first; none did
-        here, which the agent's reconciliation reports (a running guest
-        is left alone)
+        on the providers the demo made ({shown(spec)}, written now; no
+        scheduler allocated them in Placement first)
+    {venv}/compute-agent-ctl {config} show {HOST} {instance}
+        the instance, running, and the devices it holds
+    {venv}/compute-agent-ctl {config} delete {HOST} {instance}
+        the guest gone, its devices given back; then Ctrl-C the agent.
+        The libvirt test driver keeps a guest only in the process that
+        defined it, the agent: until this delete, audit and status (other
+        processes) find no guest for the instance and report
+        assignment_without_guest (exit 1, "warnings")
     {venv}/compute-agent-ctl --help
         the operator's RPC client (over the broker of [DEFAULT] transport_url,
         RabbitMQ on this host by default)

@@ -1,4 +1,3 @@
 """Claims, pure: the claim model (who holds a device, the moves that pass
 devices between holders, their closed sets of values) and device choice
-(what can be assigned behind each provider, and which device a claim gets).
-Imports only the base modules."""
+(what can be assigned behind each provider, and which device a claim gets)."""

@@ -1,3 +1,3 @@
 """One-time-use devices: what a used device does to the tree (pure rules)
 and the cleaner that runs each device's cleaning command after its
-release. Imports tree, claims, compute's tracker and the base."""
+release."""

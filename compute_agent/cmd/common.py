@@ -193,7 +193,7 @@ def _holding_reading_lines():
 def load_config(argv: list[str], cli_opts=(), project="compute-agent",
                 placement_required: bool = False,
                 command_help: CommandHelp | None = None) -> cfg.ConfigOpts:
-    """Read the config and check every value in it (agent.config_check),
+    """Read the config and check every value in it (compute_agent.cmd.config_check),
     before the caller writes anything or starts a thread. Raises
     ConfigError naming the option and the value. ``placement_required``:
     the command talks to Placement, so its auth plugin must be set.

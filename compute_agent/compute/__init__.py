@@ -1,5 +1,4 @@
 """What each conductor request does on this host: the tracker (devices
 chosen under the lock, one durable commit), the manager (claim, then the
 driver, outside the lock), and reconciliation of the store with the
-hypervisor and Placement. Imports moves, store, tree, claims, metrics, the
-drivers and the base."""
+hypervisor and Placement."""

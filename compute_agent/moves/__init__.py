@@ -1,3 +1,3 @@
 """Moves, pure: the rules both ends of a move share: the evacuation's
 names, requests and retries, and which devices a live migration can
-carry. Imports tree, claims and the base."""
+carry."""

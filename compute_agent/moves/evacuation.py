@@ -64,10 +64,12 @@ def evacuated_away(on_our_providers: bool, elsewhere: set[str] | None,
     host owns it (a live migration's source, say, whose instance consumer
     already holds the destination), and the evacuation's migration consumer
     (evacuation_migration_uuid) holds its share of this host, as the
-    evacuator's allocation swap left it. Without that hold it is a move
-    whose source step this host has not recorded yet: a conductor's swap
-    for a resize or live migration also puts the instance's allocations on
-    the destination first. Unknown (None) is never taken for elsewhere."""
+    conductor's allocation swap (the Evacuator of
+    compute_agent/conductor/evacuation.py) left it. Without that hold it is
+    a move whose source step this host has not recorded yet: a conductor's
+    swap for a resize or live migration also puts the instance's
+    allocations on the destination first. Unknown (None) is never taken
+    for elsewhere."""
     return (not on_our_providers and bool(elsewhere) and open_move_here is None
             and evacuation_hold_here)
 

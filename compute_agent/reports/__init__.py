@@ -1,3 +1,2 @@
 """Operator reports: what 'compute-agent-manage status' and 'tree' conclude
-(pure rules) and the probes that read their facts beside a running agent.
-Imports the daemon and everything before it."""
+(pure rules) and the probes that read their facts beside a running agent."""

@@ -2,9 +2,9 @@
 
 ``diff(current, desired)`` yields the fewest Placement operations that turn
 ``current`` (what Placement holds) into ``desired`` (what the host has),
-changing only what the agent owns (``agent.ownership``): others' traits and
-an operator's reserved on device inventories stay. It does no I/O, so it is
-tested without Placement.
+changing only what the agent owns (``compute_agent.tree.ownership``):
+others' traits and an operator's reserved on device inventories stay. It
+does no I/O, so it is tested without Placement.
 """
 from __future__ import annotations
 

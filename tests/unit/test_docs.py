@@ -133,12 +133,13 @@ def parsers() -> dict[str, Parser]:
 
 
 def command_lines(text: str) -> list[str]:
-    """Every code span and fenced line that starts with one of the commands."""
+    """Every code span and fenced line that starts with one of the commands
+    (``.venv/bin/`` before it, as the quick start writes them, or not)."""
     snippets = CODE_SPAN.findall(FENCE.sub("", text))
     for block in FENCE.findall(text):
         snippets += [re.split(r"\s#\s", line)[0] for line in block.splitlines()[1:-1]]
     # In a table a code span writes its | as \|.
-    snippets = [s.replace("\\|", "|").strip() for s in snippets]
+    snippets = [s.replace("\\|", "|").strip().removeprefix(".venv/bin/") for s in snippets]
     return [s for s in snippets if s.split() and s.split()[0] in parsers()]
 
 
@@ -230,3 +231,158 @@ def test_every_logger_the_configuration_page_names_is_a_module_that_logs():
         return module.exists() and "getLogger(__name__)" in module.read_text()
 
     assert sorted(n for n in named if not logs(n)) == []
+
+
+# --- The modules, files and facts the docs name ----------------------------
+
+# The changelog records what was true when each entry was written; the
+# benchmarks, what was measured then. Neither is rewritten when code moves.
+HISTORY = ("CHANGELOG.md", "benchmarks.md")
+DOTTED = re.compile(r"(?<![\w./-])compute_agent(?:\.[A-Za-z_]\w*)+")
+# A path in the checkout, as the docs write it (not /etc/..., an installed
+# host's): compute_agent/x/y.py, compute_agent/x/, tools/demo, tests/...
+CHECKOUT_PATH = re.compile(r"(?<![\w./-])(?:compute_agent|tools|tests|etc)/[\w./-]*[\w/]")
+
+
+def current_docs() -> list[Path]:
+    return [p for p in doc_files() if p.name not in HISTORY]
+
+
+def resolves(dotted: str) -> bool:
+    """``dotted`` is a module of ours, or a name defined in one."""
+    import importlib
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def unknown_names(text: str) -> list[str]:
+    """The dotted names and checkout paths in ``text`` that do not exist.
+    ``compute_agent.X``, one capital letter, is a placeholder."""
+    gone = [n for n in DOTTED.findall(text)
+            if not re.fullmatch(r"[A-Z]", n.rpartition(".")[2]) and not resolves(n)]
+    gone += [p for p in CHECKOUT_PATH.findall(text) if not (ROOT / p).exists()]
+    return sorted(set(gone))
+
+
+@pytest.mark.parametrize("path", current_docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_and_file_the_docs_name_exists(path):
+    assert unknown_names(path.read_text()) == []
+
+
+def test_a_name_that_went_away_is_found():
+    assert unknown_names(
+        "`compute_agent.rpcapi.ComputeAgentAPI`, compute_agent/tree/ownership.py, "
+        "`compute_agent.X`, /etc/compute-agent/x.conf, tools/demo; gone: "
+        "`compute_agent.heartbeat.SourceFence`, compute_agent/agent/ownership.py, "
+        "`compute_agent.rpcapi.Nothing`, tools/nothing") == [
+        "compute_agent.heartbeat.SourceFence", "compute_agent.rpcapi.Nothing",
+        "compute_agent/agent/ownership.py", "tools/nothing"]
+
+
+def schema_statements(text: str) -> list[tuple[int, bool]]:
+    """Each "schema N" or "schema version N" in ``text``: N, and whether it
+    says when something came or went ("since schema 7", "schema 5 and
+    older") rather than the store's version now."""
+    return [(int(n), before.lower() == "since" or after.startswith("and older"))
+            for before, n, after in re.findall(
+                r"(\w+)\W+(?:store\s+)?schema(?:\s+version)?\s+(\d+)\W*(\w*\s*\w*)",
+                text)]
+
+
+def test_the_docs_give_the_stores_schema_version_the_code_has():
+    """Said once, where the store is described; elsewhere only when
+    something came or went, never past the code's version."""
+    from compute_agent.store.store import SCHEMA_VERSION
+    found = [(p.name, n, history) for p in current_docs()
+             for n, history in schema_statements(p.read_text())]
+    assert [(name, n) for name, n, history in found if not history] == [
+        ("moves.md", SCHEMA_VERSION)]
+    assert [(name, n) for name, n, _ in found if n > SCHEMA_VERSION] == []
+
+
+def test_a_schema_version_is_read_as_the_docs_write_it():
+    assert schema_statements("is at schema version 7 (since 6, a digest); "
+                             "(store schema 7), a record of schema 5 and older") == [
+        (7, False), (7, False), (5, True)]
+    assert schema_statements("each commit (since store schema 7)") == [(7, True)]
+
+
+def served_metrics() -> set[str]:
+    """Every metric one agent serves, by the name Prometheus shows."""
+    from compute_agent import metrics
+    served = metrics.Metrics()
+    served.watch_assignments(dict)
+    served.watch_capacity(list)
+    return {f"{family.name}_total" if family.type == "counter" else family.name
+            for family in served.registry.collect()}
+
+
+def test_the_metrics_table_lists_every_metric_served_and_no_other():
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text.partition("\n## Metrics\n")[2].partition("\n#")[0]
+    listed = set(re.findall(r"^\| `(compute_agent_\w+)`", table, re.MULTILINE))
+    assert len(served_metrics()) > 10
+    assert listed == served_metrics()
+
+
+def console_scripts() -> set[str]:
+    import configparser
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    lines = setup["options.entry_points"]["console_scripts"].strip().splitlines()
+    return {line.split("=")[0].strip() for line in lines}
+
+
+def test_the_readmes_commands_table_names_every_command_and_subcommand():
+    """Each console script (setup.cfg) and each subcommand of manage and
+    ctl has its row in README's table (a|b rows count for each)."""
+    table = (ROOT / "README.md").read_text().partition("\n## Commands\n")[2]
+    rows = [line.split("|")[1] for line in table.replace("\\|", "/").splitlines()
+            if line.startswith("| `")]
+    named = set()
+    for row in rows:
+        program, *rest = row.strip(" `").split()
+        named.add(program)
+        if rest and not rest[0].startswith("-"):
+            named.update(f"{program} {sub}" for sub in rest[0].split("/"))
+    expected = console_scripts() | {
+        f"{program} {sub}" for program in ("compute-agent-manage", "compute-agent-ctl")
+        for sub in parsers()[program].subcommands}
+    assert console_scripts() == {"compute-agent", "compute-agent-manage", "compute-agent-ctl"}
+    assert sorted(expected - named) == []
+
+
+def test_the_readme_and_the_demo_give_the_same_next_steps_in_the_same_order(monkeypatch):
+    """README's "What to try next" and what the demo prints at its end:
+    the same commands, in the same order (the demo prints its Placement's
+    port where README reads it from .demo/placement/port, and ends with
+    itself)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "tools" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(demo, "BIN", ROOT / ".venv" / "bin")
+    printed = demo.closing_words(demo.WORK / "compute-agent.conf", 4321, True,
+                                 demo.WORK / "instance-spec.json")
+    commands = [line.strip().replace("--port 4321", '--port "$(cat .demo/placement/port)"')
+                for line in printed.splitlines()
+                if re.match(r"    (\.venv/bin/|tools/)", line)]
+    assert commands[-1] == "tools/demo"
+    section = (ROOT / "README.md").read_text().partition("\n## What to try next\n")[2]
+    section = section.partition("\n## ")[0]
+    # Fenced lines and code spans, in the order README has them.
+    snippets = [m.group(1) or m.group(0).splitlines()[1] for m in re.finditer(
+        f"{FENCE.pattern}|{CODE_SPAN.pattern}", section, re.MULTILINE | re.DOTALL)]
+    in_readme = [s for s in snippets if s.startswith((".venv/bin/", "tools/"))]
+    assert in_readme == commands[:-1]

@@ -1,8 +1,9 @@
 """The order of the packages, from the pure core up to the entry points
-(docs/architecture.md draws it): a module imports only from its own unit or
-from units before it, no two modules import each other however far round,
-a module marked pure imports nothing that does I/O, the conductor's side
-never imports the daemon, and drivers never import the agent.
+(compute_agent/__init__.py declares it, docs/architecture.md lists it):
+a module imports only from its own unit or from units before it, no two
+modules import each other however far round, a module marked pure
+imports nothing that does I/O, the conductor's side never imports the
+daemon, and drivers never import the agent.
 
 Every import counts: at module level, inside functions and under
 ``if TYPE_CHECKING``, since each is a dependency a reader must follow."""
@@ -18,17 +19,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TOP = "compute_agent"
 
-# The declared order: a unit is a package of compute_agent/ or one of the
-# few modules left directly in it. The host syntaxes both sides read
-# (common) and the drivers come first, so the drivers never import the
-# agent. compute_agent.testing stands apart (below).
-ORDER = tuple(f"{TOP}.{unit}" for unit in (
-    "common", "drivers",
-    "dependencies", "exception", "messaging", "config",
-    "claims", "tree", "store", "metrics", "placement",
-    "moves", "compute", "heal", "health", "cleaning",
-    "rpc", "conductor", "rpcapi", "daemon", "reports", "cmd",
-))
+
+
+def declared_order() -> tuple[str, ...]:
+    """The order as compute_agent/__init__.py's docstring draws it, the one
+    place it is written: its indented lines, read left to right and top to
+    bottom, units apart by "->" or ",", a "(...)" being a remark. A unit
+    is a package of compute_agent/ or one of the few modules left directly
+    in it."""
+    doc = ast.get_docstring(ast.parse((ROOT / TOP / "__init__.py").read_text()))
+    drawn = ",".join(re.sub(r"\(.*?\)", "", line) for line in doc.splitlines()
+                     if line.startswith("    "))
+    return tuple(f"{TOP}.{name.strip()}" for name in re.split(r"->|,", drawn)
+                 if name.strip())
+
+
+# The host syntaxes both sides read (common) and the drivers come first, so
+# the drivers never import the agent. compute_agent.testing stands apart
+# (below).
+ORDER = declared_order()
 # What the drivers may import of ours: the rest is the agent.
 DRIVERS_SIDE = (f"{TOP}.common", f"{TOP}.drivers")
 # Libraries that talk to the world: a pure module reaches none of them,
@@ -136,6 +145,34 @@ def marked_pure(module: str) -> bool:
     return re.search(r"\bpure\b", doc.split("\n\n")[0], re.IGNORECASE) is not None
 
 
+def test_the_order_is_read_from_its_one_place():
+    assert ORDER[:3] == (f"{TOP}.common", f"{TOP}.drivers", f"{TOP}.dependencies")
+    assert ORDER[-1] == f"{TOP}.cmd"
+    assert len(set(ORDER)) == len(ORDER) > 15
+    assert all(modules().get(u) for u in ORDER), [u for u in ORDER if u not in modules()]
+
+
+def architecture_table() -> list[str]:
+    """The units of docs/architecture.md's package table, in its order."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    return [f"{TOP}." + path.removesuffix("/").removesuffix(".py").replace("/", ".")
+            for path in re.findall(r"^\| \d+ \| `compute_agent/([\w/.]+)` \|",
+                                   text, re.MULTILINE)]
+
+
+def test_the_architecture_table_lists_the_units_in_the_declared_order():
+    assert architecture_table() == list(ORDER)
+
+
+def test_no_package_restates_what_it_may_import():
+    """What a package may import is the declared order, said once: a
+    package's docstring that lists its imports goes stale (it did)."""
+    restating = [p for p, path in modules().items() if path.name == "__init__.py"
+                 and re.search(r"\bImports\b", ast.get_docstring(
+                     ast.parse(path.read_text())) or "")]
+    assert restating == []
+
+
 def test_every_module_of_the_agent_is_in_a_declared_unit():
     loose = [m for m in modules() if m != TOP and unit(m) is None
              and not m.startswith(f"{TOP}.testing")]
@@ -199,6 +236,14 @@ def test_the_conductors_import_path_names_the_client_and_the_live_migration_run(
     assert (rpcapi.ComputeAgentAPI, rpcapi.move_allocations,
             rpcapi.live_migrate_instance) == (ComputeAgentAPI, move_allocations,
                                               live_migrate_instance)
+
+
+def test_the_architecture_names_every_name_rpcapi_exports():
+    from compute_agent import rpcapi
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paragraph = text.partition("Conductors import from `compute_agent.rpcapi`")[2]
+    named = set(re.findall(r"`(\w+)`", paragraph.partition("\n\n")[0]))
+    assert named == set(rpcapi.__all__)
 
 
 def defined_errors(units: tuple[str, ...]) -> dict[str, type]:

@@ -1,8 +1,8 @@
 """A generated sweep of invalid values over every option the sample config
 lists (ours, oslo.log's, oslo.messaging's, keystoneauth's): each is refused
 by the start-up check in one line naming its section, option and value, or
-the option is free-form (agent.config_check.FREE_FORM) and the value is
-valid. In-process, on one config object reloaded per value, for speed;
+the option is free-form (compute_agent.cmd.config_check.value_rules.FREE_FORM)
+and the value is valid. In-process, on one config object reloaded per value, for speed;
 tests/functional/test_config_fail_fast.py runs real commands."""
 from __future__ import annotations
 
