@@ -29,7 +29,6 @@ from compute_agent.store.check import StoreFile, StoreVerdict, judge
 from compute_agent.store.errors import StoreError, StoreMoved
 from compute_agent.store.store import (
     COMMIT_SEQUENCE,
-    MIGRATIONS,
     SCHEMA_VERSION,
     Store,
     accept_store,
@@ -122,10 +121,6 @@ def test_writer_and_reader_connections_are_wal_and_synchronous_full(store):
 
 
 # --- schema versions --------------------------------------------------------------
-
-def test_migrations_are_contiguous_up_to_the_current_version():
-    assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
-
 
 def test_new_store_is_at_the_current_version(store):
     assert store.read(schema_version) == SCHEMA_VERSION
@@ -249,20 +244,6 @@ def test_the_placement_view_is_kept_whole(store):
     smaller = VIEW[:1]
     store.write(put_placement_view_sql(smaller))
     assert store.read(placement_view) == smaller
-
-
-@pytest.mark.parametrize("start", range(SCHEMA_VERSION))
-def test_every_version_upgrades_to_the_current_one(tmp_path, start):
-    path = tmp_path / "state.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    if start:
-        migrate(conn, target=start)
-    conn.close()
-    s = Store(path)
-    try:
-        assert s.read(schema_version) == SCHEMA_VERSION
-    finally:
-        s.close()
 
 
 def test_store_newer_than_the_code_is_refused_and_left_alone(tmp_path):
