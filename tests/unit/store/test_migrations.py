@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from compute_agent.store.store import MIGRATIONS, SCHEMA_VERSION, Store, migrate, schema_version
+from compute_agent.store.migrations import MIGRATIONS
+from compute_agent.store.schema import SCHEMA_VERSION, migrate, schema_version
+from compute_agent.store.store import Store
 
 HISTORY = {int(version): [tuple(row) for row in rows] for version, rows in json.loads(
     (Path(__file__).parent / "schema_history.json").read_text()).items()}
