@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from compute_agent.store import sequence as sequence_record
-from compute_agent.store.store import COMMIT_SEQUENCE
+from compute_agent.store.schema import COMMIT_SEQUENCE
 
 
 def drop_from_unique_index(path: Path, assignment_id: str) -> None:

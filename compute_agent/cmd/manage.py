@@ -91,17 +91,14 @@ from compute_agent.reports import status as status_rules
 from compute_agent.reports.probes import read_beside_agent, tree_report
 from compute_agent.reports.tree import TreeVerdict
 from compute_agent.store import lock, node_identity
+from compute_agent.store.acceptance import accept_store
+from compute_agent.store.assignment_id import new_assignment_id
 from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable, StoreError
+from compute_agent.store.inspection import inspect_store
 from compute_agent.store.rebuild import RebuiltStore, plan_rebuild
-from compute_agent.store.store import (
-    SCHEMA_VERSION,
-    STORE_FILE,
-    accept_store,
-    create_filled,
-    inspect_store,
-    new_assignment_id,
-)
+from compute_agent.store.schema import SCHEMA_VERSION
+from compute_agent.store.store import STORE_FILE, create_filled
 from compute_agent.tree.host_tree import build_tree
 from compute_agent.tree.policy import tree_policy_from_conf
 from compute_agent.tree.provider_tree import tree_as_dicts, tree_lines

@@ -35,16 +35,11 @@ from compute_agent.reports.tree import UnhealedClass
 from compute_agent.store import node_identity
 from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import StoreError
-from compute_agent.store.store import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    STORE_FILE,
-    Store,
-    all_migrations,
-    downgrade_refusal,
-    inspect_store,
-    stored_schema_version,
-)
+from compute_agent.store.inspection import inspect_store, stored_schema_version
+from compute_agent.store.migrations import MIGRATIONS
+from compute_agent.store.queries import all_migrations
+from compute_agent.store.schema import SCHEMA_VERSION, downgrade_refusal
+from compute_agent.store.store import STORE_FILE, Store
 
 # An exception escaping a check: oslo.upgradecheck's code for it, apart
 # from the checks' own 0-2.

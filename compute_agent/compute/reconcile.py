@@ -38,7 +38,7 @@ from compute_agent.drivers.base import (
     device_resources,
 )
 from compute_agent.moves.evacuation import evacuated_away
-from compute_agent.store.store import live_changed_at, migrations_changed_at
+from compute_agent.store.queries import live_changed_at, migrations_changed_at
 
 LOG = logging.getLogger(__name__)
 

@@ -42,10 +42,8 @@ from compute_agent.drivers.base import DeviceKind, GuestHolding, HostResource
 from compute_agent.exception import InvalidRequest, MoveInProgress, NoSuchInstance, RetryMismatch
 from compute_agent.metrics import Metrics
 from compute_agent.moves.evacuation import evacuation_name_free_again
-from compute_agent.store.store import (
-    Decision,
-    Statement,
-    Store,
+from compute_agent.store.assignment_id import new_assignment_id
+from compute_agent.store.queries import (
     all_instances,
     all_migrations,
     delete_device_uses_sql,
@@ -55,13 +53,14 @@ from compute_agent.store.store import (
     insert_assignments_sql,
     instance_requests,
     live_assignments,
-    new_assignment_id,
     put_device_uses_sql,
     put_instance_sql,
     put_migration_sql,
     realign_assignments_sql,
     update_assignments_sql,
 )
+from compute_agent.store.store import Store
+from compute_agent.store.writer import Decision, Statement
 
 
 def check_uuid(value, field_name: str) -> str:

@@ -29,7 +29,8 @@ from compute_agent.exception import DependencyUnavailable, PlacementError
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
 from compute_agent.rpc.heartbeat import agent_serving
 from compute_agent.store import node_identity
-from compute_agent.store.store import STORE_FILE, inspect_store
+from compute_agent.store.inspection import inspect_store
+from compute_agent.store.store import STORE_FILE
 
 LOG = logging.getLogger(__name__)
 

@@ -51,16 +51,11 @@ from compute_agent.rpc import broker
 from compute_agent.store import check as store_check
 from compute_agent.store import node_identity
 from compute_agent.store.adoption import plan_adoption
+from compute_agent.store.assignment_id import new_assignment_id
 from compute_agent.store.errors import AdoptionRefused, StoreError, StoreRefused
-from compute_agent.store.store import (
-    STORE_FILE,
-    Store,
-    create_filled,
-    inspect_store,
-    new_assignment_id,
-    placement_view,
-    put_placement_view_sql,
-)
+from compute_agent.store.inspection import inspect_store
+from compute_agent.store.queries import placement_view, put_placement_view_sql
+from compute_agent.store.store import STORE_FILE, Store, create_filled
 from compute_agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
 from compute_agent.tree.policy import tree_policy_from_conf
 from compute_agent.tree.provider_tree import Provider, ProviderTree

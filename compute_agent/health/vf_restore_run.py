@@ -29,7 +29,9 @@ from compute_agent.health.vf_restore import (
     with_missing_vfs,
 )
 from compute_agent.store.errors import StoreError
-from compute_agent.store.store import SRIOV_RECORD, VFS_RESTORED_BOOT, Store, meta_value, put_meta_sql
+from compute_agent.store.queries import meta_value, put_meta_sql
+from compute_agent.store.schema import SRIOV_RECORD, VFS_RESTORED_BOOT
+from compute_agent.store.store import Store
 from compute_agent.tree.host_tree import BuiltTree
 
 LOG = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from compute_agent.reports.tree import compare as compare_trees
 from compute_agent.rpc import broker as broker_probe
 from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import StoreError
-from compute_agent.store.store import inspect_store, schema_version
+from compute_agent.store.inspection import inspect_store
+from compute_agent.store.schema import schema_version
 from compute_agent.tree.provider_tree import adopt_uuids
 
 # A probe waits this long for an answer: status is run by hand and by

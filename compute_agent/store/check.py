@@ -37,7 +37,7 @@ DETAIL_CHARACTERS = 200
 
 
 class StoreFile(str, enum.Enum):
-    """What is at the store's path, as inspect_store (compute_agent/store/store.py) found it."""
+    """What is at the store's path, as inspect_store (compute_agent/store/inspection.py) found it."""
 
     ABSENT = "missing"
     EMPTY = "empty"  # zero bytes, or a database without a single table

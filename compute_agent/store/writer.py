@@ -29,7 +29,7 @@ job fails alone. A failed decision's undo runs in this thread before any
 later decision is made.
 
 A committer may be given a ``CommitGuard`` (the agent that holds the
-state directory gives one: compute_agent/store/store.py): it adds its own write
+state directory gives one: compute_agent/store/holding.py): it adds its own write
 to every transaction, and is asked before the transaction and once it is
 committed, before any job of it is answered. When it refuses, the batch's
 jobs fail (their undo runs) and nothing of them is acknowledged.

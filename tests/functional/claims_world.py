@@ -15,19 +15,14 @@ from pathlib import Path
 
 import os_resource_classes as orc
 
+from compute_agent.claims.model import Assignment, Migration
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.reconcile import ReconcileInputs, Report, reconcile
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 from compute_agent.health.vf_restore_run import VfRestore
-from compute_agent.store.store import (
-    Assignment,
-    Migration,
-    Store,
-    all_instances,
-    all_migrations,
-    live_assignments,
-)
+from compute_agent.store.queries import all_instances, all_migrations, live_assignments
+from compute_agent.store.store import Store
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import (
     MdevTypePolicy,

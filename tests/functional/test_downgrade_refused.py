@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from compute_agent.store.store import IN_USE, SCHEMA_VERSION, STORE_FILE
+from compute_agent.store.schema import IN_USE, SCHEMA_VERSION
+from compute_agent.store.store import STORE_FILE
 from tests.functional.helpers import write_conf
 
 BIN = Path(sys.executable).parent

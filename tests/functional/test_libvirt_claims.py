@@ -24,7 +24,8 @@ from compute_agent.cmd.common import load_config
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.daemon.service import Agent
-from compute_agent.store.store import Store, live_changed_at
+from compute_agent.store.queries import live_changed_at
+from compute_agent.store.store import Store
 from tests.functional.helpers import put_allocations, write_conf
 from tests.functional.libvirt_host import GPU, PF, Host
 

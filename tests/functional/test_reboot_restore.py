@@ -14,7 +14,8 @@ import pytest
 
 from compute_agent.health.rules import DeviceFault
 from compute_agent.health.vf_restore import record_from_json
-from compute_agent.store.store import SRIOV_RECORD, meta_value
+from compute_agent.store.queries import meta_value
+from compute_agent.store.schema import SRIOV_RECORD
 from compute_agent.tree.ownership import UNHEALTHY_TRAIT
 from tests.functional.helpers import put_allocations
 from tests.functional.libvirt_host import PF, Host

@@ -36,7 +36,7 @@ from compute_agent.placement.allocations import move_allocations
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc.client import ComputeAgentAPI
-from compute_agent.store.store import COMMIT_SEQUENCE
+from compute_agent.store.schema import COMMIT_SEQUENCE
 from tests.functional.helpers import HEADERS, put_allocations, wait_for
 from tests.functional.libvirt_host import GPU, PF, Host
 

@@ -17,7 +17,7 @@ import pytest
 from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
 from compute_agent.store import lock
-from compute_agent.store.store import SCHEMA_VERSION
+from compute_agent.store.schema import SCHEMA_VERSION
 from compute_agent.testing.local_placement import LocalPlacement, free_port
 from tests.functional.keystone_standin import KeystoneStandin
 from tests.functional.libvirt_host import Host

@@ -70,7 +70,7 @@ from compute_agent.rpc import schemas
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.server import ComputeAgentEndpoint
 from compute_agent.rpc.versions import VERSION
-from compute_agent.store.store import all_instances, all_migrations, instance_requests
+from compute_agent.store.queries import all_instances, all_migrations, instance_requests
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
 from tests.reliability.exploring import Outcome

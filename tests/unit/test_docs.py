@@ -302,7 +302,7 @@ def schema_statements(text: str) -> list[tuple[int, bool]]:
 def test_the_docs_give_the_stores_schema_version_the_code_has():
     """Said once, where the store is described; elsewhere only when
     something came or went, never past the code's version."""
-    from compute_agent.store.store import SCHEMA_VERSION
+    from compute_agent.store.schema import SCHEMA_VERSION
     found = [(p.name, n, history) for p in current_docs()
              for n, history in schema_statements(p.read_text())]
     assert [(name, n) for name, n, history in found if not history] == [

@@ -22,7 +22,7 @@ import pytest
 from compute_agent.conductor.live_migration import live_migrate_instance
 from compute_agent.exception import DevicesInUse
 from compute_agent.placement.allocations import move_allocations
-from compute_agent.store.store import SCHEMA_VERSION
+from compute_agent.store.schema import SCHEMA_VERSION
 from compute_agent.tree.ownership import agent_owns_trait
 from tests.functional.helpers import put_allocations, unallocate
 from tests.functional.libvirt_host import live_pins

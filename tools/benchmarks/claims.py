@@ -32,7 +32,8 @@ from pathlib import Path
 from compute_agent.claims.model import AssignmentState
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.fake import FakeDriver
-from compute_agent.store.store import STORE_FILE, Store, live_assignments
+from compute_agent.store.queries import live_assignments
+from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import MdevTypePolicy, TreePolicy, build_tree
 from tools.benchmarks.common import device_host, percentile

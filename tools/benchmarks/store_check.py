@@ -8,7 +8,7 @@ NUMA rows, a VF, a vGPU), as the claims case writes them; median of
 several runs, the file in the page cache as at a restart. Target: under
 2 s at 10,000.
 
-The guard of each group commit (compute_agent/store/store.py ``Holding``): the
+The guard of each group commit (compute_agent/store/holding.py ``Holding``): the
 store's file looked at, and the sequence written and synced in its record
 (compute_agent/store/sequence.py): one ``fdatasync`` more per group commit. Measured
 as the median time of one write that commits alone, and the commits per
@@ -26,7 +26,9 @@ from pathlib import Path
 from compute_agent.claims.model import Assignment, AssignmentState, Owner
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from compute_agent.store.check import HostFacts, StoreVerdict, judge
-from compute_agent.store.store import Store, insert_assignments_sql, inspect_store, put_instance_sql
+from compute_agent.store.inspection import inspect_store
+from compute_agent.store.queries import insert_assignments_sql, put_instance_sql
+from compute_agent.store.store import Store
 
 SIZES = (1_000, 10_000)
 CHECK_RUNS = 5

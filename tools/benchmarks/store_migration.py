@@ -21,7 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
-from compute_agent.store.store import SCHEMA_VERSION, Store, migrate, schema_version
+from compute_agent.store.schema import SCHEMA_VERSION, migrate, schema_version
+from compute_agent.store.store import Store
 
 INSTANCES = 10_000
 OLDEST_SCHEMA = 2

@@ -14,7 +14,9 @@ from compute_agent.cleaning.run import Cleaner, run_command
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import ClaimFailed, InvalidRequest
-from compute_agent.store.store import Store, device_uses, migrate, schema_version
+from compute_agent.store.queries import device_uses
+from compute_agent.store.schema import migrate, schema_version
+from compute_agent.store.store import Store
 from compute_agent.tree.device_spec import DeviceSpec
 from tests.functional.helpers import wait_for
 from tests.unit.compute.trackers import tracker_on

@@ -14,7 +14,7 @@ from compute_agent.cmd.config_check import names, options, value_rules
 from compute_agent.cmd.errors import BadValue
 from compute_agent.exception import ConfigError
 from compute_agent.store.errors import StoreError
-from compute_agent.store.store import inspect_store
+from compute_agent.store.inspection import inspect_store
 
 # Stands for a path under the test's own tmp_path that nothing creates: an
 # absolute path such as /nonexistent may exist on a shared machine.

@@ -14,7 +14,9 @@ from compute_agent.claims.model import Migration, MigrationRole, MigrationState,
 from compute_agent.cmd.common import load_config
 from compute_agent.cmd.upgrade_check import UpgradeChecks, moves_result, schema_result, unhealed_result
 from compute_agent.reports.tree import Holder, UnhealedClass
-from compute_agent.store.store import SCHEMA_VERSION, Store, migrate, put_migration_sql
+from compute_agent.store.queries import put_migration_sql
+from compute_agent.store.schema import SCHEMA_VERSION, migrate
+from compute_agent.store.store import Store
 
 ROOT = "3f0b6c1e-8a57-4d52-9c3e-2b1f6e0a9d47"
 STORE = Path("/var/lib/compute-agent/state.db")

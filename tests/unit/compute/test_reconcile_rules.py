@@ -15,7 +15,7 @@ from compute_agent.compute import reconcile as rules
 from compute_agent.compute.reconcile import ReconcileInputs, Report, reconcile
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import SourceHostUp
-from compute_agent.store.store import live_changed_at, migrations_changed_at
+from compute_agent.store.queries import live_changed_at, migrations_changed_at
 from tests.functional.claims_world import World, host_dict, make_world, new_uuid, spec
 
 VF = {"pf": {"SRIOV_NET_VF": 1}}

@@ -12,15 +12,10 @@ from compute_agent.compute.manager import describe, guest_spec
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from compute_agent.exception import ClaimFailed, MoveInProgress, RetryMismatch
-from compute_agent.store.store import (
-    SCHEMA_VERSION,
-    Store,
-    insert_assignments_sql,
-    live_assignments,
-    migrate,
-    run_statements,
-    schema_version,
-)
+from compute_agent.store.queries import insert_assignments_sql, live_assignments
+from compute_agent.store.schema import SCHEMA_VERSION, migrate, schema_version
+from compute_agent.store.store import Store
+from compute_agent.store.writer import run_statements
 from tests.unit.compute.trackers import tracker_on
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"

@@ -25,31 +25,25 @@ from compute_agent.claims.model import (
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from compute_agent.store import lock
 from compute_agent.store import sequence as sequence_record
+from compute_agent.store.acceptance import accept_store
 from compute_agent.store.check import StoreFile, StoreVerdict, judge
 from compute_agent.store.errors import StoreError, StoreMoved
-from compute_agent.store.store import (
-    COMMIT_SEQUENCE,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    Store,
-    accept_store,
+from compute_agent.store.inspection import inspect_store, stored_schema_version
+from compute_agent.store.queries import (
     all_instances,
     all_migrations,
     delete_instance_sql,
     insert_assignments_sql,
-    inspect_store,
     live_assignments,
-    migrate,
     placement_view,
     put_instance_sql,
     put_migration_sql,
     put_placement_view_sql,
-    run_statements,
-    schema_version,
-    stored_schema_version,
     update_assignments_sql,
 )
-from compute_agent.store.writer import Decision
+from compute_agent.store.schema import COMMIT_SEQUENCE, SCHEMA_VERSION, migrate, schema_version
+from compute_agent.store.store import Store
+from compute_agent.store.writer import Decision, run_statements
 from compute_agent.tree.provider_tree import Provider, inventory
 from tests.store_damage import drop_from_unique_index, page_with_free_space_corruption, strip_sequence
 from tests.writer import hold_writer, wait_queued
@@ -122,10 +116,6 @@ def test_writer_and_reader_connections_are_wal_and_synchronous_full(store):
 
 
 # --- schema versions --------------------------------------------------------------
-
-def test_migrations_are_contiguous_up_to_the_current_version():
-    assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
-
 
 def test_new_store_is_at_the_current_version(store):
     assert store.read(schema_version) == SCHEMA_VERSION
@@ -249,20 +239,6 @@ def test_the_placement_view_is_kept_whole(store):
     smaller = VIEW[:1]
     store.write(put_placement_view_sql(smaller))
     assert store.read(placement_view) == smaller
-
-
-@pytest.mark.parametrize("start", range(SCHEMA_VERSION))
-def test_every_version_upgrades_to_the_current_one(tmp_path, start):
-    path = tmp_path / "state.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    if start:
-        migrate(conn, target=start)
-    conn.close()
-    s = Store(path)
-    try:
-        assert s.read(schema_version) == SCHEMA_VERSION
-    finally:
-        s.close()
 
 
 def test_store_newer_than_the_code_is_refused_and_left_alone(tmp_path):
@@ -671,10 +647,9 @@ def test_a_write_is_visible_to_a_fresh_connection_and_process_once_it_returns(st
 _WRITE_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from compute_agent.store.store import (MIGRATIONS, SCHEMA_VERSION, Store, all_instances, all_migrations,
-                               insert_assignments_sql, live_assignments, migrate, placement_view,
-                               put_instance_sql, put_migration_sql, put_placement_view_sql,
-                               run_statements, schema_version, update_assignments_sql)
+from compute_agent.store.queries import put_instance_sql
+from compute_agent.store.store import Store
+from compute_agent.store.writer import run_statements
 s = Store(sys.argv[2])
 s.write(lambda c: run_statements(c, [put_instance_sql(sys.argv[3], {"survived": True})]))
 os.kill(os.getpid(), signal.SIGKILL)
@@ -747,7 +722,8 @@ def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
 def crash_after_a_write(path: Path) -> None:
     """A holder that writes one instance and dies without closing: the
     write is acknowledged and only in the write-ahead log."""
-    code = (f"from compute_agent.store.store import Store, put_instance_sql; import os\n"
+    code = (f"from compute_agent.store.store import Store; import os\n"
+            f"from compute_agent.store.queries import put_instance_sql\n"
             f"s = Store({str(path)!r}, {ROOT_UUID!r})\n"
             f"s.write([put_instance_sql('a', {{'name': 'a'}})])\n"
             f"os._exit(0)\n")
