@@ -142,12 +142,38 @@ def test_once_summary_of_a_failed_cycle_gives_the_reason():
 
 # --- ctl's watchdog: call by call, on a clock the test moves ---------------------
 
+class WatchedCalls(OutstandingCalls):
+    """The calls outstanding, on the test's clock, counting the watchdog's
+    looks: a command's call "takes" the seconds it moves the clock by, and
+    lasts until the watchdog has looked at it (``seen``)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.clock = clock
+        self._looked = threading.Condition()
+        self._looks = 0
+
+    def overdue(self, grace: float, between_calls: float):
+        found = super().overdue(grace, between_calls)
+        with self._looked:
+            self._looks += 1
+            self._looked.notify_all()
+        return found
+
+    def take(self, seconds: float) -> None:
+        """``seconds`` go by; the watchdog looks at least once after."""
+        with self._looked:
+            looks = self._looks
+        self.clock.advance(seconds)
+        with self._looked:
+            # A look begun before the clock moved may end after: two.
+            assert self._looked.wait_for(lambda: self._looks >= looks + 2, 10)
+
+
 @pytest.fixture
 def clock(monkeypatch):
-    """The clock of ctl's calls outstanding: a command's call "takes" the
-    seconds it moves it by."""
     clock = FakeClock()
-    monkeypatch.setattr(rpc_client, "OutstandingCalls", lambda: OutstandingCalls(clock))
+    monkeypatch.setattr(rpc_client, "OutstandingCalls", lambda: WatchedCalls(clock))
     return clock
 
 
@@ -160,7 +186,7 @@ def stuck():
     event.set()
 
 
-def calls_of(clock: FakeClock, seconds: float, count: int, timeout: float | None = None,
+def calls_of(seconds: float, count: int, timeout: float | None = None,
              then: threading.Event | None = None) -> ctl.Command:
     """A conductor's command that makes ``count`` calls of ``seconds`` each,
     one after the other, each allowed ``timeout`` (--timeout by default),
@@ -169,20 +195,19 @@ def calls_of(clock: FakeClock, seconds: float, count: int, timeout: float | None
     def call(api, args, conf):
         for i in range(count):
             with api.outstanding.one(timeout or api.timeout):
-                clock.advance(seconds)
+                api.outstanding.take(seconds)
                 if then is not None and i == count - 1:
-                    then.wait()
+                    then.wait(10)
         return {"calls": count}
     return ctl.Command("test", call, conductor=True)
 
 
-def placement_read_of(clock: FakeClock, seconds: float, then: threading.Event
-                      ) -> ctl.Command:
+def placement_read_of(seconds: float, then: threading.Event) -> ctl.Command:
     """A conductor's command that reads Placement for ``seconds``, no call
     outstanding, then waits for ``then`` (a read never answered)."""
     def call(api, args, conf):
-        clock.advance(seconds)
-        then.wait()
+        api.outstanding.take(seconds)
+        then.wait(10)
         return {}
     return ctl.Command("test", call, conductor=True)
 
@@ -201,7 +226,7 @@ def test_bug_an_evacuation_longer_than_its_timeout_was_called_a_broker_failure(
     """ctl waited --timeout plus 5 s for the whole command: an evacuation
     whose calls each answered within --timeout, together later, ended in
     "the message broker did not answer" and its outcomes were lost."""
-    assert run_ctl(tmp_path, monkeypatch, calls_of(clock, 0.9, 4), timeout=1) == 0
+    assert run_ctl(tmp_path, monkeypatch, calls_of(0.9, 4), timeout=1) == 0
     assert json.loads(capsys.readouterr().out) == {"calls": 4}
 
 
@@ -210,13 +235,13 @@ def test_bug_heartbeats_longer_than_the_timeout_were_called_a_placement_failure(
     """ctl hosts' heartbeats (each allowed service_down_time, 60 s) were not
     watched: at 1,000 hosts, checked 32 at a time, ctl said "Placement did
     not answer within 65s" while they were still coming in."""
-    assert run_ctl(tmp_path, monkeypatch, calls_of(clock, 3, 1, timeout=3), timeout=1) == 0
+    assert run_ctl(tmp_path, monkeypatch, calls_of(3, 1, timeout=3), timeout=1) == 0
     assert json.loads(capsys.readouterr().out) == {"calls": 1}
 
 
 def test_a_call_that_outlives_its_timeout_is_still_given_up(tmp_path, monkeypatch,
                                                              capsys, clock, stuck):
-    assert run_ctl(tmp_path, monkeypatch, calls_of(clock, 1.6, 1, then=stuck),
+    assert run_ctl(tmp_path, monkeypatch, calls_of(1.6, 1, then=stuck),
                    timeout=1) == 1
     assert json.loads(capsys.readouterr().out)["error"].startswith(
         "the message broker did not answer within 1.5s")
@@ -224,7 +249,7 @@ def test_a_call_that_outlives_its_timeout_is_still_given_up(tmp_path, monkeypatc
 
 def test_a_command_stuck_between_calls_blames_placement(tmp_path, monkeypatch, capsys,
                                                         clock, stuck):
-    assert run_ctl(tmp_path, monkeypatch, placement_read_of(clock, 1.6, stuck),
+    assert run_ctl(tmp_path, monkeypatch, placement_read_of(1.6, stuck),
                    timeout=1) == 1
     assert json.loads(capsys.readouterr().out)["error"].startswith(
         "Placement did not answer within 1.5s")
