@@ -77,7 +77,11 @@ def test_a_device_whose_spec_dropped_one_time_use_is_chosen_again(tracker):
     pools_now[GPU]["CUSTOM_GPU"] = Pool("cmp_0000:AF:00.0", "CUSTOM_GPU", DeviceKind.PCI, 1,
                                         (Slot(WHOLE),))
     tracker.set_pools(pools_now)
-    build(tracker, THE_GPU)
+    # Used and not cleaned, yet chosen: no longer one-time use; and again.
+    for _ in range(2):
+        instance = build(tracker, THE_GPU)
+        assert [a.device_id for a in tracker.instance(instance)[1]] == [WHOLE]
+        tracker.release_instance(instance)
 
 
 def test_a_claim_or_release_of_a_used_device_is_told_once_on_disk(tracker):
