@@ -16,8 +16,8 @@ from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import ClaimFailed, InvalidRequest
 from compute_agent.store.store import Store, device_uses, migrate, schema_version
 from compute_agent.tree.device_spec import DeviceSpec
-from tests.functional.helpers import wait_for
 from tests.unit.compute.trackers import tracker_on
+from tests.waiting import wait_for
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 GPU = "7d2b4f6e-1c3a-4e5b-8f9d-0a1b2c3d4e5f"
