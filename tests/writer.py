@@ -3,9 +3,9 @@ queues up for one batch."""
 from __future__ import annotations
 
 import threading
-import time
 
 from compute_agent.store.writer import GroupCommitter, Job
+from tests.waiting import wait_for
 
 
 def hold_writer(commits: GroupCommitter) -> threading.Event:
@@ -18,7 +18,5 @@ def hold_writer(commits: GroupCommitter) -> threading.Event:
 
 
 def wait_queued(commits: GroupCommitter, n: int) -> None:
-    deadline = time.monotonic() + 5
-    while commits.queued() < n and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_for(lambda: commits.queued() >= n, timeout=5, interval=0.001)
     assert commits.queued() == n

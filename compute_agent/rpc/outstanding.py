@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -21,32 +22,34 @@ class Overdue:
 
 
 class OutstandingCalls:
-    """Shared by every client one watchdog looks after."""
+    """Shared by every client one watchdog looks after. ``clock``: seconds,
+    monotonic (a test's own clock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._calls: dict[int, tuple[float, float]] = {}  # id: (sent, its timeout)
-        self._last_answer = time.monotonic()
+        self._last_answer = clock()
 
     @contextmanager
     def one(self, timeout: float):
         """One call, which may wait ``timeout`` seconds for its answer."""
         with self._lock:
             call = next(self._ids)
-            self._calls[call] = (time.monotonic(), timeout)
+            self._calls[call] = (self._clock(), timeout)
         try:
             yield
         finally:
             with self._lock:
                 del self._calls[call]
-                self._last_answer = time.monotonic()
+                self._last_answer = self._clock()
 
     def overdue(self, grace: float, between_calls: float) -> Overdue | None:
         """A call unanswered ``grace`` seconds past its own timeout, or,
         with none outstanding, ``between_calls`` seconds since the last
         answer (or since this began); None while neither."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if self._calls:
                 # The call due first: sent + timeout.

@@ -3,7 +3,6 @@ plain HTTP, independently of the agent's own client."""
 from __future__ import annotations
 
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from compute_agent.cmd.common import load_config
 from compute_agent.daemon.service import Agent
 from compute_agent.heal.rules import capacity
 from compute_agent.rpc.client import ComputeAgentAPI
+from tests.waiting import wait_for
 
 HEADERS = {"X-Auth-Token": "admin", "X-Roles": "admin,service",
            "OpenStack-API-Version": "placement 1.39"}
@@ -191,13 +191,3 @@ def wait_serving(conf: Path, host: str, proc: subprocess.Popen, log: Path,
     finally:
         api.close()
 
-
-def wait_for(predicate, timeout: float = 20, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
-        time.sleep(interval)

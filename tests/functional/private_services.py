@@ -10,7 +10,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from pathlib import Path
 import libvirt
 
 from compute_agent.testing.local_placement import free_port
+from tests.waiting import wait_for
 
 LIBVIRTD = "/usr/sbin/libvirtd"
 # libvirt's fixed directories as a privileged daemon, each replaced by a
@@ -105,14 +105,12 @@ class PrivateLibvirtd:
              LIBVIRTD, "--pid-file", str(self.root / "libvirtd.pid")],
             stdout=subprocess.DEVNULL,
             stderr=open(self.root / "libvirtd.stderr", "a"))
-        deadline = time.monotonic() + timeout
-        while not self._answers():
+        def answers() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the private libvirtd exited ({self.proc.returncode}): "
                                    f"{(self.root / 'libvirtd.stderr').read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the private libvirtd did not answer in {timeout}s")
-            time.sleep(0.05)
+            return self._answers()
+        wait_for(answers, timeout=timeout, interval=0.05)
         return self
 
     def qemu_pid(self, domain_name: str) -> int:

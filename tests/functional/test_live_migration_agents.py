@@ -39,7 +39,13 @@ from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc import server as rpc
 from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
-from tests.functional.helpers import HEADERS, placement_tree, put_allocations, write_conf
+from tests.functional.helpers import (
+    HEADERS,
+    placement_tree,
+    put_allocations,
+    wait_for,
+    write_conf,
+)
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
 PMEM_BYTES = 64 << 20
@@ -212,11 +218,11 @@ def test_a_migration_whose_destination_dies_midway_leaves_it_on_a(cloud):
     mover = threading.Thread(target=migrate)
     mover.start()
     try:
-        deadline = time.monotonic() + 30
-        while not (b.daemon.domain(instance) is not None
-                   and dom.jobStats().get("memory_processed", 0) > 0):
-            assert mover.is_alive() and time.monotonic() < deadline
-            time.sleep(0.05)
+        def mid_way() -> bool:
+            assert mover.is_alive()
+            return (b.daemon.domain(instance) is not None
+                    and dom.jobStats().get("memory_processed", 0) > 0)
+        wait_for(mid_way, timeout=30, interval=0.05)
         os.kill(b.daemon.qemu_pid(domain_name(instance)), signal.SIGKILL)
         mover.join(60)
         assert not mover.is_alive()
@@ -335,17 +341,16 @@ def test_bug_a_live_migration_with_a_lost_answer_was_rolled_back_at_the_destinat
     mover = threading.Thread(target=migrate)
     mover.start()
     try:
-        deadline = time.monotonic() + 30
-        while dom.jobInfo()[0] == libvirt.VIR_DOMAIN_JOB_NONE:
-            assert mover.is_alive() and time.monotonic() < deadline
-            time.sleep(0.05)
+        def under_way() -> bool:
+            assert mover.is_alive()
+            return dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
+        wait_for(under_way, timeout=30, interval=0.05)
         started = time.monotonic()
         # Until the conductor's call has timed out (it says so as it asks
         # again), or it gave up.
-        while mover.is_alive() and not any("NoAnswer" in r.getMessage()
-                                           for r in caplog.records):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(lambda: not mover.is_alive() or any("NoAnswer" in r.getMessage()
+                                                     for r in caplog.records),
+                 timeout=30, interval=0.05)
         if mover.is_alive():
             # Still under way: the answer really was lost, not merely slow.
             assert dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE, \

@@ -35,6 +35,7 @@ from compute_agent.drivers.errors import LiveMigrationError
 from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from compute_agent.drivers.libvirt.guest_xml import domain_name
 from tests.contract.test_driver_contract import libvirt_driver, target
+from tests.functional.helpers import wait_for
 
 PMEM_BYTES = 64 << 20
 MARK = b"compute-agent live migration\n"
@@ -152,11 +153,11 @@ def slowed_on_a(hosts: Hosts, instance: str) -> tuple[libvirt.virConnect,
 def wait_until_mid_way(hosts: Hosts, dom: libvirt.virDomain,
                        mover: threading.Thread) -> None:
     """Until B's QEMU is up and A has sent some of the memory."""
-    deadline = time.monotonic() + 30
-    while not (hosts.daemons["b"].domain(dom.UUIDString()) is not None
-               and dom.jobStats().get("memory_processed", 0) > 0):
-        assert mover.is_alive() and time.monotonic() < deadline
-        time.sleep(0.05)
+    def mid_way() -> bool:
+        assert mover.is_alive()
+        return (hosts.daemons["b"].domain(dom.UUIDString()) is not None
+                and dom.jobStats().get("memory_processed", 0) > 0)
+    wait_for(mid_way, timeout=30, interval=0.05)
 
 
 def test_a_migration_whose_destination_qemu_dies_midway_leaves_it_on_a(hosts):

@@ -2,13 +2,12 @@
 processes: every request served is logged once, and stop() ends them all."""
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
 from compute_agent.testing.local_placement import LocalPlacement
-from tests.functional.helpers import HEADERS
+from tests.functional.helpers import HEADERS, wait_for
 
 
 def children_of(pid: int) -> list[int]:
@@ -32,10 +31,7 @@ def test_several_processes_serve_and_the_request_log_stays_exact(tmp_path):
         assert set(sent) == {"GET /traits?name=startswith:HW_ 200"}
     finally:
         placement.stop()
-    deadline = time.monotonic() + 10
-    while any(running(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(running(pid) for pid in workers)
+    wait_for(lambda: not any(running(pid) for pid in workers), timeout=10)
 
 
 def running(pid: int) -> bool:

@@ -152,7 +152,8 @@ def test_placement_away_at_start_is_asked_by_the_first_cycle_that_reaches_it(
     with FaultProxy(placement.url, {PlacementFault.ERROR_503_BEFORE: 1.0}) as proxy:
         second = daemon(tmp_path / "b", host, proxy.url).start()
         second.wait_running()
-        time.sleep(2)  # cycles that do not reach Placement
+        # Cycles that do not reach Placement: two refused, the daemon running.
+        wait_for(lambda: proxy.total_injected >= 2, timeout=60)
         assert second.proc.poll() is None
         proxy.set_rates({})
         line = second.refusal()

@@ -18,8 +18,8 @@ from compute_agent.store.queries import device_uses
 from compute_agent.store.schema import migrate, schema_version
 from compute_agent.store.store import Store
 from compute_agent.tree.device_spec import DeviceSpec
-from tests.functional.helpers import wait_for
 from tests.unit.compute.trackers import tracker_on
+from tests.waiting import wait_for
 
 PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 GPU = "7d2b4f6e-1c3a-4e5b-8f9d-0a1b2c3d4e5f"
@@ -79,7 +79,11 @@ def test_a_device_whose_spec_dropped_one_time_use_is_chosen_again(tracker):
     pools_now[GPU]["CUSTOM_GPU"] = Pool("cmp_0000:AF:00.0", "CUSTOM_GPU", DeviceKind.PCI, 1,
                                         (Slot(WHOLE),))
     tracker.set_pools(pools_now)
-    build(tracker, THE_GPU)
+    # Used and not cleaned, yet chosen: no longer one-time use; and again.
+    for _ in range(2):
+        instance = build(tracker, THE_GPU)
+        assert [a.device_id for a in tracker.instance(instance)[1]] == [WHOLE]
+        tracker.release_instance(instance)
 
 
 def test_a_claim_or_release_of_a_used_device_is_told_once_on_disk(tracker):

@@ -5,7 +5,7 @@ commands as subprocesses: tests/functional/test_cli.py.)"""
 from __future__ import annotations
 
 import json
-import time
+import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -16,9 +16,11 @@ from compute_agent.cmd.daemon import once_summary
 from compute_agent.daemon.service import CycleOutcome
 from compute_agent.exception import ConfigError, InvalidRequest
 from compute_agent.placement.sync import SyncResult
+from compute_agent.rpc import client as rpc_client
 from compute_agent.rpc import schemas as rpc_schemas
-from compute_agent.rpc.outstanding import OutstandingCalls, Overdue
+from compute_agent.rpc.outstanding import OutstandingCalls
 from compute_agent.tree.provider_tree import Provider, ProviderTree
+from tests.unit.clocks import FakeClock
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / ctl.EXAMPLE_SPEC
@@ -138,25 +140,74 @@ def test_once_summary_of_a_failed_cycle_gives_the_reason():
         "Placement unavailable, cycle abandoned: refused")
 
 
-# --- ctl's watchdog: call by call ---------------------------------------------
+# --- ctl's watchdog: call by call, on a clock the test moves ---------------------
 
-def calls_of(seconds: float, count: int, timeout: float | None = None) -> ctl.Command:
+class WatchedCalls(OutstandingCalls):
+    """The calls outstanding, on the test's clock, counting the watchdog's
+    looks: a command's call "takes" the seconds it moves the clock by, and
+    lasts until the watchdog has looked at it (``seen``)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.clock = clock
+        self._looked = threading.Condition()
+        self._looks = 0
+
+    def overdue(self, grace: float, between_calls: float):
+        found = super().overdue(grace, between_calls)
+        with self._looked:
+            self._looks += 1
+            self._looked.notify_all()
+        return found
+
+    def take(self, seconds: float) -> None:
+        """``seconds`` go by; the watchdog looks at least once after."""
+        with self._looked:
+            looks = self._looks
+        self.clock.advance(seconds)
+        with self._looked:
+            # A look begun before the clock moved may end after: two.
+            assert self._looked.wait_for(lambda: self._looks >= looks + 2, 10)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(rpc_client, "OutstandingCalls", lambda: WatchedCalls(clock))
+    return clock
+
+
+@pytest.fixture
+def stuck():
+    """What a stuck command waits on; set after the test, so its thread
+    ends."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def calls_of(seconds: float, count: int, timeout: float | None = None,
+             then: threading.Event | None = None) -> ctl.Command:
     """A conductor's command that makes ``count`` calls of ``seconds`` each,
     one after the other, each allowed ``timeout`` (--timeout by default),
-    and says how many it made."""
+    and says how many it made; its last call, with ``then``, waits for it
+    (a call never answered)."""
     def call(api, args, conf):
-        for _ in range(count):
+        for i in range(count):
             with api.outstanding.one(timeout or api.timeout):
-                time.sleep(seconds)
+                api.outstanding.take(seconds)
+                if then is not None and i == count - 1:
+                    then.wait(10)
         return {"calls": count}
     return ctl.Command("test", call, conductor=True)
 
 
-def placement_read_of(seconds: float) -> ctl.Command:
+def placement_read_of(seconds: float, then: threading.Event) -> ctl.Command:
     """A conductor's command that reads Placement for ``seconds``, no call
-    outstanding."""
+    outstanding, then waits for ``then`` (a read never answered)."""
     def call(api, args, conf):
-        time.sleep(seconds)
+        api.outstanding.take(seconds)
+        then.wait(10)
         return {}
     return ctl.Command("test", call, conductor=True)
 
@@ -171,53 +222,37 @@ def run_ctl(tmp_path, monkeypatch, command: ctl.Command, timeout: float) -> int:
 
 
 def test_bug_an_evacuation_longer_than_its_timeout_was_called_a_broker_failure(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, clock):
     """ctl waited --timeout plus 5 s for the whole command: an evacuation
     whose calls each answered within --timeout, together later, ended in
     "the message broker did not answer" and its outcomes were lost."""
-    assert run_ctl(tmp_path, monkeypatch, calls_of(0.5, 4), timeout=1) == 0
+    assert run_ctl(tmp_path, monkeypatch, calls_of(0.9, 4), timeout=1) == 0
     assert json.loads(capsys.readouterr().out) == {"calls": 4}
 
 
 def test_bug_heartbeats_longer_than_the_timeout_were_called_a_placement_failure(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, clock):
     """ctl hosts' heartbeats (each allowed service_down_time, 60 s) were not
     watched: at 1,000 hosts, checked 32 at a time, ctl said "Placement did
     not answer within 65s" while they were still coming in."""
-    assert run_ctl(tmp_path, monkeypatch, calls_of(2, 1, timeout=3), timeout=1) == 0
+    assert run_ctl(tmp_path, monkeypatch, calls_of(3, 1, timeout=3), timeout=1) == 0
     assert json.loads(capsys.readouterr().out) == {"calls": 1}
 
 
 def test_a_call_that_outlives_its_timeout_is_still_given_up(tmp_path, monkeypatch,
-                                                             capsys):
-    started = time.monotonic()
-    assert run_ctl(tmp_path, monkeypatch, calls_of(30, 1), timeout=1) == 1
-    assert time.monotonic() - started < 10
+                                                             capsys, clock, stuck):
+    assert run_ctl(tmp_path, monkeypatch, calls_of(1.6, 1, then=stuck),
+                   timeout=1) == 1
     assert json.loads(capsys.readouterr().out)["error"].startswith(
         "the message broker did not answer within 1.5s")
 
 
-def test_a_command_stuck_between_calls_blames_placement(tmp_path, monkeypatch, capsys):
-    started = time.monotonic()
-    assert run_ctl(tmp_path, monkeypatch, placement_read_of(30), timeout=1) == 1
-    assert time.monotonic() - started < 10
+def test_a_command_stuck_between_calls_blames_placement(tmp_path, monkeypatch, capsys,
+                                                        clock, stuck):
+    assert run_ctl(tmp_path, monkeypatch, placement_read_of(1.6, stuck),
+                   timeout=1) == 1
     assert json.loads(capsys.readouterr().out)["error"].startswith(
         "Placement did not answer within 1.5s")
-
-
-def test_outstanding_calls_are_overdue_past_their_own_timeout_then_after_the_last_answer():
-    outstanding = OutstandingCalls()
-    with outstanding.one(timeout=0.1):
-        with outstanding.one(timeout=60):
-            assert outstanding.overdue(grace=0, between_calls=60) is None
-            time.sleep(0.2)
-            assert outstanding.overdue(grace=0, between_calls=60) == Overdue(0.1, call=True)
-    with outstanding.one(timeout=60):
-        time.sleep(0.2)
-        assert outstanding.overdue(grace=0, between_calls=0.1) is None
-    assert outstanding.overdue(grace=0, between_calls=0.1) is None
-    time.sleep(0.2)
-    assert outstanding.overdue(grace=0, between_calls=0.1) == Overdue(0.1, call=False)
 
 
 def device_conf(conf_file: Path, *args: str):

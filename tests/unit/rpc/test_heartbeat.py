@@ -11,18 +11,22 @@ from compute_agent.rpc.heartbeat import HostState, SourceFence, judge
 
 
 class Beats:
-    """Answers for hosts in ``up``; every check takes ``delay`` seconds."""
+    """Answers for hosts in ``up``; with ``gate``, every check waits for it
+    to open (a check that takes time), saying so in ``entered``."""
 
     down_after = 2.0
 
-    def __init__(self, up: set[str], delay: float = 0.0):
+    def __init__(self, up: set[str], gate: threading.Event | None = None):
         self.up = up
-        self.delay = delay
+        self.gate = gate
+        self.entered = threading.Event()
         self.asked: list[str] = []
 
     def check(self, host: str):
         self.asked.append(host)
-        time.sleep(self.delay)
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
         return judge(host, {"host": host} if host in self.up else None, time.time())
 
 
@@ -48,12 +52,16 @@ def test_an_up_source_is_refused_every_time():
 
 
 def test_many_rebuilds_of_one_down_source_wait_for_one_check():
-    beats = Beats(up=set(), delay=0.2)
+    gate = threading.Event()
+    beats = Beats(up=set(), gate=gate)
     fence = fence_with(beats)
     threads = [threading.Thread(target=fence.require_down, args=("src",))
                for _ in range(10)]
     for t in threads:
         t.start()
+    # The first check is under way (held open) while the others come in.
+    assert beats.entered.wait(10)
+    gate.set()
     for t in threads:
         t.join()
     fence.require_down("src")

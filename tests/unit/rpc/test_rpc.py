@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import sys
+import threading
 import time
 import uuid
 
@@ -156,10 +157,14 @@ class RecordingManager:
     def __init__(self, error: BaseException | None = None):
         self.calls: list[tuple] = []
         self.error = error
+        # Notified at each call: a call made in another thread is waited for.
+        self.called = threading.Condition()
 
     def __getattr__(self, name):
         def call(*args):
-            self.calls.append((name, *args))
+            with self.called:
+                self.calls.append((name, *args))
+                self.called.notify_all()
             if self.error is not None:
                 raise self.error
             return {"called": name}
@@ -221,10 +226,9 @@ def test_a_rebuild_naming_its_source_is_fenced_accepted_then_built():
     check()
     assert fence.asked == ["down-host"]
     # The guest is built after the answer, in a thread of its own.
-    deadline = time.monotonic() + 5
-    while ("finish_rebuild", MIGRATION) not in e.calls and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ("finish_rebuild", MIGRATION) in e.calls
+    manager = e.endpoint._agent.manager
+    with manager.called:
+        assert manager.called.wait_for(lambda: ("finish_rebuild", MIGRATION) in e.calls, 5)
 
     forced = endpoint()
     forced.endpoint._fence = fence

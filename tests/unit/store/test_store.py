@@ -800,9 +800,21 @@ def test_the_state_directory_has_one_holder(tmp_path):
 
 
 def test_a_holders_store_closes_twice_without_error(tmp_path):
-    store = Store(tmp_path / "state.db", ROOT_UUID)
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
     store.close()
     store.close()
+    # Closed once, cleanly: the file says so, writes are refused, and the
+    # next holder opens it.
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT value FROM meta WHERE key = 'in_use'").fetchall() == [
+            ("closed",)]
+    finally:
+        db.close()
+    with pytest.raises(StoreError):
+        store.write(lambda conn: conn.execute("DELETE FROM meta"))
+    Store(path, ROOT_UUID).close()
 
 
 # --- checked before it is believed ---------------------------------------------------

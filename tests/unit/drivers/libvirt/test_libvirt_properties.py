@@ -6,7 +6,7 @@ import json
 import os
 from collections import Counter
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
@@ -51,10 +51,19 @@ _CAPS_ATTRS = ["id", "unit", "size", "siblings", "value", "num"]
 
 
 def _allowed(fn, *args):
+    """``fn``'s answer, or None when it refused with InvalidHostData."""
     try:
-        fn(*args)
+        return fn(*args)
     except InvalidHostData:
-        pass
+        return None
+
+
+def _well_formed(text: str) -> bool:
+    try:
+        etree.fromstring(text)
+    except etree.XMLSyntaxError:
+        return False
+    return True
 
 
 # --- valid node devices, as libvirt formats them ------------------------------
@@ -197,13 +206,22 @@ def test_nodedev_parser():
 
 
 @SETTINGS
-@given(st.one_of(st.text(max_size=200),
+@given(st.one_of(st.text(max_size=200).map(lambda t: (t, False)),
                  _element(_CAPS_TAGS, _CAPS_ATTRS, depth=3).map(
-                     lambda x: f"<capabilities><host>{x}</host>"
-                               f"<host><topology><cells>{x}</cells>"
-                               f"</topology></host></capabilities>")))
-def test_capabilities_parser(text):
-    _allowed(capabilities.parse_capabilities, text)
+                     lambda x: (f"<capabilities><host>{x}</host>"
+                                f"<host><topology><cells>{x}</cells>"
+                                f"</topology></host></capabilities>", True))))
+@example(("<capabilities><host><topology><cells><cell id='x'/><cell id='0'/>"
+          "<cell id='0'/></cells></topology></host></capabilities>", True))
+def test_capabilities_parser(case: tuple[str, bool]):
+    """Junk is refused; a well-formed <capabilities><host> never is: a cell
+    that cannot be read is left out with a warning."""
+    text, wrapped = case
+    found = _allowed(capabilities.parse_capabilities, text)
+    if wrapped and _well_formed(text):
+        assert found is not None, text
+        ids = [c.id for c in found.cells]
+        assert len(ids) == len(set(ids))
 
 
 _json = st.recursive(
@@ -217,7 +235,17 @@ _json = st.recursive(
 @SETTINGS
 @given(st.one_of(_json.map(json.dumps), st.text(max_size=50)))
 def test_ndctl_parser(text):
-    _allowed(pmem.parse_ndctl_json, text)
+    """Junk is refused; a JSON list never is: an entry that is not a
+    namespace is left out with a warning."""
+    found = _allowed(pmem.parse_ndctl_json, text)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, list):
+        assert found is not None, text
+        namespaces, warnings = found
+        assert len(namespaces) + len(warnings) >= len(data)
 
 
 _SYSFS_FILES = [
@@ -263,8 +291,17 @@ def test_sysfs_reader(tmp_path_factory, files):
         else:
             path.write_text(content)
     reader = SysfsReader(os.fspath(root))
-    reader.numa_cells(4)
-    reader.pci_devices()
+    # Whatever the files say, each reader answers: what it cannot read is
+    # left out, with a warning, and what it gives is what the files name.
+    cells, _ = reader.numa_cells(4)
+    assert {c.id for c in cells} <= {0, 1}
+    devices, warnings = reader.pci_devices()
+    assert set(devices) <= {"0000:01:00.0"}
+    if (root / "bus/pci/devices/junk").is_dir():
+        assert any("junk" in w for w in warnings), warnings
     reader.mdev_types()
-    reader.mdevs()
+    mdevs, warnings = reader.mdevs()
+    assert mdevs == []
+    if (root / "bus/mdev/devices/not-a-uuid").is_dir():
+        assert any("not-a-uuid" in w for w in warnings), warnings
     pmem.read_namespaces(reader, None)
