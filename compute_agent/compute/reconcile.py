@@ -94,7 +94,8 @@ class ReconcileInputs:
     elsewhere: dict[str, set[str]] | None = None
     drop_evacuation_hold: Callable[[str], None] | None = None
     # The instances whose evacuation's migration consumer holds allocations
-    # on our providers (the evacuator's swap): instance uuid -> that
+    # on our providers (the conductor's swap: Evacuator, in
+    # compute_agent/conductor/evacuation.py): instance uuid -> that
     # consumer, which the instance's record explains.
     evacuation_holds: dict[str, str] = field(default_factory=dict)
     # After how many seconds a live migration announced here and never
