@@ -44,8 +44,9 @@ from compute_agent.health.vf_restore_run import VfRestore
 from compute_agent.health.watch import HealthWatch
 from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from compute_agent.moves.evacuation import evacuation_migration_uuid
-from compute_agent.placement.allocations import AllocationView, move_allocations, tree_allocations
+from compute_agent.placement.allocations import AllocationView, tree_allocations
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
+from compute_agent.placement.consumers import Consumers
 from compute_agent.placement.sync import SyncResult, TreeSync
 from compute_agent.rpc import broker
 from compute_agent.store import check as store_check
@@ -305,6 +306,7 @@ class Agent:
         if manager is not None:
             self.metrics.watch_assignments(manager.tracker.held_by_class)
         self.allocations = allocations
+        self.consumers = Consumers(sync.client, allocations)
         # The view of Placement the last reconciliation used: while it is
         # still the cache, no cycle has read the tree since.
         self._reconciled_view: ProviderTree | None = None
@@ -550,28 +552,20 @@ class Agent:
         """For each instance of ours with no allocation on our providers, the
         providers (not ours) that hold its allocations: one read per such
         instance, none in the steady state. None when Placement fails."""
-        ours = self._our_providers()
         instances, _, _ = self.manager.tracker.snapshot()
-        out: dict[str, set[str]] = {}
         try:
-            for uuid in sorted(set(instances) - set(allocations)):
-                held = self.sync.client.get_consumer_allocations(uuid)["allocations"]
-                out[uuid] = set(held) - ours
+            return self.consumers.providers_elsewhere(set(instances) - set(allocations),
+                                                      self._our_providers())
         except (PlacementUnavailable, PlacementError) as e:
             LOG.warning("Evacuated instances not looked for: %s", e)
             return None
-        return out
 
     def _drop_evacuation_hold(self, instance_uuid: str) -> None:
         """The evacuation's migration consumer held this host's share of the
         instance (allocation swap) until its guest here was gone: dropped,
         when all it holds is on our providers."""
         migration = evacuation_migration_uuid(instance_uuid, self.sync.root_uuid)
-        held = self.sync.client.get_consumer_allocations(migration)["allocations"]
-        if held and set(held) <= self._our_providers():
-            self.sync.client.delete_consumer_allocations(migration)
-            # A deletion moves no generation: read these providers again.
-            self.allocations.touch(set(held))
+        if self.consumers.drop_if_ours(migration, self._our_providers()):
             LOG.info("Evacuation %s of instance %s: its hold on this host's "
                      "providers dropped", migration, instance_uuid)
 
@@ -580,14 +574,7 @@ class Agent:
         migration's allocations, when all on our providers, go back to the
         instance (undoing the conductor's swap), then the move is rolled
         back here. Allocations elsewhere are not ours to move: refused."""
-        client = self.sync.client
-        held = client.get_consumer_allocations(move.uuid)["allocations"]
-        if held and not set(held) <= self._our_providers():
-            raise AgentError(f"migration {move.uuid} holds allocations on providers "
-                             "of another host; left to the conductor")
-        if held:
-            move_allocations(client, move.uuid, move.instance_uuid, "INSTANCE")
-            self.allocations.touch(set(held))
+        self.consumers.give_back(move.uuid, move.instance_uuid, self._our_providers())
         self.manager.rollback_live_migration_at_source(move.uuid, move.instance_uuid)
         LOG.info("Live migration %s of instance %s never started; its conductor "
                  "is taken for gone: allocations returned, move ended", move.uuid,
