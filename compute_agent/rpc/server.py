@@ -31,8 +31,7 @@ from oslo_config import cfg
 from compute_agent.claims.model import Assignment, AssignmentState, Migration
 from compute_agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
 from compute_agent.messaging import TOPIC, allow_deep_messages, messaging, sent_as_before, transport
-from compute_agent.rpc import schemas
-from compute_agent.rpc import versions as rpc_versions
+from compute_agent.rpc import schemas, versions
 from compute_agent.rpc.heartbeat import SourceFence
 from compute_agent.rpc.served import ServedAgent
 from compute_agent.rpc.versions import VERSION
@@ -55,7 +54,7 @@ def rpc_method(since: str, schema: dict) -> Callable[[Callable], Callable]:
     """Serve the decorated endpoint method as an RPC call that appeared in
     API version ``since``, its payload checked against ``schema`` (and
     made canonical) before the method runs."""
-    rpc_versions.known(since)
+    versions.known(since)
     checker = schemas.validator(schema)
 
     def serve_as_call(method: Callable) -> Callable:
