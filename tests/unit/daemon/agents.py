@@ -7,8 +7,10 @@ from pathlib import Path
 
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
-from compute_agent.daemon.service import Agent, AgentSettings, placement_sync
+from compute_agent.daemon.composition import assemble, placement_sync
+from compute_agent.daemon.service import Agent, AgentSettings
 from compute_agent.drivers.fake import FakeDriver
+from compute_agent.metrics import Metrics
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy
 
@@ -27,5 +29,5 @@ def agent_on_fake_host(state_dir: Path, settings: AgentSettings = AgentSettings(
     manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE, ROOT), driver.boot_id()),
                              driver)
     sync, allocations = placement_sync(UnusedClient(), ROOT, lambda p: True, 300)
-    return Agent(driver, TreePolicy(host="h", root_uuid=ROOT), sync, allocations, manager,
-                 settings=settings)
+    return assemble(driver, TreePolicy(host="h", root_uuid=ROOT), sync, allocations, manager,
+                    Metrics(), settings)
