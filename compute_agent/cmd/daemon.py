@@ -22,18 +22,17 @@ from compute_agent.cmd.common import (
     tolerate_closed_stdout,
 )
 from compute_agent.cmd.config_check.whole import metrics_port_free
+from compute_agent.daemon.composition import BROKER_PROBE_TIMEOUT_SECONDS, compose
 from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.one_agent_check import check_one_agent_per_host
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.reload_signal import ReloadSignal
-from compute_agent.daemon.service import BROKER_PROBE_TIMEOUT_SECONDS, Agent, CycleOutcome
+from compute_agent.daemon.service import Agent, CycleOutcome
 from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
 from compute_agent.daemon.systemd import notify, watchdog_from_environment
 from compute_agent.exception import ConfigError
 from compute_agent.messaging import bound_broker_waits
-from compute_agent.rpc import broker
-from compute_agent.rpc.heartbeat import make_server as heartbeat_server
-from compute_agent.rpc.server import make_server
+from compute_agent.rpc import broker, heartbeat, server
 from compute_agent.store import lock
 from compute_agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable, StoreError, StoreRefused
 
@@ -102,8 +101,10 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     broker.quiet_reconnect_lines()
     broker.quiet_own_fanout_cancels()
     bound_broker_waits(conf, STOP_POLL)
+    # Before the agent, which tells its probes the threads it saw die.
+    supervisor = Supervisor()
     try:
-        agent = checked_agent(conf)
+        agent = checked_agent(conf, supervisor)
     except ConfigError as e:
         return exit_config_error(e)
     except (StateDirectoryInUse, StateDirectoryUnusable, StoreRefused, StoreError,
@@ -116,10 +117,10 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
             return run_once(agent)
         except AnotherAgentServesHost as e:
             return exit_store_error(e)
-    return serve(conf, agent)
+    return serve(conf, agent, supervisor)
 
 
-def checked_agent(conf: cfg.ConfigOpts) -> Agent:
+def checked_agent(conf: cfg.ConfigOpts, supervisor: Supervisor) -> Agent:
     """The agent, once everything that must hold before anything is
     written holds. Raises ConfigError, or the store's and the one-agent
     check's errors, with their one line."""
@@ -134,20 +135,17 @@ def checked_agent(conf: cfg.ConfigOpts) -> Agent:
     # Before the store or compute_id is made: a mistyped state_path is
     # refused with nothing written.
     placement_check = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
-    agent = Agent.from_conf(conf)
-    agent.placement_check = placement_check
-    return agent
+    return compose(conf, placement_check=placement_check,
+                   dead_threads=supervisor.dead_threads)
 
 
-def serve(conf: cfg.ConfigOpts, agent: Agent) -> int:
+def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:
     """Start the agent and its RPC servers, serve until SIGTERM or a
     thread's death, then stop them in order; the exit code."""
-    supervisor = Supervisor()
     supervisor.install()
     # A store removed or replaced under the agent: nothing more is
     # acknowledged, and the daemon stops with exit 2 (compute_agent/store/store.py).
     agent.manager.tracker.store.on_moved(supervisor.refuse)
-    agent.dead_threads = lambda: tuple(f"{d.thread}: {d.error}" for d in supervisor.deaths)
 
     def on_term(signum, frame):
         LOG.info("Signal %d: stopping", signum)
@@ -166,11 +164,11 @@ def serve(conf: cfg.ConfigOpts, agent: Agent) -> int:
     except AnotherAgentServesHost as e:  # found by the first cycle
         agent.stop()
         return exit_store_error(e)
-    heartbeat = heartbeat_server(conf, agent)
-    server = make_server(conf, agent)
+    heartbeats = heartbeat.make_server(conf, agent)
+    calls = server.make_server(conf, agent)
     try:
-        heartbeat.start()
-        server.start()
+        heartbeats.start()
+        calls.start()
     except Exception as e:
         # The broker was down at the check above, and refuses the login now.
         if not broker.refuses_credentials(e):
@@ -185,26 +183,26 @@ def serve(conf: cfg.ConfigOpts, agent: Agent) -> int:
     if not supervisor.wake.is_set():
         # Start-up reconciliation is done and RPC's queue is declared; not
         # when a signal or a thread's death came during start-up.
-        agent.phase = Phase.SERVING
+        agent.move_to(Phase.SERVING)
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
-    return stop(supervisor, agent, (server, heartbeat))
+    return stop(supervisor, agent, (calls, heartbeats))
 
 
 def stop(supervisor: Supervisor, agent: Agent, servers: tuple) -> int:
     """Stop the RPC servers (oslo.messaging's), then the agent; the exit code."""
-    agent.phase = Phase.STOPPING
+    agent.move_to(Phase.STOPPING)
     if supervisor.deaths:
         supervisor.exit_unless_stopped_in_time()
     else:
         notify("STOPPING=1")
     # Calls in flight finish before the store closes. Each stop() returns
     # once its listener has seen it, within STOP_POLL.
-    for server in servers:
-        server.stop()
-    for server in servers:
-        server.wait()
+    for listener in servers:
+        listener.stop()
+    for listener in servers:
+        listener.wait()
     agent.stop()
     if supervisor.deaths:
         supervisor.report()  # any that died on the way out

@@ -79,7 +79,8 @@ from compute_agent.cmd.common import (
 )
 from compute_agent.common.pci_address import canonical_address
 from compute_agent.compute.reconcile import Report
-from compute_agent.daemon.service import Agent, load_driver
+from compute_agent.daemon.composition import compose, load_driver
+from compute_agent.daemon.service import Agent
 from compute_agent.dependencies import Unknown
 from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.exception import AgentError, ConfigError
@@ -367,7 +368,7 @@ def heal(conf: cfg.ConfigOpts) -> int:
         # Heal writes Placement and the store as the agent would: the agent
         # is stopped (or heals itself at start with [heal] on_startup).
         lock.acquire(conf.state_path)
-        agent = Agent.from_conf(conf)
+        agent = compose(conf)
         agent.driver.init_host()
         try:
             result = run_heal(agent, confirm=confirm, progress=progress)

@@ -11,12 +11,17 @@ store still learns how the loop fares.
 from __future__ import annotations
 
 import json
+import logging
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from compute_agent.daemon.errors import RecordUnreadable
 from compute_agent.dependencies import Dependency, DependencyState
 from compute_agent.store.atomic_file import write_private
+
+LOG = logging.getLogger(__name__)
 
 FILENAME = "last_cycle.json"
 
@@ -66,3 +71,42 @@ def read(path: Path) -> CycleRecord | None:
     except (ValueError, KeyError, TypeError) as e:
         raise RecordUnreadable(f"{path}: not a cycle record ({type(e).__name__}: "
                                f"{e})") from None
+
+
+def last_success_recorded(path: Path | None) -> float | None:
+    """When the last successful cycle of an earlier run ended, so that a
+    restart does not forget it; None when unknown."""
+    try:
+        record = read(path) if path is not None else None
+    except RecordUnreadable as e:
+        LOG.warning("%s: starting a new record", e)
+        return None
+    return None if record is None else record.last_success_at
+
+
+class Recorder:
+    """The update loop's record, replaced after each cycle in ``path``
+    (None: not written, for an agent opened beside a running one). A file
+    that cannot be written is one line, until it can be again."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.last_success_at = last_success_recorded(path)
+        self._failing = False
+
+    def cycle_ended(self, ok: bool, problem: str,
+                    dependencies: dict[Dependency, DependencyState]) -> None:
+        if ok:
+            self.last_success_at = time.time()
+        if self.path is None:
+            return
+        record = CycleRecord(os.getpid(), time.time(), self.last_success_at,
+                             "" if ok else problem, dependencies)
+        try:
+            write(self.path, record)
+        except OSError as e:
+            if not self._failing:
+                LOG.warning("Cannot record the cycle in %s: %s", self.path, e.strerror)
+            self._failing = True
+        else:
+            self._failing = False

@@ -3,7 +3,6 @@ systemd's watchdog while it is healthy. Native threads only (no eventlet)."""
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -13,20 +12,19 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from compute_agent.claims.model import Migration
 from compute_agent.cleaning.rules import apply_uses
 from compute_agent.cleaning.run import Cleaner
 from compute_agent.compute.manager import ComputeManager
-from compute_agent.compute.reconcile import ReconcileInputs, Report, reconcile
-from compute_agent.compute.tracker import Tracker
-from compute_agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
-from compute_agent.daemon import cycle_record
-from compute_agent.daemon.errors import AnotherAgentServesHost, RecordUnreadable
+from compute_agent.compute.reconcile import Report
+from compute_agent.compute.vgpu_types import still_not_restored
+from compute_agent.daemon import cycle_record, start_up
+from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.one_agent_check import PlacementCheck
 from compute_agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
+from compute_agent.daemon.reconciliation import Reconciliation
 from compute_agent.daemon.systemd import Watchdog
-from compute_agent.dependencies import Dependencies, Dependency, Health, describe
-from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostInventory
+from compute_agent.dependencies import Dependencies, Dependency, describe
+from compute_agent.drivers.base import DeviceKind, HostInventory
 from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData
 from compute_agent.exception import (
@@ -34,41 +32,21 @@ from compute_agent.exception import (
     ConfigError,
     DependencyUnavailable,
     PlacementError,
-    PlacementUnavailable,
 )
-from compute_agent.heal.hold import UnhealedHold
-from compute_agent.heal.realign import DeviceIndex
-from compute_agent.heal.run import align_store, run_heal
 from compute_agent.health.rules import hold_vgpu_vfs_not_restored
 from compute_agent.health.vf_restore_run import VfRestore
 from compute_agent.health.watch import HealthWatch
 from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
-from compute_agent.moves.evacuation import evacuation_migration_uuid
-from compute_agent.placement.allocations import AllocationView, move_allocations, tree_allocations
-from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
+from compute_agent.placement.allocations import AllocationView
 from compute_agent.placement.sync import SyncResult, TreeSync
 from compute_agent.rpc import broker
-from compute_agent.store import check as store_check
-from compute_agent.store import node_identity
-from compute_agent.store.adoption import plan_adoption
-from compute_agent.store.assignment_id import new_assignment_id
-from compute_agent.store.errors import AdoptionRefused, StoreError, StoreRefused
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.errors import StoreError
 from compute_agent.store.queries import placement_view, put_placement_view_sql
-from compute_agent.store.store import STORE_FILE, Store, create_filled
+from compute_agent.store.store import Store
 from compute_agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
-from compute_agent.tree.policy import tree_policy_from_conf
 from compute_agent.tree.provider_tree import Provider, ProviderTree
 
 LOG = logging.getLogger(__name__)
-
-
-def load_driver(conf: cfg.ConfigOpts) -> ComputeDriver:
-    if conf.compute_driver == "fake":
-        from compute_agent.drivers.fake import FakeDriver
-        return FakeDriver.from_conf(conf)
-    from compute_agent.drivers.libvirt.driver import LibvirtDriver
-    return LibvirtDriver(conf)
 
 
 @dataclass
@@ -86,9 +64,6 @@ def unavailable_result(dependency: Dependency) -> CycleResult:
                 dependency, CycleResult.PLACEMENT_UNAVAILABLE)
 
 
-# The update loop asks the broker once a cycle (compute_agent/rpc/broker.py): a broker
-# that accepts no connection (a black hole) delays the cycle this long.
-BROKER_PROBE_TIMEOUT_SECONDS = 5
 UPDATE_THREAD = "update-provider-tree"
 
 
@@ -100,137 +75,6 @@ def saved_view(store: Store) -> ProviderTree:
     except ValueError as e:
         LOG.warning("Saved view of Placement unusable, reading it afresh: %s", e)
         return ProviderTree()
-
-
-@dataclass
-class HostReading:
-    """What the hypervisor and Placement answered at start-up; None where
-    they did not."""
-
-    facts: store_check.HostFacts
-    foreign: dict[str, ForeignGuest] | None = None
-    allocations: dict[str, dict[str, dict[str, int]]] | None = None
-
-
-def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
-               compute_id_existed: bool) -> HostReading:
-    """Ask the hypervisor for our guests and others', and, for a root that
-    existed before, Placement for the allocations on its tree. What does
-    not answer stays unknown (None)."""
-    why: list[str] = []
-    guests: frozenset[str] | None = None
-    foreign: dict[str, ForeignGuest] | None = None
-    try:
-        guests = frozenset(driver.list_guests())
-        foreign = driver.list_foreign_guests()
-    except DriverUnavailable as e:
-        why.append(f"the hypervisor did not answer ({e})")
-    except InvalidHostData as e:
-        why.append(f"a guest's definition cannot be read ({e})")
-    allocations = None
-    if compute_id_existed:
-        try:
-            allocations = tree_allocations(client, root_uuid)
-        except (PlacementUnavailable, PlacementError) as e:
-            why.append(f"Placement's allocations are unknown ({e})")
-    facts = store_check.HostFacts(
-        root_uuid, compute_id_existed, guests,
-        None if allocations is None else {c: set(on) for c, on in allocations.items()},
-        "; ".join(why), None if foreign is None else frozenset(foreign))
-    return HostReading(facts, foreign, allocations)
-
-
-def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDriver,
-          client: PlacementClient, policy: TreePolicy) -> None:
-    """Import the foreign guests' devices as their instances' assignments
-    (compute_agent/store/adoption.py) and create the store holding them, or raise
-    StoreRefused listing every problem, writing nothing."""
-    try:
-        built = build_tree(driver.get_host_inventory(), policy)
-        names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
-        plan = plan_adoption(reading.foreign, reading.allocations,
-                             built.pools_by_uuid(names), driver.boot_id(),
-                             new_assignment_id)
-    except DriverUnavailable as e:
-        raise StoreRefused(f"store {path} is missing and the host cannot "
-                           f"be adopted: the hypervisor did not answer "
-                           f"({e})") from None
-    except (PlacementUnavailable, PlacementError) as e:
-        raise StoreRefused(f"store {path} is missing and the host cannot "
-                           f"be adopted: {e}") from None
-    except AdoptionRefused as e:
-        raise StoreRefused("\n".join(
-            [f"store {path} is missing and the host's guests cannot be adopted; "
-             "nothing was written:"] + e.problems)) from None
-    for line in plan.skipped:
-        LOG.warning("Adoption: %s", line)
-    store = plan.store
-    create_filled(path, root_uuid, store.instances, store.assignments)
-    for uuid, spec in sorted(store.instances.items()):
-        held = [a for a in store.assignments if a.instance_uuid == uuid]
-        LOG.info("Adopted instance %s (%s): %s", uuid, spec["name"], ", ".join(
-            f"{a.resource_class} {a.amount}"
-            + ("" if a.kind.counted else f" {a.kind.value} {a.device_id}")
-            for a in held) or "nothing on this host")
-    LOG.info("Adopted this host: %d instances, %d assignments, in store %s",
-             len(store.instances), len(store.assignments), path)
-
-
-def judge_store(path: Path, root_uuid: str, compute_id_existed: bool,
-                driver: ComputeDriver, client: PlacementClient
-                ) -> tuple[store_check.StoreFacts, HostReading, store_check.Judgement]:
-    """The start decision about the store (store_check), from facts read
-    without writing anything: the store's file, checked whole, and its
-    commit sequence's record; the hypervisor and Placement only when the
-    store is missing or empty."""
-    facts = inspect_store(path)
-    reading = (host_facts(driver, client, root_uuid, compute_id_existed)
-               if store_check.needs_host_facts(facts)
-               else HostReading(store_check.HostFacts(root_uuid, compute_id_existed,
-                                                      None, None)))
-    return facts, reading, store_check.judge(facts, reading.facts)
-
-
-def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
-               driver: ComputeDriver, client: PlacementClient,
-               holder: bool = True, policy: TreePolicy | None = None) -> Store:
-    """The store, once judged this host's (judge_store): opened, created
-    for a new host, or created holding the guests of the host it adopts
-    (``policy`` needed then). Raises StoreRefused with the line(s) that say
-    why not, having written nothing. ``holder``: the caller holds the state
-    directory's lock (compute_agent/store/lock.py); any other caller gets the store
-    read-only, and never a new one. A ``root_uuid`` new at this start
-    (no compute_id) is written once the store is judged, before the store."""
-    facts, reading, judgement = judge_store(path, root_uuid, compute_id_existed,
-                                            driver, client)
-    if judgement.verdict is store_check.StoreVerdict.REFUSE:
-        raise StoreRefused(judgement.reason)
-    if judgement.verdict in (store_check.StoreVerdict.CREATE, store_check.StoreVerdict.ADOPT):
-        if not holder:
-            raise StoreRefused(f"store {path} is {facts.file.value}: "
-                               "the agent has not run on this host yet")
-    if holder and not compute_id_existed:
-        node_identity.record(str(path.parent), root_uuid)
-    if judgement.verdict is store_check.StoreVerdict.CREATE:
-        LOG.info("New host: creating store %s", path)
-    if judgement.verdict is store_check.StoreVerdict.ADOPT:
-        LOG.info("Adopting this host: %d guests defined by another manager, no "
-                 "store yet", len(reading.foreign))
-        adopt(path, root_uuid, reading, driver, client, policy)
-    if not holder:
-        return Store(path, read_only=True)
-    return Store(path, root_uuid)
-
-
-def _last_success_recorded(path: Path | None) -> float | None:
-    """When the last successful cycle of an earlier run ended, so that a
-    restart does not forget it; None when unknown."""
-    try:
-        record = cycle_record.read(path) if path is not None else None
-    except RecordUnreadable as e:
-        LOG.warning("%s: starting a new record", e)
-        return None
-    return None if record is None else record.last_success_at
 
 
 @dataclass(frozen=True)
@@ -269,20 +113,19 @@ class AgentSettings:
             record_path=cycle_record.path_in(conf.state_path) if holder else None)
 
 
-def placement_sync(client: PlacementClient, root_uuid: str, owned: Callable[[Provider], bool],
-                   allocation_refresh_interval: float) -> tuple[TreeSync, AllocationView]:
-    """The cycle's sync and the one view of allocations it shares with the
-    loop: the heal rule's hold reads its usages there, and the loop the
-    consumers it reconciles."""
-    allocations = AllocationView(client, allocation_refresh_interval)
-    return TreeSync(client, root_uuid, UnhealedHold(allocations).hold, owned), allocations
-
-
 class Agent:
+    """The update loop, from start() to stop(): a cycle every update_interval
+    (or when woken), a reconciliation every reconcile_interval cycles. Its
+    collaborators come built (compute_agent/daemon/composition.py)."""
+
     def __init__(self, driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
-                 allocations: AllocationView, manager: ComputeManager | None = None,
-                 settings: AgentSettings = AgentSettings(), metrics: Metrics | None = None,
-                 broker_watch: broker.BrokerWatch | None = None):
+                 allocations: AllocationView, manager: ComputeManager, *,
+                 reconciliation: Reconciliation, cleaner: Cleaner, vf_restore: VfRestore,
+                 health: HealthWatch, dependencies: Dependencies, wake: threading.Event,
+                 metrics: Metrics, settings: AgentSettings = AgentSettings(),
+                 broker_watch: broker.BrokerWatch | None = None,
+                 placement_check: PlacementCheck | None = None,
+                 dead_threads: Callable[[], tuple[str, ...]] = tuple):
         self.driver = driver
         self.policy = policy
         self.sync = sync
@@ -296,14 +139,10 @@ class Agent:
         # The share of update_jitter a wait takes: random.uniform(0, jitter).
         self.draw_jitter: Callable[[float, float], float] = random.uniform
         # Served on metrics_listen (host:port) from start() to stop().
-        self.metrics = metrics or Metrics()
-        if manager is not None:
-            self.metrics.watch_assignments(manager.tracker.held_by_class)
+        self.metrics = metrics
+        self.metrics.watch_assignments(manager.tracker.held_by_class)
         self.allocations = allocations
-        # The view of Placement the last reconciliation used: while it is
-        # still the cache, no cycle has read the tree since.
-        self._reconciled_view: ProviderTree | None = None
-        self._drop_allocations = threading.Event()
+        self.reconciliation = reconciliation
         self._cycles = 0
         # Placement's view after the last cycle that reached it, for RPC
         # readers: replaced whole, never changed in place.
@@ -311,83 +150,42 @@ class Agent:
         self.metrics.watch_capacity(self.capacity)
         # Placement's view as last saved: a restart trusts each provider in
         # it until its generation moves.
-        saved = saved_view(manager.tracker.store) if manager else ProviderTree()
+        saved = saved_view(manager.tracker.store)
         sync.restore(saved.copy())
         self._saved_view = saved.depth_first()
         self._view_saved = True
         self.stopping = threading.Event()
-        self._wake = threading.Event()
+        self._wake = wake
         self._drop_cache = threading.Event()
         self._thread: threading.Thread | None = None
-        driver.register_change_listener(self._wake.set)
-        # One-time-use devices' cleaning (compute_agent/cleaning/); a cleaning's end
-        # wakes the loop, which reports the device back or its reason.
-        self.cleaner = Cleaner(manager.tracker, self._wake.set) if manager else None
-        # None for an agent without a store (nothing to restore from).
-        self.vf_restore = (VfRestore(driver, manager.tracker.store, policy.vf_counts)
-                           if manager is not None else None)
-        self.health = HealthWatch(driver, settings.health_poll_interval,
-                                  settings.health_correctable_per_minute, self._wake.set,
-                                  report=self.metrics.set_device_health)
+        # One-time-use devices' cleaning (compute_agent/cleaning/).
+        self.cleaner = cleaner
+        self.vf_restore = vf_restore
+        self.health = health
         # What each cycle asks, in order: the hypervisor, then Keystone
         # (when the auth plugin uses it) for a token, then Placement.
-        self.dependencies = Dependencies()
+        self.dependencies = dependencies
         self.cycle_path = ((Dependency.LIBVIRT,)
                            + ((Dependency.KEYSTONE,) if sync.client.keystone_url else ())
                            + (Dependency.PLACEMENT,))
-        self._last_success_at = _last_success_recorded(settings.record_path)
-        self._record_failing = False
+        self.recorder = cycle_record.Recorder(settings.record_path)
         # Asked by the loop before each cycle; None: no broker to watch.
         self.broker_watch = broker_watch
         # Whether another agent serves this host, when the start could not
         # ask Placement: asked by the first cycle that reaches it.
-        self.placement_check: PlacementCheck | None = None
+        self.placement_check = placement_check
         # What the probes read (probe_facts). The daemon (compute_agent/cmd/daemon.py)
-        # moves the phase on once RPC is served, and tells the threads that
-        # died.
+        # moves the phase on once RPC is served (move_to), and tells the
+        # threads that died.
         self.phase = Phase.STARTING
-        self.dead_threads: Callable[[], tuple[str, ...]] = tuple
+        self.dead_threads = dead_threads
         self._cycle_succeeded = False
         self._last_problem = ""
         # time.monotonic() when the loop's turn in progress began; None
         # while it waits.
         self._turn_started: float | None = None
         self._store_problem = ""
-        if manager is not None:
-            manager.tracker.store.on_moved(self._store_moved)
-
-    @classmethod
-    def from_conf(cls, conf: cfg.ConfigOpts, holder: bool = True) -> Agent:
-        """Raises ConfigError for a bad value, StoreRefused when the store
-        is not to be served from (store_check). Asks the hypervisor and
-        Placement only when the store is missing or empty. ``holder``: the
-        caller holds the state directory's lock (compute_agent/store/lock.py), and may
-        write there; otherwise it only reads."""
-        conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
-        compute_id = node_identity.load(conf.state_path)
-        if compute_id is None and not holder:
-            raise StoreRefused(
-                f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
-                "the agent has not run on this host yet")
-        metrics = Metrics()
-        client = PlacementClient(adapter_from_conf(conf), metrics)
-        driver = load_driver(conf)
-        # Written only once the store is judged (open_store): nothing is
-        # written before the start's decision.
-        root_uuid = compute_id or node_identity.new_uuid()
-        policy = tree_policy_from_conf(conf, root_uuid)
-        host = conf.host
-        sync, allocations = placement_sync(
-            client, root_uuid, lambda p: p.name == host or p.name.startswith(host + "_"),
-            conf.allocation_refresh_interval)
-        store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
-                           compute_id is not None, driver, client, holder, policy)
-        manager = ComputeManager(Tracker(store, driver.boot_id(), metrics), driver,
-                                 conf.devices.remove_released_mdevs,
-                                 policy.device_specs)
-        return cls(driver, policy, sync, allocations, manager,
-                   AgentSettings.from_conf(conf, holder), metrics,
-                   broker.BrokerWatch(conf, BROKER_PROBE_TIMEOUT_SECONDS))
+        manager.tracker.store.on_moved(self._store_moved)
 
     def build_model(self, inventory: HostInventory) -> BuiltTree:
         """The tree to report for ``inventory``: the policy's, with the
@@ -397,12 +195,8 @@ class Agent:
         its VFs not back after a reboot (compute_agent/health/vf_restore_run.py), nor
         its VFs whose vGPU type is not back, nor its used one-time-use
         devices (compute_agent/cleaning/rules.py)."""
-        known_bad = {}
-        if self.vf_restore is not None:
-            inventory, known_bad = self.vf_restore.apply(inventory)
+        inventory, known_bad = self.vf_restore.apply(inventory)
         built = self.health.apply(build_tree(inventory, self.policy), inventory, known_bad)
-        if self.manager is None:
-            return built
         tracker = self.manager.tracker
         if self.vgpu_types_not_restored:
             typed = frozenset(p.address for p in inventory.mdev_parents if p.vendor_vfio
@@ -423,12 +217,9 @@ class Agent:
         built = self.build_model(inventory)
         for warning in built.warnings:
             LOG.warning("%s", warning)
-        if self.cleaner is not None:
-            self.cleaner.set_specs(built.one_time_use)
-        if self.vf_restore is not None:
-            self.vf_restore.observe(inventory, built)
-        if self.manager is not None:
-            self._read_guests()
+        self.cleaner.set_specs(built.one_time_use)
+        self.vf_restore.observe(inventory, built)
+        self._read_guests()
         try:
             result = self.sync.sync(built.tree)
             self.last_tree = self.sync.cache.copy()
@@ -436,10 +227,9 @@ class Agent:
         finally:
             # Claims work from the host's devices even when Placement does
             # not answer, with the provider UUIDs it last showed us.
-            if self.manager is not None:
-                self.manager.tracker.set_pools(built.pools_by_uuid(
-                    {p.name: p.uuid for p in self._saved_view}))
-                self._mark_held_used()
+            self.manager.tracker.set_pools(built.pools_by_uuid(
+                {p.name: p.uuid for p in self._saved_view}))
+            self._mark_held_used()
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
@@ -470,8 +260,7 @@ class Agent:
         """Keep Placement's view in the store for the next start. It is a
         cache: a store that cannot be written costs the saved copy, not
         the cycle, and the next cycle tries again."""
-        if self.manager is not None and (view != self._saved_view
-                                         or not self._view_saved):
+        if view != self._saved_view or not self._view_saved:
             try:
                 self.manager.tracker.store.write(put_placement_view_sql(view))
                 self._view_saved = True
@@ -481,111 +270,18 @@ class Agent:
                             "again: %s", e)
         self._saved_view = view
 
-    def _generations(self) -> dict[str, int]:
-        """Our providers' generations: from the latest cycle's read of the
-        tree, or, when no cycle has read it since the last reconciliation
-        (they failed), from a read of our own (one request): generations
-        no newer than those a reconciliation already used would hide a
-        change."""
-        view = self.sync.cache
-        if view is self._reconciled_view:
-            return {row["uuid"]: row["generation"]
-                    for row in self.sync.client.get_tree(self.sync.root_uuid)}
-        self._reconciled_view = view
-        return {p.uuid: p.generation for p in view}
-
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
-        """Compare store, guests and Placement; Placement's part is left out
-        when it does not answer. Placement's allocations are read only on
-        the providers where they may have changed (AllocationView)."""
-        if self._drop_allocations.is_set():
-            self._drop_allocations.clear()
-            self.allocations.clear()
-        self.allocations.touch(self.manager.tracker.take_touched_providers())
-        level, why = logging.WARNING, "Placement's tree is not read yet"
-        try:
-            allocations = self.allocations.consumers(self._generations(),
-                                                     self.sync.root_uuid)
-        except DependencyUnavailable as e:
-            allocations, why = None, str(e)
-            # The cycle before said it went away, once.
-            if self.dependencies.snapshot()[e.dependency].health is Health.DOWN:
-                level = logging.DEBUG
-        except PlacementError as e:
-            allocations, why = None, str(e)
-        if allocations is None:
-            # Outside the except clauses: oslo.log would append the exception.
-            LOG.log(level, "Reconciling without Placement's allocations: %s", why)
-        elsewhere = (self._allocations_elsewhere(allocations)
-                     if at_start and allocations is not None else None)
-        holds = {u: m for u in self.manager.tracker.snapshot()[0]
-                 if allocations is not None
-                 and (m := evacuation_migration_uuid(u, self.sync.root_uuid)) in allocations}
-        report = reconcile(self.manager, ReconcileInputs(
-            allocations, at_start, fix, grace=self.settings.orphan_grace_period,
-            elsewhere=elsewhere, drop_evacuation_hold=self._drop_evacuation_hold,
-            evacuation_holds=holds,
+        """Compare store, guests and Placement (compute_agent/daemon/reconciliation.py)."""
+        return self.reconciliation.run(
+            at_start, fix, grace=self.settings.orphan_grace_period,
             announced_timeout=self.settings.live_migration_announced_timeout,
-            end_announced_move=self._end_announced_move, clock=self.wall_clock))
-        self.metrics.findings(report.findings)
-        return report
+            clock=self.wall_clock)
 
     def capacity(self) -> list[ProviderCapacity]:
         """Each provider's inventories and usage, from what the loop last
         read of Placement (the tree each cycle, the allocations when a
         reconciliation or heal read them): no request of its own."""
         return provider_capacity(self.last_tree, self.allocations.read_usages())
-
-    def _our_providers(self) -> set[str]:
-        return {p.uuid for p in self.sync.cache}
-
-    def _allocations_elsewhere(self, allocations: dict[str, set[str]]
-                               ) -> dict[str, set[str]] | None:
-        """For each instance of ours with no allocation on our providers, the
-        providers (not ours) that hold its allocations: one read per such
-        instance, none in the steady state. None when Placement fails."""
-        ours = self._our_providers()
-        instances, _, _ = self.manager.tracker.snapshot()
-        out: dict[str, set[str]] = {}
-        try:
-            for uuid in sorted(set(instances) - set(allocations)):
-                held = self.sync.client.get_consumer_allocations(uuid)["allocations"]
-                out[uuid] = set(held) - ours
-        except (PlacementUnavailable, PlacementError) as e:
-            LOG.warning("Evacuated instances not looked for: %s", e)
-            return None
-        return out
-
-    def _drop_evacuation_hold(self, instance_uuid: str) -> None:
-        """The evacuation's migration consumer held this host's share of the
-        instance (allocation swap) until its guest here was gone: dropped,
-        when all it holds is on our providers."""
-        migration = evacuation_migration_uuid(instance_uuid, self.sync.root_uuid)
-        held = self.sync.client.get_consumer_allocations(migration)["allocations"]
-        if held and set(held) <= self._our_providers():
-            self.sync.client.delete_consumer_allocations(migration)
-            # A deletion moves no generation: read these providers again.
-            self.allocations.touch(set(held))
-            LOG.info("Evacuation %s of instance %s: its hold on this host's "
-                     "providers dropped", migration, instance_uuid)
-
-    def _end_announced_move(self, move: Migration) -> None:
-        """A live migration announced here that its conductor left: the
-        migration's allocations, when all on our providers, go back to the
-        instance (undoing the conductor's swap), then the move is rolled
-        back here. Allocations elsewhere are not ours to move: refused."""
-        client = self.sync.client
-        held = client.get_consumer_allocations(move.uuid)["allocations"]
-        if held and not set(held) <= self._our_providers():
-            raise AgentError(f"migration {move.uuid} holds allocations on providers "
-                             "of another host; left to the conductor")
-        if held:
-            move_allocations(client, move.uuid, move.instance_uuid, "INSTANCE")
-            self.allocations.touch(set(held))
-        self.manager.rollback_live_migration_at_source(move.uuid, move.instance_uuid)
-        LOG.info("Live migration %s of instance %s never started; its conductor "
-                 "is taken for gone: allocations returned, move ended", move.uuid,
-                 move.instance_uuid)
 
     def probe_facts(self) -> ProbeFacts:
         """The daemon's state, as /healthz and /readyz judge it
@@ -612,10 +308,9 @@ class Agent:
         outcome = self._cycle()
         self.metrics.cycle_done(time.monotonic() - started, outcome.kind)
         if outcome.ok:
-            self._last_success_at = time.time()
             self._cycle_succeeded = True
         self._last_problem = outcome.reason
-        self._record(outcome)
+        self.recorder.cycle_ended(outcome.ok, outcome.reason, self.dependencies.snapshot())
         return outcome
 
     def _cycle(self) -> CycleOutcome:
@@ -661,27 +356,15 @@ class Agent:
             self.placement_check.run(self.sync.client, self.sync.root_uuid)
             self.placement_check = None
 
-    def _record(self, outcome: CycleOutcome) -> None:
-        if self.settings.record_path is None:
-            return
-        record = cycle_record.CycleRecord(
-            os.getpid(), time.time(), self._last_success_at,
-            "" if outcome.ok else outcome.reason, self.dependencies.snapshot())
-        try:
-            cycle_record.write(self.settings.record_path, record)
-        except OSError as e:
-            if not self._record_failing:
-                LOG.warning("Cannot record the cycle in %s: %s", self.settings.record_path,
-                            e.strerror)
-            self._record_failing = True
-        else:
-            self._record_failing = False
-
     def observe_broker(self) -> None:
         """The broker asked, its state moved (one line each way); the
         cycle's record then carries it."""
         if self.broker_watch is not None:
             broker.observe(self.dependencies, self.broker_watch.probe())
+
+    def move_to(self, phase: Phase) -> None:
+        """The daemon reached ``phase`` (RPC served, its stop begun)."""
+        self.phase = phase
 
     def wake(self) -> None:
         """Start the next cycle now (something it reports has changed)."""
@@ -689,7 +372,7 @@ class Agent:
 
     def drop_cache(self) -> None:
         self._drop_cache.set()
-        self._drop_allocations.set()
+        self.reconciliation.drop_allocations()
         self._wake.set()
 
     def _loop(self, watchdog: Watchdog | None) -> None:
@@ -703,14 +386,12 @@ class Agent:
             # Cleared before the cycle: a change seen during it wakes the
             # next one at once.
             self._wake.clear()
-            if self.manager is not None:
-                self._check_store_file()
+            self._check_store_file()
             self.observe_broker()
             self.run_cycle()
             self._cycles += 1
-            if self.manager is not None:
-                self._resume_rebuilds_safely()
-            if self.manager is not None and self._cycles % self.settings.reconcile_interval == 0:
+            self._resume_rebuilds_safely()
+            if self._cycles % self.settings.reconcile_interval == 0:
                 self._reconcile_safely(at_start=False)
             self._turn_started = None
 
@@ -761,51 +442,6 @@ class Agent:
                                      unavailable.problem)
             LOG.debug("Reconciliation skipped: %s", unavailable)
 
-    def _heal_safely(self) -> None:
-        """[heal] on_startup: one heal before RPC is served; a refusal or a
-        failure leaves the host reserved until healed, and running."""
-        try:
-            run_heal(self)
-        except AgentError as e:
-            LOG.warning("Heal at start-up not done: %s", e)
-        except Exception:  # start-up must outlive any bug in heal
-            LOG.exception("Heal at start-up failed")
-
-    def _align_store_safely(self) -> None:
-        """The store's rows follow the allocations a heal moved, should that
-        heal have been killed before it wrote them (compute_agent/heal/realign.py)."""
-        try:
-            align_store(self, DeviceIndex(self.manager.tracker.pools()))
-        except (PlacementUnavailable, PlacementError) as e:
-            LOG.warning("Store not aligned with Placement at start-up: %s", e)
-        except Exception:  # start-up must outlive any bug here
-            LOG.exception("Aligning the store with Placement failed")
-
-    def restore_after_reboot(self) -> None:
-        """Before the first cycle: the devices a host reboot took that the
-        agent manages, back (compute_agent/health/vf_restore_run.py). A failure is
-        logged; the cycles keep what is not back reserved."""
-        if self.vf_restore is None:
-            return
-        try:
-            self.vf_restore.restore(self.driver.boot_id())
-        except (DriverUnavailable, StoreError, OSError) as e:
-            LOG.warning("VF counts not restored at start-up: %s", e)
-        except Exception:  # start-up must outlive any bug here
-            LOG.exception("Restoring VF counts at start-up failed")
-
-    def _restore_vgpu_types_safely(self) -> None:
-        """Before the first cycle and before any claim, once the VFs are
-        back: the vGPU VFs' types a reboot cleared written back from the
-        store."""
-        if self.manager is None:
-            return
-        try:
-            self.vgpu_types_not_restored = restore_vgpu_types_after_reboot(
-                self.manager, self.driver.boot_id())
-        except Exception:  # start-up must outlive any bug here
-            LOG.exception("Restoring the vGPU VFs' types failed")
-
     def start(self, watchdog: Watchdog | None = None) -> None:
         """Serve metrics (when [metrics] listen is set: a ConfigError when
         it cannot be bound), connect, wait up to update_jitter, run a
@@ -817,26 +453,24 @@ class Agent:
                 "/healthz": lambda: liveness(self.probe_facts()),
                 "/readyz": lambda: readiness(self.probe_facts())})
         self.driver.init_host()
-        self.restore_after_reboot()
-        self._restore_vgpu_types_safely()
+        start_up.restore_after_reboot(self.vf_restore, self.driver)
+        self.vgpu_types_not_restored = start_up.restore_vgpu_types(self.manager, self.driver)
         # Spread as the loop's later cycles are: a fleet started at once
         # (after an upgrade, a power cut) would otherwise send every first
         # cycle, each with its reads of the allocations, in the same second.
         self.stopping.wait(self.draw_jitter(0, self.settings.update_jitter))
         if self.settings.heal_on_startup:
-            self._heal_safely()
+            start_up.heal_safely(self)
         self.observe_broker()
         self.run_cycle()
         self._cycles = 1
-        if self.manager is not None:
-            self._align_store_safely()
-            self._reconcile_safely(at_start=True)
+        start_up.align_store_safely(self)
+        self._reconcile_safely(at_start=True)
         self._thread = threading.Thread(target=self._loop, args=(watchdog,),
                                         name=UPDATE_THREAD, daemon=True)
         self._thread.start()
         self.health.start()
-        if self.cleaner is not None:
-            self.cleaner.start()
+        self.cleaner.start()
 
     def stop(self, timeout: float = 60) -> None:
         """Let a cycle in flight finish (its Placement calls time out on
@@ -845,20 +479,18 @@ class Agent:
         self.stopping.set()
         self._wake.set()
         self.health.stop()
-        if self.cleaner is not None:
-            self.cleaner.stop()
+        self.cleaner.stop()
         if self._thread is not None:
             self._thread.join(timeout)
         if self.broker_watch is not None:
             self.broker_watch.close()
         self.metrics.stop()
         self.driver.cleanup()
-        if self.manager is not None:
-            self._store_problem = "closed"
-            try:
-                self.manager.tracker.store.close()
-            except StoreError as e:
-                # Everything acknowledged is on disk already; only the mark
-                # of a clean stop is missing.
-                LOG.warning("Store not marked closed; the next start treats it "
-                            "as after a crash: %s", e)
+        self._store_problem = "closed"
+        try:
+            self.manager.tracker.store.close()
+        except StoreError as e:
+            # Everything acknowledged is on disk already; only the mark
+            # of a clean stop is missing.
+            LOG.warning("Store not marked closed; the next start treats it "
+                        "as after a crash: %s", e)

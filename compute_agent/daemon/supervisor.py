@@ -79,6 +79,10 @@ class Supervisor:
         self.refusal: str | None = None
         self._reported = 0
 
+    def dead_threads(self) -> tuple[str, ...]:
+        """Each thread that died, and how, for the probes."""
+        return tuple(f"{d.thread}: {d.error}" for d in self.deaths)
+
     def install(self) -> None:
         """From now on an uncaught exception in any thread is this
         process's end (SystemExit included: the thread is gone all the

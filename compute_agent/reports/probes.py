@@ -12,8 +12,9 @@ from typing import TypeVar
 from oslo_config import cfg
 
 from compute_agent.daemon import cycle_record
+from compute_agent.daemon.composition import compose, load_driver
 from compute_agent.daemon.errors import RecordUnreadable
-from compute_agent.daemon.service import Agent, load_driver
+from compute_agent.daemon.service import Agent
 from compute_agent.dependencies import Dependency, Probe, Unknown
 from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.exception import AgentError, KeystoneUnavailable, PlacementUnavailable
@@ -144,7 +145,7 @@ def read_beside_agent(conf: cfg.ConfigOpts, read: Callable[[Agent], T]) -> T:
     """``read(agent)`` on an agent opened read-only, beside a running one
     (no lock, nothing created, nothing written to Placement), its driver
     and store closed after. Raises what opening or reading raises."""
-    agent = Agent.from_conf(conf, holder=False)
+    agent = compose(conf, holder=False)
     try:
         agent.driver.init_host()
         return read(agent)

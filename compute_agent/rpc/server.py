@@ -23,14 +23,17 @@ import functools
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from enum import Enum
+
+from oslo_config import cfg
 
 from compute_agent.claims.model import Assignment, AssignmentState, Migration
 from compute_agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
 from compute_agent.messaging import TOPIC, allow_deep_messages, messaging, sent_as_before, transport
-from compute_agent.rpc import schemas
-from compute_agent.rpc import versions as rpc_versions
+from compute_agent.rpc import schemas, versions
 from compute_agent.rpc.heartbeat import SourceFence
+from compute_agent.rpc.served import ServedAgent
 from compute_agent.rpc.versions import VERSION
 from compute_agent.store.errors import StoreError
 from compute_agent.tree.provider_tree import tree_as_dicts
@@ -47,19 +50,19 @@ def short(error: BaseException) -> str:
     return text if len(text) <= REASON_LENGTH else text[:REASON_LENGTH - 3] + "..."
 
 
-def rpc_method(since: str, schema: dict):
+def rpc_method(since: str, schema: dict) -> Callable[[Callable], Callable]:
     """Serve the decorated endpoint method as an RPC call that appeared in
     API version ``since``, its payload checked against ``schema`` (and
     made canonical) before the method runs."""
-    rpc_versions.known(since)
+    versions.known(since)
     checker = schemas.validator(schema)
 
-    def serve_as_call(method):
+    def serve_as_call(method: Callable) -> Callable:
         name = method.__name__
 
         # AgentError is the caller's to see, not logged as our failure.
         @messaging.expected_exceptions(AgentError)
-        def serve(self, ctxt, **payload):
+        def serve(self: ComputeAgentEndpoint, ctxt: dict, **payload: object) -> object:
             try:
                 arguments = schemas.checked(checker, payload)
                 LOG.debug("RPC %s", name)
@@ -108,15 +111,15 @@ def listed_instances(instances: dict[str, dict], live: list[Assignment],
 class ComputeAgentEndpoint:
     target = messaging.Target(version=VERSION)
 
-    def __init__(self, agent, fence=None):
+    def __init__(self, agent: ServedAgent, fence: SourceFence | None = None):
         self._agent = agent
-        # agent.heartbeat.SourceFence: an evacuation's source must be down.
+        # An evacuation's source must be down; None: not asked.
         self._fence = fence
 
     # --- views ----------------------------------------------------------
 
     @rpc_method("1.0", schemas.NOTHING)
-    def get_host_info(self, ctxt) -> dict:
+    def get_host_info(self, ctxt: dict) -> dict:
         """Since 1.0. This host, its root provider, the API version it
         serves, and how many instances and assignments it holds."""
         instances, live, _ = self._agent.manager.tracker.snapshot()
@@ -125,7 +128,7 @@ class ComputeAgentEndpoint:
                 "assignments": len(live), "providers": len(self._agent.last_tree)}
 
     @rpc_method("1.0", schemas.NOTHING)
-    def get_provider_tree(self, ctxt) -> list[dict]:
+    def get_provider_tree(self, ctxt: dict) -> list[dict]:
         """Since 1.0. The provider tree as the agent last saw it in
         Placement, by Placement's field names; ``parent_uuid``, 1.0's name
         for ``parent_provider_uuid``, stays for the clients that read it."""
@@ -133,33 +136,32 @@ class ComputeAgentEndpoint:
                 for p in tree_as_dicts(self._agent.last_tree)]
 
     @rpc_method("1.0", schemas.INSTANCE)
-    def get_instance(self, ctxt, instance_uuid) -> dict:
+    def get_instance(self, ctxt: dict, instance_uuid: str) -> dict:
         """Since 1.0. An instance: spec, assignments, moves, its guest."""
         return self._agent.manager.get_instance(instance_uuid)
 
     @rpc_method("1.1", schemas.NOTHING)
-    def list_instances(self, ctxt) -> list[dict]:
+    def list_instances(self, ctxt: dict) -> list[dict]:
         """Since 1.1. Every instance this host holds, with its state."""
         return listed_instances(*self._agent.manager.tracker.snapshot())
 
     # --- one-time-use devices --------------------------------------------
 
     def _device_uses(self, address: str | None = None) -> list[dict]:
-        cleaner = self._agent.cleaner
         return [{"address": use.address, "state": use.state.value, "reason": use.reason,
-                 "held": held, "cleaning": cleaner.running(use.address)}
+                 "held": held, "cleaning": self._agent.cleaner.running(use.address)}
                 for use, held in self._agent.manager.tracker.device_uses()
                 if address in (None, use.address)]
 
     @rpc_method("1.6", schemas.NOTHING)
-    def list_device_uses(self, ctxt) -> list[dict]:
+    def list_device_uses(self, ctxt: dict) -> list[dict]:
         """Since 1.6. Every one-time-use device used and not clean: its
         state (used, cleaning_failed), why its cleaning failed, whether an
         instance holds it, whether its cleaning runs now."""
         return self._device_uses()
 
     @rpc_method("1.6", schemas.DEVICE)
-    def clean_device(self, ctxt, address) -> dict:
+    def clean_device(self, ctxt: dict, address: str) -> dict:
         """Since 1.6. Run a used device's cleaning again (after one that
         failed, say); answered once it started, with the device's entry
         as list_device_uses gives it."""
@@ -168,7 +170,7 @@ class ComputeAgentEndpoint:
                                                        "state": "clean"})
 
     @rpc_method("1.6", schemas.DEVICE)
-    def release_device(self, ctxt, address) -> dict:
+    def release_device(self, ctxt: dict, address: str) -> dict:
         """Since 1.6. Give back a used device an operator cleaned by hand
         (on disk before the answer); the update loop reports it free."""
         self._agent.cleaner.give_back(address)
@@ -178,42 +180,43 @@ class ComputeAgentEndpoint:
     # --- build and delete -----------------------------------------------
 
     @rpc_method("1.0", schemas.CLAIM)
-    def build_instance(self, ctxt, instance_uuid, spec, allocations) -> dict:
+    def build_instance(self, ctxt: dict, instance_uuid: str, spec: dict, allocations: dict) -> dict:
         """Since 1.0. Claim devices for a new instance, define and start
         its guest."""
         return self._agent.manager.build_instance(instance_uuid, spec, allocations)
 
     @rpc_method("1.0", schemas.INSTANCE)
-    def delete_instance(self, ctxt, instance_uuid) -> dict:
+    def delete_instance(self, ctxt: dict, instance_uuid: str) -> dict:
         """Since 1.0. Remove the guest and give its devices back."""
         return self._agent.manager.delete_instance(instance_uuid)
 
     # --- resize and cold migration --------------------------------------
 
     @rpc_method("1.0", schemas.MOVE_CLAIM)
-    def prep_resize(self, ctxt, migration_uuid, instance_uuid, spec, allocations) -> dict:
+    def prep_resize(self, ctxt: dict, migration_uuid: str, instance_uuid: str, spec: dict,
+                    allocations: dict) -> dict:
         """Since 1.0. Destination: claim the new flavor's devices."""
         return self._agent.manager.prep_resize(migration_uuid, instance_uuid, spec,
                                                allocations)
 
     @rpc_method("1.0", schemas.MOVE)
-    def resize_instance(self, ctxt, migration_uuid, instance_uuid) -> dict:
+    def resize_instance(self, ctxt: dict, migration_uuid: str, instance_uuid: str) -> dict:
         """Since 1.0. Source: the migration takes over the instance's
         devices."""
         return self._agent.manager.resize_instance(migration_uuid, instance_uuid)
 
     @rpc_method("1.0", schemas.MOVE)
-    def finish_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+    def finish_resize(self, ctxt: dict, migration_uuid: str, instance_uuid: str) -> dict:
         """Since 1.0. Destination: the guest gets its new devices."""
         return self._agent.manager.finish_resize(migration_uuid, instance_uuid)
 
     @rpc_method("1.0", schemas.MOVE)
-    def confirm_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+    def confirm_resize(self, ctxt: dict, migration_uuid: str, instance_uuid: str) -> dict:
         """Since 1.0. Source: give back the old devices."""
         return self._agent.manager.confirm_resize(migration_uuid, instance_uuid)
 
     @rpc_method("1.0", schemas.MOVE)
-    def revert_resize(self, ctxt, migration_uuid, instance_uuid) -> dict:
+    def revert_resize(self, ctxt: dict, migration_uuid: str, instance_uuid: str) -> dict:
         """Since 1.0. Either side: new devices back, old ones to the
         instance."""
         return self._agent.manager.revert_resize(migration_uuid, instance_uuid)
@@ -221,8 +224,8 @@ class ComputeAgentEndpoint:
     # --- live migration -------------------------------------------------
 
     @rpc_method("1.4", schemas.SOURCE_CHECK)
-    def check_can_live_migrate_source(self, ctxt, migration_uuid, instance_uuid,
-                                      destination_host) -> dict:
+    def check_can_live_migrate_source(self, ctxt: dict, migration_uuid: str, instance_uuid: str,
+                                      destination_host: str) -> dict:
         """Since 1.4. Source, first of all steps, before the conductor swaps
         the allocations: refuse what cannot move from here, else record the
         move as announced (on disk before the answer)."""
@@ -234,16 +237,16 @@ class ComputeAgentEndpoint:
             migration_uuid, instance_uuid, destination_host)
 
     @rpc_method("1.4", schemas.MOVE)
-    def rollback_live_migration_at_source(self, ctxt, migration_uuid,
-                                          instance_uuid) -> dict:
+    def rollback_live_migration_at_source(self, ctxt: dict, migration_uuid: str,
+                                          instance_uuid: str) -> dict:
         """Since 1.4. Source: end the move; the guest runs on here with its
         devices. Refused once the guest has left."""
         return self._agent.manager.rollback_live_migration_at_source(
             migration_uuid, instance_uuid)
 
     @rpc_method("1.0", schemas.MOVE_CLAIM)
-    def check_can_live_migrate_destination(self, ctxt, migration_uuid, instance_uuid,
-                                           spec, allocations) -> dict:
+    def check_can_live_migrate_destination(self, ctxt: dict, migration_uuid: str, instance_uuid: str,
+                                           spec: dict, allocations: dict) -> dict:
         """Since 1.0. Destination: claim, run the pre-check, create the
         claimed mdevs; answer the devices claimed. Since 1.2 the answer
         also has ``claimed`` and ``migration_uri``, live_migrate's
@@ -252,7 +255,8 @@ class ComputeAgentEndpoint:
             migration_uuid, instance_uuid, spec, allocations)
 
     @rpc_method("1.2", schemas.LIVE_MIGRATE)
-    def live_migrate(self, ctxt, migration_uuid, instance_uuid, destination=None) -> dict:
+    def live_migrate(self, ctxt: dict, migration_uuid: str, instance_uuid: str,
+                     destination: dict | None = None) -> dict:
         """Since 1.2. Source: ``destination`` is the destination's answer;
         the source migrates the running guest to its claimed devices and
         gives its own back once it is gone. 1.0's form, without
@@ -263,16 +267,16 @@ class ComputeAgentEndpoint:
                                                 destination)
 
     @rpc_method("1.0", schemas.MOVE)
-    def post_live_migration_at_destination(self, ctxt, migration_uuid,
-                                           instance_uuid) -> dict:
+    def post_live_migration_at_destination(self, ctxt: dict, migration_uuid: str,
+                                           instance_uuid: str) -> dict:
         """Since 1.0. Destination: the guest runs here; the move is
         settled."""
         return self._agent.manager.post_live_migration_at_destination(
             migration_uuid, instance_uuid)
 
     @rpc_method("1.0", schemas.MOVE)
-    def rollback_live_migration_at_destination(self, ctxt, migration_uuid,
-                                               instance_uuid) -> dict:
+    def rollback_live_migration_at_destination(self, ctxt: dict, migration_uuid: str,
+                                               instance_uuid: str) -> dict:
         """Since 1.0. Destination: give back what the check claimed."""
         return self._agent.manager.rollback_live_migration_at_destination(
             migration_uuid, instance_uuid)
@@ -280,21 +284,20 @@ class ComputeAgentEndpoint:
     # --- evacuation -----------------------------------------------------
 
     @rpc_method("1.0", schemas.REBUILD)
-    def rebuild_instance(self, ctxt, migration_uuid, instance_uuid, spec,
-                         allocations, source_host=None, force=False) -> dict:
+    def rebuild_instance(self, ctxt: dict, migration_uuid: str, instance_uuid: str, spec: dict,
+                         allocations: dict, source_host: str | None = None, force: bool = False) -> dict:
         """Since 1.0. Destination of an evacuation: claim, build, settle,
         then answer. From 1.3, with ``source_host``: refused while the
         source's agent answers a heartbeat (unless ``force``); answered as
         soon as the move and the claim are on disk, from when on this host
         alone owns the rebuild, which goes on here (safe to cast)."""
-        manager = self._agent.manager
         if source_host is None:
-            return manager.rebuild_instance(migration_uuid, instance_uuid, spec,
-                                            allocations)
+            return self._agent.manager.rebuild_instance(migration_uuid, instance_uuid,
+                                                        spec, allocations)
         fence = None if force or self._fence is None else (
             lambda: self._fence.require_down(source_host))
-        accepted = manager.accept_rebuild(migration_uuid, instance_uuid, spec,
-                                          allocations, fence)
+        accepted = self._agent.manager.accept_rebuild(migration_uuid, instance_uuid, spec,
+                                                      allocations, fence)
         threading.Thread(target=self._rebuild, args=(migration_uuid,), daemon=True,
                          name=f"rebuild-{migration_uuid[:8]}").start()
         return accepted
@@ -336,7 +339,7 @@ def warn_of_unserved_calls() -> None:
         dispatch_log.addFilter(UnservedCallsAsWarnings())
 
 
-def make_server(conf, agent):
+def make_server(conf: cfg.ConfigOpts, agent: ServedAgent) -> messaging.MessageHandlingServer:
     """The server; ``start()`` it beside the update loop, ``stop()`` and
     ``wait()`` on the way out."""
     allow_deep_messages()

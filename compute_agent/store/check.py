@@ -22,7 +22,7 @@ whose compute_id the agent found, runs nova's guests (no metadata of
 ours, no guest of ours) and has no store of ours yet. That host is
 adopted (compute_agent/store/adoption.py) before anything is served.
 
-Pure: the facts are gathered by the caller (compute_agent/daemon/service.py); the rules
+Pure: the facts are gathered by the caller (compute_agent/daemon/composition.py); the rules
 are here, one named function each, applied in order by ``judge``.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ import requests
 import yaml
 
 from compute_agent.cmd.common import load_config
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.heal.rules import capacity
 from compute_agent.rpc.client import ComputeAgentAPI
 from tests.waiting import wait_for
@@ -49,7 +49,7 @@ def write_conf(directory: Path, placement_url: str, host: str, host_dict: dict |
 def make_agent(tmp_path: Path, placement_url: str, host_dict: dict, **sections):
     host = f"host-{uuid.uuid4().hex[:8]}"
     path = write_conf(tmp_path, placement_url, host, host_dict, **sections)
-    return Agent.from_conf(load_config(["--config-file", str(path)]))
+    return compose(load_config(["--config-file", str(path)]))
 
 
 def get(url: str, path: str):

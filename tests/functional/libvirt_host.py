@@ -11,6 +11,7 @@ import libvirt
 from lxml import etree
 
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.store import node_identity
@@ -82,7 +83,7 @@ class Host:
     def make_agent(self, default: dict | None = None, **policy) -> Agent:
         """An agent on this host, in this process."""
         path = self.write_conf(default, **policy)
-        self.agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+        self.agent = compose(load_config(["--config-file", str(path)]))
         self.agent.driver.init_host()
         return self.agent
 

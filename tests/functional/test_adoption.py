@@ -21,6 +21,7 @@ import requests
 
 from compute_agent.claims.model import AssignmentState
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from compute_agent.heal.rules import capacity
@@ -141,7 +142,7 @@ class NovaHost:
         self.h.host_xml.write_text(text.replace("</node>", "".join(domains) + "</node>"))
 
     def agent(self) -> Agent:
-        self.h.agent = Agent.from_conf(load_config(["--config-file", str(self.conf)]))
+        self.h.agent = compose(load_config(["--config-file", str(self.conf)]))
         self.h.agent.driver.init_host()
         return self.h.agent
 

@@ -23,6 +23,7 @@ from lxml import etree
 
 from compute_agent.cmd.common import load_config
 from compute_agent.compute.reconcile import ReconcileInputs, reconcile
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
@@ -73,7 +74,7 @@ def on_qemu(tmp_path, placement, uri: str) -> World:
         DEFAULT={"compute_driver": "libvirt", "sysfs_root": str(tmp_path / "sys")},
         libvirt={"connection_uri": uri, "instances_path": str(tmp_path / "instances")},
         compute={"cpu_dedicated_set": "0-1"})
-    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent = compose(load_config(["--config-file", str(path)]))
     agent.driver.init_host()
     outcome = agent.run_cycle()
     assert outcome.ok, outcome.reason

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.heal.errors import HealRefused
 from compute_agent.heal.run import run_heal
@@ -56,7 +57,7 @@ def agent_in_mode(directory: Path, placement, host: str, mode: str) -> Agent:
                       compute={"provider_tree_mode": mode, "cpu_dedicated_set": "12-15",
                                "cpu_shared_set": "0-11"},
                       **POLICY)
-    return Agent.from_conf(load_config(["--config-file", str(path)]))
+    return compose(load_config(["--config-file", str(path)]))
 
 
 def flat_host_with_guests(directory: Path, placement) -> tuple[Agent, list[str]]:
@@ -295,7 +296,7 @@ def test_heal_killed_around_the_reshaper_and_run_again_ends_the_same(
     assert_never_more_than_physical(placement.url, agent.policy.root_uuid, PHYSICAL)
     agent.stop()
 
-    again = Agent.from_conf(load_config(
+    again = compose(load_config(
         ["--config-file", str(tmp_path / "killed" / "agent.conf")]))
     run_heal(again)
     assert end_state(again, placement.url) == expected_tree
@@ -322,7 +323,7 @@ def killed_after_the_reshaper(directory: Path, placement) -> Agent:
     with pytest.raises(Killed):
         run_heal(agent)
     agent.stop()
-    return Agent.from_conf(load_config(["--config-file", str(directory / "agent.conf")]))
+    return compose(load_config(["--config-file", str(directory / "agent.conf")]))
 
 
 def test_a_heal_killed_after_the_reshaper_leaves_the_store_to_the_next_heal(

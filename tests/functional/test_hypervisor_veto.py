@@ -25,6 +25,7 @@ from compute_agent.claims.model import Owner
 from compute_agent.cmd.common import load_config
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
@@ -177,7 +178,7 @@ def qemu_agent(tmp_path, placement, private_libvirtd):
         libvirt={"connection_uri": private_libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")},
         compute={"cpu_dedicated_set": "0-1"}, pmem={"namespaces": "64G:ns0"})
-    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent = compose(load_config(["--config-file", str(path)]))
     agent.driver.init_host()
     outcome = agent.run_cycle()
     assert outcome.ok, outcome.reason

@@ -23,7 +23,7 @@ from compute_agent.claims.model import AssignmentState, Owner
 from compute_agent.cmd.common import load_config
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.store.queries import live_changed_at
 from compute_agent.store.store import Store
 from tests.functional.helpers import put_allocations, write_conf
@@ -207,7 +207,7 @@ def real_agent(tmp_path, placement, private_libvirtd):
         DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
         libvirt={"connection_uri": private_libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")})
-    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent = compose(load_config(["--config-file", str(path)]))
     agent.start()
     yield agent, path
     agent.stop()
@@ -236,7 +236,7 @@ def test_a_real_guest_survives_an_agent_restart_and_is_audited_clean(
             capture_output=True, text=True, timeout=120)
         assert audit.returncode == 0, audit.stdout + audit.stderr
 
-        again = Agent.from_conf(load_config(["--config-file", str(conf)]))
+        again = compose(load_config(["--config-file", str(conf)]))
         again.start()
         try:
             assert again.driver.guest_is_running(instance)

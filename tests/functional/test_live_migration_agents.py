@@ -30,7 +30,7 @@ from keystoneauth1 import adapter, session
 
 from compute_agent.cmd.common import load_config
 from compute_agent.conductor.live_migration import live_migrate_instance
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.drivers.fake import FakeNetwork
 from compute_agent.drivers.libvirt.guest_xml import domain_name
 from compute_agent.exception import ClaimFailed, LiveMigrationFailed, LiveMigrationRefused
@@ -79,7 +79,7 @@ class Host:
             compute={"cpu_dedicated_set": str(cpu)},
             pmem={"namespaces": f"SMALL:ns-{root.name}", "ndctl_json": str(ndctl)})
         self.conf = load_config(["--config-file", str(path)])
-        self.agent = Agent.from_conf(self.conf)
+        self.agent = compose(self.conf)
         self.agent.driver.init_host()
         assert self.agent.run_cycle().ok
         self.server = rpc.make_server(self.conf, self.agent)

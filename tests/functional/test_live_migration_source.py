@@ -21,8 +21,8 @@ from keystoneauth1 import adapter, session
 from compute_agent.claims.model import MigrationState
 from compute_agent.cmd.common import load_config
 from compute_agent.conductor.live_migration import _write_allocations
-from compute_agent.daemon import service
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon import composition
+from compute_agent.daemon.composition import compose
 from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 from compute_agent.placement.allocations import move_allocations
 from compute_agent.placement.auth import NoAuth2
@@ -52,12 +52,12 @@ class Host:
     def start(self) -> None:
         """The agent's own start-up: first cycle, store aligned, start-up
         reconciliation (fixing), then RPC."""
-        original = service.load_driver
-        service.load_driver = lambda conf: self.driver
+        original = composition.load_driver
+        composition.load_driver = lambda conf: self.driver
         try:
-            self.agent = Agent.from_conf(self.conf)
+            self.agent = compose(self.conf)
         finally:
-            service.load_driver = original
+            composition.load_driver = original
         self.start_report = None
         reconcile = self.agent.reconcile
 

@@ -18,6 +18,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.exception import ConfigError, InvalidRequest
 from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
@@ -56,7 +57,7 @@ def agent_serving(tmp_path: Path, placement_url: str, port: int) -> Agent:
     conf = write_conf(tmp_path, placement_url, f"metrics-{uuid.uuid4().hex[:8]}", HOST,
                       DEFAULT={"update_interval": 3600},
                       metrics={"listen": f"127.0.0.1:{port}"})
-    return Agent.from_conf(load_config(["--config-file", str(conf)]))
+    return compose(load_config(["--config-file", str(conf)]))
 
 
 def test_cycles_requests_claims_and_findings_move_the_counters(tmp_path, placement):
@@ -148,7 +149,7 @@ def test_capacity_per_provider_shows_a_vf_pool_before_and_after_a_claim(
                       DEFAULT={"update_interval": 3600},
                       metrics={"listen": f"127.0.0.1:{port}"},
                       pci={"device_spec": [VF_SPEC]})
-    agent = Agent.from_conf(load_config(["--config-file", str(conf)]))
+    agent = compose(load_config(["--config-file", str(conf)]))
     agent.start()
     try:
         tree = placement_tree(placement.url, agent.policy.root_uuid)

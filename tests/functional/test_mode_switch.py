@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from compute_agent.cmd.common import load_config
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.heal.run import run_heal
 from compute_agent.tree.host_tree import (
     TreeMode,
@@ -107,7 +107,7 @@ class Switch:
         self.dir, self.url = tmp_path, placement.url
         self.placement = placement
         self.host = f"mode-{uuid.uuid4().hex[:8]}"
-        self.agent = Agent.from_conf(load_config(
+        self.agent = compose(load_config(
             ["--config-file", str(conf_in_mode(tmp_path, self.url, self.host, old))]))
         self.root = self.agent.policy.root_uuid
         self.agent.update_provider_tree()
@@ -282,7 +282,7 @@ def test_numa_devices_fits_a_flavor_bigger_than_a_cell_and_keeps_devices_on_one_
                   "cpu_shared_set": "0-15"}
     path = conf_in_mode(tmp_path, placement.url, name, TreeMode.NUMA_DEVICES, host,
                         **one_to_one)
-    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent = compose(load_config(["--config-file", str(path)]))
     agent.update_provider_tree()
     root = agent.policy.root_uuid
     tree = placement_tree(placement.url, root)

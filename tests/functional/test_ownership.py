@@ -7,6 +7,7 @@ import logging
 import requests
 
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from tests.functional.helpers import HEADERS, get, make_agent, placement_tree, write_conf
 
@@ -77,7 +78,7 @@ def restarted_with(agent, tmp_path, placement, **policy) -> Agent:
     """The same host's agent started again on a changed config."""
     agent.stop()
     write_conf(tmp_path, placement.url, agent.policy.host, HOST, **policy)
-    return Agent.from_conf(load_config(["--config-file", str(tmp_path / "agent.conf")]))
+    return compose(load_config(["--config-file", str(tmp_path / "agent.conf")]))
 
 
 def test_a_trait_the_agent_stops_reporting_is_removed(tmp_path, placement):

@@ -20,6 +20,7 @@ import pytest
 from lxml import etree
 
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.libvirt import capabilities
 from compute_agent.drivers.libvirt.connection import Connection
@@ -34,7 +35,7 @@ def real_agent(tmp_path: Path, placement_url: str, uri: str) -> Agent:
         DEFAULT={"compute_driver": "libvirt", "sysfs_root": "/sys"},
         libvirt={"connection_uri": uri,
                  "instances_path": str(tmp_path / "instances")})
-    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent = compose(load_config(["--config-file", str(path)]))
     agent.driver.init_host()
     return agent
 

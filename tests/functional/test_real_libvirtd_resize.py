@@ -16,6 +16,7 @@ import pytest
 
 from compute_agent.claims.model import Owner
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import DevicesInUse
@@ -33,7 +34,7 @@ def agent(tmp_path, placement, private_libvirtd):
         libvirt={"connection_uri": private_libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")},
         compute={"cpu_dedicated_set": "0-1"})
-    agent = Agent.from_conf(load_config(["--config-file", str(path)]))
+    agent = compose(load_config(["--config-file", str(path)]))
     agent.driver.init_host()
     outcome = agent.run_cycle()
     assert outcome.ok, outcome.reason

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from compute_agent.cmd.common import load_config
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.store import lock
 from compute_agent.store.schema import SCHEMA_VERSION
 from compute_agent.testing.local_placement import LocalPlacement, free_port
@@ -79,7 +79,7 @@ class RunningHost:
         self.conf = self.host.write_conf(default={"transport_url": transport_url})
         if placement_options:
             self.rewrite(placement=placement_options)
-        self.agent = Agent.from_conf(load_config(["--config-file", str(self.conf)]))
+        self.agent = compose(load_config(["--config-file", str(self.conf)]))
         self.lock = lock.acquire(str(tmp_path / "state"))
         self.agent.driver.init_host()
 

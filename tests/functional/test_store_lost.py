@@ -19,6 +19,7 @@ from pathlib import Path
 from lxml import etree
 
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.store import node_identity
 from tests.functional.helpers import provider_uuid, put_allocations, unallocate, wait_serving, write_conf
@@ -342,7 +343,7 @@ def test_rebuild_store_gives_a_lost_stores_pinned_cpu_back_to_its_guest(
         libvirt={"connection_uri": private_libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")})
     store = tmp_path / "state" / "state.db"
-    agent = Agent.from_conf(load_config(["--config-file", str(conf)]))
+    agent = compose(load_config(["--config-file", str(conf)]))
     agent.start()
     cell = next(p.uuid for p in agent.sync.cache if p.name.endswith("_numa_0"))
     wanted = {cell: {"resources": {"PCPU": 1, "MEMORY_MB": 64}}}
@@ -373,7 +374,7 @@ def test_rebuild_store_gives_a_lost_stores_pinned_cpu_back_to_its_guest(
         twice = run("compute-agent-manage", conf, "rebuild-store", "--yes")
         assert twice.returncode == 1 and "never overwritten" in twice.stderr
 
-        again = Agent.from_conf(load_config(["--config-file", str(conf)]))
+        again = compose(load_config(["--config-file", str(conf)]))
         again.start()
         assert again.reconcile(at_start=False, fix=False).consistent
         put_allocations(placement.url, second, wanted)

@@ -10,7 +10,7 @@ from uuid import uuid4
 import requests
 
 from compute_agent.cmd.common import load_config
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from tests.functional.helpers import (
     HEADERS,
     allocate,
@@ -192,7 +192,7 @@ def meddle_with_traits(placement, provider: dict) -> None:
 def restarted(agent, tmp_path):
     """The same host's agent, stopped and started again on its state."""
     agent.stop()
-    return Agent.from_conf(load_config(["--config-file", str(tmp_path / "agent.conf")]))
+    return compose(load_config(["--config-file", str(tmp_path / "agent.conf")]))
 
 
 def test_a_restart_with_nothing_changed_sends_two_requests(tmp_path, placement):

@@ -64,7 +64,7 @@ from compute_agent.cmd.common import load_config
 from compute_agent.cmd.manage import audit_report
 from compute_agent.conductor.evacuation import Evacuator
 from compute_agent.conductor.live_migration import _write_allocations, live_migrate_instance
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.drivers.base import PciKind
 from compute_agent.drivers.fake import FakeDriver, load_host_file
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
@@ -965,7 +965,7 @@ class CrashLoop:
                     or found.get("findings"):
                 raise Violation(f"{h.name}: compute-agent-manage audit: {found}")
             return
-        agent = Agent.from_conf(load_config(["--config-file", str(h.conf)]), holder=False)
+        agent = compose(load_config(["--config-file", str(h.conf)]), holder=False)
         try:
             agent.driver.init_host()
             report = audit_report(agent)

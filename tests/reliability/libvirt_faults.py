@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 from compute_agent.cmd.common import load_config
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.service import Agent
 from compute_agent.dependencies import Dependency, DependencyState, Health
 from tests.functional.helpers import put_allocations, wait_for, write_conf
@@ -27,7 +28,7 @@ def libvirt_agent(tmp_path: Path, placement_url: str, libvirtd: PrivateLibvirtd)
                  "reconcile_interval": 1},
         libvirt={"connection_uri": libvirtd.uri,
                  "instances_path": str(tmp_path / "instances")})
-    agent = Agent.from_conf(load_config(["--config-file", str(conf)]))
+    agent = compose(load_config(["--config-file", str(conf)]))
     agent.start()
     return agent
 

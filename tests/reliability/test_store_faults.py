@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from compute_agent.cmd.common import load_config
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.rpc.errors import NoAnswer
 from tests.functional.helpers import write_conf
 from tests.functional.test_store_lost import HOST
@@ -154,7 +154,7 @@ def agent_on_a_disk(tmp_path, placement):
     agent = None
     try:
         conf = write_conf(tmp_path, placement.url, f"disk-{uuid.uuid4().hex[:8]}", HOST)
-        agent = Agent.from_conf(load_config(["--config-file", str(conf)]))
+        agent = compose(load_config(["--config-file", str(conf)]))
         agent.driver.init_host()
         yield agent, disk
     finally:

@@ -30,7 +30,7 @@ from pathlib import Path
 import requests
 
 from compute_agent.cmd.common import load_config
-from compute_agent.daemon.service import Agent
+from compute_agent.daemon.composition import compose
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.drivers.libvirt.sysfs import SysfsReader
 from compute_agent.testing.local_placement import LocalPlacement
@@ -144,7 +144,7 @@ def run(workdir: Path) -> dict:
     try:
         b, uri = build_host(workdir)
         name = f"benchhealth-{uuid.uuid4().hex[:6]}"
-        agent = Agent.from_conf(load_config(
+        agent = compose(load_config(
             ["--config-file", str(write_conf(workdir, placement.url, name, b.root, uri))]))
         agent.start()
         try:

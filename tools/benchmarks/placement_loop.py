@@ -17,11 +17,13 @@ from keystoneauth1 import adapter, session
 
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
-from compute_agent.daemon.service import STORE_FILE, Agent, placement_sync
+from compute_agent.daemon.composition import assemble, placement_sync
+from compute_agent.daemon.service import Agent, AgentSettings
 from compute_agent.drivers.fake import FakeDriver
+from compute_agent.metrics import Metrics
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
-from compute_agent.store.store import Store
+from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.testing.local_placement import LocalPlacement
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreePolicy
@@ -63,7 +65,7 @@ def agent_on(url: str, host: dict, policy: TreePolicy, state_dir: Path,
                              driver)
     sync, allocations = placement_sync(PlacementClient(ks), policy.root_uuid, owned,
                                        allocation_refresh_interval)
-    return Agent(driver, policy, sync, allocations, manager)
+    return assemble(driver, policy, sync, allocations, manager, Metrics(), AgentSettings())
 
 
 def first_cycle_requests(placement: LocalPlacement, agent: Agent) -> int:

@@ -15,13 +15,12 @@ import requests
 
 from compute_agent.cmd.common import load_config
 from compute_agent.cmd.daemon import STOP_POLL
+from compute_agent.daemon.composition import compose
 from compute_agent.daemon.one_agent_check import check_one_agent_per_host
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.service import Agent
 from compute_agent.messaging import bound_broker_waits
-from compute_agent.rpc import broker
-from compute_agent.rpc.heartbeat import make_server as heartbeat_server
-from compute_agent.rpc.server import make_server
+from compute_agent.rpc import broker, heartbeat, server
 from compute_agent.store import lock
 from compute_agent.tree.provider_tree import ProviderTree
 from tools.fleet_sim.placement import digest
@@ -66,14 +65,13 @@ class FleetHost:
         self.name = conf.host
         self._lock = lock.acquire(conf.state_path)
         check = check_one_agent_per_host(conf, ask_the_bus=True)
-        agent = Agent.from_conf(conf)
-        agent.placement_check = check
+        agent = compose(conf, placement_check=check)
         agent.start()
         self.agent = agent
-        self._servers = [heartbeat_server(conf, agent), make_server(conf, agent)]
-        for server in self._servers:
-            server.start()
-        agent.phase = Phase.SERVING
+        self._servers = [heartbeat.make_server(conf, agent), server.make_server(conf, agent)]
+        for listener in self._servers:
+            listener.start()
+        agent.move_to(Phase.SERVING)
         self.expected = tree_digest(agent.build_model(agent.driver.get_host_inventory()).tree)
 
     def start_safely(self) -> None:
@@ -84,14 +82,14 @@ class FleetHost:
             self.error = f"{type(e).__name__}: {e}"
 
     def stop(self) -> None:
-        for server in self._servers:
-            server.stop()
-        for server in self._servers:
-            server.wait()
+        for listener in self._servers:
+            listener.stop()
+        for listener in self._servers:
+            listener.wait()
             # The daemon's process ends here, and its connections with it;
             # an agent of the fleet lives on in its process: closed, or
             # each restart would leave its servers' connections open.
-            server.transport.cleanup()
+            listener.transport.cleanup()
         self._servers = []
         if self.agent is not None:
             self.agent.stop()
@@ -106,7 +104,7 @@ class FleetHost:
         if agent is None:
             return {"host": None, "error": self.error or "not started"}
         return {"host": agent.policy.host, "root_uuid": agent.sync.root_uuid,
-                "cycle_ok": agent._cycle_succeeded, "last_success_at": agent._last_success_at,
+                "cycle_ok": agent._cycle_succeeded, "last_success_at": agent.recorder.last_success_at,
                 "cycles": self.cycles_before + agent._cycles,
                 "reconcile_interval": agent.settings.reconcile_interval,
                 "serving": all(s._started for s in self._servers) if self._servers else False,

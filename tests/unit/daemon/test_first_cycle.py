@@ -4,19 +4,10 @@ in one burst."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
-from compute_agent.daemon.service import Agent, AgentSettings, CycleOutcome, placement_sync
-from compute_agent.drivers.fake import FakeDriver
-from compute_agent.tree.host_tree import TreePolicy
-
-ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
-HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}], "disk_gb": 10}
-
-
-class UnusedClient:
-    """No request is made: the cycles are the test's own."""
-    keystone_url = None
-    url = "http://placement.invalid"
+from compute_agent.daemon.service import AgentSettings, CycleOutcome
+from tests.unit.daemon.agents import agent_on_fake_host
 
 
 class RecordedWaits(threading.Event):
@@ -29,12 +20,11 @@ class RecordedWaits(threading.Event):
         return self.is_set()
 
 
-def started_agent(jitter: float, share: float) -> list:
+def started_agent(state_dir: Path, jitter: float, share: float) -> list:
     """What start() did, in order, with the jitter drawn at ``share`` of
     its range; the loop's own waits after it are left out."""
-    sync, allocations = placement_sync(UnusedClient(), ROOT, lambda p: True, 300)
-    agent = Agent(FakeDriver(HOST), TreePolicy(host="h", root_uuid=ROOT), sync, allocations,
-                  settings=AgentSettings(update_interval=3600, update_jitter=jitter))
+    agent = agent_on_fake_host(state_dir, AgentSettings(update_interval=3600,
+                                                        update_jitter=jitter))
     seen: list = []
     agent.draw_jitter = lambda low, high: low + share * (high - low)
     agent.stopping = RecordedWaits(seen)
@@ -45,10 +35,10 @@ def started_agent(jitter: float, share: float) -> list:
     return seen[:2]
 
 
-def test_the_first_cycle_waits_its_share_of_the_jitter():
-    assert started_agent(jitter=30, share=0.5) == [("wait", 15.0), "cycle"]
-    assert started_agent(jitter=30, share=1.0) == [("wait", 30.0), "cycle"]
+def test_the_first_cycle_waits_its_share_of_the_jitter(tmp_path):
+    assert started_agent(tmp_path / "a", jitter=30, share=0.5) == [("wait", 15.0), "cycle"]
+    assert started_agent(tmp_path / "b", jitter=30, share=1.0) == [("wait", 30.0), "cycle"]
 
 
-def test_without_jitter_the_first_cycle_is_at_once():
-    assert started_agent(jitter=0, share=0.7) == [("wait", 0.0), "cycle"]
+def test_without_jitter_the_first_cycle_is_at_once(tmp_path):
+    assert started_agent(tmp_path, jitter=0, share=0.7) == [("wait", 0.0), "cycle"]
