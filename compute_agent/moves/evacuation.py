@@ -23,6 +23,7 @@ from __future__ import annotations
 import uuid as uuid_lib
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import os_resource_classes as orc
 
@@ -73,7 +74,7 @@ def evacuated_away(on_our_providers: bool, elsewhere: set[str] | None,
 
 
 def spec_from_allocations(instance_uuid: str,
-                          allocations: dict[str, dict[str, int]]) -> dict:
+                          allocations: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The instance's spec as Placement keeps it: vCPUs (shared and
     dedicated) and memory summed over its providers. Its name is not in
     Placement; the rebuilt instance is named by its uuid (the guest's domain
@@ -105,7 +106,7 @@ class InterruptedEvacuation:
 
 def interrupted_evacuations(source_root_uuid: str,
                             migrations_on_source: dict[str, dict[str, dict[str, int]]],
-                            consumers_by_root: dict[str, dict[str, dict[str, int]]]
+                            consumers_by_root: dict[str, dict[str, dict[str, dict[str, int]]]]
                             ) -> list[InterruptedEvacuation]:
     """The instances on other hosts (root -> consumer -> provider ->
     resources) that an evacuation of the source moved there: those whose
@@ -134,7 +135,7 @@ class DestinationRecord(str, Enum):
     OTHER = "other"  # it has the instance but not this move: hands off
 
 
-def destination_record(view: dict | None, migration_uuid: str) -> DestinationRecord:
+def destination_record(view: dict[str, Any] | None, migration_uuid: str) -> DestinationRecord:
     """``view``: the destination's get_instance answer, None when it has no
     such instance."""
     if view is None:
