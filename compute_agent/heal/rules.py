@@ -164,8 +164,9 @@ class Consumer:
 
     uuid: str
     allocations: dict[str, dict[str, int]]  # provider -> class -> amount
-    project_id: str
-    user_id: str
+    # None: Placement's answer named none (a consumer without allocations).
+    project_id: str | None
+    user_id: str | None
     generation: int | None
     consumer_type: str | None = None
 

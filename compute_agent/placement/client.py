@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import quote
 
 from keystoneauth1 import exceptions as ks_exc
@@ -31,6 +33,7 @@ from compute_agent.exception import (
     PlacementUnavailable,
 )
 from compute_agent.metrics import Metrics
+from compute_agent.tree.provider_tree import Inventory
 
 LOG = logging.getLogger(__name__)
 
@@ -149,7 +152,7 @@ class PlacementClient:
     def _call(self, method: str, url: str, body=None, expected=(200,)):
         if self.version is None and url != "/":
             self.negotiate()
-        kwargs = {"raise_exc": False}
+        kwargs: dict[str, Any] = {"raise_exc": False}
         if body is not None:
             kwargs["json"] = body
         if url != "/":
@@ -214,7 +217,10 @@ class PlacementClient:
         doc = self._call("GET", f"/resource_providers/{uuid}/inventories")
         return doc["resource_provider_generation"], doc["inventories"]
 
-    def set_inventories(self, uuid: str, generation: int, inventories: dict) -> int:
+    # The generation as the caller's tree holds it: None is sent as null.
+
+    def set_inventories(self, uuid: str, generation: int | None,
+                        inventories: Mapping[str, Inventory]) -> int:
         return self._call("PUT", f"/resource_providers/{uuid}/inventories",
                           {"resource_provider_generation": generation,
                            "inventories": inventories}
@@ -224,19 +230,19 @@ class PlacementClient:
         doc = self._call("GET", f"/resource_providers/{uuid}/traits")
         return doc["resource_provider_generation"], frozenset(doc["traits"])
 
-    def set_traits(self, uuid: str, generation: int, traits) -> int:
+    def set_traits(self, uuid: str, generation: int | None, traits: Iterable[str]) -> int:
         return self._call("PUT", f"/resource_providers/{uuid}/traits",
                           {"resource_provider_generation": generation,
                            "traits": sorted(traits)}
                           )["resource_provider_generation"]
 
-    def set_aggregates(self, uuid: str, generation: int, aggregates) -> int:
+    def set_aggregates(self, uuid: str, generation: int | None, aggregates: Iterable[str]) -> int:
         return self._call("PUT", f"/resource_providers/{uuid}/aggregates",
                           {"resource_provider_generation": generation,
                            "aggregates": sorted(aggregates)}
                           )["resource_provider_generation"]
 
-    def reshape(self, inventories: dict[str, tuple[int, dict]],
+    def reshape(self, inventories: Mapping[str, tuple[int | None, Mapping[str, Inventory]]],
                 allocations: dict | None = None) -> None:
         """Set many providers' inventories (and move allocations) in one
         atomic call. Generations must be re-read afterwards: Placement
