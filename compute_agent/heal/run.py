@@ -45,7 +45,10 @@ class HealedAgent(Protocol):
 
     sync: TreeSync
     driver: ComputeDriver
-    manager: ComputeManager
+
+    # None only for an Agent made without one; Agent.from_conf makes one.
+    @property
+    def manager(self) -> ComputeManager | None: ...
 
     def build_model(self, inventory: HostInventory) -> BuiltTree: ...
 
@@ -111,6 +114,7 @@ def make_plan(agent: HealedAgent, model: Model,
     if holders:
         progress(f"reading the allocations of {len(holders)} consumers...")
     consumers = read_consumers(sync.client, sorted(holders))
+    assert agent.manager is not None  # see HealedAgent.manager
     _, assignments, migrations = agent.manager.tracker.snapshot()
     return rules.plan_heal(model.current, model.tree, model.pools, consumers,
                           assignments, migrations.values(), sync.owned)
@@ -123,6 +127,7 @@ def align_store(agent: HealedAgent, index: DeviceIndex,
     provider -> class -> amount, as a reshape just set them; read from
     Placement's tree when not given, and only when some row is not where
     the model puts it."""
+    assert agent.manager is not None  # see HealedAgent.manager
     tracker = agent.manager.tracker
     if not index.pools:  # no cycle has built the model: unknown, not empty
         return Realignment()

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import uuid as uuid_lib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -74,7 +75,7 @@ def evacuated_away(on_our_providers: bool, elsewhere: set[str] | None,
 
 
 def spec_from_allocations(instance_uuid: str,
-                          allocations: dict[str, dict[str, int]]) -> dict[str, Any]:
+                          allocations: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
     """The instance's spec as Placement keeps it: vCPUs (shared and
     dedicated) and memory summed over its providers. Its name is not in
     Placement; the rebuilt instance is named by its uuid (the guest's domain
@@ -100,13 +101,13 @@ class InterruptedEvacuation:
     destination_root: str
     # Provider -> resources: what the instance now holds on the destination,
     # and what its move still holds on the source (its spec, as at first).
-    destination_allocations: dict[str, dict[str, int]]
-    source_allocations: dict[str, dict[str, int]]
+    destination_allocations: Mapping[str, Mapping[str, int]]
+    source_allocations: Mapping[str, Mapping[str, int]]
 
 
 def interrupted_evacuations(source_root_uuid: str,
-                            migrations_on_source: dict[str, dict[str, dict[str, int]]],
-                            consumers_by_root: dict[str, dict[str, dict[str, dict[str, int]]]]
+                            migrations_on_source: Mapping[str, Mapping[str, Mapping[str, int]]],
+                            consumers_by_root: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]]
                             ) -> list[InterruptedEvacuation]:
     """The instances on other hosts (root -> consumer -> provider ->
     resources) that an evacuation of the source moved there: those whose

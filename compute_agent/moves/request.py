@@ -9,6 +9,7 @@ traits that say what a device is, beyond its class.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +87,7 @@ def cell_of(uuid: str, providers: dict[str, SourceProvider]) -> str | None:
     return None
 
 
-def move_request(allocations: dict[str, dict[str, int]],
+def move_request(allocations: Mapping[str, Mapping[str, int]],
                  providers: dict[str, SourceProvider]) -> MoveRequest:
     """The request for ``allocations`` (provider uuid -> class -> amount on
     the source), ``providers`` being the source's tree. Raises ValueError

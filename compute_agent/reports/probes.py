@@ -131,6 +131,7 @@ def tree_report(agent: Agent) -> TreeReport:
     model = adopt_uuids(agent.build_model(inventory).tree, placement)
     allocations = {uuid: sync.client.get_provider_allocations(uuid)
                    for uuid in heal_rules.moving(placement, model, sync.owned)}
+    assert agent.manager is not None  # Agent.from_conf makes one
     instances, _, _ = agent.manager.tracker.snapshot()
     return compare_trees(placement, model, allocations, sync.owned,
                          {u: spec.get("name") for u, spec in instances.items()})
@@ -149,4 +150,5 @@ def read_beside_agent(conf: cfg.ConfigOpts, read: Callable[[Agent], T]) -> T:
         return read(agent)
     finally:
         agent.driver.cleanup()
+        assert agent.manager is not None  # Agent.from_conf makes one
         agent.manager.tracker.store.close()

@@ -166,7 +166,7 @@ def usages(allocations: ProviderAllocations) -> dict[str, dict[str, int]]:
 
 def compare(placement: ProviderTree, model: ProviderTree,
             allocations: ProviderAllocations, owned: Owned = lambda p: True,
-            instance_names: Mapping[str, str] | None = None) -> TreeReport:
+            instance_names: Mapping[str, str | None] | None = None) -> TreeReport:
     """``model`` carries Placement's UUIDs (provider_tree.adopt_uuids);
     ``allocations`` covers at least every provider compute_agent.heal.rules.moving names."""
     held = hold_unhealed(placement, model, usages(allocations), owned)
