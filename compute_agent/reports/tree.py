@@ -264,10 +264,10 @@ def _describe_difference(d: ProviderDifference) -> list[str]:
         return [f"{head}: only in Placement (the agent would delete it)"]
     lines = [f"{head}: {f.field} {f.placement} -> {f.discovered}" for f in d.attributes]
     for i in d.inventories:
-        if i.placement is None:
-            change = f"added, total {i.discovered['total']}"
-        elif i.discovered is None:
+        if i.discovered is None:
             change = "removed"
+        elif i.placement is None:
+            change = f"added, total {i.discovered['total']}"
         else:
             change = ", ".join(f"{f.field} {f.placement} -> {f.discovered}"
                                for f in i.fields)

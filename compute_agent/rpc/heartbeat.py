@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from oslo_config import cfg
+
 from compute_agent.dependencies import Unknown
 from compute_agent.exception import SourceHostUp
 from compute_agent.messaging import messaging, transport
@@ -188,7 +190,7 @@ class SourceFence:
     out the deadline once, not once per ``down_after``; an up one is never
     reused."""
 
-    def __init__(self, conf):
+    def __init__(self, conf: cfg.ConfigOpts) -> None:
         self._conf = conf
         self._heartbeat: Heartbeat | None = None  # made at the first check
         self._lock = threading.Lock()
