@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
+from keystoneauth1.adapter import Adapter
 from oslo_config import cfg
 
 from compute_agent.config import PLACEMENT_GROUP
@@ -51,7 +52,7 @@ def _version_tuple(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def adapter_from_conf(conf: cfg.ConfigOpts):
+def adapter_from_conf(conf: cfg.ConfigOpts) -> Adapter:
     auth = ks_loading.load_auth_from_conf_options(conf, PLACEMENT_GROUP)
     session = ks_loading.load_session_from_conf_options(
         conf, PLACEMENT_GROUP, auth=auth)
@@ -110,14 +111,14 @@ class _DiscoveryWarning(logging.Filter):
 logging.getLogger("keystoneauth.identity.generic.base").addFilter(_DiscoveryWarning())
 
 
-def keystone_url(adapter) -> str | None:
+def keystone_url(adapter: Adapter) -> str | None:
     """The auth plugin's Keystone URL; None when it does not use Keystone
     (a token-and-endpoint plugin such as placement_noauth2)."""
     return getattr(adapter.auth or adapter.session.auth, "auth_url", None)
 
 
 class PlacementClient:
-    def __init__(self, adapter, metrics: Metrics | None = None):
+    def __init__(self, adapter: Adapter, metrics: Metrics | None = None) -> None:
         self.adapter = adapter
         self.version: str | None = None
         self.keystone_url = keystone_url(adapter)
@@ -149,7 +150,8 @@ class PlacementClient:
         self.url = found.rstrip("/")
         return self.url
 
-    def _call(self, method: str, url: str, body=None, expected=(200,)):
+    def _call(self, method: str, url: str, body: object = None,
+              expected: tuple[int, ...] = (200,)) -> Any:
         if self.version is None and url != "/":
             self.negotiate()
         kwargs: dict[str, Any] = {"raise_exc": False}
@@ -272,7 +274,7 @@ class PlacementClient:
         """Every allocation of ``consumer``; one that has none is no error."""
         self._call("DELETE", f"/allocations/{consumer}", expected=(204, 404))
 
-    def get_providers(self, **query) -> list[dict]:
+    def get_providers(self, **query: str) -> list[dict[str, Any]]:
         """GET /resource_providers with ``query`` (name=, required=, ...)."""
         params = "&".join(f"{k}={v}" for k, v in sorted(query.items()))
         return self._call("GET", "/resource_providers" + (f"?{params}" if params else "")

@@ -112,7 +112,7 @@ def make_server(conf, agent):
                                     access_policy=messaging.ExplicitRPCAccessPolicy)
 
 
-def agent_serving(conf, host: str, deadline: float) -> dict | Unknown | None:
+def agent_serving(conf: cfg.ConfigOpts, host: str, deadline: float) -> dict | Unknown | None:
     """What an agent serving ``host`` now answers to report_alive, None
     when none answers, Unknown when the broker cannot be asked: at most
     ``deadline`` seconds in all. The broker says first how many consumers
