@@ -171,10 +171,11 @@ class Consumer:
     consumer_type: str | None = None
 
     def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"allocations": {rp: {"resources": dict(res)}
-                               for rp, res in sorted(self.allocations.items())},
-               "project_id": self.project_id, "user_id": self.user_id,
-               "consumer_generation": self.generation}
+        out: dict[str, Any] = {
+            "allocations": {rp: {"resources": dict(res)}
+                            for rp, res in sorted(self.allocations.items())},
+            "project_id": self.project_id, "user_id": self.user_id,
+            "consumer_generation": self.generation}
         if self.consumer_type is not None:
             out["consumer_type"] = self.consumer_type
         return out
@@ -222,8 +223,7 @@ class Plan:
         lines = [f"{m.consumer_uuid}: {m.from_class} {m.amount} {n(m.from_provider)} -> "
                  f"{m.to_class} {m.amount} {n(m.to_provider)} ({m.why})"
                  for m in self.moves]
-        # Every provider of both trees is named (plan_heal).
-        for uuid, (_, inv) in sorted(self.inventories.items(), key=lambda kv: self.names[kv[0]]):
+        for uuid, (_, inv) in sorted(self.inventories.items(), key=lambda kv: n(kv[0]) or ""):
             shown = ", ".join(f"{rc}={r['total']}" + (f" reserved {r['reserved']}"
                                                       if r.get("reserved") else "")
                               for rc, r in sorted(inv.items())) or "none"
