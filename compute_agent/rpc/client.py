@@ -58,7 +58,7 @@ PlacementAllocations = Mapping[str, Mapping[str, Mapping[str, int]]]
 
 class ComputeAgentAPI:
     def __init__(self, conf: cfg.ConfigOpts, timeout: float = 60,
-                 outstanding: OutstandingCalls | None = None):
+                 outstanding: OutstandingCalls | None = None) -> None:
         """``conf`` has the agent's options registered (compute_agent.config).
         ``outstanding`` is shared by clients one watchdog looks after."""
         self.timeout = timeout

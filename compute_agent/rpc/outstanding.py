@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ class OutstandingCalls:
         self._last_answer = time.monotonic()
 
     @contextmanager
-    def one(self, timeout: float):
+    def one(self, timeout: float) -> Iterator[None]:
         """One call, which may wait ``timeout`` seconds for its answer."""
         with self._lock:
             call = next(self._ids)
