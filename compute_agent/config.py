@@ -441,7 +441,8 @@ def read_byte_order_marks() -> None:
     mark some editors put first becomes part of the first line, which
     then parses as neither a section nor an option: read the files as
     UTF-8 that may start with one (the same text otherwise)."""
-    cfg.ConfigParser.parse = _parse_with_byte_order_mark
+    # A patch of oslo.config's class, on purpose: no type says that.
+    cfg.ConfigParser.parse = _parse_with_byte_order_mark  # type: ignore[method-assign,assignment]
 
 
 def register_mdev_type_groups(conf: cfg.ConfigOpts) -> None:

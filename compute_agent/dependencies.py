@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 LOG = logging.getLogger(__name__)
 
@@ -70,12 +71,12 @@ class DependencyState:
     # Wall-clock time of the last change of health.
     since: float | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "dependency": self.dependency.value,
                 "health": self.health.value}
 
     @classmethod
-    def from_dict(cls, doc: dict) -> DependencyState:
+    def from_dict(cls, doc: dict[str, Any]) -> DependencyState:
         return cls(**{**doc, "dependency": Dependency(doc["dependency"]),
                       "health": Health(doc["health"])})
 

@@ -254,7 +254,7 @@ class _CapacityCollector:
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.cycle_duration = Histogram(
@@ -290,8 +290,8 @@ class Metrics:
             "it is healthy.", ["device", "reason"], registry=r)
         # Every label value shows from the start, at 0 until seen: a rate
         # over a series that appears with its first count misses that one.
-        for result in CycleResult:
-            self.cycles.labels(result.value)
+        for cycle_result in CycleResult:
+            self.cycles.labels(cycle_result.value)
         for kind in CLAIM_KINDS:
             for result in (CLAIM_CLAIMED, CLAIM_ERROR, *dict(CLAIM_RESULTS).values()):
                 self.claims.labels(kind, result)
@@ -387,6 +387,7 @@ class Metrics:
             return
         self._server.shutdown()
         self._server.server_close()
+        assert self._server_thread is not None  # started with the server
         self._server_thread.join()
         self._server = self._server_thread = None
 

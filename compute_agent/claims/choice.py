@@ -12,7 +12,7 @@ import uuid as uuid_lib
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import os_resource_classes as orc
 
@@ -95,6 +95,20 @@ def slot_resources(pool: Pool, slot: Slot) -> frozenset[HostResource]:
                                         detail=slot_detail(pool, slot)))
 
 
+class HeldDevice(Protocol):
+    """What the held set reads of a device given back: a Choice or an
+    Assignment."""
+
+    @property
+    def provider_uuid(self) -> str: ...
+    @property
+    def resource_class(self) -> str: ...
+    @property
+    def kind(self) -> DeviceKind: ...
+    @property
+    def device_id(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Wanted:
     provider_uuid: str
@@ -102,7 +116,7 @@ class Wanted:
     amount: int
 
 
-def parse_allocations(allocations, pools: Mapping[str, Mapping[str, Pool]],
+def parse_allocations(allocations: object, pools: Mapping[str, Mapping[str, Pool]],
                       field_name: str = "allocations") -> list[Wanted]:
     """Check a consumer's allocations (Placement's shape) against our pools.
     Raises InvalidRequest naming the field and the value."""
@@ -166,9 +180,8 @@ class HeldDevices:
                 self.held(c.provider_uuid, c.resource_class).add(c.device_id)
                 self.devices.add(device_identity(c.kind, c.device_id))
 
-    def give_back(self, items) -> None:
-        """``items``: anything with provider_uuid, resource_class, kind and
-        device_id (choices or assignments)."""
+    def give_back(self, items: Iterable[HeldDevice]) -> None:
+        """``items``: choices or assignments."""
         for c in items:
             if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).discard(c.device_id)
@@ -279,14 +292,14 @@ class InstanceSpec:
     LIMITS: ClassVar[dict[str, int]] = {"vcpus": 4096, "memory_mb": 1 << 24}
 
     @classmethod
-    def from_payload(cls, payload, field_name: str = "spec") -> InstanceSpec:
+    def from_payload(cls, payload: object, field_name: str = "spec") -> InstanceSpec:
         if not isinstance(payload, dict):
             raise InvalidRequest(field_name, payload, "must be an object")
         name = payload.get("name")
         if not isinstance(name, str) or not 0 < len(name) <= 255 or not name.isprintable():
             raise InvalidRequest(f"{field_name}.name", name,
                                  "must be 1 to 255 printable characters")
-        values = {}
+        values: dict[str, int] = {}
         for key, limit in cls.LIMITS.items():
             value = payload.get(key)
             if (not isinstance(value, int) or isinstance(value, bool)
@@ -296,7 +309,7 @@ class InstanceSpec:
             values[key] = value
         return cls(name, **values)
 
-    def to_payload(self) -> dict:
+    def to_payload(self) -> dict[str, Any]:
         return {"name": self.name, "vcpus": self.vcpus, "memory_mb": self.memory_mb}
 
 

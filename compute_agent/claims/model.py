@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
 
@@ -100,11 +101,11 @@ class Assignment:
     boot_id: str
     detail: DeviceDetail = field(default=DeviceDetail(), compare=False, hash=False)
 
-    def with_(self, **changes) -> Assignment:
+    def with_(self, **changes: Any) -> Assignment:
         return replace(self, **changes)
 
 
-def digest(value) -> str:
+def digest(value: object) -> str:
     """A digest of a JSON value, the same for equal values whatever the
     order of their keys: 128 bits of SHA-256."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -123,7 +124,7 @@ class RequestDigest:
     digests: tuple[tuple[str, str], ...]
 
     @classmethod
-    def of(cls, **fields) -> RequestDigest:
+    def of(cls, **fields: object) -> RequestDigest:
         flat: dict[str, object] = {}
         for name, value in fields.items():
             if name == "spec" and isinstance(value, dict):
@@ -156,7 +157,7 @@ class Migration:
     kind: MoveKind
     role: MigrationRole
     state: MigrationState
-    old_spec: dict | None = None  # the spec to restore on revert
+    old_spec: dict[str, Any] | None = None  # the spec to restore on revert
     # The call that made the record here (None: made before schema 6).
     request: RequestDigest | None = None
 

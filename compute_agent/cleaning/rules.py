@@ -56,7 +56,7 @@ def apply_uses(built: BuiltTree, uses: Iterable[tuple[DeviceUse, bool]]) -> Buil
         out = units_out(pool, used, held)
         if not out:
             continue
-        provider = changed.get(pool.provider_name) or built.tree.by_name(pool.provider_name)
+        provider = changed.get(pool.provider_name) or built.tree.named(pool.provider_name)
         record = provider.inventories[pool.resource_class]
         reserved = (record["total"] if pool.kind is DeviceKind.PCI
                     else min(record["total"], record.get("reserved", 0) + out))

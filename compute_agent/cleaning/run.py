@@ -183,10 +183,11 @@ class Cleaner:
 
     def clean(self, address: str, spec: DeviceSpec) -> CleaningOutcome:
         """Run the device's cleaning command and log its output."""
-        LOG.info("Device %s used: cleaning it with %s", address,
-                 " ".join(spec.clean_command))
+        command = spec.clean_command
+        assert command is not None  # its callers run only a spec that names one
+        LOG.info("Device %s used: cleaning it with %s", address, " ".join(command))
         started = time.monotonic()
-        reason, output = self._run(spec.clean_command, address, spec.clean_timeout)
+        reason, output = self._run(command, address, spec.clean_timeout)
         seconds = time.monotonic() - started
         if output.strip():
             LOG.info("Device %s cleaning output:\n%s", address,

@@ -15,6 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -116,7 +117,7 @@ def _parse(conf: cfg.ConfigOpts, argv: list[str], project: str,
     which oslo.config writes to stderr before exiting 1, becomes the one
     line naming it."""
     errors = io.StringIO()
-    shown = ({} if command_help is None else
+    shown: dict[str, Any] = ({} if command_help is None else
              {"prog": command_help.prog, "usage": command_help.usage,
               "description": command_help.description,
               "epilog": GENERIC_OPTIONS_NOTE})

@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from oslo_config import cfg
 
@@ -155,8 +156,9 @@ def _result(r: dict) -> list[str]:
 @dataclass(frozen=True)
 class Command:
     help: str
-    call: Callable  # (api, args) -> result; (api, args, conf) for a conductor's
-    render: Callable[[object], list[str]] = _result
+    call: Callable[..., Any]  # (api, args) -> result; (api, args, conf) for a conductor's
+    # The result as the command's call gives it: each its own shape.
+    render: Callable[[Any], list[str]] = _result
     # A conductor's command: it also reads Placement and the heartbeats.
     conductor: bool = False
 

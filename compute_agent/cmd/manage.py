@@ -476,8 +476,10 @@ def device(conf: cfg.ConfigOpts) -> int:
         if action is DeviceAction.LIST:
             result: dict | list = api.list_device_uses(conf.host)
         elif action is DeviceAction.RELEASE:
+            assert address is not None  # device_request names one but to list
             result = api.release_device(conf.host, address)
         else:
+            assert address is not None
             api.clean_device(conf.host, address)
             result = wait_for_cleaning(api, conf.host, address,
                                        time.monotonic() + longest + CLEAN_WAIT_MARGIN_S)
@@ -496,7 +498,8 @@ def device(conf: cfg.ConfigOpts) -> int:
         print_output("\n".join(device_use_line({"reason": "", "held": False,
                                                 "cleaning": False, **e})
                                for e in entries) or "no one-time-use device waits")
-    failed = action is DeviceAction.CLEAN and result["state"] != "clean"
+    failed = (action is DeviceAction.CLEAN and isinstance(result, dict)
+              and result["state"] != "clean")
     return 1 if failed else 0
 
 

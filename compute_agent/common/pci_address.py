@@ -23,7 +23,7 @@ _NODE_DEVICE_NAME = re.compile(
 Parts = tuple[int, int, int, int]
 
 
-def split_address(text: str) -> Parts:
+def split_address(text: object) -> Parts:
     """(domain, bus, slot, function) of an address; ValueError when the
     text is not one (no surrounding blanks are allowed)."""
     match = _ADDRESS.fullmatch(text) if isinstance(text, str) else None
@@ -41,7 +41,7 @@ def format_address(domain: int, bus: int, slot: int, function: int) -> str:
     return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"
 
 
-def canonical_address(text: str) -> str:
+def canonical_address(text: object) -> str:
     return format_address(*split_address(text))
 
 

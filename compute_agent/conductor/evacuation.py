@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -48,6 +48,9 @@ from compute_agent.placement.allocations import move_allocations, tree_allocatio
 from compute_agent.placement.client import PlacementClient
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.heartbeat import Heartbeat, Liveness
+
+# A consumer's allocations: provider uuid -> class -> amount.
+Allocations = Mapping[str, Mapping[str, int]]
 
 # Instances evacuated at once by default: enough to overlap Placement's and
 # the destination's answers, few enough not to crowd one destination.
@@ -141,9 +144,10 @@ class Evacuator:
         out = []
         for root, name in sorted(roots.items(), key=lambda r: r[1]):
             seen = found[name]
+            report = seen.report  # None exactly when the host is not up
             out.append({"host": name, "root_uuid": root, "state": seen.state.value,
-                        "last_seen": seen.report["time"] if seen.up else None,
-                        "instances": (seen.report["instances"] if seen.up
+                        "last_seen": report["time"] if report is not None else None,
+                        "instances": (report["instances"] if report is not None
                                       else self._instances_on(root))})
         return out
 
@@ -194,7 +198,7 @@ class Evacuator:
         result = Evacuation(source)
         # Migration consumers on the source (an earlier evacuation's, maybe
         # interrupted) -> what they hold there; filled by the first pass.
-        migrations: dict[str, dict[str, dict[str, int]]] = {}
+        migrations: dict[str, Allocations] = {}
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             def collect(work: list[Callable[[], Outcome | None]]) -> None:
                 for done in as_completed([pool.submit(w) for w in work]):
@@ -213,7 +217,7 @@ class Evacuator:
                            progress, deadline)
         return result
 
-    def _device_traits(self, run: _Run, allocations: dict) -> None:
+    def _device_traits(self, run: _Run, allocations: Allocations) -> None:
         """Read the traits of the device providers ``allocations`` use, once
         per provider whatever the number of workers."""
         with run.lock:
@@ -221,8 +225,9 @@ class Evacuator:
             read_device_traits(self.placement, run.providers, unread)
             run.traits_read |= unread
 
-    def _evacuate_one(self, run: _Run, instance: str, allocations: dict,
-                      migrations: dict) -> Outcome | None:
+    def _evacuate_one(self, run: _Run, instance: str,
+                      allocations: Allocations,
+                      migrations: dict[str, Allocations]) -> Outcome | None:
         """One consumer on the source: an instance is evacuated; a migration
         consumer is noted (an earlier evacuation's, maybe interrupted)."""
         held = self.placement.get_consumer_allocations(instance)
@@ -300,7 +305,7 @@ class Evacuator:
 
     # --- what an earlier run left -----------------------------------------
 
-    def _interrupted(self, run: _Run, migrations: dict
+    def _interrupted(self, run: _Run, migrations: dict[str, Allocations]
                      ) -> list[InterruptedEvacuation]:
         """The instances an earlier evacuation of the source moved to another
         host, read from Placement: every other host's consumers, matched to
@@ -355,6 +360,8 @@ class Evacuator:
         while waiting:
             silent: set[str] = set()  # destinations that did not answer this round
             for o in list(waiting):
+                # An accepted outcome names its destination and its move.
+                assert o.destination is not None and o.migration is not None
                 if o.destination in silent or (
                         deadline is not None and time.monotonic() > deadline):
                     continue

@@ -25,6 +25,7 @@ import time
 import uuid as uuid_lib
 from collections.abc import Callable
 from enum import Enum
+from functools import partial
 
 import os_traits
 
@@ -206,6 +207,7 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
                                outcome_wait, ask_pause)
     if step is NextStep.ROLL_BACK:
         roll_back()
+        assert isinstance(answer, Exception)  # it stayed: only a refusal says so
         raise answer
     if step is NextStep.LEAVE_AS_IS:
         last = (f"{type(answer).__name__}: {answer}" if isinstance(answer, Exception)
@@ -258,9 +260,8 @@ def _ask_source(api: ComputeAgentAPI, instance_uuid: str, source: str, migration
                     type(answer).__name__, left)
         time.sleep(min(ask_pause, left))
         timeout = max(deadline - time.monotonic(), ASK_TIMEOUT_FLOOR_SECONDS)
-        answer = answer_of(lambda timeout=timeout: api.live_migrate(
-            source, migration, instance_uuid, destination,
-            timeout=min(timeout, api.timeout)))
+        answer = answer_of(partial(api.live_migrate, source, migration, instance_uuid,
+                                   destination, timeout=min(timeout, api.timeout)))
 
 
 def _settle(api: ComputeAgentAPI, placement: PlacementClient, instance_uuid: str,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +65,8 @@ class HostReading:
     they did not."""
 
     facts: check.HostFacts
-    foreign: dict[str, ForeignGuest] | None = None
-    allocations: dict[str, dict[str, dict[str, int]]] | None = None
+    foreign: Mapping[str, ForeignGuest] | None = None
+    allocations: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None
 
 
 def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
@@ -97,7 +97,8 @@ def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
     return HostReading(facts, foreign, allocations)
 
 
-def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDriver,
+def adopt(path: Path, root_uuid: str, foreign: Mapping[str, ForeignGuest],
+          allocations: Mapping[str, Mapping[str, Mapping[str, int]]], driver: ComputeDriver,
           client: PlacementClient, policy: TreePolicy) -> None:
     """Import the foreign guests' devices as their instances' assignments
     (compute_agent/store/adoption.py) and create the store holding them, or raise
@@ -105,7 +106,7 @@ def adopt(path: Path, root_uuid: str, reading: HostReading, driver: ComputeDrive
     try:
         built = build_tree(driver.get_host_inventory(), policy)
         names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
-        plan = plan_adoption(reading.foreign, reading.allocations,
+        plan = plan_adoption(foreign, allocations,
                              built.pools_by_uuid(names), driver.boot_id(),
                              new_assignment_id)
     except DriverUnavailable as e:
@@ -171,9 +172,13 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
     if judgement.verdict is check.StoreVerdict.CREATE:
         LOG.info("New host: creating store %s", path)
     if judgement.verdict is check.StoreVerdict.ADOPT:
+        if reading.foreign is None or reading.allocations is None or policy is None:
+            # check.host_to_adopt judges so only with both known.
+            raise StoreRefused(f"store {path} is missing, and the host's guests, Placement's "
+                               "allocations or the tree policy are unknown: not adopted")
         LOG.info("Adopting this host: %d guests defined by another manager, no "
                  "store yet", len(reading.foreign))
-        adopt(path, root_uuid, reading, driver, client, policy)
+        adopt(path, root_uuid, reading.foreign, reading.allocations, driver, client, policy)
     if not holder:
         return Store(path, read_only=True)
     return Store(path, root_uuid)

@@ -22,6 +22,7 @@ that reaches it), never read here as "no other agent".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 HINT = "a mistyped state_path or a cloned VM image is the usual cause"
 # What an answer on the bus may put in the line: it is another process's.
@@ -53,7 +54,7 @@ class AnsweringAgent:
     machine: str | None = None
 
     @classmethod
-    def from_report(cls, report: dict) -> AnsweringAgent:
+    def from_report(cls, report: dict[str, Any]) -> AnsweringAgent:
         def said(key: str) -> str | None:
             value = report.get(key) if isinstance(report, dict) else None
             if not isinstance(value, str) or not value:

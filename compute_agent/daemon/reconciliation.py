@@ -43,7 +43,7 @@ class Reconciliation:
         """The next reconciliation reads every provider's allocations (SIGHUP)."""
         self._drop_allocations.set()
 
-    def _generations(self) -> dict[str, int]:
+    def _generations(self) -> dict[str, int | None]:
         """Our providers' generations: from the latest cycle's read of the
         tree, or, when no cycle has read it since the last reconciliation
         (they failed), from a read of our own (one request): generations

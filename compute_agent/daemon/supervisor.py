@@ -95,7 +95,8 @@ class Supervisor:
             return
         name = args.thread.name if args.thread is not None else "unknown"
         LOG.debug("Thread %s died", name,
-                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+                  # typeshed wants an exception where logging takes None too.
+                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))  # type: ignore[arg-type]
         self.deaths.append(ThreadDeath(name, describe(args)))
         self.wake.set()
 

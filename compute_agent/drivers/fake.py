@@ -364,23 +364,24 @@ class FakeDriver(ComputeDriver):
         with a state file, read from it under its lock first, and written
         back after a change."""
         with self._lock:
-            if self.state_file is None:
+            state_file = self.state_file
+            if state_file is None:
                 yield
                 return
-            lock = os.open(f"{self.state_file}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            lock = os.open(f"{state_file}.lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                self._load()
+                self._load(state_file)
                 yield
                 if write:
-                    self._save()
+                    self._save(state_file)
             finally:
                 os.close(lock)
 
-    def _load(self) -> None:
-        if not self.state_file.exists():
+    def _load(self, state_file: Path) -> None:
+        if not state_file.exists():
             return
-        data = json.loads(self.state_file.read_text())
+        data = json.loads(state_file.read_text())
         self.created_mdevs = {u: (p, t) for u, (p, t) in data["created_mdevs"].items()}
         self.vgpu_types = dict(data.get("vgpu_types", {}))
         # Absent from a file written before the fake knew reboots.
@@ -390,22 +391,22 @@ class FakeDriver(ComputeDriver):
                                     parse_fake_definition(g["live"]) if g["live"] else None)
                        for u, g in data["guests"].items()}
 
-    def _save(self) -> None:
+    def _save(self, state_file: Path) -> None:
         """Atomically: a change either happened or did not, as libvirt's."""
         data = {"created_mdevs": self.created_mdevs, "vgpu_types": self.vgpu_types,
                 "boot_id": self.current_boot_id, "num_vfs": self.num_vfs,
                 "guests": {u: {"saved": fake_definition(g.saved),
                                "live": fake_definition(g.live) if g.live else None}
                            for u, g in self.guests.items()}}
-        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp = state_file.with_name(state_file.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, json.dumps(data, sort_keys=True).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, self.state_file)
-        directory = os.open(self.state_file.parent, os.O_RDONLY)
+        os.replace(tmp, state_file)
+        directory = os.open(state_file.parent, os.O_RDONLY)
         try:
             os.fsync(directory)
         finally:
@@ -503,7 +504,7 @@ class FakeDriver(ComputeDriver):
             if DeviceKind(d.kind) is DeviceKind.VGPU_VF:
                 self.set_vgpu_type(d.device_id, d.detail.mdev_type or "")
             elif d.detail.mdev_parent:
-                self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type)
+                self.ensure_mdev(d.device_id, d.detail.mdev_parent, d.detail.mdev_type or "")
         with self._held(write=True):
             existing = self.guests.get(guest.instance_uuid)
             if existing is None:
@@ -530,7 +531,9 @@ class FakeDriver(ComputeDriver):
     def guest_holdings(self, reread: bool = False) -> dict[str, GuestHolding]:
         # Nothing is kept between calls: every answer is read whole.
         with self._held():
-            return {u: g.holding() for u, g in (*self.foreign.items(), *self.guests.items())}
+            guests: list[tuple[str, FakeGuest | FakeForeignGuest]] = [
+                *self.foreign.items(), *self.guests.items()]
+            return {u: g.holding() for u, g in guests}
 
     def describe_guest(self, instance_uuid: str) -> GuestSpec | None:
         with self._held():
@@ -581,8 +584,8 @@ class FakeDriver(ComputeDriver):
         what = f"{instance_uuid} to {dest_uri}"
         with self._held():
             guest = self.guests.get(instance_uuid)
-            running = guest is not None and guest.live is not None
-        if not running:
+            live = guest.live if guest is not None else None
+        if live is None:
             raise LiveMigrationError(MigrationFailure.NO_RUNNING_GUEST,
                                      f"{what}: no such guest running here")
         dest = self._reach(dest_uri)
@@ -593,7 +596,7 @@ class FakeDriver(ComputeDriver):
             raise LiveMigrationError(MigrationFailure.ABORTED,
                                      f"{what}: the destination is this host")
         try:
-            moved = moved_guest(guest.live, target)
+            moved = moved_guest(live, target)
         except InvalidMigrationTarget as e:
             raise LiveMigrationError(MigrationFailure.DEFINITION_REFUSED,
                                      f"{what}: {e}") from None
@@ -659,8 +662,8 @@ class FakeDriver(ComputeDriver):
                             if d.kind is PciKind.PF}
             for g in self.guests.values():
                 g.live = None
-            for g in self.foreign.values():
-                g.live = None
+            for foreign in self.foreign.values():
+                foreign.live = None
             self.current_boot_id = boot_id
 
     def set_host(self, host: HostInventory | dict) -> None:
@@ -680,7 +683,7 @@ class FakeDriver(ComputeDriver):
     def device_health(self, addresses: Collection[str]
                       ) -> dict[str, PciHealthSignals]:
         host = self.get_host_inventory()
-        vendors = {d.address: d.vendor_id for d in host.pci_devices}
+        vendors: dict[str, str | None] = {d.address: d.vendor_id for d in host.pci_devices}
         vendors.update((p.address, p.vendor_id) for p in host.mdev_parents)
         with self._lock:
             return {a: self._health.get(a) or PciHealthSignals(

@@ -29,7 +29,7 @@ class UnhealedHold:
     def hold(self, current: ProviderTree, model: ProviderTree,
              owned: rules.Owned) -> ProviderTree:
         """``model`` as the rule lets it be reported now."""
-        usages = {uuid: self.allocations.usages(uuid, current.get(uuid).generation)
+        usages = {uuid: self.allocations.usages(uuid, current[uuid].generation)
                   for uuid in rules.moving(current, model, owned)}
         held = rules.hold_unhealed(current, model, usages, owned)
         self._log_change(frozenset(held.stranded))

@@ -27,6 +27,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import os_traits
 
@@ -34,7 +35,7 @@ from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import Assignment, Migration
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.heal.errors import HealRefused
-from compute_agent.tree.provider_tree import Provider, ProviderTree
+from compute_agent.tree.provider_tree import Inventory, Provider, ProviderTree
 
 # provider uuid -> resource class -> amount used (or allocated)
 Usages = Mapping[str, Mapping[str, int]]
@@ -81,7 +82,7 @@ def moving(current: ProviderTree, model: ProviderTree,
     for uuid, classes in leaving(current, model, owned).items():
         new = model.get(uuid)
         renamed = (new is not None and bool(new.inventories)
-                   and is_device_provider(current.get(uuid)))
+                   and is_device_provider(current[uuid]))
         kept = frozenset(classes if renamed else classes & homes)
         if kept:
             out[uuid] = kept
@@ -96,7 +97,7 @@ def stranded(current: ProviderTree, model: ProviderTree, usages: Usages,
         for rc in sorted(classes):
             used = usages.get(uuid, {}).get(rc, 0)
             if used > 0:
-                out.append(Stranded(uuid, current.get(uuid).name, rc, used))
+                out.append(Stranded(uuid, current[uuid].name, rc, used))
     return out
 
 
@@ -105,7 +106,7 @@ def is_device_provider(p: Provider) -> bool:
     return p.parent_uuid is not None and os_traits.HW_NUMA_ROOT not in p.traits
 
 
-def fully_reserved(record: dict) -> dict:
+def fully_reserved(record: Inventory) -> Inventory:
     return {**record, "reserved": record["total"]}
 
 
@@ -128,7 +129,7 @@ def hold_unhealed(current: ProviderTree, model: ProviderTree, usages: Usages,
         return Held(model)
     classes = {s.resource_class for s in found}
     renamed_devices = {s.provider_uuid for s in found
-                       if is_device_provider(current.get(s.provider_uuid))}
+                       if is_device_provider(current[s.provider_uuid])}
     providers = {p.uuid: dataclasses.replace(p, inventories=dict(p.inventories))
                  for p in model.depth_first()}
     for p in providers.values():
@@ -138,7 +139,7 @@ def hold_unhealed(current: ProviderTree, model: ProviderTree, usages: Usages,
     for s in found:
         _keep_with_ancestors(s.provider_uuid, current, providers)
         providers[s.provider_uuid].inventories[s.resource_class] = dict(
-            current.get(s.provider_uuid).inventories[s.resource_class])
+            current[s.provider_uuid].inventories[s.resource_class])
     return Held(ProviderTree.parents_first(providers.values()), found)
 
 
@@ -147,10 +148,11 @@ def _keep_with_ancestors(uuid: str, current: ProviderTree,
     """A provider the model drops stays while it holds stranded classes,
     and so do its ancestors (Placement deletes no parent of a child); what
     they carry besides is unused, so it goes."""
-    while uuid is not None and uuid not in providers:
-        old = current.get(uuid)
-        providers[uuid] = dataclasses.replace(old, inventories={})
-        uuid = old.parent_uuid
+    at: str | None = uuid
+    while at is not None and at not in providers:
+        old = current[at]
+        providers[at] = dataclasses.replace(old, inventories={})
+        at = old.parent_uuid
 
 
 # --- the heal plan ------------------------------------------------------------
@@ -162,16 +164,18 @@ class Consumer:
 
     uuid: str
     allocations: dict[str, dict[str, int]]  # provider -> class -> amount
-    project_id: str
-    user_id: str
+    # None: Placement's answer named none (a consumer without allocations).
+    project_id: str | None
+    user_id: str | None
     generation: int | None
     consumer_type: str | None = None
 
-    def body(self) -> dict:
-        out = {"allocations": {rp: {"resources": dict(res)}
-                               for rp, res in sorted(self.allocations.items())},
-               "project_id": self.project_id, "user_id": self.user_id,
-               "consumer_generation": self.generation}
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "allocations": {rp: {"resources": dict(res)}
+                            for rp, res in sorted(self.allocations.items())},
+            "project_id": self.project_id, "user_id": self.user_id,
+            "consumer_generation": self.generation}
         if self.consumer_type is not None:
             out["consumer_type"] = self.consumer_type
         return out
@@ -191,7 +195,7 @@ class Move:
 @dataclass
 class Plan:
     # provider uuid -> (its generation as read, the inventories to set)
-    inventories: dict[str, tuple[int | None, dict]] = field(default_factory=dict)
+    inventories: dict[str, tuple[int | None, dict[str, Inventory]]] = field(default_factory=dict)
     consumers: dict[str, Consumer] = field(default_factory=dict)
     moves: list[Move] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)
@@ -200,10 +204,10 @@ class Plan:
     def empty(self) -> bool:
         return not self.moves
 
-    def reshaper_allocations(self) -> dict:
+    def reshaper_allocations(self) -> dict[str, dict[str, Any]]:
         return {uuid: c.body() for uuid, c in sorted(self.consumers.items())}
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "moves": [{**dataclasses.asdict(m),
                        "from_name": self.names.get(m.from_provider),
@@ -219,7 +223,7 @@ class Plan:
         lines = [f"{m.consumer_uuid}: {m.from_class} {m.amount} {n(m.from_provider)} -> "
                  f"{m.to_class} {m.amount} {n(m.to_provider)} ({m.why})"
                  for m in self.moves]
-        for uuid, (_, inv) in sorted(self.inventories.items(), key=lambda kv: n(kv[0])):
+        for uuid, (_, inv) in sorted(self.inventories.items(), key=lambda kv: n(kv[0]) or ""):
             shown = ", ".join(f"{rc}={r['total']}" + (f" reserved {r['reserved']}"
                                                       if r.get("reserved") else "")
                               for rc, r in sorted(inv.items())) or "none"
@@ -227,7 +231,7 @@ class Plan:
         return lines
 
 
-def capacity(record: dict) -> int:
+def capacity(record: Mapping[str, Any]) -> int:
     """What Placement lets consumers allocate of one inventory."""
     return int((record["total"] - record.get("reserved", 0))
                * record.get("allocation_ratio", 1.0))
@@ -270,8 +274,8 @@ class _Locator:
     def cell_of(self, rows: list[Assignment]) -> tuple[int | None, str]:
         """The instance's NUMA cell: its pinned CPUs' first, then any of its
         devices'."""
-        found = [(a, self.device(a)) for a in rows]
-        found = [(a, d) for a, d in found if d is not None and d[2] is not None]
+        found = [(a, d) for a in rows
+                 if (d := self.device(a)) is not None and d[2] is not None]
         for a, d in sorted(found, key=lambda ad: ad[0].kind is not DeviceKind.PCPU):
             return d[2], ("its pinned CPUs" if a.kind is DeviceKind.PCPU
                           else f"its device {a.device_id}")
@@ -360,13 +364,14 @@ def _targets(consumer: str, rp: str, rc: str, amount: int, rows: list[Assignment
             and a.kind is not DeviceKind.NUMA]
     if mine and not where.counted_only(rc):
         found = [(a, where.device(a)) for a in mine]
+        kept = [(a, d) for a, d in found if d is not None]
         lost = [a.device_id for a, d in found if d is None]
         if lost or sum(a.amount for a in mine) != amount:
             raise HealRefused(consumer, f"holds {amount} {rc} on {names.get(rp, rp)} "
                               f"but its devices {lost or [a.device_id for a in mine]} "
                               "are not in the new model")
         out: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for a, (to, to_rc, _) in found:
+        for a, (to, to_rc, _) in kept:
             out[(to, to_rc)].append(a.device_id)
         return [(to, to_rc, len(ids), f"device {', '.join(sorted(ids))}")
                 for (to, to_rc), ids in sorted(out.items())]
@@ -402,18 +407,17 @@ def _place_evenly(plan: Plan, unplaced: list[tuple[Consumer, dict[str, tuple[str
     for consumer, counted in unplaced:
         best: tuple[float, int] | None = None
         for cell in sorted(_cells(where)):
-            shares = []
+            shares: list[float] = []
             for rc, (_, amount) in counted.items():
                 to = where.counted.get((rc, cell))
-                record = model.get(to).inventories.get(rc) if to else None
-                room = capacity(record) - placed[(to, rc)] if record else 0
-                shares.append((room - amount) / capacity(record) if room >= amount
-                              else None)
-            if None in shares:
-                continue
-            score = min(shares)
-            if best is None or score > best[0]:
-                best = (score, cell)
+                record = model[to].inventories.get(rc) if to else None
+                if to is None or not record or capacity(record) - placed[(to, rc)] < amount:
+                    break  # the cell cannot take all of it
+                shares.append((capacity(record) - placed[(to, rc)] - amount) / capacity(record))
+            else:
+                score = min(shares)
+                if best is None or score > best[0]:
+                    best = (score, cell)
         if best is None:
             need = ", ".join(f"{n} {rc}" for rc, (_, n) in sorted(counted.items()))
             raise HealRefused(consumer.uuid, f"needs {need} and no NUMA cell has "
@@ -424,7 +428,7 @@ def _place_evenly(plan: Plan, unplaced: list[tuple[Consumer, dict[str, tuple[str
 
 def _check_fit(plan: Plan, model: ProviderTree, placed: dict[tuple[str, str], int]) -> None:
     for (to, rc), amount in sorted(placed.items()):
-        record = model.get(to).inventories.get(rc)
+        record = model[to].inventories[rc]
         if amount > capacity(record):
             who = next(m.consumer_uuid for m in reversed(plan.moves)
                        if (m.to_provider, m.to_class) == (to, rc))
@@ -444,4 +448,4 @@ def _set_inventories(plan: Plan, current: ProviderTree, model: ProviderTree) -> 
             plan.inventories[p.uuid] = (old.generation if old else None, p.inventories)
     for uuid in touched:
         if model.get(uuid) is None:
-            plan.inventories[uuid] = (current.get(uuid).generation, {})
+            plan.inventories[uuid] = (current[uuid].generation, {})

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import Allocations
@@ -45,7 +45,9 @@ class HealedAgent(Protocol):
 
     sync: TreeSync
     driver: ComputeDriver
-    manager: ComputeManager
+
+    @property
+    def manager(self) -> ComputeManager: ...
 
     def build_model(self, inventory: HostInventory) -> BuiltTree: ...
 
@@ -75,7 +77,7 @@ class Model:
     pools: dict[str, dict[str, Pool]]
 
 
-def consumer_from(uuid: str, doc: dict) -> rules.Consumer:
+def consumer_from(uuid: str, doc: dict[str, Any]) -> rules.Consumer:
     """A consumer from Placement's answer to ``GET /allocations/{uuid}``."""
     return rules.Consumer(
         uuid, {rp: dict(body["resources"]) for rp, body in doc["allocations"].items()},

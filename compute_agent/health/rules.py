@@ -43,6 +43,7 @@ import enum
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from compute_agent.claims.choice import Pool
 from compute_agent.drivers.base import DeviceKind, HostInventory, NetLink, PciHealthSignals
@@ -98,7 +99,7 @@ class _Seen:
     fatal_base: int | None = None
     nonfatal_base: int | None = None
     # (time, TOTAL_ERR_COR) within the last window, oldest first.
-    correctable: deque = field(default_factory=deque)
+    correctable: deque[tuple[float, int]] = field(default_factory=deque)
 
 
 def uncorrectable_rise(base: int | None, count: int | None
@@ -114,7 +115,7 @@ def uncorrectable_rise(base: int | None, count: int | None
     return count > base, base
 
 
-def correctable_rise(samples: deque, count: int | None, now: float) -> int:
+def correctable_rise(samples: deque[tuple[float, int]], count: int | None, now: float) -> int:
     """How far TOTAL_ERR_COR rose within the window ending ``now``;
     ``samples`` is updated."""
     if count is None:
@@ -272,7 +273,7 @@ def apply_health(built: BuiltTree, inv: HostInventory,
         if not bad_whole and not bad_units:
             pools.append(pool)
             continue
-        provider = changed.get(pool.provider_name) or built.tree.by_name(pool.provider_name)
+        provider = changed.get(pool.provider_name) or built.tree.named(pool.provider_name)
         record = provider.inventories[pool.resource_class]
         if bad_whole:
             held = record["total"]
@@ -311,7 +312,7 @@ class UnhealthyProvider:
         reasons = ", ".join(f.value for f in DeviceFault if f in self.faults)
         return f"{self.name}: unhealthy ({reasons}); {units}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"provider": self.name,
                 "faults": [f.value for f in DeviceFault if f in self.faults],
                 "reserved": {rc: {"reserved": reserved, "total": total}

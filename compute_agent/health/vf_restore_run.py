@@ -140,9 +140,8 @@ class VfRestore:
             return
         devices = {d.address: d for d in inv.pci_devices}
         managed = frozenset(self._configured) | frozenset(
-            devices[s.device_id].parent_address for p in built.pools
-            if p.kind is DeviceKind.VF for s in p.slots
-            if s.device_id in devices and devices[s.device_id].parent_address)
+            parent for p in built.pools if p.kind is DeviceKind.VF for s in p.slots
+            if s.device_id in devices and (parent := devices[s.device_id].parent_address))
         record = updated_record(self.record, inv, managed, self.missing)
         if record == self.record:
             return

@@ -21,8 +21,10 @@
 from __future__ import annotations
 
 import uuid as uuid_lib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import os_resource_classes as orc
 
@@ -75,7 +77,7 @@ def evacuated_away(on_our_providers: bool, elsewhere: set[str] | None,
 
 
 def spec_from_allocations(instance_uuid: str,
-                          allocations: dict[str, dict[str, int]]) -> dict:
+                          allocations: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
     """The instance's spec as Placement keeps it: vCPUs (shared and
     dedicated) and memory summed over its providers. Its name is not in
     Placement; the rebuilt instance is named by its uuid (the guest's domain
@@ -101,13 +103,13 @@ class InterruptedEvacuation:
     destination_root: str
     # Provider -> resources: what the instance now holds on the destination,
     # and what its move still holds on the source (its spec, as at first).
-    destination_allocations: dict[str, dict[str, int]]
-    source_allocations: dict[str, dict[str, int]]
+    destination_allocations: Mapping[str, Mapping[str, int]]
+    source_allocations: Mapping[str, Mapping[str, int]]
 
 
 def interrupted_evacuations(source_root_uuid: str,
-                            migrations_on_source: dict[str, dict[str, dict[str, int]]],
-                            consumers_by_root: dict[str, dict[str, dict[str, int]]]
+                            migrations_on_source: Mapping[str, Mapping[str, Mapping[str, int]]],
+                            consumers_by_root: Mapping[str, Mapping[str, Mapping[str, Mapping[str, int]]]]
                             ) -> list[InterruptedEvacuation]:
     """The instances on other hosts (root -> consumer -> provider ->
     resources) that an evacuation of the source moved there: those whose
@@ -136,7 +138,7 @@ class DestinationRecord(str, Enum):
     OTHER = "other"  # it has the instance but not this move: hands off
 
 
-def destination_record(view: dict | None, migration_uuid: str) -> DestinationRecord:
+def destination_record(view: dict[str, Any] | None, migration_uuid: str) -> DestinationRecord:
     """``view``: the destination's get_instance answer, None when it has no
     such instance."""
     if view is None:

@@ -9,7 +9,9 @@ traits that say what a device is, beyond its class.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import os_traits
 
@@ -76,15 +78,16 @@ class MoveRequest:
 def cell_of(uuid: str, providers: dict[str, SourceProvider]) -> str | None:
     """The NUMA-cell provider at or above ``uuid``, if any."""
     seen = set()
-    while uuid is not None and uuid in providers and uuid not in seen:
-        seen.add(uuid)
-        if os_traits.HW_NUMA_ROOT in providers[uuid].traits:
-            return uuid
-        uuid = providers[uuid].parent_uuid
+    at: str | None = uuid
+    while at is not None and at in providers and at not in seen:
+        seen.add(at)
+        if os_traits.HW_NUMA_ROOT in providers[at].traits:
+            return at
+        at = providers[at].parent_uuid
     return None
 
 
-def move_request(allocations: dict[str, dict[str, int]],
+def move_request(allocations: Mapping[str, Mapping[str, int]],
                  providers: dict[str, SourceProvider]) -> MoveRequest:
     """The request for ``allocations`` (provider uuid -> class -> amount on
     the source), ``providers`` being the source's tree. Raises ValueError
@@ -115,7 +118,7 @@ def move_request(allocations: dict[str, dict[str, int]],
     return req
 
 
-def candidate_root(request: dict, tree_of: dict[str, str]) -> str | None:
+def candidate_root(request: dict[str, Any], tree_of: dict[str, str]) -> str | None:
     """The host (root provider) an allocation request lands on, when all its
     providers are in one known tree."""
     roots = {tree_of.get(rp) for rp in request["allocations"]}

@@ -42,7 +42,7 @@ class ProviderRead:
     between is read again next time), when, and each consumer's resources
     there (consumer -> class -> amount)."""
 
-    generation: int
+    generation: int | None  # None: the tree read had none for the provider
     allocations: Mapping[str, Mapping[str, int]]
     read_at: float
 
@@ -59,7 +59,7 @@ class ProviderRead:
         return out
 
 
-def needs_reading(last: ProviderRead | None, generation: int, touched: bool,
+def needs_reading(last: ProviderRead | None, generation: int | None, touched: bool,
                   now: float, refresh_interval: float) -> bool:
     """Whether a provider's allocations may differ from those last read."""
     return (last is None or touched or last.generation != generation
@@ -95,7 +95,7 @@ class AllocationView:
         """Claims or releases changed assignments on these providers."""
         self._touched |= providers
 
-    def consumers(self, generations: Mapping[str, int], root_uuid: str
+    def consumers(self, generations: Mapping[str, int | None], root_uuid: str
                   ) -> dict[str, set[str]] | None:
         """consumer uuid -> which of our providers it holds allocations on,
         for the providers of ``generations`` (uuid -> generation, from a
@@ -118,7 +118,7 @@ class AllocationView:
                 out.setdefault(consumer, set()).add(uuid)
         return out
 
-    def usages(self, uuid: str, generation: int) -> dict[str, int]:
+    def usages(self, uuid: str, generation: int | None) -> dict[str, int]:
         """What the consumers on provider ``uuid`` use of each class, read
         under the same rule as ``consumers``: a usage read earlier can only
         be too high (a deletion not seen yet), never too low."""
@@ -130,7 +130,7 @@ class AllocationView:
         (the metrics endpoint): the reads are copied first."""
         return {uuid: read.usages() for uuid, read in dict(self._reads).items()}
 
-    def _read(self, uuid: str, generation: int) -> ProviderRead:
+    def _read(self, uuid: str, generation: int | None) -> ProviderRead:
         now = self.clock()
         last = self._reads.get(uuid)
         if last is None or needs_reading(last, generation, uuid in self._touched, now,

@@ -17,10 +17,13 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import quote
 
 from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
+from keystoneauth1.adapter import Adapter
 from oslo_config import cfg
 
 from compute_agent.config import PLACEMENT_GROUP
@@ -31,6 +34,7 @@ from compute_agent.exception import (
     PlacementUnavailable,
 )
 from compute_agent.metrics import Metrics
+from compute_agent.tree.provider_tree import Inventory
 
 LOG = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ def _version_tuple(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def adapter_from_conf(conf: cfg.ConfigOpts):
+def adapter_from_conf(conf: cfg.ConfigOpts) -> Adapter:
     auth = ks_loading.load_auth_from_conf_options(conf, PLACEMENT_GROUP)
     session = ks_loading.load_session_from_conf_options(
         conf, PLACEMENT_GROUP, auth=auth)
@@ -107,14 +111,14 @@ class _DiscoveryWarning(logging.Filter):
 logging.getLogger("keystoneauth.identity.generic.base").addFilter(_DiscoveryWarning())
 
 
-def keystone_url(adapter) -> str | None:
+def keystone_url(adapter: Adapter) -> str | None:
     """The auth plugin's Keystone URL; None when it does not use Keystone
     (a token-and-endpoint plugin such as placement_noauth2)."""
     return getattr(adapter.auth or adapter.session.auth, "auth_url", None)
 
 
 class PlacementClient:
-    def __init__(self, adapter, metrics: Metrics | None = None):
+    def __init__(self, adapter: Adapter, metrics: Metrics | None = None) -> None:
         self.adapter = adapter
         self.version: str | None = None
         self.keystone_url = keystone_url(adapter)
@@ -146,10 +150,11 @@ class PlacementClient:
         self.url = found.rstrip("/")
         return self.url
 
-    def _call(self, method: str, url: str, body=None, expected=(200,)):
+    def _call(self, method: str, url: str, body: object = None,
+              expected: tuple[int, ...] = (200,)) -> Any:
         if self.version is None and url != "/":
             self.negotiate()
-        kwargs = {"raise_exc": False}
+        kwargs: dict[str, Any] = {"raise_exc": False}
         if body is not None:
             kwargs["json"] = body
         if url != "/":
@@ -214,7 +219,10 @@ class PlacementClient:
         doc = self._call("GET", f"/resource_providers/{uuid}/inventories")
         return doc["resource_provider_generation"], doc["inventories"]
 
-    def set_inventories(self, uuid: str, generation: int, inventories: dict) -> int:
+    # The generation as the caller's tree holds it: None is sent as null.
+
+    def set_inventories(self, uuid: str, generation: int | None,
+                        inventories: Mapping[str, Inventory]) -> int:
         return self._call("PUT", f"/resource_providers/{uuid}/inventories",
                           {"resource_provider_generation": generation,
                            "inventories": inventories}
@@ -224,19 +232,19 @@ class PlacementClient:
         doc = self._call("GET", f"/resource_providers/{uuid}/traits")
         return doc["resource_provider_generation"], frozenset(doc["traits"])
 
-    def set_traits(self, uuid: str, generation: int, traits) -> int:
+    def set_traits(self, uuid: str, generation: int | None, traits: Iterable[str]) -> int:
         return self._call("PUT", f"/resource_providers/{uuid}/traits",
                           {"resource_provider_generation": generation,
                            "traits": sorted(traits)}
                           )["resource_provider_generation"]
 
-    def set_aggregates(self, uuid: str, generation: int, aggregates) -> int:
+    def set_aggregates(self, uuid: str, generation: int | None, aggregates: Iterable[str]) -> int:
         return self._call("PUT", f"/resource_providers/{uuid}/aggregates",
                           {"resource_provider_generation": generation,
                            "aggregates": sorted(aggregates)}
                           )["resource_provider_generation"]
 
-    def reshape(self, inventories: dict[str, tuple[int, dict]],
+    def reshape(self, inventories: Mapping[str, tuple[int | None, Mapping[str, Inventory]]],
                 allocations: dict | None = None) -> None:
         """Set many providers' inventories (and move allocations) in one
         atomic call. Generations must be re-read afterwards: Placement
@@ -266,7 +274,7 @@ class PlacementClient:
         """Every allocation of ``consumer``; one that has none is no error."""
         self._call("DELETE", f"/allocations/{consumer}", expected=(204, 404))
 
-    def get_providers(self, **query) -> list[dict]:
+    def get_providers(self, **query: str) -> list[dict[str, Any]]:
         """GET /resource_providers with ``query`` (name=, required=, ...)."""
         params = "&".join(f"{k}={v}" for k, v in sorted(query.items()))
         return self._call("GET", "/resource_providers" + (f"?{params}" if params else "")

@@ -63,10 +63,10 @@ class TreeSync:
     def invalidate(self) -> None:
         """Forget everything learnt from Placement (SIGHUP)."""
         self.cache = pt.ProviderTree()
-        self._known_names: set[str] = set()
+        self._known_names: set[tuple[str, str]] = set()  # ("rc" or "trait", name)
         # uuid -> (generation, monotonic time) when Placement refused to
         # delete it.
-        self._kept: dict[str, tuple[int, float]] = {}
+        self._kept: dict[str, tuple[int | None, float]] = {}
 
     # --- reading --------------------------------------------------------
 
@@ -97,11 +97,12 @@ class TreeSync:
     def _ensure_names(self, ops: list[pt.Operation]) -> int:
         """Create the custom names the operations add to a provider; those
         it already holds exist."""
-        names = set()
+        names: set[tuple[str, str]] = set()
         for op in ops:
-            current = self.cache.get(getattr(op, "uuid", None))
+            uuid = getattr(op, "uuid", None)
+            current = self.cache.get(uuid) if uuid is not None else None
             if isinstance(op, pt.SetInventories):
-                held = set(current.inventories) if current else set()
+                held = frozenset(current.inventories) if current else frozenset()
                 names |= {("rc", rc) for rc in set(op.inventories) - held
                           if rc.startswith("CUSTOM_")}
             elif isinstance(op, pt.SetTraits):
@@ -130,6 +131,13 @@ class TreeSync:
             gen = c.create_provider(p.uuid, p.name, p.parent_uuid)
             cache.add(pt.Provider(p.uuid, p.name, p.parent_uuid, generation=gen))
             return
+        if isinstance(op, pt.DeleteProvider):
+            c.delete_provider(op.uuid)
+            cache.remove(op.uuid)
+            return
+        if current is None:
+            # Every other operation changes a provider the cache holds.
+            raise KeyError(f"provider {op.uuid} is not in the cache")
         if isinstance(op, pt.UpdateProvider):
             gen = c.update_provider(op.uuid, op.name, op.parent_uuid)
             cache.replace(replace(current, name=op.name, parent_uuid=op.parent_uuid,
@@ -143,9 +151,6 @@ class TreeSync:
         elif isinstance(op, pt.SetInventories):
             gen = c.set_inventories(op.uuid, current.generation, op.inventories)
             cache.replace(replace(current, inventories=op.inventories, generation=gen))
-        elif isinstance(op, pt.DeleteProvider):
-            c.delete_provider(op.uuid)
-            cache.remove(op.uuid)
 
     def _write(self, op: pt.Operation, desired: pt.ProviderTree) -> int:
         """Apply one operation; on a lost race, re-read that provider and
@@ -160,7 +165,7 @@ class TreeSync:
                 time.sleep(self.backoff * 2 ** attempt * random.uniform(0.5, 1.5))
                 if isinstance(op, pt.CreateProvider):
                     continue  # nothing to re-read: the provider is not there yet
-                old = self.cache.get(op.uuid)
+                old = self.cache[op.uuid]
                 fresh = self._read_provider(old.uuid, old.name, old.parent_uuid)
                 self.cache.replace(fresh)
                 target = desired.get(op.uuid)
@@ -175,12 +180,12 @@ class TreeSync:
     def _reshape(self, ops: list[pt.SetInventories]) -> int:
         """Many inventories in one atomic call, then one GET for the
         generations that Placement does not return."""
-        self.client.reshape({op.uuid: (self.cache.get(op.uuid).generation,
+        self.client.reshape({op.uuid: (self.cache[op.uuid].generation,
                                        op.inventories) for op in ops})
         generations = {r["uuid"]: r["generation"]
                        for r in self.client.get_tree(self.root_uuid)}
         for op in ops:
-            before = self.cache.get(op.uuid)
+            before = self.cache[op.uuid]
             LOG.info("Placement: %s", pt.describe(op, before))
             if op.uuid not in generations:
                 # Deleted by another writer between the two calls: not
@@ -212,11 +217,11 @@ class TreeSync:
             except GenerationConflict:
                 raise
             except PlacementError as e:
-                result.warnings.append(f"inventory of {self.cache.get(op.uuid).name} "
+                result.warnings.append(f"inventory of {self.cache[op.uuid].name} "
                                        f"not updated: {e}")
 
     def _delete(self, op: pt.DeleteProvider, result: SyncResult) -> None:
-        current = self.cache.get(op.uuid)
+        current = self.cache[op.uuid]
         generation, refused_at = self._kept.get(op.uuid, (None, 0.0))
         if (generation == current.generation
                 and time.monotonic() - refused_at < self.kept_retry_seconds):
@@ -239,7 +244,7 @@ class TreeSync:
         if reserved != current.inventories:
             result.writes += self._write(pt.SetInventories(op.uuid, reserved),
                                          pt.ProviderTree())
-        self._kept[op.uuid] = (self.cache.get(op.uuid).generation, time.monotonic())
+        self._kept[op.uuid] = (self.cache[op.uuid].generation, time.monotonic())
 
     def sync(self, desired: pt.ProviderTree) -> SyncResult:
         """Make Placement show ``desired``. Raises PlacementUnavailable when

@@ -166,7 +166,7 @@ def usages(allocations: ProviderAllocations) -> dict[str, dict[str, int]]:
 
 def compare(placement: ProviderTree, model: ProviderTree,
             allocations: ProviderAllocations, owned: Owned = lambda p: True,
-            instance_names: Mapping[str, str] | None = None) -> TreeReport:
+            instance_names: Mapping[str, str | None] | None = None) -> TreeReport:
     """``model`` carries Placement's UUIDs (provider_tree.adopt_uuids);
     ``allocations`` covers at least every provider compute_agent.heal.rules.moving names."""
     held = hold_unhealed(placement, model, usages(allocations), owned)
@@ -264,10 +264,10 @@ def _describe_difference(d: ProviderDifference) -> list[str]:
         return [f"{head}: only in Placement (the agent would delete it)"]
     lines = [f"{head}: {f.field} {f.placement} -> {f.discovered}" for f in d.attributes]
     for i in d.inventories:
-        if i.placement is None:
-            change = f"added, total {i.discovered['total']}"
-        elif i.discovered is None:
+        if i.discovered is None:
             change = "removed"
+        elif i.placement is None:
+            change = f"added, total {i.discovered['total']}"
         else:
             change = ", ".join(f"{f.field} {f.placement} -> {f.discovered}"
                                for f in i.fields)

@@ -316,7 +316,8 @@ def is_own_fanout_cancel(record: logging.LogRecord) -> bool:
     that it cancelled that consumer comes in while the channel closes, and
     py-amqp warns that it ignored it. The agent asked for it: no warning."""
     return (isinstance(record.msg, str) and IGNORED_WHILE_CLOSING in record.msg
-            and bool(record.args) and record.args[0] == amqp_spec.Basic.Cancel)
+            and isinstance(record.args, tuple) and bool(record.args)
+            and record.args[0] == amqp_spec.Basic.Cancel)
 
 
 class OwnFanoutCancelsToDebug(LinesToDebug):

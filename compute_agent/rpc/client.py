@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from kombu.exceptions import OperationalError
+from oslo_config import cfg
 
 from compute_agent.dependencies import Probe, describe
 from compute_agent.exception import VersionCapped
@@ -44,10 +47,18 @@ RESEND_PAUSE_SECONDS = 0.5
 # the broker yet (the rabbit driver lets it through), or ours.
 NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
 
+# What the calls carry, as JSON: an answer, an instance's spec (name,
+# vcpus, memory_mb) and its allocations in Placement's shape (provider
+# uuid -> {"resources": {class: amount}}). The agent checks each payload
+# whole (compute_agent/rpc/schemas.py).
+Answer = dict[str, Any]
+Spec = Mapping[str, Any]
+PlacementAllocations = Mapping[str, Mapping[str, Mapping[str, int]]]
+
 
 class ComputeAgentAPI:
-    def __init__(self, conf, timeout: float = 60,
-                 outstanding: OutstandingCalls | None = None):
+    def __init__(self, conf: cfg.ConfigOpts, timeout: float = 60,
+                 outstanding: OutstandingCalls | None = None) -> None:
         """``conf`` has the agent's options registered (compute_agent.config).
         ``outstanding`` is shared by clients one watchdog looks after."""
         self.timeout = timeout
@@ -68,10 +79,11 @@ class ComputeAgentAPI:
 
     def can_send(self, version: str) -> bool:
         """Whether the version cap lets calls of API ``version`` go."""
-        return self.client.can_send_version(version)
+        can_send: bool = self.client.can_send_version(version)  # oslo.messaging is untyped
+        return can_send
 
     def _call(self, host: str, method: str, version: str = OLDEST,
-              timeout: float | None = None, **payload):
+              timeout: float | None = None, **payload: Any) -> Any:
         """Send ``method``, which appeared in API ``version``."""
         if not self.client.can_send_version(version):
             raise VersionCapped(method, version, self.client.version_cap)
@@ -80,7 +92,7 @@ class ComputeAgentAPI:
             return self._send(host, method, version, timeout, payload)
 
     def _send(self, host: str, method: str, version: str, timeout: float,
-              payload: dict):
+              payload: dict[str, Any]) -> Any:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -109,57 +121,60 @@ class ComputeAgentAPI:
             raise BrokerDown(describe(answer.dependency, answer.url, answer.problem))
 
     # introspection
-    def get_host_info(self, host: str) -> dict:
+    def get_host_info(self, host: str) -> Answer:
         return self._call(host, "get_host_info")
 
-    def get_provider_tree(self, host: str) -> list[dict]:
+    def get_provider_tree(self, host: str) -> list[Answer]:
         return self._call(host, "get_provider_tree")
 
-    def get_instance(self, host: str, instance_uuid: str) -> dict:
+    def get_instance(self, host: str, instance_uuid: str) -> Answer:
         return self._call(host, "get_instance", instance_uuid=instance_uuid)
 
-    def list_instances(self, host: str) -> list[dict]:
+    def list_instances(self, host: str) -> list[Answer]:
         """Every instance ``host`` holds: uuid, name, state (building,
         active, moving) and the open move's uuid. Needs API 1.1."""
         return self._call(host, "list_instances", version="1.1")
 
     # one-time-use devices
-    def list_device_uses(self, host: str) -> list[dict]:
+    def list_device_uses(self, host: str) -> list[Answer]:
         """The one-time-use devices ``host`` holds used and not clean.
         Needs API 1.6."""
         return self._call(host, "list_device_uses", version="1.6")
 
-    def clean_device(self, host: str, address: str) -> dict:
+    def clean_device(self, host: str, address: str) -> Answer:
         """Start a used device's cleaning again. Needs API 1.6."""
         return self._call(host, "clean_device", version="1.6", address=address)
 
-    def release_device(self, host: str, address: str) -> dict:
+    def release_device(self, host: str, address: str) -> Answer:
         """Give back a used device cleaned by hand. Needs API 1.6."""
         return self._call(host, "release_device", version="1.6", address=address)
 
     # build and delete
-    def build_instance(self, host: str, instance_uuid: str, spec: dict,
-                       allocations: dict) -> dict:
+    def build_instance(self, host: str, instance_uuid: str, spec: Spec,
+                       allocations: PlacementAllocations) -> Answer:
         return self._call(host, "build_instance", instance_uuid=instance_uuid,
                           spec=spec, allocations=allocations)
 
-    def delete_instance(self, host: str, instance_uuid: str) -> dict:
+    def delete_instance(self, host: str, instance_uuid: str) -> Answer:
         return self._call(host, "delete_instance", instance_uuid=instance_uuid)
 
     # moves: the destination's claims
-    def prep_resize(self, host, migration_uuid, instance_uuid, spec, allocations):
+    def prep_resize(self, host: str, migration_uuid: str, instance_uuid: str, spec: Spec,
+                    allocations: PlacementAllocations) -> Answer:
         return self._call(host, "prep_resize", migration_uuid=migration_uuid,
                           instance_uuid=instance_uuid, spec=spec,
                           allocations=allocations)
 
-    def check_can_live_migrate_destination(self, host, migration_uuid, instance_uuid,
-                                           spec, allocations):
+    def check_can_live_migrate_destination(self, host: str, migration_uuid: str,
+                                           instance_uuid: str, spec: Spec,
+                                           allocations: PlacementAllocations) -> Answer:
         return self._call(host, "check_can_live_migrate_destination",
                           migration_uuid=migration_uuid, instance_uuid=instance_uuid,
                           spec=spec, allocations=allocations)
 
-    def rebuild_instance(self, host, migration_uuid, instance_uuid, spec, allocations,
-                         source_host: str | None = None, force: bool = False):
+    def rebuild_instance(self, host: str, migration_uuid: str, instance_uuid: str, spec: Spec,
+                         allocations: PlacementAllocations,
+                         source_host: str | None = None, force: bool = False) -> Answer:
         """Without ``source_host`` (1.0): claim, build, settle, then answer.
         With it (1.3): ``source_host`` is asserted down, which ``host``
         checks by its heartbeat (SourceHostUp when it answers) unless
@@ -175,24 +190,24 @@ class ComputeAgentAPI:
                           force=force)
 
     # moves: steps that name the move and the instance
-    def _move(self, method: str, host: str, migration_uuid: str, instance_uuid: str):
+    def _move(self, method: str, host: str, migration_uuid: str, instance_uuid: str) -> Answer:
         return self._call(host, method, migration_uuid=migration_uuid,
                           instance_uuid=instance_uuid)
 
-    def resize_instance(self, host, migration_uuid, instance_uuid):
+    def resize_instance(self, host: str, migration_uuid: str, instance_uuid: str) -> Answer:
         return self._move("resize_instance", host, migration_uuid, instance_uuid)
 
-    def finish_resize(self, host, migration_uuid, instance_uuid):
+    def finish_resize(self, host: str, migration_uuid: str, instance_uuid: str) -> Answer:
         return self._move("finish_resize", host, migration_uuid, instance_uuid)
 
-    def confirm_resize(self, host, migration_uuid, instance_uuid):
+    def confirm_resize(self, host: str, migration_uuid: str, instance_uuid: str) -> Answer:
         return self._move("confirm_resize", host, migration_uuid, instance_uuid)
 
-    def revert_resize(self, host, migration_uuid, instance_uuid):
+    def revert_resize(self, host: str, migration_uuid: str, instance_uuid: str) -> Answer:
         return self._move("revert_resize", host, migration_uuid, instance_uuid)
 
-    def check_can_live_migrate_source(self, host, migration_uuid, instance_uuid,
-                                      destination_host: str):
+    def check_can_live_migrate_source(self, host: str, migration_uuid: str, instance_uuid: str,
+                                      destination_host: str) -> Answer:
         """The source refuses what cannot move from it, or records the move
         as announced; first of a live migration's steps, before the
         allocation swap. Needs API 1.4."""
@@ -200,13 +215,14 @@ class ComputeAgentAPI:
                           migration_uuid=migration_uuid, instance_uuid=instance_uuid,
                           destination_host=destination_host)
 
-    def rollback_live_migration_at_source(self, host, migration_uuid, instance_uuid):
+    def rollback_live_migration_at_source(self, host: str, migration_uuid: str,
+                                          instance_uuid: str) -> Answer:
         """The source ends the move; the guest stays. Needs API 1.4."""
         return self._call(host, "rollback_live_migration_at_source", version="1.4",
                           migration_uuid=migration_uuid, instance_uuid=instance_uuid)
 
-    def live_migrate(self, host, migration_uuid, instance_uuid, destination: dict,
-                     timeout: float | None = None):
+    def live_migrate(self, host: str, migration_uuid: str, instance_uuid: str,
+                     destination: Mapping[str, Any], timeout: float | None = None) -> Answer:
         """The source migrates the guest; ``destination``: the ``claimed``
         and ``migration_uri`` of the destination's answer to
         check_can_live_migrate_destination. Needs API 1.2. Idempotent: a
@@ -217,11 +233,12 @@ class ComputeAgentAPI:
                           migration_uuid=migration_uuid, instance_uuid=instance_uuid,
                           destination=destination)
 
-    def post_live_migration_at_destination(self, host, migration_uuid, instance_uuid):
+    def post_live_migration_at_destination(self, host: str, migration_uuid: str,
+                                           instance_uuid: str) -> Answer:
         return self._move("post_live_migration_at_destination", host, migration_uuid,
                           instance_uuid)
 
-    def rollback_live_migration_at_destination(self, host, migration_uuid,
-                                               instance_uuid):
+    def rollback_live_migration_at_destination(self, host: str, migration_uuid: str,
+                                               instance_uuid: str) -> Answer:
         return self._move("rollback_live_migration_at_destination", host,
                           migration_uuid, instance_uuid)

@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from oslo_config import cfg
+
 from compute_agent.dependencies import Unknown
 from compute_agent.exception import SourceHostUp
 from compute_agent.messaging import messaging, transport
@@ -110,7 +112,7 @@ def make_server(conf, agent):
                                     access_policy=messaging.ExplicitRPCAccessPolicy)
 
 
-def agent_serving(conf, host: str, deadline: float) -> dict | Unknown | None:
+def agent_serving(conf: cfg.ConfigOpts, host: str, deadline: float) -> dict | Unknown | None:
     """What an agent serving ``host`` now answers to report_alive, None
     when none answers, Unknown when the broker cannot be asked: at most
     ``deadline`` seconds in all. The broker says first how many consumers
@@ -188,7 +190,7 @@ class SourceFence:
     out the deadline once, not once per ``down_after``; an up one is never
     reused."""
 
-    def __init__(self, conf):
+    def __init__(self, conf: cfg.ConfigOpts) -> None:
         self._conf = conf
         self._heartbeat: Heartbeat | None = None  # made at the first check
         self._lock = threading.Lock()

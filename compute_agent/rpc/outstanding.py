@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -33,7 +33,7 @@ class OutstandingCalls:
         self._last_answer = clock()
 
     @contextmanager
-    def one(self, timeout: float):
+    def one(self, timeout: float) -> Iterator[None]:
         """One call, which may wait ``timeout`` seconds for its answer."""
         with self._lock:
             call = next(self._ids)

@@ -4,6 +4,8 @@ schema cannot say. Every refusal is one InvalidRequest naming the field.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from jsonschema import Draft202012Validator
 
 from compute_agent.claims.choice import InstanceSpec, check_spec_carried
@@ -27,7 +29,8 @@ MAX_RESOURCE_CLASSES = 32
 MAX_DEPTH = 6
 MAX_ENTRIES = max(MAX_PROVIDERS, MAX_RESOURCE_CLASSES)
 
-SPEC = {
+# Its limits are read by compute-agent-ctl's help too: typed as the JSON it is.
+SPEC: dict[str, Any] = {
     "type": "object",
     "required": ["name", "vcpus", "memory_mb"],
     "properties": {

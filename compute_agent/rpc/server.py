@@ -294,8 +294,9 @@ class ComputeAgentEndpoint:
         if source_host is None:
             return self._agent.manager.rebuild_instance(migration_uuid, instance_uuid,
                                                         spec, allocations)
-        fence = None if force or self._fence is None else (
-            lambda: self._fence.require_down(source_host))
+        source_fence = self._fence
+        fence = None if force or source_fence is None else (
+            lambda: source_fence.require_down(source_host))
         accepted = self._agent.manager.accept_rebuild(migration_uuid, instance_uuid, spec,
                                                       allocations, fence)
         threading.Thread(target=self._rebuild, args=(migration_uuid,), daemon=True,

@@ -243,8 +243,8 @@ def judge(store: StoreFacts, host: HostFacts | None) -> Judgement:
         return Judgement(StoreVerdict.OPEN)
     if host is None:
         raise ValueError(f"{store.path} is {store.file.value}: host facts are needed")
-    for rule in (host_to_adopt, lost_store, cannot_tell):
-        found = rule(store, host)
+    for known_host_rule in (host_to_adopt, lost_store, cannot_tell):
+        found = known_host_rule(store, host)
         if found:
             return found
     return Judgement(StoreVerdict.CREATE)

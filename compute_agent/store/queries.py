@@ -148,7 +148,8 @@ def instance_requests(conn: sqlite3.Connection) -> dict[str, RequestDigest]:
     out = {}
     for r in conn.execute("SELECT uuid, request FROM instances "
                           "WHERE request IS NOT NULL"):
-        out[r["uuid"]] = _request(r, f"instance {r['uuid']}")
+        if (digest := _request(r, f"instance {r['uuid']}")) is not None:
+            out[r["uuid"]] = digest
     return out
 
 

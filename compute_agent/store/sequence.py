@@ -93,8 +93,11 @@ class SequenceRecord:
 
     def record(self, sequence: int) -> None:
         """``sequence`` on disk in the slot not written last."""
-        os.pwrite(self._fd, _slot(sequence), self._next_slot * SLOT_BYTES)
-        os.fdatasync(self._fd)
+        fd = self._fd
+        if fd is None:
+            raise ValueError(f"{self.path}: recorded after close")
+        os.pwrite(fd, _slot(sequence), self._next_slot * SLOT_BYTES)
+        os.fdatasync(fd)
         self._next_slot ^= 1
 
     def close(self) -> None:

@@ -114,7 +114,7 @@ class Job:
         # more CPU than the commit they wait for.
         self._pending = threading.Lock()
         self._pending.acquire()
-        self.result = None
+        self.result: object = None
         self.error: BaseException | None = None
 
     def finish(self) -> None:
@@ -235,7 +235,7 @@ class GroupCommitter:
         write in this one)."""
         batch: list[Job] = []
         held: list[Job] = []
-        writing: set[str] = set()
+        writing: set[str | None] = set()
         for job in jobs:
             if job.decide is None:
                 batch.append(job)
@@ -299,8 +299,8 @@ class GroupCommitter:
         kept; jobs of one batch never touch the same rows (decisions are
         one per key per batch). False when it does not apply or fails, with
         nothing written."""
-        shapes = [job.shape for job in batch]
-        if len(batch) < 2 or None in shapes:
+        shapes = [job_shape for job in batch if (job_shape := job.shape) is not None]
+        if len(batch) < 2 or len(shapes) < len(batch):
             return False
         try:
             conn.execute("BEGIN IMMEDIATE")

@@ -80,6 +80,8 @@ class FaultProxy:
     def __init__(self, upstream: str, rates: dict[PlacementFault, float] | None = None,
                  seed: int = 0, delay: float = 0.5, upstream_timeout: float = 60):
         parts = urlsplit(upstream)
+        if parts.hostname is None:
+            raise ValueError(f"upstream: not a URL with a host: {upstream!r}")
         self.upstream = (parts.hostname, parts.port or 80)
         self.delay = delay
         self.upstream_timeout = upstream_timeout

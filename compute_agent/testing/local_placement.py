@@ -186,6 +186,7 @@ class LocalPlacement:
             stdout=subprocess.PIPE, stderr=open(self.directory / "server.err", "a"),
             text=True)
         deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None  # stdout=PIPE
         line = self.proc.stdout.readline()
         if READY not in line:
             self.stop()

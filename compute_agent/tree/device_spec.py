@@ -34,6 +34,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import os_resource_classes as orc
 import os_traits
@@ -91,26 +92,26 @@ class DeviceSpec:
 
     def _address_matches(self, address: str) -> bool:
         parts = split_address(address)
-        return all(v in r for v, r in zip(parts, self.address))
+        return self.address is not None and all(v in r for v, r in zip(parts, self.address))
 
 
 # Placement's limit on a trait's name.
 PLACEMENT_NAME_LENGTH = 255
 
 
-def _fail(text: str, field: str, value, reason: str) -> ConfigError:
+def _fail(text: str, field: str, value: object, reason: str) -> ConfigError:
     entry = text if len(text) <= 60 else f"{text[:57]}... ({len(text)} characters)"
     return ConfigError(f"{OPTION}: {field}: {reason} (value: {shown(value)}; "
                        f"entry: {entry})")
 
 
-def _hex_id(text: str, field: str, value) -> int:
+def _hex_id(text: str, field: str, value: object) -> int:
     if not isinstance(value, str) or not _HEX.match(value):
         raise _fail(text, field, value, "must be up to four hex digits")
     return int(value, 16)
 
 
-def _address_part(text: str, name: str, limit: int, value) -> HexRange:
+def _address_part(text: str, name: str, limit: int, value: object) -> HexRange:
     if value is None or value == "*" or value == "":
         return HexRange(0, limit)
     if not isinstance(value, str):
@@ -127,13 +128,13 @@ def _address_part(text: str, name: str, limit: int, value) -> HexRange:
     return HexRange(lo, hi)
 
 
-def _address(text: str, value) -> tuple[HexRange, ...]:
+def _address(text: str, value: object) -> tuple[HexRange, ...]:
     if isinstance(value, dict):
         unknown = set(value) - {n for n, _ in _ADDRESS_PARTS}
         if unknown:
             raise _fail(text, "address", value,
                         f"unknown parts {sorted(unknown)}")
-        parts = [value.get(n) for n, _ in _ADDRESS_PARTS]
+        parts: list[object] = [value.get(n) for n, _ in _ADDRESS_PARTS]
     elif isinstance(value, str):
         m = re.match(r"^(?:([^:]*):)?([^:]*):([^.:]*)\.([^.:]*)$", value)
         if not m:
@@ -146,12 +147,12 @@ def _address(text: str, value) -> tuple[HexRange, ...]:
                  for (name, limit), part in zip(_ADDRESS_PARTS, parts))
 
 
-def _traits(text: str, value) -> frozenset[str]:
+def _traits(text: str, value: object) -> frozenset[str]:
     if isinstance(value, str):
         value = [t for t in value.split(",") if t.strip()]
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         raise _fail(text, "traits", value, "must be a list of names")
-    out = set()
+    out: set[str] = set()
     for t in value:
         t = t.strip().upper()
         known = t in os_traits.get_traits() or os_traits.is_custom(t)
@@ -163,15 +164,17 @@ def _traits(text: str, value) -> frozenset[str]:
     return frozenset(out)
 
 
-def _resource_class(text: str, value) -> str:
+def _resource_class(text: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _fail(text, "resource_class", value, "must be a name")
     value = value.strip().upper()
-    known = value in orc.STANDARDS or orc.is_custom(value)
-    return value if known else orc.normalize_name(value)
+    if value in orc.STANDARDS or orc.is_custom(value):
+        return value
+    normalized: str = orc.normalize_name(value)  # os_resource_classes is untyped
+    return normalized
 
 
-def _physical_network(text: str, value) -> str | None:
+def _physical_network(text: str, value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
@@ -179,14 +182,14 @@ def _physical_network(text: str, value) -> str | None:
     return value.strip()
 
 
-def _yes_no(text: str, field: str, value) -> bool:
+def _yes_no(text: str, field: str, value: object) -> bool:
     key = value.strip().lower() if isinstance(value, str) else value
     if type(key) not in (str, bool) or key not in _YES_NO:
         raise _fail(text, field, value, 'must be "yes" or "no"')
     return _YES_NO[key]
 
 
-def _clean_command(text: str, value) -> tuple[str, ...]:
+def _clean_command(text: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         try:
             value = shlex.split(value)
@@ -199,7 +202,7 @@ def _clean_command(text: str, value) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _clean_timeout(text: str, value) -> float:
+def _clean_timeout(text: str, value: object) -> float:
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value <= 0):
         raise _fail(text, "clean_timeout", value, "must be a number of seconds above 0")
@@ -236,7 +239,13 @@ def parse_spec(text: str) -> DeviceSpec:
     )
 
 
-def _one_time_use(text: str, data: dict) -> dict:
+class _OneTimeUse(TypedDict):
+    one_time_use: bool
+    clean_command: tuple[str, ...] | None
+    clean_timeout: float
+
+
+def _one_time_use(text: str, data: dict[str, Any]) -> _OneTimeUse:
     """The one-time-use keys; cleaning is said only of one-time-use
     devices (any other is given back at once)."""
     one_time_use = _yes_no(text, "one_time_use", data.get("one_time_use", "no"))

@@ -11,6 +11,7 @@ import enum
 import math
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 import os_resource_classes as orc
@@ -22,7 +23,7 @@ from compute_agent.drivers.base import DeviceKind, HostInventory, MdevParent, Md
 from compute_agent.exception import ConfigError
 from compute_agent.tree.cpu_traits import cpu_feature_traits
 from compute_agent.tree.device_spec import DeviceSpec, first_match
-from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
+from compute_agent.tree.provider_tree import Inventory, Provider, ProviderTree, inventory
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class BuiltTree:
         not named keeps the UUID the model gave it."""
         out: dict[str, dict[str, Pool]] = {}
         for pool in self.pools:
-            uuid = names.get(pool.provider_name) or self.tree.by_name(pool.provider_name).uuid
+            uuid = names.get(pool.provider_name) or self.tree.named(pool.provider_name).uuid
             out.setdefault(uuid, {})[pool.resource_class] = pool
         return out
 
@@ -130,24 +131,26 @@ def pmem_provider_name(host: str, label: str, cell_id: int | None) -> str:
     return f"{host}_pmem_{label}{suffix}"
 
 
+# os_traits and os_resource_classes are untyped: their names are str.
+
 def mdev_type_trait(type_id: str) -> str:
-    return os_traits.normalize_name(f"MDEV_TYPE_{type_id}")
+    return str(os_traits.normalize_name(f"MDEV_TYPE_{type_id}"))
 
 
 def pmem_resource_class(label: str) -> str:
-    return orc.normalize_name(f"PMEM_NAMESPACE_{label}")
+    return str(orc.normalize_name(f"PMEM_NAMESPACE_{label}"))
 
 
 def pci_resource_class(device: PciDevice, spec: DeviceSpec) -> str:
     """The spec's class, or nova's default: CUSTOM_PCI_<VENDOR>_<PRODUCT>
     of the device itself (of a VF for VFs), so nova's flavors and PCI
     aliases find it."""
-    return spec.resource_class or orc.normalize_name(
-        f"PCI_{device.vendor_id}_{device.product_id}")
+    return spec.resource_class or str(orc.normalize_name(
+        f"PCI_{device.vendor_id}_{device.product_id}"))
 
 
 def physnet_trait(physical_network: str) -> str:
-    return os_traits.normalize_name(f"PHYSNET_{physical_network}")
+    return str(os_traits.normalize_name(f"PHYSNET_{physical_network}"))
 
 
 def pci_traits(spec: DeviceSpec) -> frozenset[str]:
@@ -183,8 +186,9 @@ class _Builder:
         self.pf_of = {d.address: d.parent_address for d in inv.pci_devices
                       if d.parent_address}
 
-    def add(self, name: str, parent: Provider, inventories=None,
-            traits=frozenset()) -> Provider:
+    def add(self, name: str, parent: Provider,
+            inventories: Mapping[str, Inventory] | None = None,
+            traits: Set[str] = frozenset()) -> Provider:
         existing = self.tree.by_name(name)
         if existing is not None:
             existing.inventories.update(inventories or {})
@@ -204,9 +208,8 @@ class _Builder:
             self.warnings.append(f"{what}: numa_node: cell {numa_node} is not "
                                  "among the host's cells; placed under the root")
             return self.root
-        return self.tree.get(child_uuid(self.policy.root_uuid,
-                                        numa_provider_name(self.policy.host,
-                                                           numa_node)))
+        return self.tree[child_uuid(self.policy.root_uuid,
+                                    numa_provider_name(self.policy.host, numa_node))]
 
     # --- compute --------------------------------------------------------
 
@@ -232,9 +235,9 @@ class _Builder:
 
     def compute_inventory(self, provider_name: str, numa_node: int | None,
                           cpus: frozenset[int], memory_mb: int,
-                          reserve_memory: bool) -> dict:
+                          reserve_memory: bool) -> dict[str, Inventory]:
         p = self.policy
-        out = {}
+        out: dict[str, Inventory] = {}
         pinned = sorted(cpus & self.dedicated_cpus)
         if pinned:
             # Each pinned CPU keeps its cell, on the root too, so that a
@@ -253,8 +256,8 @@ class _Builder:
         self.counted(provider_name, numa_node, out, skip=(orc.PCPU,))
         return out
 
-    def counted(self, provider_name: str, numa_node: int | None, invs: dict,
-                skip=()) -> None:
+    def counted(self, provider_name: str, numa_node: int | None,
+                invs: Mapping[str, Inventory], skip: tuple[str, ...] = ()) -> None:
         for rc, rec in invs.items():
             if rc not in skip:
                 kind = (DeviceKind.HOST_RESOURCES if numa_node is None

@@ -43,6 +43,7 @@ operator write to the same providers. The agent changes only what it owns:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import os_resource_classes as orc
 import os_traits
@@ -82,28 +83,29 @@ def traits_to_write(current: frozenset[str], desired: frozenset[str],
                                if not agent_owns_trait(t, reported))
 
 
-def reserved_to_write(resource_class: str, desired: Mapping,
-                      current: Mapping | None, held_for_agent: bool = False
+def reserved_to_write(resource_class: str, desired: Mapping[str, Any],
+                      current: Mapping[str, Any] | None, held_for_agent: bool = False
                       ) -> int:
     """The ``reserved`` of one inventory record the agent writes;
     ``held_for_agent``: its provider carries one of AGENT_RESERVED_TRAITS
     in Placement, so the reserved found there is the agent's."""
-    ours = desired.get("reserved", 0)
+    ours: int = desired.get("reserved", 0)
     if (current is None or resource_class in AGENT_RESERVED_CLASSES
             or held_for_agent):
         return ours
-    theirs = current.get("reserved", 0)
+    theirs: int = current.get("reserved", 0)
     if theirs >= current["total"]:
         theirs = 0  # the agent's own mark, from a reason that has ended
     # Below the whole even when the total shrank: a whole reservation
     # would read as the agent's own mark next cycle.
-    return max(ours, min(theirs, desired["total"] - 1))
+    total: int = desired["total"]
+    return max(ours, min(theirs, total - 1))
 
 
-def inventories_to_write(current: Mapping[str, Mapping],
-                         desired: Mapping[str, dict],
+def inventories_to_write(current: Mapping[str, Mapping[str, Any]],
+                         desired: Mapping[str, dict[str, Any]],
                          current_traits: frozenset[str] = frozenset()
-                         ) -> dict[str, dict]:
+                         ) -> dict[str, dict[str, Any]]:
     """``desired`` with each device inventory's reserved as the operator
     left it, unless the agent has its own reason to hold more."""
     held = bool(AGENT_RESERVED_TRAITS & current_traits)

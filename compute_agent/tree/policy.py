@@ -47,7 +47,7 @@ _PMEM_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def _pmem_labels(conf: cfg.ConfigOpts) -> tuple[tuple[str, frozenset[str]], ...]:
-    out = []
+    out: list[tuple[str, frozenset[str]]] = []
     for entry in conf.pmem.namespaces:
         label, sep, names = entry.partition(":")
         label = label.strip()
@@ -126,7 +126,7 @@ def _vf_counts(conf: cfg.ConfigOpts) -> tuple[tuple[str, int], ...]:
 
 
 def _owner_trait(conf: cfg.ConfigOpts) -> str:
-    name = conf.owner_trait.strip()
+    name: str = conf.owner_trait.strip()
     standard = name.startswith("OWNER_") and name in os_traits.get_traits()
     if not standard and not _CUSTOM_NAME.fullmatch(name):
         raise ConfigError("[DEFAULT] owner_trait: not an OWNER_* trait of "

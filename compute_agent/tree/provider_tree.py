@@ -9,19 +9,25 @@ does no I/O, so it is tested without Placement.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from compute_agent.tree import ownership
 
 # Inventory fields as Placement names them; a record is a plain dict of them.
 INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
                     "allocation_ratio")
-INVENTORY_DEFAULTS = {"reserved": 0, "min_unit": 1, "step_size": 1,
-                      "allocation_ratio": 1.0}
+INVENTORY_DEFAULTS: dict[str, int | float] = {"reserved": 0, "min_unit": 1, "step_size": 1,
+                                              "allocation_ratio": 1.0}
+
+# One inventory record, as Placement's JSON has it: ints, but
+# allocation_ratio a float. Read field by field everywhere, so its values
+# are Any rather than a union every reader would have to narrow.
+Inventory = dict[str, Any]
 
 
-def inventory(total: int, **fields) -> dict:
+def inventory(total: int, **fields: int | float) -> Inventory:
     """One inventory record with Placement's defaults filled in."""
     record = {"total": total, **INVENTORY_DEFAULTS, "max_unit": total}
     record.update(fields)
@@ -31,12 +37,12 @@ def inventory(total: int, **fields) -> dict:
     return record
 
 
-def normalized_inventories(invs: Mapping[str, Mapping]) -> dict[str, dict]:
+def normalized_inventories(invs: Mapping[str, Mapping[str, Any]]) -> dict[str, Inventory]:
     """Compare inventories the way Placement stores them: every field set,
     ratios as floats."""
-    out = {}
+    out: dict[str, Inventory] = {}
     for rc, rec in invs.items():
-        full = {**INVENTORY_DEFAULTS, "max_unit": rec["total"], **rec}
+        full: Inventory = {**INVENTORY_DEFAULTS, "max_unit": rec["total"], **rec}
         full = {k: full[k] for k in INVENTORY_FIELDS}
         full["allocation_ratio"] = float(full["allocation_ratio"])
         out[rc] = full
@@ -48,7 +54,7 @@ class Provider:
     uuid: str
     name: str
     parent_uuid: str | None = None
-    inventories: dict[str, dict] = field(default_factory=dict)
+    inventories: dict[str, Inventory] = field(default_factory=dict)
     traits: frozenset[str] = frozenset()
     # None means "not managed": the agent leaves aggregates alone.
     aggregates: frozenset[str] | None = None
@@ -87,8 +93,16 @@ class ProviderTree:
     def get(self, uuid: str) -> Provider | None:
         return self._by_uuid.get(uuid)
 
+    def __getitem__(self, uuid: str) -> Provider:
+        """A provider the caller knows is in the tree; KeyError if not."""
+        return self._by_uuid[uuid]
+
     def by_name(self, name: str) -> Provider | None:
         return self._by_name.get(name)
+
+    def named(self, name: str) -> Provider:
+        """A provider the caller knows is in the tree; KeyError if not."""
+        return self._by_name[name]
 
     def __contains__(self, uuid: str) -> bool:
         return uuid in self._by_uuid
@@ -111,7 +125,7 @@ class ProviderTree:
             children.setdefault(parent, []).append(p)
         out: list[Provider] = []
 
-        def walk(parent):
+        def walk(parent: str | None) -> None:
             for child in sorted(children.get(parent, []), key=lambda p: p.name):
                 out.append(child)
                 walk(child.uuid)
@@ -131,7 +145,7 @@ class ProviderTree:
             if p.uuid in seen:
                 return
             seen.add(p.uuid)
-            parent = by_uuid.get(p.parent_uuid)
+            parent = by_uuid.get(p.parent_uuid) if p.parent_uuid is not None else None
             if parent is not None:
                 place(parent)
             ordered.append(p)
@@ -144,7 +158,7 @@ class ProviderTree:
         return ProviderTree(dataclasses.replace(p) for p in self.depth_first())
 
 
-def tree_as_dicts(tree: ProviderTree) -> list[dict]:
+def tree_as_dicts(tree: ProviderTree) -> list[dict[str, Any]]:
     """Parents first; plain JSON-compatible values, by Placement's field
     names, every inventory field shown."""
     return [{"uuid": p.uuid, "name": p.name, "parent_provider_uuid": p.parent_uuid,
@@ -153,14 +167,14 @@ def tree_as_dicts(tree: ProviderTree) -> list[dict]:
              "traits": sorted(p.traits)} for p in tree.depth_first()]
 
 
-def describe_inventory(rc: str, record: Mapping) -> str:
+def describe_inventory(rc: str, record: Mapping[str, Any]) -> str:
     """``VCPU=16 (reserved 2, allocation_ratio 4.0)``: what is not a default."""
     extras = [f"{k} {record[k]}" for k in ("reserved", "allocation_ratio")
               if record.get(k, INVENTORY_DEFAULTS[k]) != INVENTORY_DEFAULTS[k]]
     return f"{rc}={record['total']}" + (f" ({', '.join(extras)})" if extras else "")
 
 
-def tree_lines(providers: list[dict]) -> list[str]:
+def tree_lines(providers: list[dict[str, Any]]) -> list[str]:
     """A tree as ``tree_as_dicts`` gives it, indented under its parents."""
     depth: dict[str | None, int] = {}
     lines = []
@@ -194,7 +208,7 @@ class UpdateProvider:
 @dataclass(frozen=True)
 class SetInventories:
     uuid: str
-    inventories: dict
+    inventories: dict[str, Inventory]
 
 
 @dataclass(frozen=True)
@@ -222,7 +236,7 @@ Operation = (CreateProvider | UpdateProvider | SetInventories | SetTraits
 def adopt_uuids(desired: ProviderTree, current: ProviderTree) -> ProviderTree:
     """A provider that already stands in the tree under the same name keeps
     the UUID it has, whatever UUID the builder derived for it."""
-    rename = {}
+    rename: dict[str, str] = {}
     for p in desired:
         existing = current.by_name(p.name)
         if existing is not None and existing.uuid != p.uuid:
@@ -231,7 +245,8 @@ def adopt_uuids(desired: ProviderTree, current: ProviderTree) -> ProviderTree:
         return desired
     return ProviderTree(
         dataclasses.replace(p, uuid=rename.get(p.uuid, p.uuid),
-                            parent_uuid=rename.get(p.parent_uuid, p.parent_uuid))
+                            parent_uuid=(rename.get(p.parent_uuid, p.parent_uuid)
+                                         if p.parent_uuid is not None else None))
         for p in desired.depth_first())
 
 
@@ -271,7 +286,7 @@ def provider_diff(current: Provider | None, desired: Provider,
 
 
 def diff(current: ProviderTree, desired: ProviderTree,
-         owned=lambda provider: True) -> list[Operation]:
+         owned: Callable[[Provider], bool] = lambda provider: True) -> list[Operation]:
     """Creates and updates parent-first, then deletes leaf-first.
 
     Only providers for which ``owned`` is true are deleted: others (a
@@ -288,7 +303,7 @@ def diff(current: ProviderTree, desired: ProviderTree,
 
 # --- what an operation changes, for the log ----------------------------------
 
-def _inventory_changes(before: Mapping[str, Mapping], after: Mapping[str, Mapping]
+def _inventory_changes(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
                        ) -> list[str]:
     old, new = normalized_inventories(before), normalized_inventories(after)
     out = []

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from keystoneauth1 import loading as ks_loading
+from keystoneauth1.plugin import BaseAuthPlugin
 from oslo_config import cfg, iniparser
 
 from compute_agent import config
@@ -96,8 +97,11 @@ def file_sections(path: str) -> dict[str, dict[str, list[str]]]:
 @functools.cache
 def _plugin_option_names() -> dict[str, frozenset[str]]:
     """Each auth plugin keystoneauth has, and the options it reads."""
-    out = {}
-    for name, loader in ks_loading.get_available_plugin_loaders().items():
+    out: dict[str, frozenset[str]] = {}
+    # keystoneauth's return type names a type variable it never binds.
+    loaders: dict[str, ks_loading.BaseLoader[BaseAuthPlugin]] = (
+        ks_loading.get_available_plugin_loaders())
+    for name, loader in loaders.items():
         out[name] = frozenset(n.replace("-", "_") for o in loader.get_options()
                               for n in [o.dest, *(d.name for d in o.deprecated)])
     return out

@@ -7,11 +7,13 @@ import os
 import re
 import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from keystoneauth1 import exceptions as ks_exc
 from keystoneauth1 import loading as ks_loading
+from keystoneauth1.plugin import BaseAuthPlugin
 from oslo_config import cfg
 
 from compute_agent.cmd.config_check.names import check_names, misspelling_of
@@ -77,7 +79,8 @@ def auth_plugin(conf: cfg.ConfigOpts, required: bool) -> None:
         raise refusal(conf, option, "unknown auth plugin"
                       + (f"; did you mean {near}?" if near else "")
                       + "; known: " + plugin_names_shown(known))
-    loader = ks_loading.get_plugin_loader(name)
+    # keystoneauth's return type names a type variable it never binds.
+    loader: ks_loading.BaseLoader[BaseAuthPlugin] = ks_loading.get_plugin_loader(name)
     conf.register_opts(ks_loading.get_auth_plugin_conf_options(loader), group=group)
 
 
@@ -105,7 +108,7 @@ def auth_plugin_options(conf: cfg.ConfigOpts) -> None:
         _password_options(values, missing)
 
 
-def _password_options(values: dict[str, Any], missing) -> None:
+def _password_options(values: dict[str, Any], missing: Callable[[str, str], ConfigError]) -> None:
     if not values.get("username") and not values.get("user_id"):
         raise missing("username", " (or user_id)")
     if not values.get("password"):
@@ -193,8 +196,10 @@ def _metrics_address(conf: cfg.ConfigOpts, port: int | None) -> None:
         try:
             probe.bind((address[0], listen_port if port is None else port, *address[2:]))
         except OSError as e:
-            reason = {errno.EADDRNOTAVAIL: "not an address of this host",
-                      errno.EADDRINUSE: "address already in use"}.get(e.errno, e.strerror)
+            reasons: dict[int | None, str | None] = {
+                errno.EADDRNOTAVAIL: "not an address of this host",
+                errno.EADDRINUSE: "address already in use"}
+            reason = reasons.get(e.errno, e.strerror)
             raise refusal(conf, option, f"cannot serve metrics there: {reason}") from None
 
 

@@ -203,7 +203,10 @@ class Connection:
     def _deliver(self, kind: str, name: str, event: int) -> None:
         # An exception escaping into libvirt's event loop would be lost
         # there; log it here instead.
+        on_event = self._on_event
+        if on_event is None:  # events are registered only with a handler
+            return
         try:
-            self._on_event(kind, name, event)
+            on_event(kind, name, event)
         except Exception:
             LOG.exception("libvirt %s event handler failed", kind)

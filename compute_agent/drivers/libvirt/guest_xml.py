@@ -277,10 +277,11 @@ def _held_by(root: etree._Element) -> frozenset[HostResource]:
 
 
 def _pci_resource(address: etree._Element, name: str) -> HostResource:
-    fields = [parse_int(address.get(f), name, f"source address {f}", base=16)
-              for f in ("domain", "bus", "slot", "function")]
+    domain, bus, slot, function = (
+        parse_int(address.get(f), name, f"source address {f}", base=16)
+        for f in ("domain", "bus", "slot", "function"))
     return HostResource(HostResourceKind.PCI_ADDRESS,
-                        format_pci_address(*fields, name, "source address"))
+                        format_pci_address(domain, bus, slot, function, name, "source address"))
 
 
 def parse_guest(domain_xml: str) -> GuestSpec | None:

@@ -19,6 +19,7 @@ from compute_agent.drivers.base import (
     GuestHolding,
     GuestSpec,
     GuestState,
+    HostResource,
     MigrationFailure,
 )
 from compute_agent.drivers.errors import InvalidHostData, LiveMigrationError, MdevError
@@ -427,8 +428,10 @@ def _read_state(dom: libvirt.virDomain) -> tuple[str | None, GuestState] | None:
         if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
             return None  # undefined between listing and reading
         raise
-    instance_uuid, live, saved = None, frozenset(), frozenset()
-    resources = frozenset()
+    instance_uuid: str | None = None
+    live: frozenset[str] = frozenset()
+    saved: frozenset[str] = frozenset()
+    resources: frozenset[HostResource] = frozenset()
     if live_xml is not None:
         instance_uuid, live, resources = parse_live(live_xml)
     if saved_xml is not None:

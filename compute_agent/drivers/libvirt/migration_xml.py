@@ -87,9 +87,10 @@ def rewrite_for_destination(source_xml: str, target: LiveMigrationTarget) -> str
     cells = _Used("host NUMA cell", _cell_map(target.moves))
     _rewrite_pci(root, pci)
     _rewrite_mdevs(root, mdevs)
+    # Every pmem move has its backing path: _backing_path refused it above.
     _rewrite_nvdimms(root, paths, {m.source.detail.dev_path: m.destination
                                    for m in target.moves
-                                   if m.source.kind is DeviceKind.PMEM})
+                                   if m.source.kind is DeviceKind.PMEM and m.source.detail.dev_path})
     _rewrite_sets(root, _CPUSETS, "cpuset", cpus, _cpu_image)
     _rewrite_sets(root, _NODESETS, "nodeset", cells, _cell_image)
     for nodemask in root.iterfind("devices/memory/source/nodemask"):
@@ -182,7 +183,7 @@ def _backing_path(device: GuestDevice) -> str:
     return device.detail.dev_path
 
 
-def _uuid(text: object, what: str = "instance") -> str:
+def _uuid(text: str | None, what: str = "instance") -> str:
     try:
         return str(uuid_lib.UUID((text or "").strip()))
     except (AttributeError, ValueError):
