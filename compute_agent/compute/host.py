@@ -17,7 +17,8 @@ from compute_agent.claims.model import (
     MoveKind,
     Owner,
 )
-from compute_agent.compute.tracker import Tracker, check_move_of, check_uuid
+from compute_agent.compute.checks import check_move_of, check_uuid
+from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import (
     DeviceKind,
     GuestDevice,

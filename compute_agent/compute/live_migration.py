@@ -19,8 +19,8 @@ from compute_agent.claims.model import (
     Owner,
     RequestDigest,
 )
+from compute_agent.compute.checks import check_retry
 from compute_agent.compute.host import Host, guest_device, in_guest
-from compute_agent.compute.tracker import check_retry
 from compute_agent.drivers.base import DeviceKind, GuestDevice, MigrationFailure
 from compute_agent.drivers.errors import InvalidMigrationTarget, LiveMigrationError
 from compute_agent.drivers.migration import ClaimedDevice, LiveMigrationTarget, pair_devices
