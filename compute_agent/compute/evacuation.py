@@ -50,8 +50,8 @@ class Evacuations:
         with self._rebuilding_lock:
             self._accepting.add(instance_uuid)
         try:
-            known = self.host.known_move(migration_uuid, instance_uuid,
-                                         (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
+            known = self.host.known_migration(migration_uuid, instance_uuid,
+                                              (MigrationRole.DESTINATION,), (MoveKind.EVACUATION,))
             if known is not None and evacuation_name_free_again(
                     known, MoveKind.EVACUATION, self.host.tracker.knows(instance_uuid)):
                 known = None  # a new evacuation under a settled one's name

@@ -206,18 +206,18 @@ class Host:
             self.tracker.revert_move(m.uuid)
         self.clear_vgpu_types(claimed)
 
-    def move(self, migration_uuid: str, instance_uuid: str,
-             roles: tuple[MigrationRole, ...],
-             kinds: tuple[MoveKind, ...] = tuple(MoveKind)) -> Migration:
+    def migration(self, migration_uuid: str, instance_uuid: str,
+                  roles: tuple[MigrationRole, ...],
+                  kinds: tuple[MoveKind, ...] = tuple(MoveKind)) -> Migration:
         """The migration, once it is known here, is of this instance, and
         this host plays one of ``roles`` in it; InvalidRequest otherwise."""
         return move_agrees(self.tracker.migration(migration_uuid), instance_uuid,
                            roles, kinds)
 
-    def known_move(self, migration_uuid: str, instance_uuid: str,
-                   roles: tuple[MigrationRole, ...],
-                   kinds: tuple[MoveKind, ...]) -> Migration | None:
-        """Like move, for a step that may be the first this host hears of
+    def known_migration(self, migration_uuid: str, instance_uuid: str,
+                        roles: tuple[MigrationRole, ...],
+                        kinds: tuple[MoveKind, ...]) -> Migration | None:
+        """Like migration, for a step that may be the first this host hears of
         the move: None when the migration is not known here yet."""
         migration_uuid = check_uuid(migration_uuid, "migration_uuid")
         try:

@@ -77,8 +77,8 @@ class LiveMigrations:
         is this move's: a restart neither gives it up nor finds the
         migration's allocations unexplained. Nothing moves yet."""
         asked = RequestDigest.of(destination_host=destination_host)
-        m = self.host.known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
-                                 (MoveKind.LIVE_MIGRATION,))
+        m = self.host.known_migration(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                                      (MoveKind.LIVE_MIGRATION,))
         if m is not None:
             if m.state is MigrationState.REVERTED:
                 raise InvalidRequest("migration_uuid", m.uuid, "this live migration "
@@ -108,8 +108,8 @@ class LiveMigrations:
         guest runs on. Refused once the guest has left (the move
         happened) or while this host is migrating it. A move never heard
         of here needs nothing: answered as rolled back."""
-        m = self.host.known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
-                                 (MoveKind.LIVE_MIGRATION,))
+        m = self.host.known_migration(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                                      (MoveKind.LIVE_MIGRATION,))
         if m is None:
             return {"migration_uuid": migration_uuid, "state": "rolled_back"}
         if m.state is MigrationState.CONFIRMED:
@@ -136,8 +136,8 @@ class LiveMigrations:
         that exists). A refusal gives the claim back whole. Answers the
         claimed devices, which the source rewrites the guest for, and
         where its hypervisor is reached."""
-        known = self.host.known_move(migration_uuid, instance_uuid,
-                                     (MigrationRole.DESTINATION,), (MoveKind.LIVE_MIGRATION,))
+        known = self.host.known_migration(migration_uuid, instance_uuid,
+                                          (MigrationRole.DESTINATION,), (MoveKind.LIVE_MIGRATION,))
         if known is None and self.host.tracker.knows(instance_uuid):
             raise InvalidRequest("instance_uuid", instance_uuid,
                                  "is on this host already; a live migration moves "
@@ -219,8 +219,8 @@ class LiveMigrations:
                 "guest itself and needs the destination's answer to "
                 "check_can_live_migrate_destination (claimed, migration_uri); a 1.0 "
                 "caller cannot drive a live migration")
-        m = self.host.known_move(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
-                                 (MoveKind.LIVE_MIGRATION,))
+        m = self.host.known_migration(migration_uuid, instance_uuid, (MigrationRole.SOURCE,),
+                                      (MoveKind.LIVE_MIGRATION,))
         if m is not None and m.state is MigrationState.CONFIRMED:
             return {"migration_uuid": m.uuid, "state": "migrated"}
         with self._lock:
@@ -314,8 +314,8 @@ class LiveMigrations:
         host claimed (the source rewrote it for them); the claim is settled
         and the guest left running as it is. There is no going back after
         this, so the move is confirmed here too."""
-        m = self.host.move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
-                           (MoveKind.LIVE_MIGRATION,))
+        m = self.host.migration(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                                (MoveKind.LIVE_MIGRATION,))
         if m.state is MigrationState.REVERTED:
             raise InvalidRequest("migration_uuid", m.uuid, "this move was rolled back")
         wanted = frozenset(d.assignment_id for d in self.host.guest(m.instance_uuid).devices)
@@ -335,8 +335,8 @@ class LiveMigrations:
                                                instance_uuid: str) -> dict:
         """Destination: give back what the check claimed and the mdevs it
         created. Refused once the guest runs here: it has no other copy."""
-        m = self.host.move(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
-                           (MoveKind.LIVE_MIGRATION,))
+        m = self.host.migration(migration_uuid, instance_uuid, (MigrationRole.DESTINATION,),
+                                (MoveKind.LIVE_MIGRATION,))
         if m.state is MigrationState.CONFIRMED:
             raise InvalidRequest("migration_uuid", m.uuid, "this move was settled "
                                  "here: the guest runs on this host")

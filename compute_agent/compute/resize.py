@@ -31,8 +31,8 @@ class Resizes:
     def prep_resize(self, migration_uuid: str, instance_uuid: str, spec: dict,
                     allocations: dict) -> dict:
         """Destination: claim the new flavor's devices."""
-        self.host.known_move(migration_uuid, instance_uuid, tuple(MigrationRole),
-                             (MoveKind.RESIZE,))
+        self.host.known_migration(migration_uuid, instance_uuid, tuple(MigrationRole),
+                                  (MoveKind.RESIZE,))
         self.host.read_guests()
         rows = self.host.tracker.claim_move(MoveKind.RESIZE, migration_uuid,
                                             instance_uuid, spec, allocations)
@@ -46,8 +46,8 @@ class Resizes:
     def resize_instance(self, migration_uuid: str, instance_uuid: str) -> dict:
         """Source: the migration takes over the instance's devices here, and
         the guest stops (nova's migrate_disk_and_power_off)."""
-        self.host.known_move(migration_uuid, instance_uuid,
-                             (MigrationRole.SOURCE, MigrationRole.BOTH), (MoveKind.RESIZE,))
+        self.host.known_migration(migration_uuid, instance_uuid,
+                                  (MigrationRole.SOURCE, MigrationRole.BOTH), (MoveKind.RESIZE,))
         rows = self.host.tracker.begin_move_source(MoveKind.RESIZE, migration_uuid,
                                                    instance_uuid)
         self.host.driver.power_off(instance_uuid)
@@ -55,9 +55,9 @@ class Resizes:
 
     def finish_resize(self, migration_uuid: str, instance_uuid: str) -> dict:
         """Destination: the guest runs with its new devices."""
-        m = self.host.move(migration_uuid, instance_uuid,
-                           (MigrationRole.DESTINATION, MigrationRole.BOTH),
-                           (MoveKind.RESIZE,))
+        m = self.host.migration(migration_uuid, instance_uuid,
+                                (MigrationRole.DESTINATION, MigrationRole.BOTH),
+                                (MoveKind.RESIZE,))
         if m.state is MigrationState.REVERTED:
             raise InvalidRequest("migration_uuid", m.uuid, "this move was reverted")
         self.host.run_with_store_devices(m.instance_uuid)
@@ -68,7 +68,7 @@ class Resizes:
         """Source: give back the old devices; a guest that left is removed
         first. On the same host the guest must already run on its new
         devices."""
-        m = self.host.move(migration_uuid, instance_uuid, tuple(MigrationRole))
+        m = self.host.migration(migration_uuid, instance_uuid, tuple(MigrationRole))
         check_not_ended_otherwise(m, MigrationState.CONFIRMED)
         if m.role is MigrationRole.SOURCE:
             self.host.driver.destroy(m.instance_uuid)
@@ -81,7 +81,7 @@ class Resizes:
     def revert_resize(self, migration_uuid: str, instance_uuid: str) -> dict:
         """Either side: new devices back, old ones to the instance. A guest
         running on the new devices stops before they are given back."""
-        m = self.host.move(migration_uuid, instance_uuid, tuple(MigrationRole))
+        m = self.host.migration(migration_uuid, instance_uuid, tuple(MigrationRole))
         check_not_ended_otherwise(m, MigrationState.REVERTED)
         return self._revert(m)
 
