@@ -65,14 +65,8 @@ class Evacuations:
                                          "rebuilds it on another")
                 if fence is not None:
                     fence()
-            self.host.read_guests()
-            rows = self.host.tracker.claim_move(MoveKind.EVACUATION, migration_uuid,
-                                                instance_uuid, spec, allocations)
-            try:
-                self.host.take_vgpu_types(rows)
-            except Exception:
-                self.host.give_back_refused_move(migration_uuid)
-                raise
+            rows = self.host.claim_move(MoveKind.EVACUATION, migration_uuid, instance_uuid,
+                                        spec, allocations)
             return {"migration_uuid": migration_uuid, "instance_uuid": instance_uuid,
                     "accepted": True, "assignments": describe(rows)}
         finally:

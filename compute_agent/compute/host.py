@@ -194,7 +194,20 @@ class Host:
             return []
         return self.migration_rows(m, Owner.INSTANCE)
 
-    def give_back_refused_move(self, migration_uuid: str) -> None:
+    def claim_move(self, kind: MoveKind, migration_uuid: str, instance_uuid: str,
+                   spec: dict, allocations: dict) -> list[Assignment]:
+        """A resize's or an evacuation's claim at its destination, once the
+        guests are read, its vGPU VFs typed before it is answered."""
+        self.read_guests()
+        rows = self.tracker.claim_move(kind, migration_uuid, instance_uuid, spec, allocations)
+        try:
+            self.take_vgpu_types(rows)
+        except Exception:
+            self._give_back_refused_move(migration_uuid)
+            raise
+        return rows
+
+    def _give_back_refused_move(self, migration_uuid: str) -> None:
         """A move's claim whose vGPU VFs did not all take their types,
         given back whole: the store as before, the VFs written so far
         cleared."""

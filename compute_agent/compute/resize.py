@@ -33,14 +33,8 @@ class Resizes:
         """Destination: claim the new flavor's devices."""
         self.host.known_migration(migration_uuid, instance_uuid, tuple(MigrationRole),
                                   (MoveKind.RESIZE,))
-        self.host.read_guests()
-        rows = self.host.tracker.claim_move(MoveKind.RESIZE, migration_uuid,
-                                            instance_uuid, spec, allocations)
-        try:
-            self.host.take_vgpu_types(rows)
-        except Exception:
-            self.host.give_back_refused_move(migration_uuid)
-            raise
+        rows = self.host.claim_move(MoveKind.RESIZE, migration_uuid, instance_uuid, spec,
+                                    allocations)
         return {"migration_uuid": migration_uuid, "assignments": describe(rows)}
 
     def resize_instance(self, migration_uuid: str, instance_uuid: str) -> dict:
