@@ -174,8 +174,9 @@ class HeldDevices:
     def is_held(self, kind: DeviceKind, device_id: str) -> bool:
         return device_identity(kind, device_id) in self.devices
 
-    def take(self, choices: list[Choice]) -> None:
-        for c in choices:
+    def take(self, items: Iterable[HeldDevice]) -> None:
+        """``items``: choices or assignments."""
+        for c in items:
             if not c.kind.counted:
                 self.held(c.provider_uuid, c.resource_class).add(c.device_id)
                 self.devices.add(device_identity(c.kind, c.device_id))

@@ -61,10 +61,11 @@ cli_opts = [
 def once_summary(outcome: CycleOutcome, requests: int, seconds: float) -> str:
     """What one cycle did, in one line."""
     cost = f"{requests} Placement requests, {seconds:.2f} s"
-    if not outcome.ok:
-        return f"cycle failed ({cost}): {outcome.reason}"
     result = outcome.result
-    return (f"cycle ok: {len(result.tree)} providers in Placement, "
+    if not outcome.ok or result is None:
+        return f"cycle failed ({cost}): {outcome.reason}"
+    providers = 0 if result.tree is None else len(result.tree)
+    return (f"cycle ok: {providers} providers in Placement, "
             f"{result.writes} writes, {len(result.warnings)} warnings, {cost}")
 
 

@@ -218,7 +218,7 @@ def evacuated_elsewhere(p: Pass, uuid: str) -> bool:
             p.inputs.drop_evacuation_hold(uuid)
 
     p.act("evacuated_elsewhere", uuid,
-          f"its allocations sit on {len(elsewhere)} provider(s) of another host: "
+          f"its allocations sit on {len(elsewhere or ())} provider(s) of another host: "
           "guest destroyed, devices given back", give_up)
     return True
 
@@ -240,11 +240,11 @@ def live_migration_never_started(p: Pass, uuid: str) -> bool:
         return False
     detail = (f"live migration {move.uuid} announced {age:.0f} s ago never "
               "started: allocations returned to the instance, move ended")
-    if p.inputs.end_announced_move is None:
+    end = p.inputs.end_announced_move
+    if end is None:
         p.report.add("live_migration_never_started", uuid, detail.split(":")[0])
         return True
-    p.act("live_migration_never_started", uuid, detail,
-          lambda: p.inputs.end_announced_move(move))
+    p.act("live_migration_never_started", uuid, detail, lambda: end(move))
     return True
 
 

@@ -11,6 +11,7 @@ equal-size card can no longer create, and the guests could not start.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.drivers.base import DeviceKind
@@ -47,7 +48,7 @@ def restore_vgpu_types_after_reboot(manager: ComputeManager, boot_id: str
 
 
 def still_not_restored(not_restored: dict[str, str], typed: frozenset[str],
-                       holds) -> dict[str, str]:
+                       holds: Callable[[str], bool]) -> dict[str, str]:
     """Those of ``not_restored`` still waiting: a VF that holds a type now
     (``typed``: a guest's start wrote it) or that no live assignment holds
     any more (``holds(vf)``) is no longer held back."""

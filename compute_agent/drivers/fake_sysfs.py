@@ -187,6 +187,13 @@ class PciDeviceFiles(_SysfsFiles):
         domain, bus, _, _ = split_address(address)
         return self.root / "devices" / f"pci{domain:04x}:{bus:02x}" / address
 
+    def pf_of(self, vf: str) -> str:
+        """The PF of VF ``vf``; ValueError for a device that is no VF."""
+        pf = self._pci[vf].physfn
+        if pf is None:
+            raise ValueError(f"{vf} is not a VF")
+        return pf
+
     def add_pci_device(self, address: str, vendor: str, product: str,
                        class_id: str = "030000", numa_node: int | None = None,
                        driver: str | None = None,
@@ -310,7 +317,7 @@ class PciDeviceFiles(_SysfsFiles):
     def replug_vf(self, vf: str) -> None:
         """The VF found again, as a rescan of the bus finds it."""
         dev = self._pci[vf]
-        pf_dir = self.device_dir(dev.physfn)
+        pf_dir = self.device_dir(self.pf_of(vf))
         self.add_pci_device(vf, dev.vendor, dev.product, dev.class_id,
                             dev.numa_node, dev.driver, dev.iommu_group)
         self._pci[vf] = dev
@@ -517,7 +524,7 @@ class NvidiaVgpuFiles(PciDeviceFiles):
         current_vgpu_type: 0 removes its type; another id gives it that
         type when the VF lists it as creatable now. Raises
         MdevError, changing nothing, as the driver fails the write."""
-        pf = self._pci[vf_address].physfn
+        pf = self.pf_of(vf_address)
         card = self._vgpu_cards[pf]
         current = card.current.get(vf_address, 0)
         if type_id == current:

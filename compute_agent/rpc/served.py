@@ -35,7 +35,9 @@ class ServedTracker(Protocol):
 class ServedManager(Protocol):
     """The instance operations the calls are, one each."""
 
-    tracker: ServedTracker
+    @property
+    def tracker(self) -> ServedTracker: ...
+
 
     def get_instance(self, instance_uuid: str) -> dict: ...
 
@@ -95,9 +97,15 @@ class ServedCleaner(Protocol):
 class ServedAgent(Protocol):
     """The agent the endpoint serves."""
 
-    manager: ServedManager
-    policy: ServedPolicy
-    cleaner: ServedCleaner
+    @property
+    def manager(self) -> ServedManager: ...
+
+    @property
+    def policy(self) -> ServedPolicy: ...
+
+    @property
+    def cleaner(self) -> ServedCleaner: ...
+
     # Placement's view after the last cycle that reached it.
     last_tree: ProviderTree
 

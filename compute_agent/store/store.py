@@ -93,7 +93,7 @@ class Store:
                     self._migrated_copy = migrated_copy(self._writer)
             else:
                 migrate(self._writer)
-            if self._holder:
+            if root_uuid is not None:  # self._holder
                 self.holding = self._mark_in_use(root_uuid)
         except sqlite3.Error as e:
             self._writer.close()
@@ -132,6 +132,7 @@ class Store:
                      (COMMIT_SEQUENCE, str(sequence)))
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert self._fd is not None  # a holder's store holds its file open
         info = os.fstat(self._fd)
         return Holding(self.path, (info.st_dev, info.st_ino), sequence, record)
 

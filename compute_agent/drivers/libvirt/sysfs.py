@@ -6,6 +6,7 @@ naming the device and the file, and the others are kept.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -233,7 +234,8 @@ class PciReader(SysfsFiles):
         for _, entry in links:
             if not os.path.isdir(os.path.join(device_dir, entry)):
                 continue
-            vf = self.pci_device(self._link_name(os.path.join(device_dir, entry)))
+            name = self._link_name(os.path.join(device_dir, entry))
+            vf = None if name is None else self.pci_device(name)
             if vf is not None:
                 vfs.append(vf)
         return SriovFunctions(pf, tuple(vfs))
@@ -293,7 +295,7 @@ class PciHealthReader(SysfsFiles):
                 return None
 
         vendor = field("vendor", lambda t: parse_hex_id(t, address, "vendor"))
-        aer = {name: field(name, lambda t, n=name: parse_aer_total(t, address, n))
+        aer = {name: field(name, functools.partial(parse_aer_total, device=address, file=name))
                for name in AER_TOTALS}
         numvfs = field("sriov_numvfs",
                        lambda t: parse_int(t, address, "sriov_numvfs"))

@@ -29,7 +29,8 @@ TOP = "ServedAgent"
 @cache
 def protocols() -> dict[str, dict[str, str | None]]:
     """Each Protocol of served.py: its members, each with the Protocol it
-    is annotated with, or None (a method, or any other type)."""
+    is annotated with (an attribute's, a property's return), or None (a
+    method, or any other type)."""
     classes = [node for node in ast.parse(SERVED.read_text()).body
                if isinstance(node, ast.ClassDef)
                and any(ast.unparse(base) == "Protocol" for base in node.bases)]
@@ -42,7 +43,10 @@ def protocols() -> dict[str, dict[str, str | None]]:
                 annotation = ast.unparse(node.annotation)
                 members[node.target.id] = annotation if annotation in names else None
             elif isinstance(node, ast.FunctionDef):
-                members[node.name] = None
+                # A read-only property is the attribute its return names.
+                returns = ast.unparse(node.returns) if node.returns else ""
+                is_property = any(ast.unparse(d) == "property" for d in node.decorator_list)
+                members[node.name] = returns if is_property and returns in names else None
         out[c.name] = members
     return out
 
