@@ -210,7 +210,7 @@ def assemble(driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
     dependencies = Dependencies()
     return Agent(
         driver, policy, sync, allocations, manager,
-        reconciliation=Reconciliation(manager, sync, allocations,
+        reconciliation=Reconciliation(sync, allocations,
                                       Consumers(sync.client, allocations), dependencies,
                                       metrics),
         cleaner=Cleaner(manager.tracker, wake.set),

@@ -6,6 +6,7 @@ elsewhere, an evacuation's hold to drop, an announced move's allocations
 to give back."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -26,9 +27,11 @@ LOG = logging.getLogger(__name__)
 
 
 class Reconciliation:
-    def __init__(self, manager: ComputeManager, sync: TreeSync, allocations: AllocationView,
+    """The loop's reconciliation of the manager it is given (the agent's,
+    which a test may replace as a restart would)."""
+
+    def __init__(self, sync: TreeSync, allocations: AllocationView,
                  consumers: Consumers, dependencies: Dependencies, metrics: Metrics):
-        self.manager = manager
         self.sync = sync
         self.allocations = allocations
         self.consumers = consumers
@@ -56,15 +59,15 @@ class Reconciliation:
         self._reconciled_view = view
         return {p.uuid: p.generation for p in view}
 
-    def run(self, at_start: bool, fix: bool, grace: float, announced_timeout: float,
-            clock: Callable[[], float]) -> Report:
+    def run(self, manager: ComputeManager, at_start: bool, fix: bool, grace: float,
+            announced_timeout: float, clock: Callable[[], float]) -> Report:
         """Compare store, guests and Placement; Placement's part is left out
         when it does not answer. Placement's allocations are read only on
         the providers where they may have changed (AllocationView)."""
         if self._drop_allocations.is_set():
             self._drop_allocations.clear()
             self.allocations.clear()
-        self.allocations.touch(self.manager.tracker.take_touched_providers())
+        self.allocations.touch(manager.tracker.take_touched_providers())
         level, why = logging.WARNING, "Placement's tree is not read yet"
         try:
             allocations = self.allocations.consumers(self._generations(),
@@ -79,28 +82,28 @@ class Reconciliation:
         if allocations is None:
             # Outside the except clauses: oslo.log would append the exception.
             LOG.log(level, "Reconciling without Placement's allocations: %s", why)
-        elsewhere = (self._allocations_elsewhere(allocations)
+        elsewhere = (self._allocations_elsewhere(manager, allocations)
                      if at_start and allocations is not None else None)
-        holds = {u: m for u in self.manager.tracker.snapshot()[0]
+        holds = {u: m for u in manager.tracker.snapshot()[0]
                  if allocations is not None
                  and (m := evacuation_migration_uuid(u, self.sync.root_uuid)) in allocations}
-        report = reconcile(self.manager, ReconcileInputs(
+        report = reconcile(manager, ReconcileInputs(
             allocations, at_start, fix, grace=grace, elsewhere=elsewhere,
             drop_evacuation_hold=self._drop_evacuation_hold, evacuation_holds=holds,
             announced_timeout=announced_timeout,
-            end_announced_move=self._end_announced_move, clock=clock))
+            end_announced_move=functools.partial(self._end_announced_move, manager), clock=clock))
         self.metrics.findings(report.findings)
         return report
 
     def _our_providers(self) -> set[str]:
         return {p.uuid for p in self.sync.cache}
 
-    def _allocations_elsewhere(self, allocations: dict[str, set[str]]
+    def _allocations_elsewhere(self, manager: ComputeManager, allocations: dict[str, set[str]]
                                ) -> dict[str, set[str]] | None:
         """For each instance of ours with no allocation on our providers, the
         providers (not ours) that hold its allocations: one read per such
         instance, none in the steady state. None when Placement fails."""
-        instances, _, _ = self.manager.tracker.snapshot()
+        instances, _, _ = manager.tracker.snapshot()
         try:
             return self.consumers.providers_elsewhere(set(instances) - set(allocations),
                                                       self._our_providers())
@@ -117,13 +120,13 @@ class Reconciliation:
             LOG.info("Evacuation %s of instance %s: its hold on this host's "
                      "providers dropped", migration, instance_uuid)
 
-    def _end_announced_move(self, move: Migration) -> None:
+    def _end_announced_move(self, manager: ComputeManager, move: Migration) -> None:
         """A live migration announced here that its conductor left: the
         migration's allocations, when all on our providers, go back to the
         instance (undoing the conductor's swap), then the move is rolled
         back here. Allocations elsewhere are not ours to move: refused."""
         self.consumers.give_back(move.uuid, move.instance_uuid, self._our_providers())
-        self.manager.rollback_live_migration_at_source(move.uuid, move.instance_uuid)
+        manager.rollback_live_migration_at_source(move.uuid, move.instance_uuid)
         LOG.info("Live migration %s of instance %s never started; its conductor "
                  "is taken for gone: allocations returned, move ended", move.uuid,
                  move.instance_uuid)

@@ -273,7 +273,7 @@ class Agent:
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
         """Compare store, guests and Placement (compute_agent/daemon/reconciliation.py)."""
         return self.reconciliation.run(
-            at_start, fix, grace=self.settings.orphan_grace_period,
+            self.manager, at_start, fix, grace=self.settings.orphan_grace_period,
             announced_timeout=self.settings.live_migration_announced_timeout,
             clock=self.wall_clock)
 

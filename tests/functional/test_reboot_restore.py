@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from compute_agent.daemon import start_up
 from compute_agent.health.rules import DeviceFault
 from compute_agent.health.vf_restore import record_from_json
 from compute_agent.store.queries import meta_value
@@ -40,7 +41,7 @@ def start(h: Host, **policy) -> None:
         h.agent.driver.cleanup()
     h.make_agent(**(policy or VF_SPEC))
     h.play_the_kernel()
-    h.agent.restore_after_reboot()
+    start_up.restore_after_reboot(h.agent.vf_restore, h.agent.driver)
     h.cycle()
 
 
@@ -152,7 +153,7 @@ def test_restore_time_of_a_pf_with_64_vfs(tmp_path, placement, caplog):
     h.make_agent(**VF_SPEC)
     h.play_the_kernel()
     began = time.perf_counter()
-    h.agent.restore_after_reboot()
+    start_up.restore_after_reboot(h.agent.vf_restore, h.agent.driver)
     restored = time.perf_counter() - began
     h.cycle()
     cycled = time.perf_counter() - began

@@ -20,6 +20,7 @@ from lxml import etree
 
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
+from compute_agent.daemon import start_up
 from compute_agent.drivers.errors import MdevError
 from compute_agent.drivers.libvirt.sysfs import SysfsReader
 from compute_agent.exception import ClaimFailed
@@ -240,7 +241,8 @@ def test_a_restart_and_a_reboot_keep_every_guests_vf_and_type(host):
 
     def first_cycles(boot_id: str) -> dict[str, int]:
         """The start's steps; returns each VF's type before the first cycle."""
-        host.agent._restore_vgpu_types_safely()
+        host.agent.vgpu_types_not_restored = start_up.restore_vgpu_types(
+            host.agent.manager, host.agent.driver)
         host.sys.answer_vgpu_type_writes()
         before_cycle = {vf: current_type(host, vf) for vf in guests.values()}
         host.cycle()

@@ -25,6 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
+from compute_agent.daemon import start_up
 from compute_agent.testing.local_placement import LocalPlacement
 from tests.functional.libvirt_host import PF, Host
 
@@ -64,7 +65,7 @@ def run(workdir: Path) -> dict:
 
             host.agent.driver.set_num_vfs = set_num_vfs
             began = time.perf_counter()
-            host.agent.restore_after_reboot()
+            start_up.restore_after_reboot(host.agent.vf_restore, host.agent.driver)
             restores.append(time.perf_counter() - began)
             kernels.append(sum(played))
             host.cycle()
