@@ -24,7 +24,7 @@ from compute_agent.cmd.common import (
 from compute_agent.cmd.config_check.whole import metrics_port_free
 from compute_agent.daemon.composition import BROKER_PROBE_TIMEOUT_SECONDS, compose
 from compute_agent.daemon.errors import AnotherAgentServesHost
-from compute_agent.daemon.one_agent_check import check_one_agent_per_host
+from compute_agent.daemon.one_agent_run import check_one_agent_per_host
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.reload_signal import ReloadSignal
 from compute_agent.daemon.service import Agent, CycleOutcome

@@ -87,9 +87,9 @@ from compute_agent.exception import AgentError, ConfigError
 from compute_agent.health.rules import UnhealthyProvider, unhealthy_providers
 from compute_agent.placement.allocations import tree_allocations
 from compute_agent.placement.client import PlacementClient, adapter_from_conf
-from compute_agent.reports import probes
+from compute_agent.reports import run
 from compute_agent.reports import status as status_rules
-from compute_agent.reports.probes import read_beside_agent, tree_report
+from compute_agent.reports.run import read_beside_agent, tree_report
 from compute_agent.reports.tree import TreeVerdict
 from compute_agent.store import lock, node_identity
 from compute_agent.store.acceptance import accept_store
@@ -239,7 +239,7 @@ def status(conf: cfg.ConfigOpts) -> int:
 
 def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
     root_uuid = node_identity.load(conf.state_path)
-    keystone, placement = probes.placement(conf, root_uuid)
+    keystone, placement = run.placement(conf, root_uuid)
     unhealed: tuple[str, ...] | Unknown
     unhealthy: tuple[UnhealthyProvider, ...] | Unknown
     try:
@@ -257,10 +257,10 @@ def status_facts(conf: cfg.ConfigOpts) -> status_rules.StatusFacts:
     return status_rules.StatusFacts(
         now=time.time(), cycle_seconds=conf.update_interval + conf.update_jitter,
         code_schema_version=SCHEMA_VERSION,
-        hypervisor=probes.hypervisor(conf), keystone=keystone,
-        placement=placement, broker=probes.broker(conf),
-        store=probes.store(Path(conf.state_path) / STORE_FILE),
-        cycle=probes.last_cycle(conf.state_path),
+        hypervisor=run.hypervisor(conf), keystone=keystone,
+        placement=placement, broker=run.broker(conf),
+        store=run.store(Path(conf.state_path) / STORE_FILE),
+        cycle=run.last_cycle(conf.state_path),
         unhealed=unhealed, audit=audit_found, device_health=unhealthy)
 
 

@@ -30,7 +30,7 @@ from oslo_upgradecheck.upgradecheck import Code, Result
 from compute_agent.claims.model import Migration
 from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.exception import AgentError
-from compute_agent.reports.probes import read_beside_agent, tree_report
+from compute_agent.reports.run import read_beside_agent, tree_report
 from compute_agent.reports.tree import UnhealedClass
 from compute_agent.store import node_identity
 from compute_agent.store.check import StoreFile

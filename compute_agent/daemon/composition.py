@@ -16,7 +16,7 @@ from oslo_config import cfg
 from compute_agent.cleaning.run import Cleaner
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
-from compute_agent.daemon.one_agent_check import PlacementCheck
+from compute_agent.daemon.one_agent_run import PlacementCheck
 from compute_agent.daemon.reconciliation import Reconciliation
 from compute_agent.daemon.service import Agent, AgentSettings
 from compute_agent.dependencies import Dependencies
@@ -25,8 +25,8 @@ from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData
 from compute_agent.exception import PlacementError, PlacementUnavailable
 from compute_agent.heal.hold import UnhealedHold
+from compute_agent.health.run import HealthWatch
 from compute_agent.health.vf_restore_run import VfRestore
-from compute_agent.health.watch import HealthWatch
 from compute_agent.metrics import Metrics
 from compute_agent.placement.allocations import AllocationView, tree_allocations
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf

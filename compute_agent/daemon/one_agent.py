@@ -15,7 +15,7 @@ same host name, often the same compute_id). So a start is refused (exit
 - Another agent answers the host's heartbeat on the bus
   (``agent_answering_for_host``): any answer is a live agent.
 
-The facts are gathered by compute_agent/daemon/one_agent_check.py; what could not
+The facts are gathered by compute_agent/daemon/one_agent_run.py; what could not
 be asked is its to handle (Placement is asked again at the first cycle
 that reaches it), never read here as "no other agent".
 """

@@ -19,7 +19,7 @@ from compute_agent.compute.reconcile import Report
 from compute_agent.compute.vgpu_types import still_not_restored
 from compute_agent.daemon import cycle_record, start_up
 from compute_agent.daemon.errors import AnotherAgentServesHost
-from compute_agent.daemon.one_agent_check import PlacementCheck
+from compute_agent.daemon.one_agent_run import PlacementCheck
 from compute_agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
 from compute_agent.daemon.reconciliation import Reconciliation
 from compute_agent.daemon.systemd import Watchdog
@@ -34,8 +34,8 @@ from compute_agent.exception import (
     PlacementError,
 )
 from compute_agent.health.rules import hold_vgpu_vfs_not_restored
+from compute_agent.health.run import HealthWatch
 from compute_agent.health.vf_restore_run import VfRestore
-from compute_agent.health.watch import HealthWatch
 from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from compute_agent.placement.allocations import AllocationView
 from compute_agent.placement.sync import SyncResult, TreeSync

@@ -1,6 +1,6 @@
 """Device health: which watched devices are bad, and what that does to the
 provider tree (pure: signals in, verdicts and a tree out; the reading is
-the driver's, the polling compute_agent/health/watch.py's).
+the driver's, the polling compute_agent/health/run.py's).
 
 What makes a device bad, each a ``DeviceFault``:
 

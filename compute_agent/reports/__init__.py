@@ -1,2 +1,3 @@
 """Operator reports: what 'compute-agent-manage status' and 'tree' conclude
-(pure rules) and the probes that read their facts beside a running agent."""
+(pure rules) and their runner, which reads their facts beside a running
+agent."""

@@ -18,7 +18,7 @@ import kombu
 import pytest
 
 from compute_agent.cmd.common import load_config
-from compute_agent.daemon.one_agent_check import PROBE_DEADLINE_SECONDS
+from compute_agent.daemon.one_agent_run import PROBE_DEADLINE_SECONDS
 from compute_agent.dependencies import Unknown
 from compute_agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC
 from compute_agent.rpc.heartbeat import agent_serving

@@ -16,7 +16,7 @@ import requests
 from compute_agent.cmd.common import load_config
 from compute_agent.cmd.daemon import STOP_POLL
 from compute_agent.daemon.composition import compose
-from compute_agent.daemon.one_agent_check import check_one_agent_per_host
+from compute_agent.daemon.one_agent_run import check_one_agent_per_host
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.service import Agent
 from compute_agent.messaging import bound_broker_waits

@@ -10,7 +10,7 @@ import threading
 from compute_agent.drivers.base import PciHealthSignals
 from compute_agent.drivers.fake import FakeDriver
 from compute_agent.health.rules import DeviceFault
-from compute_agent.health.watch import HealthWatch
+from compute_agent.health.run import HealthWatch
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.tree.ownership import UNHEALTHY_TRAIT
@@ -58,7 +58,7 @@ def test_a_device_bad_at_the_first_cycle_is_never_offered():
 
 
 def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
-    caplog.set_level(logging.INFO, logger="compute_agent.health.watch")
+    caplog.set_level(logging.INFO, logger="compute_agent.health.run")
     fake, wakes = driver(), Wakes()
     watch = HealthWatch(fake, 1.0, 100, wakes)
     assert nic_reserved(cycle(watch, fake)) == 0
@@ -89,7 +89,7 @@ def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
 
 
 def test_a_device_no_longer_allowlisted_is_no_longer_watched(caplog):
-    caplog.set_level(logging.INFO, logger="compute_agent.health.watch")
+    caplog.set_level(logging.INFO, logger="compute_agent.health.run")
     fake = driver()
     watch = HealthWatch(fake, 1.0, 100, Wakes())
     fake.set_device_health(dead(NIC))
