@@ -220,6 +220,10 @@ class Agent:
         self.cleaner.set_specs(built.one_time_use)
         self.vf_restore.observe(inventory, built)
         self._read_guests()
+        # Claims see what this cycle takes out (a device's health, its
+        # use) before Placement reserves it: a claim on its way when the
+        # scheduler stops offering a device must not get it either.
+        self._set_pools(built)
         try:
             result = self.sync.sync(built.tree)
             self.last_tree = self.sync.cache.copy()
@@ -227,12 +231,17 @@ class Agent:
         finally:
             # Claims work from the host's devices even when Placement does
             # not answer, with the provider UUIDs it last showed us.
-            self.manager.tracker.set_pools(built.pools_by_uuid(
-                {p.name: p.uuid for p in self._saved_view}))
+            self._set_pools(built)
             self._mark_held_used()
         LOG.debug("update_provider_tree: %d providers, %d writes",
                   len(built.tree), result.writes)
         return result
+
+    def _set_pools(self, built: BuiltTree) -> None:
+        """The tracker's pools from ``built``, under the provider UUIDs
+        Placement last showed us (a new provider's: the model's own)."""
+        self.manager.tracker.set_pools(built.pools_by_uuid(
+            {p.name: p.uuid for p in self._saved_view}))
 
     def _mark_held_used(self) -> None:
         """One-time-use devices held with no record of their use (their

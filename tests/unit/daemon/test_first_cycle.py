@@ -42,3 +42,27 @@ def test_the_first_cycle_waits_its_share_of_the_jitter(tmp_path):
 
 def test_without_jitter_the_first_cycle_is_at_once(tmp_path):
     assert started_agent(tmp_path, jitter=0, share=0.7) == [("wait", 0.0), "cycle"]
+
+
+def test_bug_claims_saw_a_device_taken_out_only_after_placement_reserved_it(tmp_path):
+    """The cycle wrote Placement (the device reserved), then the store's
+    copy of its view, and only then gave the tracker the pools without the
+    device: a claim in that window got it (test_device_health's claim
+    after an AER error, once in a clean-clone CI run). The tracker has
+    this cycle's pools before the sync writes anything."""
+    agent = agent_on_fake_host(tmp_path)
+    seen_by_claims = []
+
+    def sync(tree):
+        seen_by_claims.append(agent.manager.tracker.pools())
+        raise RuntimeError("the test's Placement stops here")
+
+    built = agent.build_model(agent.driver.get_host_inventory())
+    agent.build_model = lambda inventory: built
+    agent.sync.sync = sync
+    try:
+        agent.update_provider_tree()
+    except RuntimeError:
+        pass
+    assert built.pools_by_uuid({})  # the host has pools to see
+    assert seen_by_claims == [built.pools_by_uuid({})]
