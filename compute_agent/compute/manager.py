@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable
 
 from compute_agent.claims.model import Assignment
-from compute_agent.compute.evacuation import Evacuations, interrupted_rebuilds
-from compute_agent.compute.host import Host, describe, guest_device, guest_spec, in_guest
+from compute_agent.compute.evacuation import Evacuations
+from compute_agent.compute.host import Host
 from compute_agent.compute.live_migration import LiveMigrations
 from compute_agent.compute.resize import Resizes
 from compute_agent.compute.tracker import Tracker
@@ -25,11 +25,6 @@ from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.tree.device_spec import DeviceSpec
 
 LOG = logging.getLogger(__name__)
-
-# Imported from here by reconciliation (compute/reconcile.py) and the tests,
-# from before the manager had parts.
-__all__ = ["ComputeManager", "describe", "guest_device", "guest_spec", "in_guest",
-           "interrupted_rebuilds"]
 
 
 class ComputeManager:

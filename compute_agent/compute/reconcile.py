@@ -28,7 +28,9 @@ from compute_agent.claims.model import (
     Owner,
 )
 from compute_agent.claims.veto import assignable_resources, describe_stray, stray_holdings
-from compute_agent.compute.manager import ComputeManager, guest_device, in_guest, interrupted_rebuilds
+from compute_agent.compute.evacuation import interrupted_rebuilds
+from compute_agent.compute.host import guest_device, in_guest
+from compute_agent.compute.manager import ComputeManager
 from compute_agent.drivers.base import (
     DeviceKind,
     ForeignGuest,

@@ -8,7 +8,7 @@ import pytest
 
 from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import Assignment, AssignmentState, MoveKind, Owner
-from compute_agent.compute.manager import describe, guest_spec
+from compute_agent.compute.host import describe, guest_spec
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
 from compute_agent.exception import ClaimFailed, MoveInProgress, RetryMismatch
