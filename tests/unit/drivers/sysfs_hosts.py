@@ -13,6 +13,12 @@ PF = "0000:81:00.0"
 UUID = "4b20d080-1b54-4048-85b3-a6a62d165c01"
 # An ISA bridge: no NUMA affinity, no SR-IOV, no mdev types.
 BRIDGE = "0000:00:1f.0"
+# The example of aer_dev_correctable in Documentation/ABI/testing/
+# sysfs-bus-pci-devices-aer_stats: each error's count, then the total.
+KERNEL_AER_CORRECTABLE = (
+    "Receiver Error 2\nBad TLP 0\nBad DLLP 0\nRELAY_NUM Rollover 0\n"
+    "Replay Timer Timeout 0\nAdvisory Non-Fatal 0\n"
+    "Corrected Internal Error 0\nHeader Log Overflow 0\nTOTAL_ERR_COR 2\n")
 
 
 def small_host(root: Path) -> SysfsBuilder:
@@ -26,3 +32,9 @@ def small_host(root: Path) -> SysfsBuilder:
     b.add_mdev(UUID, GPU, "nvidia-35")
     b.add_pci_device(BRIDGE, "8086", "a1c1", "060100")
     return b
+
+
+# vGPU types of an NVIDIA L40 in its vendor-specific VFIO layout, by the
+# numbers and names its VFs' creatable_vgpu_types lists (NVIDIA's vGPU
+# user guide): 12, 24 and 48 GB of its 48 GB framebuffer.
+L40 = {557: "NVIDIA L40-12Q", 558: "NVIDIA L40-24Q", 560: "NVIDIA L40-48Q"}

@@ -5,7 +5,7 @@ import pytest
 
 from compute_agent.drivers.base import Mdev, MdevType, NetLink, PciHealthSignals, PciKind
 from compute_agent.drivers.libvirt.sysfs import SysfsReader, parse_aer_total
-from tests.unit.drivers.sysfs_hosts import BRIDGE, GPU, PF, UUID
+from tests.unit.drivers.sysfs_hosts import BRIDGE, GPU, KERNEL_AER_CORRECTABLE, PF, UUID
 
 
 def test_numa_cells(reader):
@@ -198,10 +198,7 @@ def test_health_of_a_link_down_and_of_one_taken_down(builder, reader):
 
 
 def test_the_kernels_sample_aer_file_is_read_by_its_total():
-    sample = ("Receiver Error 2\nBad TLP 0\nBad DLLP 0\nRELAY_NUM Rollover 0\n"
-              "Replay Timer Timeout 0\nAdvisory Non-Fatal 0\n"
-              "Corrected Internal Error 0\nHeader Log Overflow 0\nTOTAL_ERR_COR 2\n")
-    assert parse_aer_total(sample, PF, "aer_dev_correctable") == 2
+    assert parse_aer_total(KERNEL_AER_CORRECTABLE, PF, "aer_dev_correctable") == 2
 
 
 def test_junk_in_an_aer_file_names_the_file_and_keeps_the_rest(builder, reader):
