@@ -12,9 +12,9 @@ from compute_agent.drivers.fake_sysfs import SysfsBuilder, vgpu_framebuffer_gb
 from compute_agent.drivers.libvirt import vendor_vfio
 from compute_agent.drivers.libvirt.sysfs import SysfsReader, nvidia_type_number
 from compute_agent.drivers.libvirt.vendor_vfio import VgpuTypeWriter
+from tests.unit.drivers.sysfs_hosts import L40
 
 PF = "0000:41:00.0"
-L40 = {557: "NVIDIA L40-12Q", 558: "NVIDIA L40-24Q", 560: "NVIDIA L40-48Q"}
 
 
 def card(tmp_path, equal_size: bool):

@@ -6,9 +6,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice
+from compute_agent.drivers.base import (
+    DeviceDetail,
+    DeviceKind,
+    GuestDevice,
+    GuestSpec,
+    HostResource,
+    HostResourceKind,
+)
 from compute_agent.drivers.errors import InvalidMigrationTarget
-from compute_agent.drivers.migration import ClaimedDevice, DeviceMove, LiveMigrationTarget, pair_devices
+from compute_agent.drivers.migration import (
+    ClaimedDevice,
+    DeviceMove,
+    LiveMigrationTarget,
+    moved_guest,
+    pair_devices,
+)
 
 INSTANCE = "0f6f3c1e-8a55-4c3c-9b43-1d2b7b7f0a01"
 MDEV = "4b20d080-1b54-4048-85b3-a6a62d165c01"
@@ -135,3 +148,85 @@ def test_pairing_refuses_other_amounts():
     with pytest.raises(InvalidMigrationTarget, match="amount 256 for the source's 512"):
         pair_devices(INSTANCE, [claimed("MEMORY_MB", "s", DeviceKind.NUMA, "1", 512)],
                      [claimed("MEMORY_MB", "d", DeviceKind.NUMA, "0", 256)])
+
+
+# --- the guest as it runs on the destination -------------------------------------
+
+VF = GuestDevice("a-vf", DeviceKind.VF, "0000:81:10.1")
+CPU = GuestDevice("a-cpu", DeviceKind.PCPU, "3", cpus=frozenset({3}))
+NS = GuestDevice("a-ns", DeviceKind.PMEM, "ns0",
+                 detail=DeviceDetail(0, 4 << 30, "/dev/dax0.0"))
+GUEST = GuestSpec(INSTANCE, "web-1", 4, 2048, (VF, CPU, NS))
+THERE = {"a-vf": GuestDevice("a-vf-2", DeviceKind.VF, "0000:3b:02.4"),
+         "a-cpu": GuestDevice("a-cpu-2", DeviceKind.PCPU, "17", cpus=frozenset({17})),
+         "a-ns": GuestDevice("a-ns-2", DeviceKind.PMEM, "ns1",
+                             detail=DeviceDetail(1, 4 << 30, "/dev/dax1.0"))}
+
+
+def moves_of(guest: GuestSpec) -> tuple[DeviceMove, ...]:
+    """Each device of the guest to its place on the destination, in
+    another order than the guest's."""
+    return tuple(DeviceMove(d, THERE[d.assignment_id]) for d in reversed(guest.devices))
+
+
+def test_the_moved_guest_has_each_device_replaced_in_its_own_order():
+    moved = moved_guest(GUEST, LiveMigrationTarget(INSTANCE, moves_of(GUEST)))
+    assert moved == GuestSpec(INSTANCE, "web-1", 4, 2048,
+                              (THERE["a-vf"], THERE["a-cpu"], THERE["a-ns"]))
+
+
+def test_the_identity_target_moves_the_guest_unchanged():
+    assert moved_guest(GUEST, LiveMigrationTarget.identity(INSTANCE, GUEST.devices)) == GUEST
+
+
+def test_a_target_for_another_guest_is_refused():
+    other = "6a1d3c3e-0b4f-4d0e-9a57-2a6c1c0e7b10"
+    with pytest.raises(InvalidMigrationTarget,
+                       match=f"target.instance_uuid: '{other}': the guest is {INSTANCE}"):
+        moved_guest(GUEST, LiveMigrationTarget(other, moves_of(GUEST)))
+
+
+def test_a_target_that_leaves_a_device_of_the_guest_behind_is_refused():
+    partial = LiveMigrationTarget(INSTANCE, tuple(
+        m for m in moves_of(GUEST) if m.source.assignment_id != "a-vf"))
+    with pytest.raises(InvalidMigrationTarget,
+                       match=r"guest.devices\[0\]: 'a-vf': no move of the target replaces"):
+        moved_guest(GUEST, partial)
+
+
+def test_a_target_made_for_the_device_as_the_guest_held_it_before_is_refused():
+    # The same assignment, since moved to another CPU on the source.
+    before = GuestDevice("a-cpu", DeviceKind.PCPU, "5", cpus=frozenset({5}))
+    stale = LiveMigrationTarget(INSTANCE, (DeviceMove(VF, THERE["a-vf"]),
+                                           DeviceMove(before, THERE["a-cpu"]),
+                                           DeviceMove(NS, THERE["a-ns"])))
+    with pytest.raises(InvalidMigrationTarget, match=r"guest.devices\[1\]: 'a-cpu'"):
+        moved_guest(GUEST, stale)
+
+
+def test_a_target_moving_a_device_the_guest_does_not_hold_is_refused():
+    gone = GuestDevice("a-mdev", DeviceKind.MDEV, MDEV)
+    extra = LiveMigrationTarget(INSTANCE, (*moves_of(GUEST), DeviceMove(gone, gone)))
+    with pytest.raises(InvalidMigrationTarget,
+                       match="target.moves: 'a-mdev': moves a device the guest does not hold"):
+        moved_guest(GUEST, extra)
+
+
+def test_what_the_guest_holds_on_the_destination_is_its_destination_devices():
+    target = LiveMigrationTarget(INSTANCE, moves_of(GUEST))
+    assert target.destination_resources() == {
+        HostResource(HostResourceKind.PCI_ADDRESS, "0000:3b:02.4"),
+        HostResource(HostResourceKind.HOST_CPU, "17"),
+        HostResource(HostResourceKind.BACKING_PATH, "/dev/dax1.0")}
+    assert LiveMigrationTarget(INSTANCE).destination_resources() == frozenset()
+
+
+def test_device_ids_pair_numbers_by_value_before_names():
+    # Cell numbers as numbers ("10" after "9"); names after every number.
+    source = [claimed("MEMORY_MB", f"s-{i}", DeviceKind.NUMA, i, 512)
+              for i in ("10", "host", "9")]
+    destination = [claimed("MEMORY_MB", f"d-{i}", DeviceKind.NUMA, i, 512)
+                   for i in ("1", "0", "2")]
+    target = pair_devices(INSTANCE, source, destination)
+    assert [(m.source.device_id, m.destination.device_id) for m in target.moves] == [
+        ("9", "0"), ("10", "1"), ("host", "2")]

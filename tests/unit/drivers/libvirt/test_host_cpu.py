@@ -9,7 +9,7 @@ from compute_agent.drivers.libvirt import capabilities
 from compute_agent.drivers.libvirt.connection import Connection
 from compute_agent.drivers.libvirt.host_cpu import HostCpuFeatures
 from compute_agent.tree.cpu_traits import cpu_feature_traits
-from tests.unit.drivers.libvirt.test_libvirt_capabilities import CAPS, HOST_CPU
+from tests.unit.drivers.libvirt.test_capabilities import CAPS, HOST_CPU
 
 # baselineCPU's answer for HOST_CPU with VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES,
 # in libvirt's domain <cpu> format: the model's own features (sse2, sse4.2,

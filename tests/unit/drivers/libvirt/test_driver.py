@@ -13,7 +13,7 @@ from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.drivers.libvirt.connection import Connection
 from compute_agent.drivers.libvirt.driver import LibvirtDriver
-from tests.unit.drivers.libvirt.test_libvirt_capabilities import CAPS_64K
+from tests.unit.drivers.libvirt.test_capabilities import CAPS_64K
 
 PF = "0000:81:00.0"
 GPU = "0000:06:00.0"

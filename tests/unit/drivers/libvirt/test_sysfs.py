@@ -4,33 +4,8 @@ import shutil
 import pytest
 
 from compute_agent.drivers.base import Mdev, MdevType, NetLink, PciHealthSignals, PciKind
-from compute_agent.drivers.errors import SriovError
-from compute_agent.drivers.fake_sysfs import SysfsBuilder
-from compute_agent.drivers.libvirt.sriov import write_num_vfs
 from compute_agent.drivers.libvirt.sysfs import SysfsReader, parse_aer_total
-
-GPU = "0000:06:00.0"
-PF = "0000:81:00.0"
-UUID = "4b20d080-1b54-4048-85b3-a6a62d165c01"
-
-
-@pytest.fixture
-def builder(tmp_path):
-    b = SysfsBuilder(tmp_path / "sys")
-    b.add_numa_node(0, "0-3", 4096)
-    b.add_numa_node(1, "4-7", 4096, {2048: 100})
-    b.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8,
-             num_vfs=2, driver="ixgbe", vf_driver="ixgbevf")
-    b.add_mdev_parent(GPU, 0, {"nvidia-35": ("GRID M60-2Q", 4),
-                               "nvidia-36": ("GRID M60-4Q", 2)})
-    b.add_mdev(UUID, GPU, "nvidia-35")
-    b.add_pci_device("0000:00:1f.0", "8086", "a1c1", "060100")
-    return b
-
-
-@pytest.fixture
-def reader(builder):
-    return SysfsReader(str(builder.root))
+from tests.unit.drivers.sysfs_hosts import BRIDGE, GPU, KERNEL_AER_CORRECTABLE, PF, UUID
 
 
 def test_numa_cells(reader):
@@ -44,15 +19,15 @@ def test_numa_cells(reader):
 def test_pci_devices(reader):
     devices, warnings = reader.pci_devices()
     assert warnings == []
-    assert sorted(devices) == ["0000:00:1f.0", GPU, PF, "0000:81:10.0",
+    assert sorted(devices) == [BRIDGE, GPU, PF, "0000:81:10.0",
                                "0000:81:10.1"]
     pf, vf = devices[PF], devices["0000:81:10.1"]
     assert (pf.kind, pf.total_vfs, pf.num_vfs, pf.driver) == (
         PciKind.PF, 8, 2, "ixgbe")
     assert (vf.kind, vf.parent_address, vf.product_id, vf.driver) == (
         PciKind.VF, PF, "10ed", "ixgbevf")
-    assert devices["0000:00:1f.0"].numa_node is None
-    assert devices["0000:00:1f.0"].class_id == "060100"
+    assert devices[BRIDGE].numa_node is None
+    assert devices[BRIDGE].class_id == "060100"
     assert isinstance(pf.iommu_group, int)
 
 
@@ -65,10 +40,6 @@ def test_set_num_vfs_grows_and_shrinks(builder, reader):
     devices, _ = reader.pci_devices()
     assert devices[PF].num_vfs == 1
     assert "0000:81:10.1" not in devices
-
-
-def test_vf_addresses_carry_into_the_next_slot(builder):
-    assert builder.vf_address(PF, 9) == "0000:81:11.1"
 
 
 @pytest.mark.parametrize("file,content,field", [
@@ -98,32 +69,6 @@ def test_mdev_types_and_mdevs(reader):
                              MdevType("nvidia-36", 2, "GRID M60-4Q"))}
     mdevs, warnings = reader.mdevs()
     assert (mdevs, warnings) == ([Mdev(UUID, "nvidia-35", GPU)], [])
-
-
-def test_a_gpu_whose_driver_binds_then_unbinds_becomes_then_stops_being_a_parent(
-        builder, reader):
-    late = "0000:07:00.0"
-    builder.add_pci_device(late, "10de", "13f2", "030000", numa_node=0)
-    assert late not in reader.mdev_types()[0]
-    builder.bind_mdev_driver(late, {"nvidia-35": ("GRID M60-2Q", 4)})
-    assert reader.mdev_types()[0][late] == (MdevType("nvidia-35", 4, "GRID M60-2Q"),)
-    assert reader.pci_devices([late])[0][late].driver == "nvidia"
-    builder.unbind_mdev_driver(late)
-    assert late not in reader.mdev_types()[0]
-    assert reader.pci_devices([late])[0][late].driver is None
-
-
-def test_a_gpu_holding_mdevs_cannot_be_unbound(builder, reader):
-    with pytest.raises(ValueError, match=UUID):
-        builder.unbind_mdev_driver(GPU)
-    assert GPU in reader.mdev_types()[0]
-
-
-def test_one_npiv_hba_per_host_file(builder):
-    assert builder.add_npiv_hba(5) == "scsi_host5"
-    with pytest.raises(ValueError, match="one NPIV HBA"):
-        builder.add_npiv_hba(6)
-    assert builder.test_driver_host_xml().count("<capability type='vport_ops'>") == 1
 
 
 def test_vanished_mdev_type_is_skipped(builder, reader, monkeypatch):
@@ -253,10 +198,7 @@ def test_health_of_a_link_down_and_of_one_taken_down(builder, reader):
 
 
 def test_the_kernels_sample_aer_file_is_read_by_its_total():
-    sample = ("Receiver Error 2\nBad TLP 0\nBad DLLP 0\nRELAY_NUM Rollover 0\n"
-              "Replay Timer Timeout 0\nAdvisory Non-Fatal 0\n"
-              "Corrected Internal Error 0\nHeader Log Overflow 0\nTOTAL_ERR_COR 2\n")
-    assert parse_aer_total(sample, PF, "aer_dev_correctable") == 2
+    assert parse_aer_total(KERNEL_AER_CORRECTABLE, PF, "aer_dev_correctable") == 2
 
 
 def test_junk_in_an_aer_file_names_the_file_and_keeps_the_rest(builder, reader):
@@ -267,42 +209,3 @@ def test_junk_in_an_aer_file_names_the_file_and_keeps_the_rest(builder, reader):
     assert signals.aer_fatal is None
     assert signals.unreadable == ("aer_dev_fatal: no TOTAL_ERR_FATAL line",)
     assert signals.vendor_id == "8086" and signals.links
-
-
-# --- SR-IOV after a reboot (Documentation/ABI/testing/sysfs-bus-pci) ----------
-
-
-def test_a_reboot_leaves_every_pf_without_vfs_and_every_mdev_gone(builder, reader):
-    vf = builder.vf_address(PF, 0)
-    builder.reboot()
-    pf_dir = builder.device_dir(PF)
-    assert (pf_dir / "sriov_numvfs").read_text().strip() == "0"
-    assert not any(e.startswith("virtfn") for e in os.listdir(pf_dir))
-    assert not builder.device_dir(vf).exists()
-    assert reader.sriov_functions(PF).vfs == () and reader.mdevs() == ([], [])
-
-
-def test_a_write_of_sriov_numvfs_answered_enables_that_many_vfs_by_index(builder, reader):
-    big = "0000:82:00.0"  # past virtfn9: the links sort by number
-    builder.add_pf(big, "8086", "10fb", "10ed", numa_node=1, total_vfs=12)
-    builder.reboot()
-    write_num_vfs(builder.root, big, 12)
-    builder.answer_sriov_writes()
-    found = reader.sriov_functions(big)
-    assert found.pf.num_vfs == 12
-    assert [v.address for v in found.vfs] == [builder.vf_address(big, i) for i in range(12)]
-    assert {(v.vendor_id, v.product_id, v.parent_address) for v in found.vfs} == {
-        ("8086", "10ed", big)}
-
-
-def test_a_new_count_while_vfs_exist_is_what_the_kernel_refuses(builder):
-    write_num_vfs(builder.root, PF, 4)
-    with pytest.raises(ValueError, match="EBUSY"):
-        builder.answer_sriov_writes()
-
-
-def test_a_vf_count_for_a_device_that_is_no_pf_is_refused_naming_it(builder, reader):
-    with pytest.raises(SriovError, match="0000:00:1f.0: cannot set 2 VFs: .* is missing"):
-        write_num_vfs(builder.root, "0000:00:1f.0", 2)
-    assert reader.sriov_functions("0000:00:1f.0").vfs == ()
-    assert reader.sriov_functions("0000:ee:00.0") is None
