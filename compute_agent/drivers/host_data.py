@@ -9,7 +9,6 @@ from compute_agent.common.cpuset import parse_cpu_set
 from compute_agent.common.pci_address import canonical_address, format_address
 from compute_agent.drivers.errors import InvalidHostData
 
-_MAX_VALUE_REPR = 80
 _HEX_ID = re.compile(r"^(?:0[xX])?([0-9a-fA-F]{4})$")
 
 
