@@ -51,6 +51,14 @@ class KeystoneUnavailable(PlacementUnavailable):
     dependency = Dependency.KEYSTONE
 
 
+class BrokerUnavailable(DependencyUnavailable):
+    """The message broker did not take a message the call needed to send
+    (the evacuation fence's heartbeat question): what it would have found
+    is unknown; the call may be retried."""
+
+    dependency = Dependency.BROKER
+
+
 class PlacementError(AgentError):
     """Placement refused a request for a reason a retry will not fix."""
 

@@ -13,6 +13,7 @@ import json
 import logging as std_logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -322,3 +323,23 @@ STORE_ERROR_EXIT = 2
 def exit_store_error(error: Exception | str, as_json: bool = False) -> int:
     """One line (the error names the directory or the file), exit 2."""
     return report_error(error, STORE_ERROR_EXIT, as_json)
+
+
+def process_age(stat: str | None = None, now: float | None = None,
+                ticks_per_second: int | None = None) -> float:
+    """Seconds since this process started, from /proc/self/stat's start
+    time (field 22, clock ticks since boot; proc(5)) and the boot clock:
+    the time a command spent importing counts against its --timeout.
+    0 where /proc cannot tell."""
+    try:
+        if stat is None:
+            with open("/proc/self/stat") as f:
+                stat = f.read()
+        # The command name (field 2) is in parentheses and may hold spaces.
+        fields = stat.rpartition(")")[2].split()
+        started_ticks = int(fields[19])  # field 22, counted from field 3
+        ticks = ticks_per_second or os.sysconf("SC_CLK_TCK")
+        boot_now = time.clock_gettime(time.CLOCK_BOOTTIME) if now is None else now
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(boot_now - started_ticks / ticks, 0.0)

@@ -34,13 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from oslo_config import cfg
 
@@ -50,6 +51,7 @@ from compute_agent.cmd.common import (
     json_requested,
     load_config,
     print_output,
+    process_age,
     report_error,
     setup_logging,
     tolerate_closed_stdout,
@@ -65,14 +67,20 @@ from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 from compute_agent.rpc.heartbeat import Heartbeat
 from compute_agent.rpc.outstanding import OutstandingCalls, Overdue
+from compute_agent.rpc.sending import Waiting, WaitingFor
 from compute_agent.tree.provider_tree import tree_lines
 
 PROG = "compute-agent-ctl"
 DEFAULT_TIMEOUT = 60.0
-# oslo.messaging retries an unreachable broker forever, before the call's
-# own timeout starts: once one call has waited its timeout (--timeout; a
-# heartbeat's, service_down_time) plus this, we stop waiting.
-BROKER_GRACE = 5.0
+# The thread that makes the command's calls.
+CALL_THREAD = "rpc-call"
+# What is left of --timeout for a command's calls, however long it took
+# to start.
+LEAST_TIMEOUT = 0.1
+# Each call ends within its timeout whatever the broker does
+# (compute_agent/rpc/sending.py); should one not, the command ends this long
+# after that call's timeout all the same.
+BROKER_GRACE = 0.5
 # How long closing the transport may take (compute_agent.messaging.bound_broker_waits):
 # unbounded, --timeout 5 took 10 s. For a process this short, the heartbeat
 # every REPLY_POLL * 2 s it costs is nothing.
@@ -170,8 +178,13 @@ POLL_TIMEOUT = 2.0
 
 
 def _evacuator(api, conf) -> Evacuator:
+    """A host that has not answered within --timeout is shown down when
+    --timeout is shorter than service_down_time: the command ends within
+    its timeout. An evacuation's destination asks the source again, with
+    service_down_time, before it rebuilds anything."""
     return Evacuator(PlacementClient(adapter_from_conf(conf)), api,
-                     Heartbeat(conf, outstanding=api.outstanding),
+                     Heartbeat(conf, min(conf.service_down_time, conf.timeout),
+                               outstanding=api.outstanding, on_wait=tell_waiting),
                      ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT),
                                      outstanding=api.outstanding))
 
@@ -450,9 +463,36 @@ def add_parsers(subparsers) -> None:
 
 cli_opts = [
     cfg.FloatOpt("timeout", default=DEFAULT_TIMEOUT, min=0.1, max=86400,
-                 help="Seconds to wait for each of the agents' answers."),
+                 help="Seconds the command may wait, from its start, for the "
+                      "agents' answers (or the heartbeats': the shorter of this "
+                      "and service_down_time); it ends within that, and a second, "
+                      "whatever the message broker does."),
     cfg.SubCommandOpt("command", handler=add_parsers, title="commands"),
 ]
+
+
+_TOLD: set[tuple[WaitingFor, str]] = set()
+
+
+def tell_waiting(waiting: Waiting) -> None:
+    """What a long call waits for, while it waits: on stderr, so that
+    --json's stdout stays one object; said once for each thing waited for
+    and method, however many hosts (the heartbeats of every host) wait."""
+    if (waiting.what, waiting.method) not in _TOLD:
+        _TOLD.add((waiting.what, waiting.method))
+        print(f"{PROG}: {waiting.line}", file=sys.stderr, flush=True)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Ends the process although a call's thread still waits on the broker
+    (the interpreter would wait for it at exit, for ever while the broker
+    does not answer); what was printed is flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def fail(message: str, as_json: bool) -> int:
@@ -486,8 +526,23 @@ def first_line(error: Exception) -> str:
 
 
 def main(argv=None) -> int:
+    """The command. Run as its own process (no ``argv``): its imports count
+    against --timeout, and it ends although a call's thread still waits on
+    the broker."""
+    if argv is not None:
+        return run(argv, already_ran=0.0)
+    code = run(sys.argv[1:], already_ran=process_age())
+    if any(t.name == CALL_THREAD and t.is_alive() for t in threading.enumerate()):
+        # The interpreter would wait for that call at exit, for as long as
+        # the broker does not answer.
+        exit_now(code)
+    return code
+
+
+def run(argv: list[str], already_ran: float) -> int:
+    """The exit code. ``already_ran``: seconds the command took before
+    this, counted against its --timeout."""
     tolerate_closed_stdout()
-    argv = sys.argv[1:] if argv is None else argv
     as_json = json_requested(argv)
     try:
         conf = load_config(argv, cli_opts, command_help=HELP)
@@ -498,8 +553,12 @@ def main(argv=None) -> int:
         logging.getLogger("oslo.messaging").setLevel(logging.CRITICAL)
     args = conf.command
     command = COMMANDS[args.name]
+    asked = conf.timeout
+    # The command ends within --timeout of its start, its imports included:
+    # every wait below is of what is left.
+    conf.set_override("timeout", max(asked - already_ran, LEAST_TIMEOUT))
     bound_broker_waits(conf, REPLY_POLL)
-    api = ComputeAgentAPI(conf, timeout=conf.timeout)
+    api = ComputeAgentAPI(conf, timeout=conf.timeout, on_wait=tell_waiting)
     outcome: dict = {}
 
     def call():
@@ -509,7 +568,7 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - handed to the main thread
             outcome["error"] = e
 
-    worker = threading.Thread(target=call, name="rpc-call", daemon=True)
+    worker = threading.Thread(target=call, name=CALL_THREAD, daemon=True)
     worker.start()
     overdue = wait_while_answered(worker, api.outstanding, conf.timeout + BROKER_GRACE)
     error = outcome.get("error")
@@ -521,10 +580,10 @@ def main(argv=None) -> int:
                     + resume_hint(args), as_json)
     api.close()
     if isinstance(error, BrokerUnreachable):
-        return fail(broker_did_not_answer(conf.timeout) + resume_hint(args), as_json)
+        return fail(broker_did_not_answer(asked) + resume_hint(args), as_json)
     if isinstance(error, messaging.MessagingTimeout):
         host = error.host if isinstance(error, NoAnswer) else args.agent_host
-        return fail(f"no answer from {host} within {conf.timeout:g}s: the "
+        return fail(f"no answer from {host} within {asked:g}s: the "
                     "host may be down, or its compute-agent not running or not "
                     "connected to this broker" + resume_hint(args), as_json)
     if isinstance(error, (AgentError, messaging.MessagingException)):

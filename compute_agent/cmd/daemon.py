@@ -7,7 +7,10 @@ import faulthandler
 import gc
 import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -28,11 +31,17 @@ from compute_agent.daemon.one_agent_run import check_one_agent_per_host
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.reload_signal import ReloadSignal
 from compute_agent.daemon.service import Agent, CycleOutcome
-from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor
+from compute_agent.daemon.supervisor import (
+    EXIT_THREAD_DIED,
+    SIGNAL_LOOK_SECONDS,
+    Supervisor,
+    exit_process,
+)
 from compute_agent.daemon.systemd import notify, watchdog_from_environment
 from compute_agent.exception import ConfigError
 from compute_agent.messaging import bound_broker_waits
 from compute_agent.rpc import broker, heartbeat, server
+from compute_agent.rpc.server import CallsInFlight
 from compute_agent.store import lock
 from compute_agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable, StoreError, StoreRefused
 
@@ -42,6 +51,11 @@ LOG = logging.getLogger(__name__)
 # idle daemon within about twice this. Unbounded, the listeners' waits on
 # the broker took up to 5 s each, one after the other.
 STOP_POLL = 0.5
+# A start that waits this long for the broker says so.
+BROKER_WAIT_NOTICE_SECONDS = 5.0
+# How long the RPC servers' stop may take before the daemon stops without
+# them: SIGTERM stops the daemon within 2 s whatever the broker does.
+SERVERS_STOP_SECONDS = 1.0
 
 PROG = "compute-agent"
 HELP = CommandHelp(
@@ -165,17 +179,20 @@ def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:
     except AnotherAgentServesHost as e:  # found by the first cycle
         agent.stop()
         return exit_store_error(e)
-    heartbeats = heartbeat.make_server(conf, agent)
-    calls = server.make_server(conf, agent)
     try:
-        heartbeats.start()
-        calls.start()
+        servers = start_servers(conf, agent, supervisor)
     except Exception as e:
         # The broker was down at the check above, and refuses the login now.
         if not broker.refuses_credentials(e):
             raise
         agent.stop()
         return exit_config_error(broker.credentials_refusal(conf))
+    if servers is None:
+        # Stopped while the broker was awaited: no call was ever taken, and
+        # the thread still waiting on the broker cannot be stopped.
+        agent.stop()
+        LOG.info("compute-agent stopped before it served RPC")
+        exit_process(0)
     # What start-up made (modules, config, the host's pools, the store's
     # rows) lives as long as the process: keep it out of the collector's
     # full passes, each of which would stall every call in flight (about
@@ -188,23 +205,99 @@ def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
-    return stop(supervisor, agent, (calls, heartbeats))
+    return stop(supervisor, agent, servers)
 
 
-def stop(supervisor: Supervisor, agent: Agent, servers: tuple) -> int:
+@dataclass(frozen=True)
+class RpcServers:
+    """The two RPC servers, the API's and the heartbeat's, and the API
+    calls they serve now."""
+
+    calls: Any  # oslo.messaging's MessageHandlingServer
+    heartbeats: Any
+    in_flight: CallsInFlight
+
+    def stop(self) -> None:
+        """Each server's listener stopped, then its calls in flight
+        finished (oslo.messaging's stop() and wait())."""
+        for listener in (self.calls, self.heartbeats):
+            listener.stop()
+        for listener in (self.calls, self.heartbeats):
+            listener.wait()
+
+
+def start_servers(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor
+                  ) -> RpcServers | None:
+    """The RPC servers, started: the heartbeat's first, so that a host
+    serving claims is never taken for down. oslo.messaging waits for the
+    broker for as long as it is away; the wait is said after
+    BROKER_WAIT_NOTICE_SECONDS, and a stop request (SIGTERM) ends it: None
+    then. Raises what starting them raised."""
+    in_flight = CallsInFlight()
+    servers = RpcServers(server.make_server(conf, agent, in_flight),
+                         heartbeat.make_server(conf, agent), in_flight)
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            servers.heartbeats.start()
+            servers.calls.start()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            failure.append(e)
+        finally:
+            started.set()
+
+    threading.Thread(target=start, name="rpc-start", daemon=True).start()
+    waited = 0.0
+    while not started.wait(SIGNAL_LOOK_SECONDS):
+        if supervisor.wake.is_set():
+            return None
+        waited += SIGNAL_LOOK_SECONDS
+        if waited == BROKER_WAIT_NOTICE_SECONDS:
+            LOG.warning("Not serving RPC yet: waiting for the message broker at %s "
+                        "(SIGTERM stops the wait)", broker.shown_hosts(conf))
+    if failure:
+        raise failure[0]
+    return servers
+
+
+def stop_servers(servers: RpcServers) -> bool:
+    """Whether the servers stopped within SERVERS_STOP_SECONDS. A listener
+    whose connection is being made again (the broker away) sees its stop
+    only once the driver's attempt ends, up to rabbit_interval_max (30 s)
+    later: then the calls in flight are waited for, and the listener left
+    behind. It takes nothing more, and its replies could not be sent."""
+    stopping = threading.Thread(target=servers.stop, name="rpc-stop", daemon=True)
+    stopping.start()
+    stopping.join(SERVERS_STOP_SECONDS)
+    if not stopping.is_alive():
+        return True
+    LOG.warning("The RPC listeners did not stop within %g s (the message broker is "
+                "away): stopping without them once the %d calls in flight are done",
+                SERVERS_STOP_SECONDS, servers.in_flight.count)
+    servers.in_flight.wait_until_none()
+    return False
+
+
+def stop(supervisor: Supervisor, agent: Agent, servers: RpcServers) -> int:
     """Stop the RPC servers (oslo.messaging's), then the agent; the exit code."""
     agent.move_to(Phase.STOPPING)
     if supervisor.deaths:
         supervisor.exit_unless_stopped_in_time()
     else:
         notify("STOPPING=1")
-    # Calls in flight finish before the store closes. Each stop() returns
-    # once its listener has seen it, within STOP_POLL.
-    for listener in servers:
-        listener.stop()
-    for listener in servers:
-        listener.wait()
+    # Calls in flight finish before the store closes.
+    stopped = stop_servers(servers)
     agent.stop()
+    code = exit_code(supervisor)
+    if not stopped:
+        # The listener left behind would hold the interpreter's exit.
+        exit_process(code)
+    return code
+
+
+def exit_code(supervisor: Supervisor) -> int:
     if supervisor.deaths:
         supervisor.report()  # any that died on the way out
         return EXIT_THREAD_DIED

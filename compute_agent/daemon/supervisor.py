@@ -13,6 +13,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from compute_agent.daemon.errors import AnotherAgentServesHost
 
@@ -132,9 +133,7 @@ class Supervisor:
     def _exit_now() -> None:
         LOG.warning("Not stopped %d s after a thread's death: exiting now",
                     STOP_AFTER_DEATH_SECONDS)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(EXIT_THREAD_DIED)
+        exit_process(EXIT_THREAD_DIED)
 
     def report(self) -> None:
         """One line for each death not told yet. Told from the main thread:
@@ -144,3 +143,12 @@ class Supervisor:
             LOG.error("Thread %s died: %s; the agent exits so that it is restarted",
                       death.thread, death.error)
         self._reported = len(self.deaths)
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends the process now, its log lines flushed: for a thread that
+    cannot be stopped (blocked on a broker that does not answer), which the
+    interpreter would otherwise wait for at exit."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(code)

@@ -85,6 +85,14 @@ def rabbit_hosts(conf: cfg.ConfigOpts) -> list[RabbitHost] | Unknown:
         RabbitHost(*RABBIT_DEFAULT, None, None, url.virtual_host or "/")]
 
 
+def shown_hosts(conf: cfg.ConfigOpts) -> str:
+    """transport_url without its credentials, as the logs show it."""
+    hosts = rabbit_hosts(conf)
+    if isinstance(hosts, Unknown):
+        return f"{str(conf.transport_url or '').partition(':')[0]}://"
+    return "rabbit://" + ",".join(h.shown for h in hosts) + "/"
+
+
 def connect(connection: kombu.Connection) -> None:
     """One attempt (kombu's connect() tries again after 2 s), with the
     socket's own errors."""

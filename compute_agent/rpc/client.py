@@ -15,37 +15,17 @@ the same uuids.
 """
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from kombu.exceptions import OperationalError
 from oslo_config import cfg
 
-from compute_agent.dependencies import Probe, describe
 from compute_agent.exception import VersionCapped
 from compute_agent.messaging import TOPIC, messaging, transport
-from compute_agent.rpc import broker
-from compute_agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
+from compute_agent.rpc.errors import NoAnswer
 from compute_agent.rpc.outstanding import OutstandingCalls
+from compute_agent.rpc.sending import SEND_RETRIES, BoundedSender, Notice
 from compute_agent.rpc.versions import OLDEST, VERSION
-
-LOG = logging.getLogger(__name__)
-
-# oslo.messaging retries a send for ever by default, blocking the caller
-# for as long as the broker is away, its timeout not yet started. A call
-# here sends once (no reconnection attempts: the driver's back-off would
-# sleep a second or more between them), and again after a pause, while
-# its timeout lasts.
-SEND_RETRIES = 0
-RESEND_PAUSE_SECONDS = 0.5
-
-
-# What a send that did not reach the broker raises: oslo.messaging's error
-# once its attempts are spent, kombu's when the driver had no connection to
-# the broker yet (the rabbit driver lets it through), or ours.
-NOT_SENT = (messaging.MessageDeliveryFailure, OperationalError, BrokerDown)
 
 # What the calls carry, as JSON: an answer, an instance's spec (name,
 # vcpus, memory_mb) and its allocations in Placement's shape (provider
@@ -58,16 +38,14 @@ PlacementAllocations = Mapping[str, Mapping[str, Mapping[str, int]]]
 
 class ComputeAgentAPI:
     def __init__(self, conf: cfg.ConfigOpts, timeout: float = 60,
-                 outstanding: OutstandingCalls | None = None) -> None:
+                 outstanding: OutstandingCalls | None = None,
+                 on_wait: Notice | None = None) -> None:
         """``conf`` has the agent's options registered (compute_agent.config).
-        ``outstanding`` is shared by clients one watchdog looks after."""
+        ``outstanding`` is shared by clients one watchdog looks after;
+        ``on_wait`` is told what a long call waits for (rpc/sending.py)."""
         self.timeout = timeout
         self.outstanding = outstanding or OutstandingCalls()
-        self._conf = conf
-        # A client's first call opens the connection its answers come back
-        # on, with no bound on its attempts: until then each call asks the
-        # broker first (compute_agent/rpc/broker.py).
-        self._answers_connected = False
+        self._sender = BoundedSender(conf, on_wait)
         self.client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
             version_cap=conf.upgrade_levels.compute_agent or VERSION, timeout=timeout,
@@ -93,32 +71,13 @@ class ComputeAgentAPI:
 
     def _send(self, host: str, method: str, version: str, timeout: float,
               payload: dict[str, Any]) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
+        def send(seconds: float) -> Any:
+            prepared = self.client.prepare(server=host, version=version, timeout=seconds)
             try:
-                if not self._answers_connected:
-                    self._broker_answers(max(left, RESEND_PAUSE_SECONDS))
-                prepared = self.client.prepare(
-                    server=host, version=version, timeout=max(left, RESEND_PAUSE_SECONDS))
-                try:
-                    return prepared.call({}, method, **payload)
-                except messaging.MessagingTimeout:
-                    raise NoAnswer(host, method, timeout) from None
-                finally:
-                    self._answers_connected = True
-            except NOT_SENT as e:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BrokerUnreachable(
-                        f"{method} to {host}: the message broker did not take it "
-                        f"within {timeout:g}s ({e})") from None
-            time.sleep(min(RESEND_PAUSE_SECONDS, left))
-
-    def _broker_answers(self, timeout: float) -> None:
-        answer = broker.probe(self._conf, timeout)
-        if isinstance(answer, Probe) and answer.problem is not None:
-            raise BrokerDown(describe(answer.dependency, answer.url, answer.problem))
+                return prepared.call({}, method, **payload)
+            except messaging.MessagingTimeout:
+                raise NoAnswer(host, method, timeout) from None
+        return self._sender.call(host, method, timeout, send)
 
     # introspection
     def get_host_info(self, host: str) -> Answer:

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from oslo_config import cfg
 
 from compute_agent.dependencies import Unknown
-from compute_agent.exception import SourceHostUp
+from compute_agent.exception import BrokerUnavailable, SourceHostUp
 from compute_agent.messaging import messaging, transport
 from compute_agent.rpc import broker
+from compute_agent.rpc.errors import BrokerUnreachable
 from compute_agent.rpc.outstanding import OutstandingCalls
+from compute_agent.rpc.sending import SEND_RETRIES, BoundedSender, Notice
 
 TOPIC = "compute-agent-heartbeat"
 # How long the destination trusts a source found down. Short: the source
@@ -149,27 +151,40 @@ def agent_serving(conf: cfg.ConfigOpts, host: str, deadline: float) -> dict | Un
 
 class Heartbeat:
     """Asks hosts whether they are alive; ``down_after`` is
-    service_down_time."""
+    service_down_time. A check ends within ``down_after`` whatever the
+    broker does (rpc/sending.py): when the broker did not take the question
+    in that time, it raises BrokerUnreachable, for nothing was asked and
+    nothing is known of the host."""
 
     def __init__(self, conf, down_after: float | None = None,
-                 outstanding: OutstandingCalls | None = None):
-        """``outstanding``: a watchdog's, which then sees these calls too."""
+                 outstanding: OutstandingCalls | None = None,
+                 on_wait: Notice | None = None):
+        """``outstanding``: a watchdog's, which then sees these calls too;
+        ``on_wait``: told what a long check waits for."""
         self.down_after = float(down_after or conf.service_down_time)
         self.outstanding = outstanding or OutstandingCalls()
+        self._sender = BoundedSender(conf, on_wait)
         self._client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
-            timeout=self.down_after)
+            timeout=self.down_after, retry=SEND_RETRIES)
 
     def close(self) -> None:
         self._client.transport.cleanup()
 
     def check(self, host: str) -> Liveness:
+        """Raises BrokerUnreachable when the question was not asked."""
         checked_at = time.time()
-        try:
-            with self.outstanding.one(self.down_after):
-                answer = self._client.prepare(server=host).call({}, "report_alive")
-        except messaging.MessagingTimeout:
-            answer = None
+
+        def ask(seconds: float) -> dict | None:
+            try:
+                answer: dict = self._client.prepare(server=host, timeout=seconds).call(
+                    {}, "report_alive")
+                return answer
+            except messaging.MessagingTimeout:
+                return None
+
+        with self.outstanding.one(self.down_after):
+            answer = self._sender.call(host, "report_alive", self.down_after, ask)
         return judge(host, answer, checked_at)
 
     def check_many(self, hosts: list[str]) -> dict[str, Liveness]:
@@ -198,7 +213,8 @@ class SourceFence:
         self._down_at: dict[str, float] = {}
 
     def require_down(self, host: str) -> None:
-        """Return when ``host`` is down; raise SourceHostUp when it answers."""
+        """Return when ``host`` is down; raise SourceHostUp when it answers,
+        BrokerUnavailable when the question could not be asked."""
         with self._lock:
             asking = self._asking.setdefault(host, threading.Lock())
             if self._heartbeat is None:
@@ -208,7 +224,12 @@ class SourceFence:
             seen = self._down_at.get(host)
             if seen is not None and time.monotonic() - seen < DOWN_VERDICT_SECONDS:
                 return
-            found = heartbeat.check(host)
+            try:
+                found = heartbeat.check(host)
+            except BrokerUnreachable:
+                raise BrokerUnavailable("", f"did not take the heartbeat question to {host} "
+                                        f"within {heartbeat.down_after:g}s: whether it is "
+                                        "down is unknown") from None
             if found.up:
                 self._down_at.pop(host, None)
                 raise SourceHostUp(host, heartbeat.down_after)

@@ -23,7 +23,8 @@ import functools
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 
 from oslo_config import cfg
@@ -66,7 +67,8 @@ def rpc_method(since: str, schema: dict) -> Callable[[Callable], Callable]:
             try:
                 arguments = schemas.checked(checker, payload)
                 LOG.debug("RPC %s", name)
-                return method(self, ctxt, **arguments)
+                with self.in_flight.one():
+                    return method(self, ctxt, **arguments)
             # Before AgentError: StoreError is one, but not one a caller
             # can rebuild (compute_agent.store.errors is not on the wire).
             except (StoreError, sqlite3.Error) as e:
@@ -84,6 +86,35 @@ def rpc_method(since: str, schema: dict) -> Callable[[Callable], Callable]:
         return served
 
     return serve_as_call
+
+
+class CallsInFlight:
+    """The calls being served now. The daemon's stop waits for them before
+    the store closes, also when the listener that took them cannot be
+    stopped (its connection being made again while the broker is away)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def one(self) -> Iterator[None]:
+        with self._changed:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._count -= 1
+                self._changed.notify_all()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def wait_until_none(self) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._count == 0)
 
 
 class InstanceState(str, Enum):
@@ -111,10 +142,12 @@ def listed_instances(instances: dict[str, dict], live: list[Assignment],
 class ComputeAgentEndpoint:
     target = messaging.Target(version=VERSION)
 
-    def __init__(self, agent: ServedAgent, fence: SourceFence | None = None):
+    def __init__(self, agent: ServedAgent, fence: SourceFence | None = None,
+                 in_flight: CallsInFlight | None = None):
         self._agent = agent
         # An evacuation's source must be down; None: not asked.
         self._fence = fence
+        self.in_flight = in_flight or CallsInFlight()
 
     # --- views ----------------------------------------------------------
 
@@ -340,13 +373,14 @@ def warn_of_unserved_calls() -> None:
         dispatch_log.addFilter(UnservedCallsAsWarnings())
 
 
-def make_server(conf: cfg.ConfigOpts, agent: ServedAgent) -> messaging.MessageHandlingServer:
+def make_server(conf: cfg.ConfigOpts, agent: ServedAgent,
+                in_flight: CallsInFlight | None = None) -> messaging.MessageHandlingServer:
     """The server; ``start()`` it beside the update loop, ``stop()`` and
-    ``wait()`` on the way out."""
+    ``wait()`` on the way out. ``in_flight`` counts the calls it serves."""
     allow_deep_messages()
     warn_of_unserved_calls()
     target = messaging.Target(topic=TOPIC, server=conf.host)
     fence = SourceFence(conf)
     return messaging.get_rpc_server(
-        transport(conf), target, [ComputeAgentEndpoint(agent, fence)],
+        transport(conf), target, [ComputeAgentEndpoint(agent, fence, in_flight)],
         access_policy=messaging.ExplicitRPCAccessPolicy)

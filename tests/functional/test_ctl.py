@@ -35,10 +35,12 @@ def ctl(conf: Path, *args, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def one_error_line(done: subprocess.CompletedProcess) -> str:
-    """A failed command: exit 1, nothing on stdout, one line on stderr."""
+    """A failed command: exit 1, nothing on stdout, one line on stderr
+    (after those saying what it waited for, while it waited)."""
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
     assert done.stdout == ""
-    lines = done.stderr.strip().splitlines()
+    lines = [line for line in done.stderr.strip().splitlines()
+             if not line.startswith("compute-agent-ctl: waiting for ")]
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("compute-agent-ctl: "), lines[0]
     return lines[0]

@@ -6,8 +6,14 @@ import time
 
 import pytest
 
-from compute_agent.exception import SourceHostUp
-from compute_agent.rpc.heartbeat import HostState, SourceFence, judge
+from compute_agent.cmd.common import load_config
+from compute_agent.dependencies import Dependency, Probe
+from compute_agent.exception import BrokerUnavailable, SourceHostUp
+from compute_agent.rpc import heartbeat, sending
+from compute_agent.rpc.errors import BrokerUnreachable
+from compute_agent.rpc.heartbeat import Heartbeat, HostState, SourceFence, judge
+from compute_agent.rpc.sending import BoundedSender
+from tests.unit.clocks import FakeClock
 
 
 class Beats:
@@ -68,3 +74,34 @@ def test_many_rebuilds_of_one_down_source_wait_for_one_check():
     assert beats.asked == ["src"]
     fence.require_down("other")
     assert beats.asked == ["src", "other"]
+
+
+class SleepingClock(FakeClock):
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+
+def test_a_question_the_broker_never_took_is_no_verdict(tmp_path, monkeypatch):
+    """Unknown is never down: a heartbeat that could not be sent raises,
+    where a question sent and not answered is a down verdict (was: the
+    check retried the connection for ever, and compute-agent-ctl hosts
+    never exited)."""
+    conf_file = tmp_path / "agent.conf"
+    conf_file.write_text("[DEFAULT]\nhost = h0\ntransport_url = fake://\n"
+                         "[placement]\nauth_type = placement_noauth2\n"
+                         "endpoint = http://127.0.0.1:1/\n")
+    conf = load_config(["--config-file", str(conf_file)])
+    clock = SleepingClock()
+    monkeypatch.setattr(heartbeat, "BoundedSender",
+                        lambda conf, on_wait: BoundedSender(conf, on_wait, clock, clock.sleep))
+    monkeypatch.setattr(sending.broker, "probe", lambda conf, timeout: Probe(
+        Dependency.BROKER, "rabbit://127.0.0.1:5999/", "did not answer (connection refused)"))
+    beats = Heartbeat(conf, down_after=5)
+    try:
+        with pytest.raises(BrokerUnreachable):
+            beats.check("h1")
+        fence = fence_with(beats)
+        with pytest.raises(BrokerUnavailable, match="whether it is down is unknown"):
+            fence.require_down("h1")
+    finally:
+        beats.close()

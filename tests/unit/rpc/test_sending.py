@@ -1,0 +1,113 @@
+"""A call ends within its timeout whatever the broker does, and says what
+it waits for (compute_agent/rpc/sending.py)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from compute_agent.dependencies import Dependency, Probe
+from compute_agent.messaging import messaging
+from compute_agent.rpc import sending
+from compute_agent.rpc.errors import BrokerUnreachable
+from compute_agent.rpc.sending import BoundedSender, Waiting, WaitingFor
+from tests.unit.clocks import FakeClock
+
+URL = "rabbit://127.0.0.1:5999/"
+
+
+class SleepingClock(FakeClock):
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+
+@pytest.fixture
+def broker_down(monkeypatch):
+    monkeypatch.setattr(sending.broker, "probe", lambda conf, timeout: Probe(
+        Dependency.BROKER, URL, "did not answer (connection refused)"))
+
+
+@pytest.fixture
+def broker_up(monkeypatch):
+    monkeypatch.setattr(sending.broker, "probe",
+                        lambda conf, timeout: Probe(Dependency.BROKER, URL))
+
+
+def test_a_broker_that_never_takes_the_call_ends_it_at_its_timeout_unsent(broker_down):
+    clock = SleepingClock()
+    told: list[Waiting] = []
+    sender = BoundedSender(None, told.append, clock, clock.sleep)
+    sent: list[float] = []
+    started = clock()
+    with pytest.raises(BrokerUnreachable, match="build_instance to h1: the message broker "
+                       "did not take it within 10s"):
+        sender.call("h1", "build_instance", 10, sent.append)
+    assert sent == []  # asked the broker first each time: never handed over
+    assert 10 <= clock() - started <= 10 + sending.RESEND_PAUSE_SECONDS
+    # Told once, after WAIT_NOTICE_SECONDS, with the probe's finding.
+    [waiting] = told
+    assert waiting.what is WaitingFor.BROKER
+    assert "connection refused" in waiting.line and "giving up in" in waiting.line
+    assert waiting.left <= 10 - sending.WAIT_NOTICE_SECONDS
+
+
+def test_sends_the_broker_refuses_are_retried_until_one_goes_through(broker_up):
+    clock = SleepingClock()
+    sender = BoundedSender(None, None, clock, clock.sleep)
+    attempts: list[float] = []
+
+    def send(seconds: float) -> str:
+        attempts.append(seconds)
+        if len(attempts) < 3:
+            raise messaging.MessageDeliveryFailure("no route")
+        return "answer"
+
+    assert sender.call("h1", "get_host_info", 10, send) == "answer"
+    # Each attempt may wait for what is left of the call's timeout, no more.
+    assert len(attempts) == 3 and attempts[0] <= 10 and attempts[2] < attempts[0]
+
+
+def test_a_timed_out_answer_is_the_callers_not_the_brokers(broker_up):
+    sender = BoundedSender(None)
+
+    def send(seconds: float) -> str:
+        raise messaging.MessagingTimeout("no reply")
+
+    with pytest.raises(messaging.MessagingTimeout) as raised:
+        sender.call("h1", "get_host_info", 5, send)
+    assert not isinstance(raised.value, BrokerUnreachable)
+
+
+def test_a_long_wait_for_an_answer_is_told_once_while_it_lasts(monkeypatch):
+    clock = SleepingClock()
+
+    def slow_probe(conf, timeout: float) -> Probe:
+        clock.advance(sending.WAIT_NOTICE_SECONDS)  # the notice is due as the send starts
+        return Probe(Dependency.BROKER, URL)
+
+    monkeypatch.setattr(sending.broker, "probe", slow_probe)
+    told: list[Waiting] = []
+    seen = threading.Event()
+
+    def tell(waiting: Waiting) -> None:
+        told.append(waiting)
+        seen.set()
+
+    sender = BoundedSender(None, tell, clock, clock.sleep)
+
+    def send(seconds: float) -> str:
+        # The broker took the call; its answer comes only once the wait was told.
+        assert seen.wait(10)
+        return "answer"
+
+    assert sender.call("h1", "build_instance", 60, send) == "answer"
+    [waiting] = told
+    assert waiting.what is WaitingFor.ANSWER
+    assert waiting.line.startswith("waiting for h1's answer to build_instance; giving up in")
+
+
+def test_an_answer_in_time_tells_nothing(broker_up):
+    told: list[Waiting] = []
+    sender = BoundedSender(None, told.append)
+    assert sender.call("h1", "get_host_info", 60, lambda seconds: "answer") == "answer"
+    assert told == []
