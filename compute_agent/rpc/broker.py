@@ -18,8 +18,10 @@ since the outage is seen by the probe.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import kombu
 from amqp import exceptions as amqp_exceptions
@@ -49,6 +51,49 @@ RECONNECT_LINES = (
 
 
 @dataclass(frozen=True)
+class BrokerTls:
+    """``[oslo_messaging_rabbit] ssl*``, read once, for the connections the
+    agent makes itself (the probes, BrokerWatch, consumers): the TLS of
+    oslo.messaging's rabbit driver's own connections, the same files,
+    version and name check (its Connection._fetch_ssl_params), so that a
+    probe says what the driver will meet."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+    version: str
+
+    @classmethod
+    def from_conf(cls, conf: cfg.ConfigOpts) -> BrokerTls | None:
+        """None when ``ssl`` is off."""
+        rabbit = conf.oslo_messaging_rabbit
+        if not rabbit.ssl:
+            return None
+        return cls(rabbit.ssl_ca_file, rabbit.ssl_cert_file, rabbit.ssl_key_file,
+                   rabbit.ssl_version)
+
+    def kombu_ssl(self, hostname: str) -> dict[str, Any] | bool:
+        """kombu's ``ssl`` for a connection to ``hostname``, a host of
+        transport_url. With a CA file, the broker's certificate must be
+        signed by it and valid for ``hostname``; without one, the
+        SSL library's defaults (the system's CAs, no name check)."""
+        # Imported once compute_agent.messaging has imported oslo.messaging
+        # its way (quiet, without eventlet's DNS).
+        from oslo_messaging._drivers.impl_rabbit import Connection
+        options: dict[str, Any] = {}
+        if self.version:
+            options["ssl_version"] = Connection.validate_ssl_version(self.version)
+        if self.key_file:
+            options["keyfile"] = self.key_file
+        if self.cert_file:
+            options["certfile"] = self.cert_file
+        if self.ca_file:
+            options.update(ca_certs=self.ca_file, cert_reqs=ssl.CERT_REQUIRED,
+                           server_hostname=hostname)
+        return options or True
+
+
+@dataclass(frozen=True)
 class RabbitHost:
     """One host of ``transport_url``."""
 
@@ -57,6 +102,7 @@ class RabbitHost:
     username: str | None
     password: str | None
     virtual_host: str
+    tls: BrokerTls | None = None
 
     @property
     def shown(self) -> str:
@@ -65,11 +111,12 @@ class RabbitHost:
     def connection(self, timeout: float) -> kombu.Connection:
         """A connection whose login, and every answer awaited on it, takes
         at most ``timeout`` seconds; without heartbeats (the broker never
-        drops it for being idle)."""
+        drops it for being idle); over TLS as the driver's are."""
         return kombu.Connection(hostname=self.hostname, port=self.port,
                                 userid=self.username or "guest",
                                 password=self.password or "guest",
                                 virtual_host=self.virtual_host, connect_timeout=timeout,
+                                ssl=self.tls.kombu_ssl(self.hostname) if self.tls else False,
                                 transport_options={"read_timeout": timeout,
                                                    "write_timeout": timeout})
 
@@ -80,9 +127,10 @@ def rabbit_hosts(conf: cfg.ConfigOpts) -> list[RabbitHost] | Unknown:
     url = messaging.TransportURL.parse(conf, conf.transport_url)
     if url.transport != "rabbit":
         return Unknown(f"not checked: the {url.transport} transport")
+    tls = BrokerTls.from_conf(conf)
     return [RabbitHost(h.hostname, h.port or RABBIT_DEFAULT[1], h.username, h.password,
-                       url.virtual_host or "/") for h in url.hosts] or [
-        RabbitHost(*RABBIT_DEFAULT, None, None, url.virtual_host or "/")]
+                       url.virtual_host or "/", tls) for h in url.hosts] or [
+        RabbitHost(*RABBIT_DEFAULT, None, None, url.virtual_host or "/", tls)]
 
 
 def connect(connection: kombu.Connection) -> None:

@@ -2,17 +2,21 @@
 way; the rabbit driver's reconnection lines demoted to DEBUG, its other
 lines left alone; py-amqp's warning about the cancel of our own fanout
 consumer as a server closes demoted too; the probe's findings in a few
-words."""
+words; TLS: the agent's own connections as the driver's."""
 from __future__ import annotations
 
 import logging
+import ssl
 
 import pytest
 from amqp import spec as amqp_spec
 from amqp.exceptions import AccessRefused
+from oslo_config import cfg
 
 from compute_agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown
+from compute_agent.messaging import messaging
 from compute_agent.rpc import broker
+from tests.unit.test_messaging import rabbit_conf
 
 URL = "rabbit://127.0.0.1:5672/"
 DOWN = Probe(Dependency.BROKER, URL, "did not answer (connection refused)")
@@ -133,3 +137,59 @@ def test_the_cancel_of_our_own_fanout_consumer_as_a_server_closes_is_no_warning(
 ])
 def test_the_probes_findings_in_a_few_words(error, said):
     assert broker.problem(error) == said
+
+
+# --- TLS ----------------------------------------------------------------------
+
+def tls_conf(transport_url: str, **rabbit) -> cfg.ConfigOpts:
+    conf = rabbit_conf(**rabbit)
+    conf.set_override("transport_url", transport_url)
+    return conf
+
+
+def drivers_ssl(conf: cfg.ConfigOpts, monkeypatch) -> object:
+    """The ``ssl`` oslo.messaging's rabbit driver gives kombu for a
+    connection of its own: the driver's connection, made without
+    connecting."""
+    from oslo_messaging._drivers import common as rpc_common
+    from oslo_messaging._drivers import impl_rabbit
+    monkeypatch.setattr(impl_rabbit.Connection, "ensure_connection", lambda self: None)
+    url = messaging.TransportURL.parse(conf, conf.transport_url)
+    return impl_rabbit.Connection(conf, url, rpc_common.PURPOSE_LISTEN).connection.ssl
+
+
+ONE_HOST = "rabbit://agent:pw@broker.example.org:5671/"
+CA = {"ca_certs": "/etc/ca.pem", "cert_reqs": ssl.CERT_REQUIRED,
+      "server_hostname": "broker.example.org"}
+
+
+@pytest.mark.parametrize("rabbit, kombu_ssl", [
+    ({}, False),
+    ({"ssl_ca_file": "/etc/ca.pem"}, False),
+    ({"ssl": True}, True),
+    ({"ssl": True, "ssl_ca_file": "/etc/ca.pem"}, CA),
+    ({"ssl": True, "ssl_ca_file": "/etc/ca.pem", "ssl_cert_file": "/etc/agent.pem",
+      "ssl_key_file": "/etc/agent.key", "ssl_version": "tlsv1_2"},
+     {**CA, "certfile": "/etc/agent.pem", "keyfile": "/etc/agent.key",
+      "ssl_version": ssl.PROTOCOL_TLSv1_2}),
+    ({"ssl": True, "ssl_cert_file": "/etc/agent.pem"}, {"certfile": "/etc/agent.pem"}),
+])
+def test_the_agents_own_connections_have_the_drivers_tls(rabbit, kombu_ssl, monkeypatch):
+    """The probes' and the watch's connections are TLS as the driver's are,
+    the name in transport_url verified whenever a CA file is given."""
+    conf = tls_conf(ONE_HOST, **rabbit)
+    [host] = broker.rabbit_hosts(conf)
+    ours = host.connection(5).ssl
+    assert ours == kombu_ssl
+    assert ours == drivers_ssl(conf, monkeypatch)
+
+
+def test_each_host_of_transport_url_is_verified_by_its_own_name(monkeypatch):
+    """With several hosts the driver leaves the name to kombu, which takes
+    the host it connects to."""
+    conf = tls_conf("rabbit://a:pw@b1.example.org:5671,a:pw@b2.example.org:5671/",
+                    ssl=True, ssl_ca_file="/etc/ca.pem")
+    ours = [host.connection(5).ssl for host in broker.rabbit_hosts(conf)]
+    assert ours == [{**CA, "server_hostname": name}
+                    for name in ("b1.example.org", "b2.example.org")]
+    assert drivers_ssl(conf, monkeypatch) == {**CA, "server_hostname": None}
