@@ -62,6 +62,7 @@ from compute_agent.conductor.live_migration import LiveMigrator
 from compute_agent.exception import AgentError, ConfigError
 from compute_agent.messaging import bound_broker_waits, messaging
 from compute_agent.placement.client import PlacementClient, adapter_from_conf
+from compute_agent.rpc import broker
 from compute_agent.rpc import schemas as rpc_schemas
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
@@ -85,6 +86,10 @@ BROKER_GRACE = 0.5
 # unbounded, --timeout 5 took 10 s. For a process this short, the heartbeat
 # every REPLY_POLL * 2 s it costs is nothing.
 REPLY_POLL = 0.25
+# How long the command's first login to the broker (the check that it
+# takes this host's TLS and credentials) waits for a host that does not
+# answer at all; the calls then wait for such a broker as for any other.
+BROKER_LOGIN_SECONDS = 5.0
 EXAMPLE_SPEC = "etc/compute-agent/instance-spec.example.json"
 DEMO_SPEC = ".demo/instance-spec.json"
 HELP = CommandHelp(
@@ -563,6 +568,10 @@ def run(argv: list[str], already_ran: float) -> int:
 
     def call():
         try:
+            # A broker that refuses this host for good (its TLS, the
+            # credentials) is one line and exit 2, as for the daemon, not a
+            # wait of --timeout: the driver would try again and again.
+            broker.refuse_rejected_login(conf, min(conf.timeout, BROKER_LOGIN_SECONDS))
             outcome["result"] = (command.call(api, args, conf) if command.conductor
                                  else command.call(api, args))
         except Exception as e:  # noqa: BLE001 - handed to the main thread
@@ -579,6 +588,8 @@ def run(argv: list[str], already_ran: float) -> int:
                     "and is the [placement] section right? (see --debug)"
                     + resume_hint(args), as_json)
     api.close()
+    if isinstance(error, ConfigError):
+        return exit_config_error(error, as_json)
     if isinstance(error, BrokerUnreachable):
         return fail(broker_did_not_answer(asked) + resume_hint(args), as_json)
     if isinstance(error, messaging.MessagingTimeout):

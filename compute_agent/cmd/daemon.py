@@ -143,7 +143,7 @@ def checked_agent(conf: cfg.ConfigOpts, supervisor: Supervisor) -> Agent:
         # What only the serving daemon needs: its metrics port, and a
         # broker that takes its login.
         metrics_port_free(conf)
-        broker.refuse_rejected_credentials(conf, BROKER_PROBE_TIMEOUT_SECONDS)
+        broker.refuse_rejected_login(conf, BROKER_PROBE_TIMEOUT_SECONDS)
     # Held until the process ends: before anything in the state
     # directory is read, so two agents never serve one store.
     lock.acquire(conf.state_path)

@@ -18,8 +18,10 @@ since the outage is seen by the probe.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import kombu
 from amqp import exceptions as amqp_exceptions
@@ -27,7 +29,7 @@ from amqp import spec as amqp_spec
 from oslo_config import cfg
 
 from compute_agent.dependencies import Dependencies, Dependency, Probe, Unknown
-from compute_agent.exception import ConfigError
+from compute_agent.exception import ConfigError, shown
 from compute_agent.messaging import messaging
 
 # oslo.messaging's rabbit driver reaches these when the URL names no host.
@@ -46,6 +48,57 @@ RECONNECT_LINES = (
     "A recoverable connection/channel error occurred, trying to reconnect",
     "Reconnected to AMQP server on",
 )
+# OpenSSL's verification results (X509_V_ERR_HOSTNAME_MISMATCH,
+# X509_V_ERR_IP_ADDRESS_MISMATCH) for a certificate that is not valid for
+# the name, or the address, the client asked for.
+NAME_MISMATCH = (62, 64)
+# OpenSSL's reason when a TLS client's hello is answered by a server that
+# does not speak TLS on that port (RabbitMQ's plain listener answers with
+# its AMQP protocol header).
+NOT_TLS = "WRONG_VERSION_NUMBER"
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """``[oslo_messaging_rabbit] ssl*``, read once, for the connections the
+    agent makes itself (the probes, BrokerWatch, consumers): the TLS of
+    oslo.messaging's rabbit driver's own connections, the same files,
+    version and name check (its Connection._fetch_ssl_params), so that a
+    probe says what the driver will meet."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+    version: str
+
+    @classmethod
+    def from_conf(cls, conf: cfg.ConfigOpts) -> BrokerTls | None:
+        """None when ``ssl`` is off."""
+        rabbit = conf.oslo_messaging_rabbit
+        if not rabbit.ssl:
+            return None
+        return cls(rabbit.ssl_ca_file, rabbit.ssl_cert_file, rabbit.ssl_key_file,
+                   rabbit.ssl_version)
+
+    def kombu_ssl(self, hostname: str) -> dict[str, Any] | bool:
+        """kombu's ``ssl`` for a connection to ``hostname``, a host of
+        transport_url. With a CA file, the broker's certificate must be
+        signed by it and valid for ``hostname``; without one, the
+        SSL library's defaults (the system's CAs, no name check)."""
+        # Imported once compute_agent.messaging has imported oslo.messaging
+        # its way (quiet, without eventlet's DNS).
+        from oslo_messaging._drivers.impl_rabbit import Connection
+        options: dict[str, Any] = {}
+        if self.version:
+            options["ssl_version"] = Connection.validate_ssl_version(self.version)
+        if self.key_file:
+            options["keyfile"] = self.key_file
+        if self.cert_file:
+            options["certfile"] = self.cert_file
+        if self.ca_file:
+            options.update(ca_certs=self.ca_file, cert_reqs=ssl.CERT_REQUIRED,
+                           server_hostname=hostname)
+        return options or True
 
 
 @dataclass(frozen=True)
@@ -57,6 +110,7 @@ class RabbitHost:
     username: str | None
     password: str | None
     virtual_host: str
+    tls: BrokerTls | None = None
 
     @property
     def shown(self) -> str:
@@ -65,11 +119,12 @@ class RabbitHost:
     def connection(self, timeout: float) -> kombu.Connection:
         """A connection whose login, and every answer awaited on it, takes
         at most ``timeout`` seconds; without heartbeats (the broker never
-        drops it for being idle)."""
+        drops it for being idle); over TLS as the driver's are."""
         return kombu.Connection(hostname=self.hostname, port=self.port,
                                 userid=self.username or "guest",
                                 password=self.password or "guest",
                                 virtual_host=self.virtual_host, connect_timeout=timeout,
+                                ssl=self.tls.kombu_ssl(self.hostname) if self.tls else False,
                                 transport_options={"read_timeout": timeout,
                                                    "write_timeout": timeout})
 
@@ -80,9 +135,10 @@ def rabbit_hosts(conf: cfg.ConfigOpts) -> list[RabbitHost] | Unknown:
     url = messaging.TransportURL.parse(conf, conf.transport_url)
     if url.transport != "rabbit":
         return Unknown(f"not checked: the {url.transport} transport")
+    tls = BrokerTls.from_conf(conf)
     return [RabbitHost(h.hostname, h.port or RABBIT_DEFAULT[1], h.username, h.password,
-                       url.virtual_host or "/") for h in url.hosts] or [
-        RabbitHost(*RABBIT_DEFAULT, None, None, url.virtual_host or "/")]
+                       url.virtual_host or "/", tls) for h in url.hosts] or [
+        RabbitHost(*RABBIT_DEFAULT, None, None, url.virtual_host or "/", tls)]
 
 
 def shown_hosts(conf: cfg.ConfigOpts) -> str:
@@ -236,6 +292,28 @@ def refuses_credentials(error: BaseException) -> bool:
     return isinstance(error, amqp_exceptions.AccessRefused) or "ACCESS_REFUSED" in str(error)
 
 
+def refuses_tls(error: BaseException) -> bool:
+    """TLS to the broker failed in a way no retry changes: its certificate
+    does not verify (not signed by the CA file, not valid for the name in
+    transport_url, expired), or the port does not speak TLS."""
+    # getattr: an SSLError raised by other code than the ssl module's may
+    # have no reason.
+    return isinstance(error, ssl.SSLCertVerificationError) or (
+        isinstance(error, ssl.SSLError) and getattr(error, "reason", None) == NOT_TLS)
+
+
+def names_another_host(error: BaseException) -> TypeGuard[ssl.SSLCertVerificationError]:
+    """The broker's certificate verifies, but not for the name (or the
+    address) transport_url reaches it by."""
+    return (isinstance(error, ssl.SSLCertVerificationError)
+            and error.verify_code in NAME_MISMATCH)
+
+
+def verify_message(error: ssl.SSLCertVerificationError) -> str:
+    """OpenSSL's reason, without its full stop."""
+    return str(error.verify_message).rstrip(".")
+
+
 def problem(error: Exception) -> str:
     if isinstance(error, ConnectionRefusedError):
         return "did not answer (connection refused)"
@@ -243,6 +321,13 @@ def problem(error: Exception) -> str:
         return "did not answer (timed out)"
     if refuses_credentials(error):
         return "refused the credentials in transport_url"
+    if names_another_host(error):
+        return f"presented a certificate for another name ({verify_message(error)})"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return ("presented a certificate that ssl_ca_file does not verify "
+                f"({verify_message(error)})")
+    if refuses_tls(error):
+        return "does not speak TLS on that port"
     return f"did not answer ({type(error).__name__}: {error})"
 
 
@@ -259,21 +344,49 @@ def credentials_refusal(conf: cfg.ConfigOpts) -> ConfigError:
                        "password in transport_url, or the broker's users")
 
 
-def refuse_rejected_credentials(conf: cfg.ConfigOpts, timeout: float) -> None:
-    """At the daemon's start, before it writes anything: raise ConfigError
-    when no host of transport_url takes a login and one refused its
+def tls_refusal(conf: cfg.ConfigOpts, host: RabbitHost, error: Exception) -> ConfigError:
+    """The one line for a host of transport_url whose TLS ``refuses_tls``,
+    naming the option to correct: transport_url for a name the certificate
+    does not hold, ssl_ca_file for a certificate it does not verify, ssl
+    for a port without TLS."""
+    where = f"the message broker at rabbit://{host.shown}/"
+    if names_another_host(error):
+        return ConfigError(
+            f"[DEFAULT] transport_url: {where} presented a certificate for another name "
+            f"({verify_message(error)}): reach the broker by a name its certificate holds")
+    if isinstance(error, ssl.SSLCertVerificationError):
+        ca_file = conf.oslo_messaging_rabbit.ssl_ca_file
+        return ConfigError(
+            f"[oslo_messaging_rabbit] ssl_ca_file: {where} presented a certificate this "
+            f"CA file does not verify ({verify_message(error)}): give the CA that signed "
+            "it (value: " + (shown(ca_file) if ca_file else "unset: the system's CAs") + ")")
+    return ConfigError(
+        f"[oslo_messaging_rabbit] ssl: {where} does not speak TLS on port {host.port}: "
+        "give its TLS listener's port in transport_url, or set ssl = false (value: True)")
+
+
+def refuse_rejected_login(conf: cfg.ConfigOpts, timeout: float) -> None:
+    """At the start of the daemon and of a compute-agent-ctl command,
+    before either writes or sends anything: raise ConfigError when no host
+    of transport_url takes a login and one refused it for good, by its TLS
+    (``refuses_tls``; the first such host's line) or transport_url's
     credentials. A broker that does not answer is the driver's to wait
     for, as at any time."""
     hosts = rabbit_hosts(conf)
     if isinstance(hosts, Unknown):
         return
-    refused = False
+    tls_refusals: list[ConfigError] = []
+    credentials_refused = False
     for host in hosts:
         error = login(host, timeout)
         if error is None:
             return
-        refused = refused or refuses_credentials(error)
-    if refused:
+        if refuses_tls(error):
+            tls_refusals.append(tls_refusal(conf, host, error))
+        credentials_refused = credentials_refused or refuses_credentials(error)
+    if tls_refusals:
+        raise tls_refusals[0]
+    if credentials_refused:
         raise credentials_refusal(conf)
 
 

@@ -46,6 +46,16 @@ def write_conf(directory: Path, placement_url: str, host: str, host_dict: dict |
     return path
 
 
+def assert_refused(done: subprocess.CompletedProcess, state: Path, *named: str) -> None:
+    """A command stopped on its configuration: exit 2, one line on stderr
+    naming each of ``named``, and nothing in the state directory."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert all(n in lines[0] for n in named), lines[0]
+    assert not state.exists() or not any(state.iterdir())
+
+
 def make_agent(tmp_path: Path, placement_url: str, host_dict: dict, **sections):
     host = f"host-{uuid.uuid4().hex[:8]}"
     path = write_conf(tmp_path, placement_url, host, host_dict, **sections)

@@ -13,11 +13,13 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import libvirt
 
 from compute_agent.testing.local_placement import free_port
+from tests.tls import KeyPair
 from tests.waiting import wait_for
 
 LIBVIRTD = "/usr/sbin/libvirtd"
@@ -211,26 +213,68 @@ def running_libvirtd_pair(root: Path) -> Iterator[tuple[PrivateLibvirtd, Private
                 daemon.close()
 
 
+@dataclass(frozen=True)
+class BrokerTls:
+    """A private node's TLS listener: the certificate and key it presents,
+    the CA file it trusts clients' certificates by, and whether it asks a
+    client for one (and refuses a client without)."""
+
+    server: KeyPair
+    authority: Path
+    client_certificates: bool = False
+
+    def config(self, port: int, directory: Path) -> str:
+        """rabbitmq.conf's lines for a listener on ``port`` of the loopback,
+        with the files in ``directory``."""
+        lines = [f"listeners.ssl.default = 127.0.0.1:{port}",
+                 f"ssl_options.cacertfile = {directory / 'ca.pem'}",
+                 f"ssl_options.certfile = {directory / 'server.pem'}",
+                 f"ssl_options.keyfile = {directory / 'server.key'}"]
+        if self.client_certificates:
+            lines += ["ssl_options.verify = verify_peer",
+                      "ssl_options.fail_if_no_peer_cert = true"]
+        return "\n".join(lines) + "\n"
+
+    def copy_to(self, directory: Path) -> list[Path]:
+        """The files, copied where the node's ``rabbitmq`` user reads them:
+        a test's own directories are root's alone."""
+        directory.mkdir()
+        copies = []
+        for source, name in ((self.authority, "ca.pem"), (self.server.certificate, "server.pem"),
+                             (self.server.key, "server.key")):
+            copies.append(directory / name)
+            shutil.copyfile(source, copies[-1])
+        return [directory, *copies]
+
+
 class PrivateRabbitMQ:
     """A RabbitMQ node of its own on free ports, with its own node name,
     config file, database, logs and pid file, in a directory of its own
     that the ``rabbitmq`` user (which ``rabbitmq-server`` switches to)
     owns. ``url`` is its transport URL; ``stop_app()`` and ``start_app()``
-    take its broker away and back."""
+    take its broker away and back. With ``tls``, it also listens for TLS
+    on ``tls_port`` (``tls_url``)."""
 
-    def __init__(self):
+    def __init__(self, tls: BrokerTls | None = None):
         self.root = Path(tempfile.mkdtemp(prefix="rabbitmq-test-"))
         self.node = f"test-{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self.url = f"rabbit://guest:guest@127.0.0.1:{self.port}/"
         self.pid_file = self.root / "rabbitmq.pid"
         config = self.root / "rabbitmq.conf"
-        config.write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
-                          "loopback_users.guest = true\n")
+        config_text = (f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
+                       "loopback_users.guest = true\n")
+        owned = [self.root, config, self.root / "mnesia", self.root / "log"]
+        self.tls_port: int | None = None
+        if tls is not None:
+            self.tls_port = free_port()
+            config_text += tls.config(self.tls_port, self.root / "tls")
+            owned += tls.copy_to(self.root / "tls")
+        config.write_text(config_text)
         for name in ("mnesia", "log"):
             (self.root / name).mkdir()
         rabbitmq = pwd.getpwnam("rabbitmq")
-        for path in (self.root, config, self.root / "mnesia", self.root / "log"):
+        for path in owned:
             os.chown(path, rabbitmq.pw_uid, rabbitmq.pw_gid)
         self.env = {**os.environ,
                     "RABBITMQ_CONFIG_FILE": str(config),
@@ -240,6 +284,13 @@ class PrivateRabbitMQ:
                     "RABBITMQ_MNESIA_BASE": str(self.root / "mnesia"),
                     "RABBITMQ_LOG_BASE": str(self.root / "log"),
                     "RABBITMQ_PID_FILE": str(self.pid_file)}
+
+    def tls_url(self, host: str = "localhost") -> str:
+        """The transport URL of the TLS listener, reached as ``host``: the
+        name a client checks the node's certificate against."""
+        if self.tls_port is None:
+            raise ValueError("this node has no TLS listener")
+        return f"rabbit://guest:guest@{host}:{self.tls_port}/"
 
     def _ctl(self, *args: str) -> None:
         subprocess.run(["rabbitmqctl", "-q", "-n", self.node, *args], check=True,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.helpers import wait_for, write_conf
+from tests.functional.helpers import assert_refused, wait_for, write_conf
 from tests.functional.private_services import PrivateRabbitMQ
 
 TOP = Path(__file__).resolve().parents[2]
@@ -36,14 +36,6 @@ def agent_once(tmp_path: Path, placement: dict | None = None, **sections):
                         + "".join(f"{k} = {v}\n" for k, v in placement.items())
                         + ("\n[" + rest[1] if len(rest) > 1 else ""))
     return run("compute_agent.cmd.agent", conf, "--once"), tmp_path / "state"
-
-
-def assert_refused(done, state: Path, *named: str) -> None:
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, done.stderr
-    assert len(lines) == 1, done.stderr
-    assert all(n in lines[0] for n in named), lines[0]
-    assert not state.exists() or not any(state.iterdir())
 
 
 @pytest.mark.parametrize("section,option,value", [

@@ -105,6 +105,17 @@ def readable_file(value: str) -> None:
         raise BadValue("not readable")
 
 
+def certificate_authorities(value: str) -> None:
+    """A CA file: readable, and holding a PEM certificate OpenSSL loads."""
+    readable_file(value)
+    if value == "":
+        return
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=value)
+    except ssl.SSLError as e:
+        raise BadValue(f"no CA certificate OpenSSL can read ({e.reason or e})") from None
+
+
 def file_to_write(value: str) -> None:
     """A file the agent writes, there or not yet: not a directory, and in
     a directory that is there. Nothing is created here."""
@@ -446,7 +457,7 @@ VALUE_RULES: dict[tuple[str, str], Callable[[Any], None]] = {
     ("oslo_messaging_rabbit", "ssl_version"): rabbit_ssl_version,
     ("oslo_messaging_rabbit", "ssl_key_file"): readable_file,
     ("oslo_messaging_rabbit", "ssl_cert_file"): readable_file,
-    ("oslo_messaging_rabbit", "ssl_ca_file"): readable_file,
+    ("oslo_messaging_rabbit", "ssl_ca_file"): certificate_authorities,
     ("oslo_messaging_rabbit", "kombu_compression"): kombu_compression,
     ("oslo_messaging_kafka", "consumer_group"): queue_name,
     ("oslo_messaging_kafka", "sasl_mechanism"): kafka_sasl_mechanism,

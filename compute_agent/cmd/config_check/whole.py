@@ -6,6 +6,7 @@ import errno
 import os
 import re
 import socket
+import ssl
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -218,6 +219,38 @@ def metrics_port_free(conf: cfg.ConfigOpts) -> None:
         _metrics_address(conf, port=None)
 
 
+def no_key_password() -> bytes:
+    """What OpenSSL asks for an encrypted key: oslo.messaging has none to
+    give, and without this OpenSSL would prompt on the terminal."""
+    raise BadValue("an encrypted key: oslo.messaging gives no password for it")
+
+
+def rabbit_client_certificate(conf: cfg.ConfigOpts) -> None:
+    """With ``ssl``, the client certificate and its key load as a pair, as
+    the driver loads them at each connection: a pair that does not load
+    failed every connection, and the driver tried again for ever. A key
+    without its certificate is never used."""
+    rabbit = conf.oslo_messaging_rabbit
+    if not rabbit.ssl or not (rabbit.ssl_cert_file or rabbit.ssl_key_file):
+        return
+    group = "oslo_messaging_rabbit"
+    if not rabbit.ssl_cert_file:
+        raise refusal(conf, _option(conf, group, "ssl_key_file"),
+                      "a key without ssl_cert_file, its certificate, is not used")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(
+            rabbit.ssl_cert_file, rabbit.ssl_key_file or None, password=no_key_password)
+    except BadValue as e:
+        raise refusal(conf, _option(conf, group, "ssl_key_file"), str(e)) from None
+    except ssl.SSLError as e:
+        if e.reason == "KEY_VALUES_MISMATCH":
+            raise refusal(conf, _option(conf, group, "ssl_key_file"),
+                          "not the key of ssl_cert_file's certificate") from None
+        raise refusal(conf, _option(conf, group, "ssl_cert_file"),
+                      "no certificate and key OpenSSL can read here and in ssl_key_file "
+                      f"({e.reason or e})") from None
+
+
 def config_sources(conf: cfg.ConfigOpts) -> None:
     """Each [DEFAULT] config_source names a section of the files."""
     files = read_config_files(conf)
@@ -266,5 +299,5 @@ def check_config(conf: cfg.ConfigOpts, placement_required: bool) -> None:
         check_option(conf, option)
     for rule in (auth_plugin_options, adapter_versions, auth_plugin_loads,
                  compute_driver_needs, log_destination, config_sources,
-                 metrics_address_local, policy_rules):
+                 metrics_address_local, rabbit_client_certificate, policy_rules):
         rule(conf)

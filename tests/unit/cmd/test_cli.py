@@ -16,11 +16,13 @@ from compute_agent.cmd.daemon import once_summary
 from compute_agent.daemon.service import CycleOutcome
 from compute_agent.exception import ConfigError, InvalidRequest
 from compute_agent.placement.sync import SyncResult
+from compute_agent.rpc import broker
 from compute_agent.rpc import client as rpc_client
 from compute_agent.rpc import schemas as rpc_schemas
 from compute_agent.rpc.outstanding import OutstandingCalls
 from compute_agent.tree.provider_tree import Provider, ProviderTree
 from tests.unit.clocks import FakeClock
+from tests.unit.rpc.test_broker import WRONG_ADDRESS
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / ctl.EXAMPLE_SPEC
@@ -253,6 +255,27 @@ def test_a_command_stuck_between_calls_blames_placement(tmp_path, monkeypatch, c
                    timeout=1) == 1
     assert json.loads(capsys.readouterr().out)["error"].startswith(
         "Placement did not answer within 1.5s")
+
+
+def test_a_broker_refusing_tls_is_exit_2_before_the_command_sends_anything(
+        tmp_path, monkeypatch, capsys):
+    """Not the driver's retries for --timeout, then "did not answer": the
+    one line the daemon says too, and the command never run."""
+    monkeypatch.setattr(broker, "login", lambda host, timeout: WRONG_ADDRESS)
+    sent: list[str] = []
+
+    def call(api, args, conf):
+        sent.append("call")
+        return {}
+
+    assert run_ctl(tmp_path, monkeypatch, ctl.Command("test", call, conductor=True),
+                   timeout=1) == 2
+    assert json.loads(capsys.readouterr().out) == {
+        "error": "[DEFAULT] transport_url: the message broker at rabbit://127.0.0.1:1/ "
+                 "presented a certificate for another name (IP address mismatch, "
+                 "certificate is not valid for '127.0.0.1'): reach the broker by a name "
+                 "its certificate holds", "exit_code": 2}
+    assert sent == []
 
 
 def device_conf(conf_file: Path, *args: str):

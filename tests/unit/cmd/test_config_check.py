@@ -3,6 +3,7 @@ test_config_sweep.py runs them over every option of the sample)."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from compute_agent.cmd.errors import BadValue
 from compute_agent.exception import ConfigError
 from compute_agent.store.errors import StoreError
 from compute_agent.store.inspection import inspect_store
+from tests.tls import Authority
 
 # Stands for a path under the test's own tmp_path that nothing creates: an
 # absolute path such as /nonexistent may exist on a shared machine.
@@ -30,6 +32,7 @@ GOOD = {
     value_rules.absolute_path: ["/var/lib/compute-agent"],
     value_rules.existing_directory: ["/tmp"],
     value_rules.readable_file: ["/etc/hostname", ""],
+    value_rules.certificate_authorities: [""],
     value_rules.state_directory: ["/tmp", f"{ABSENT}/not/yet/there"],
     value_rules.host_name: ["compute-1.example.org", "host_1"],
     value_rules.http_url: ["http://127.0.0.1:8778", "https://keystone.example.org/v3"],
@@ -64,6 +67,7 @@ BAD = {
     value_rules.absolute_path: ["relative", " ", "/tmp/" + "x" * 256, "/x" * 2048],
     value_rules.existing_directory: [ABSENT, "/etc/hostname"],
     value_rules.readable_file: [ABSENT, "/tmp", "/tmp/" + "x" * 256],
+    value_rules.certificate_authorities: [ABSENT, "/tmp", "/etc/hostname"],
     value_rules.state_directory: ["relative", "/etc/hostname", "/etc/hostname/x"],
     value_rules.host_name: ["", "a b", "x" * 101, "-x/y"],
     value_rules.http_url: ["", "127.0.0.1:8778", "ftp://h/", "http://h:0/", "http://h:70000/"],
@@ -239,6 +243,60 @@ def test_fuzz_bug_a_config_dir_that_cannot_be_read_is_named(tmp_path):
 ])
 def test_rules_over_several_options(tmp_path, text, reason):
     assert refused(tmp_path, owned(text, tmp_path), placement_required=False).startswith(reason)
+
+
+@pytest.fixture
+def tls_files(tmp_path) -> dict[str, str]:
+    """A CA, and a client's certificate and key it signed, as PEM files."""
+    authority = Authority.make(tmp_path / "tls", "test-ca")
+    client = authority.issue(tmp_path / "tls", "agent")
+    return {"ca": str(authority.certificate), "cert": str(client.certificate),
+            "key": str(client.key)}
+
+
+def test_a_ca_file_takes_a_pem_ca_and_refuses_a_key(tls_files):
+    value_rules.certificate_authorities(tls_files["ca"])
+    with pytest.raises(BadValue, match="no CA certificate OpenSSL can read"):
+        value_rules.certificate_authorities(tls_files["key"])
+
+
+def rabbit_tls(files: dict[str, str], ssl: bool = True, **named: str) -> str:
+    """[oslo_messaging_rabbit] with ``ssl`` and each of ``named``
+    (ssl_cert_file="cert": the file made as "cert")."""
+    return (f"[oslo_messaging_rabbit]\nssl = {ssl}\n"
+            + "".join(f"{option} = {files[made]}\n" for option, made in named.items()))
+
+
+def test_a_client_certificate_and_its_key_pass(tmp_path, tls_files):
+    load_config(conf_file(tmp_path, rabbit_tls(tls_files, ssl_cert_file="cert",
+                                               ssl_key_file="key", ssl_ca_file="ca")))
+
+
+@pytest.mark.parametrize("named,reason", [
+    ({"ssl_key_file": "key"}, "[oslo_messaging_rabbit] ssl_key_file: a key without "
+     "ssl_cert_file, its certificate, is not used"),
+    ({"ssl_cert_file": "ca", "ssl_key_file": "key"}, "[oslo_messaging_rabbit] "
+     "ssl_key_file: not the key of ssl_cert_file's certificate"),
+    ({"ssl_cert_file": "cert"}, "[oslo_messaging_rabbit] ssl_cert_file: no certificate "
+     "and key OpenSSL can read here and in ssl_key_file"),
+    ({"ssl_cert_file": "cert", "ssl_key_file": "encrypted"}, "[oslo_messaging_rabbit] "
+     "ssl_key_file: an encrypted key: oslo.messaging gives no password for it"),
+])
+def test_a_client_certificate_that_does_not_load_is_refused(tmp_path, tls_files, named,
+                                                            reason):
+    """The driver loads the pair at each connection, and tried again for
+    ever when it did not load; an encrypted key made OpenSSL prompt on the
+    terminal."""
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(["openssl", "pkey", "-in", tls_files["key"], "-aes256", "-passout",
+                    "pass:secret", "-out", str(encrypted)], check=True, timeout=30)
+    files = {**tls_files, "encrypted": str(encrypted)}
+    assert refused(tmp_path, rabbit_tls(files, **named), placement_required=False
+                   ).startswith(reason)
+
+
+def test_a_client_certificate_is_not_loaded_without_ssl(tmp_path, tls_files):
+    load_config(conf_file(tmp_path, rabbit_tls(tls_files, ssl=False, ssl_key_file="key")))
 
 
 def test_a_store_in_the_place_of_a_directory_is_named(tmp_path):

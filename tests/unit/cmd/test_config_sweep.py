@@ -27,6 +27,7 @@ RULE_EXAMPLES = {
     value_rules.absolute_path: ["relative/path", "", "/" + "x" * 5000],
     value_rules.existing_directory: [f"{ABSENT}/directory", "relative", "/etc/hostname"],
     value_rules.readable_file: [f"{ABSENT}/file", "/"],
+    value_rules.certificate_authorities: [f"{ABSENT}/file", "/", "/etc/hostname"],
     value_rules.state_directory: ["relative", "/etc/hostname", "/etc/hostname/below"],
     value_rules.host_name: ["", "has space", "x" * 300, "bad/slash"],
     value_rules.http_url: ["", "not a url", "ftp://h/", "http://", "http://h:99999/"],

@@ -2,17 +2,24 @@
 way; the rabbit driver's reconnection lines demoted to DEBUG, its other
 lines left alone; py-amqp's warning about the cancel of our own fanout
 consumer as a server closes demoted too; the probe's findings in a few
-words."""
+words; TLS: the agent's own connections as the driver's, and a TLS
+failure that no retry changes stopping the start in one line naming the
+option."""
 from __future__ import annotations
 
 import logging
+import ssl
 
 import pytest
 from amqp import spec as amqp_spec
 from amqp.exceptions import AccessRefused
+from oslo_config import cfg
 
 from compute_agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown
+from compute_agent.exception import ConfigError
+from compute_agent.messaging import messaging
 from compute_agent.rpc import broker
+from tests.unit.test_messaging import rabbit_conf
 
 URL = "rabbit://127.0.0.1:5672/"
 DOWN = Probe(Dependency.BROKER, URL, "did not answer (connection refused)")
@@ -133,3 +140,174 @@ def test_the_cancel_of_our_own_fanout_consumer_as_a_server_closes_is_no_warning(
 ])
 def test_the_probes_findings_in_a_few_words(error, said):
     assert broker.problem(error) == said
+
+
+# --- TLS ----------------------------------------------------------------------
+
+def tls_conf(transport_url: str, **rabbit) -> cfg.ConfigOpts:
+    conf = rabbit_conf(**rabbit)
+    conf.set_override("transport_url", transport_url)
+    return conf
+
+
+def drivers_ssl(conf: cfg.ConfigOpts, monkeypatch) -> object:
+    """The ``ssl`` oslo.messaging's rabbit driver gives kombu for a
+    connection of its own: the driver's connection, made without
+    connecting."""
+    from oslo_messaging._drivers import common as rpc_common
+    from oslo_messaging._drivers import impl_rabbit
+    monkeypatch.setattr(impl_rabbit.Connection, "ensure_connection", lambda self: None)
+    url = messaging.TransportURL.parse(conf, conf.transport_url)
+    return impl_rabbit.Connection(conf, url, rpc_common.PURPOSE_LISTEN).connection.ssl
+
+
+ONE_HOST = "rabbit://agent:pw@broker.example.org:5671/"
+CA = {"ca_certs": "/etc/ca.pem", "cert_reqs": ssl.CERT_REQUIRED,
+      "server_hostname": "broker.example.org"}
+
+
+@pytest.mark.parametrize("rabbit, kombu_ssl", [
+    ({}, False),
+    ({"ssl_ca_file": "/etc/ca.pem"}, False),
+    ({"ssl": True}, True),
+    ({"ssl": True, "ssl_ca_file": "/etc/ca.pem"}, CA),
+    ({"ssl": True, "ssl_ca_file": "/etc/ca.pem", "ssl_cert_file": "/etc/agent.pem",
+      "ssl_key_file": "/etc/agent.key", "ssl_version": "tlsv1_2"},
+     {**CA, "certfile": "/etc/agent.pem", "keyfile": "/etc/agent.key",
+      "ssl_version": ssl.PROTOCOL_TLSv1_2}),
+    ({"ssl": True, "ssl_cert_file": "/etc/agent.pem"}, {"certfile": "/etc/agent.pem"}),
+])
+def test_the_agents_own_connections_have_the_drivers_tls(rabbit, kombu_ssl, monkeypatch):
+    """The probes' and the watch's connections are TLS as the driver's are,
+    the name in transport_url verified whenever a CA file is given."""
+    conf = tls_conf(ONE_HOST, **rabbit)
+    [host] = broker.rabbit_hosts(conf)
+    ours = host.connection(5).ssl
+    assert ours == kombu_ssl
+    assert ours == drivers_ssl(conf, monkeypatch)
+
+
+def test_each_host_of_transport_url_is_verified_by_its_own_name(monkeypatch):
+    """With several hosts the driver leaves the name to kombu, which takes
+    the host it connects to."""
+    conf = tls_conf("rabbit://a:pw@b1.example.org:5671,a:pw@b2.example.org:5671/",
+                    ssl=True, ssl_ca_file="/etc/ca.pem")
+    ours = [host.connection(5).ssl for host in broker.rabbit_hosts(conf)]
+    assert ours == [{**CA, "server_hostname": name}
+                    for name in ("b1.example.org", "b2.example.org")]
+    assert drivers_ssl(conf, monkeypatch) == {**CA, "server_hostname": None}
+
+
+def ssl_error(kind: type[ssl.SSLError], number: int, text: str, reason: str | None,
+              verify: tuple[int, str] | None = None) -> ssl.SSLError:
+    """An error as CPython's ssl module raises it (_ssl.c,
+    fill_and_set_sslerror): OpenSSL's error number and the text, then
+    OpenSSL's reason and library (None when OpenSSL gave none), and for a
+    certificate that does not verify, OpenSSL's X509_V_ERR code and its
+    text."""
+    error = kind(number, text)
+    error.reason, error.library = reason, "SSL" if reason else None
+    if verify is not None:
+        error.verify_code, error.verify_message = verify
+    return error
+
+
+def verify_failed(code: int, why: str) -> ssl.SSLError:
+    return ssl_error(ssl.SSLCertVerificationError, 1, "[SSL: CERTIFICATE_VERIFY_FAILED] "
+                     f"certificate verify failed: {why} (_ssl.c:1006)",
+                     "CERTIFICATE_VERIFY_FAILED", (code, why))
+
+
+# Each as seen against a RabbitMQ node whose certificate a test CA signed
+# for localhost (tests/functional/test_broker_tls.py).
+WRONG_CA = verify_failed(19, "self-signed certificate in certificate chain")
+WRONG_ADDRESS = verify_failed(64, "IP address mismatch, certificate is not valid for "
+                                  "'127.0.0.1'.")
+WRONG_NAME = verify_failed(62, "Hostname mismatch, certificate is not valid for 'rabbit'.")
+# ssl = true against the node's plain AMQP port.
+NOT_TLS = ssl_error(ssl.SSLError, 1, "[SSL: WRONG_VERSION_NUMBER] wrong version number "
+                    "(_ssl.c:1006)", "WRONG_VERSION_NUMBER")
+# The node closing the handshake: it asked for a client certificate and got
+# none (TLS 1.3), or it went away; a retry may meet another outcome.
+CLOSED = ssl_error(ssl.SSLEOFError, 8, "EOF occurred in violation of protocol (_ssl.c:2427)",
+                   None)
+
+
+@pytest.mark.parametrize("error, said, for_good", [
+    (WRONG_CA, "presented a certificate that ssl_ca_file does not verify (self-signed "
+     "certificate in certificate chain)", True),
+    (WRONG_ADDRESS, "presented a certificate for another name (IP address mismatch, "
+     "certificate is not valid for '127.0.0.1')", True),
+    (WRONG_NAME, "presented a certificate for another name (Hostname mismatch, "
+     "certificate is not valid for 'rabbit')", True),
+    (NOT_TLS, "does not speak TLS on that port", True),
+    (CLOSED, "did not answer (SSLEOFError: EOF occurred in violation of protocol "
+     "(_ssl.c:2427))", False),
+    (ConnectionResetError(104, "Connection reset by peer"),
+     "did not answer (ConnectionResetError: [Errno 104] Connection reset by peer)", False),
+])
+def test_a_tls_failure_in_a_few_words_and_whether_it_is_for_good(error, said, for_good):
+    assert broker.problem(error) == said
+    assert broker.refuses_tls(error) is for_good
+
+
+def refused_login(conf: cfg.ConfigOpts, monkeypatch, errors: dict[str, Exception | None]
+                  ) -> str | None:
+    """refuse_rejected_login's line when each host (by name) answers a
+    login with its error, None when it lets the start go on."""
+    monkeypatch.setattr(broker, "login", lambda host, timeout: errors[host.hostname])
+    try:
+        broker.refuse_rejected_login(conf, 5)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+REFUSED = AccessRefused("(403) ACCESS_REFUSED - Login was refused")
+TWO_HOSTS = "rabbit://a:pw@b1:5671,a:pw@b2:5671/"
+
+
+@pytest.mark.parametrize("rabbit, errors, line", [
+    ({"ssl_ca_file": "/etc/ca.pem"}, {"broker.example.org": WRONG_CA},
+     "[oslo_messaging_rabbit] ssl_ca_file: the message broker at "
+     "rabbit://broker.example.org:5671/ presented a certificate this CA file does not "
+     "verify (self-signed certificate in certificate chain): give the CA that signed it "
+     "(value: '/etc/ca.pem')"),
+    ({}, {"broker.example.org": WRONG_CA},
+     "[oslo_messaging_rabbit] ssl_ca_file: the message broker at "
+     "rabbit://broker.example.org:5671/ presented a certificate this CA file does not "
+     "verify (self-signed certificate in certificate chain): give the CA that signed it "
+     "(value: unset: the system's CAs)"),
+    ({"ssl_ca_file": "/etc/ca.pem"}, {"broker.example.org": WRONG_ADDRESS},
+     "[DEFAULT] transport_url: the message broker at rabbit://broker.example.org:5671/ "
+     "presented a certificate for another name (IP address mismatch, certificate is not "
+     "valid for '127.0.0.1'): reach the broker by a name its certificate holds"),
+    ({}, {"broker.example.org": NOT_TLS},
+     "[oslo_messaging_rabbit] ssl: the message broker at rabbit://broker.example.org:5671/ "
+     "does not speak TLS on port 5671: give its TLS listener's port in transport_url, or "
+     "set ssl = false (value: True)"),
+    ({}, {"broker.example.org": CLOSED}, None),
+])
+def test_a_broker_refusing_tls_stops_the_start_naming_the_option(rabbit, errors, line,
+                                                                monkeypatch):
+    conf = tls_conf(ONE_HOST, ssl=True, **rabbit)
+    assert refused_login(conf, monkeypatch, errors) == line
+
+
+@pytest.mark.parametrize("errors, line", [
+    # The TLS refusal (the handshake) before the credentials (the login after).
+    ({"b1": REFUSED, "b2": WRONG_NAME}, "[DEFAULT] transport_url: the message broker at "
+     "rabbit://b2:5671/ presented a certificate for another name (Hostname mismatch, "
+     "certificate is not valid for 'rabbit'): reach the broker by a name its certificate "
+     "holds"),
+    ({"b1": REFUSED, "b2": CLOSED}, "[DEFAULT] transport_url: the message broker at "
+     "rabbit://b1:5671,b2:5671/ refused the credentials of user 'a': correct the user or "
+     "password in transport_url, or the broker's users"),
+    # A host that takes the login: the driver fails over to it.
+    ({"b1": WRONG_CA, "b2": None}, None),
+    ({"b1": ConnectionRefusedError(111, "Connection refused"), "b2": CLOSED}, None),
+])
+def test_of_several_hosts_one_that_takes_the_login_lets_the_start_go_on(errors, line,
+                                                                         monkeypatch):
+    conf = tls_conf(TWO_HOSTS, ssl=True, ssl_ca_file="/etc/ca.pem")
+    assert refused_login(conf, monkeypatch, errors) == line
