@@ -317,7 +317,7 @@ def test_build_killed_after_spawn_is_completed_not_rolled_back(tmp_path):
                     {"pf": {"SRIOV_NET_VF": 1}, "root": {"DISK_GB": 1}}):
             inst = new_uuid()
             w.tracker.claim_build(inst, spec(), w.allocations(mix))
-            w.driver.spawn(w.manager._guest(inst))  # then the kill
+            w.driver.spawn(w.manager.host.guest(inst))  # then the kill
             w.restart()
             report = w.reconcile(None, at_start=True)
             assert inst in w.driver.list_guests(), \

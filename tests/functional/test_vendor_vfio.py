@@ -255,7 +255,7 @@ def test_a_restart_and_a_reboot_keep_every_guests_vf_and_type(host):
     assert first_cycles("boot-2") == {a0: 557, a1: 557, b2: 558}
     assert host.agent.vgpu_types_not_restored == {}
     for instance in guests:
-        host.agent.manager._run_with_store_devices(instance)
+        host.agent.manager.host.run_with_store_devices(instance)
     check()
 
     # Another reboot, after which B2's framebuffer goes to another VF
@@ -272,8 +272,8 @@ def test_a_restart_and_a_reboot_keep_every_guests_vf_and_type(host):
     for instance in guests:
         if instance == lost:
             with pytest.raises(MdevError):
-                host.agent.manager._run_with_store_devices(instance)
+                host.agent.manager.host.run_with_store_devices(instance)
         else:
-            host.agent.manager._run_with_store_devices(instance)
+            host.agent.manager.host.run_with_store_devices(instance)
     del expected[lost]
     check()
