@@ -21,7 +21,7 @@ from compute_agent.daemon import cycle_record, start_up
 from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.one_agent_run import PlacementCheck
 from compute_agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
-from compute_agent.daemon.reconciliation import Reconciliation
+from compute_agent.daemon.reconciliation import Reconciliation, TimeBounds
 from compute_agent.daemon.systemd import Watchdog
 from compute_agent.dependencies import Dependencies, Dependency, describe
 from compute_agent.drivers.base import DeviceKind, HostInventory
@@ -281,10 +281,9 @@ class Agent:
 
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
         """Compare store, guests and Placement (compute_agent/daemon/reconciliation.py)."""
-        return self.reconciliation.run(
-            self.manager, at_start, fix, grace=self.settings.orphan_grace_period,
-            announced_timeout=self.settings.live_migration_announced_timeout,
-            clock=self.wall_clock)
+        return self.reconciliation.run(self.manager, at_start, fix, TimeBounds(
+            self.settings.orphan_grace_period,
+            self.settings.live_migration_announced_timeout, self.wall_clock))
 
     def capacity(self) -> list[ProviderCapacity]:
         """Each provider's inventories and usage, from what the loop last
