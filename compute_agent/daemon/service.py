@@ -7,7 +7,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from oslo_config import cfg
@@ -34,7 +34,7 @@ from compute_agent.exception import (
     PlacementError,
 )
 from compute_agent.health.rules import hold_vgpu_vfs_not_restored
-from compute_agent.health.run import HealthWatch
+from compute_agent.health.run import HealthSettings, HealthWatch
 from compute_agent.health.vf_restore_run import VfRestore
 from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from compute_agent.placement.allocations import AllocationView
@@ -93,8 +93,7 @@ class AgentSettings:
     metrics_listen: str | None = None
     # Seconds a turn of the update loop may run before /healthz says stuck.
     healthz_turn_limit: float = 120
-    health_poll_interval: float = 1.0
-    health_correctable_per_minute: int = 100
+    health: HealthSettings = field(default_factory=HealthSettings)
     # <state_path>/last_cycle.json, for status (compute_agent/daemon/cycle_record.py);
     # None: not recorded (an agent opened beside a running one).
     record_path: Path | None = None
@@ -108,8 +107,9 @@ class AgentSettings:
             live_migration_announced_timeout=conf.live_migration_announced_timeout,
             heal_on_startup=conf.heal.on_startup, metrics_listen=conf.metrics.listen,
             healthz_turn_limit=conf.metrics.healthz_turn_limit,
-            health_poll_interval=conf.devices.health_poll_interval,
-            health_correctable_per_minute=conf.devices.health_correctable_errors_per_minute,
+            health=HealthSettings(
+                conf.devices.health_poll_interval,
+                conf.devices.health_correctable_errors_per_minute),
             record_path=cycle_record.path_in(conf.state_path) if holder else None)
 
 
