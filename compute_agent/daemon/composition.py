@@ -38,6 +38,7 @@ from compute_agent.store.adoption import plan_adoption
 from compute_agent.store.assignment_id import new_assignment_id
 from compute_agent.store.errors import AdoptionRefused, StoreRefused
 from compute_agent.store.inspection import inspect_store
+from compute_agent.store.rebuild import RowSource
 from compute_agent.store.store import STORE_FILE, Store, create_filled
 from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.tree.policy import tree_policy_from_conf
@@ -121,8 +122,8 @@ def adopt(host: HostAtStart, foreign: Mapping[str, ForeignGuest],
         built = build_tree(host.driver.get_host_inventory(), policy)
         names = {p["name"]: p["uuid"] for p in host.client.get_tree(host.root_uuid)}
         plan = plan_adoption(foreign, allocations,
-                             built.pools_by_uuid(names), host.driver.boot_id(),
-                             new_assignment_id)
+                             RowSource(built.pools_by_uuid(names), host.driver.boot_id(),
+                                      new_assignment_id))
     except DriverUnavailable as e:
         raise StoreRefused(f"store {path} is missing and the host cannot "
                            f"be adopted: the hypervisor did not answer "
