@@ -261,6 +261,8 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(tmp_path, root_disk)
         ready = os.read(read_fd, 1)
         os.close(read_fd)
         assert ready == b"r", "the child died before it was ready"
+        # The kill lands at a random moment of the child's work: anywhere
+        # in a claim is what is tested.
         time.sleep(rng.uniform(0, 0.030))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
