@@ -203,12 +203,24 @@ def counted_device_id(pool: Pool) -> str:
     return "host" if pool.numa_node is None else str(pool.numa_node)
 
 
-def _choose_from(pool: Pool, provider_uuid: str, amount: int, held: HeldDevices,
-                 earlier: set[str], prefer_numa: int | None,
-                 vetoed: frozenset[HostResource], used: Container[str]) -> list[Choice]:
-    """``earlier``: devices of this pool chosen earlier in the same claim;
-    ``used``: devices not cleaned since their last use, which keep out
-    while their pool says they are one-time-use."""
+@dataclass(frozen=True)
+class Taken:
+    """What no claim may be given now: the devices live assignments hold
+    (``held``), whatever the host's guests hold, the store aside
+    (``vetoed``: compute_agent/claims/veto.py), and the devices not cleaned
+    since their last use (``used``), which keep out while their pool says
+    they are one-time-use."""
+
+    held: HeldDevices = field(default_factory=HeldDevices)
+    vetoed: frozenset[HostResource] = frozenset()
+    used: Container[str] = frozenset()
+
+
+def _choose_from(pool: Pool, wanted: Wanted, taken: Taken, earlier: set[str],
+                 prefer_numa: int | None) -> list[Choice]:
+    """``earlier``: devices of this pool chosen earlier in the same claim."""
+    provider_uuid, amount = wanted.provider_uuid, wanted.amount
+    held, vetoed, used = taken.held, taken.vetoed, taken.used
     if not pool.exclusive:
         return [Choice(provider_uuid, pool.resource_class, pool.kind,
                        counted_device_id(pool), amount, DeviceDetail(pool.numa_node))]
@@ -261,13 +273,10 @@ def instance_cell(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]]
 
 
 def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
-           held: HeldDevices, prefer_numa: int | None = None,
-           vetoed: frozenset[HostResource] = frozenset(),
-           used: Container[str] = frozenset()) -> list[Choice]:
-    """Concrete devices for every wanted amount, or ClaimFailed naming the
-    first resource that cannot be met. ``held`` is not changed. No slot
-    that holds any of ``vetoed`` (what guests hold: veto.py) is chosen,
-    nor a one-time-use device in ``used`` (not cleaned since its use)."""
+           taken: Taken, prefer_numa: int | None = None) -> list[Choice]:
+    """Concrete devices for every wanted amount, none of them ``taken``
+    (which is not changed), or ClaimFailed naming the first resource that
+    cannot be met."""
     if prefer_numa is None:
         prefer_numa = instance_cell(wanted, pools)
     out: list[Choice] = []
@@ -277,8 +286,7 @@ def choose(wanted: list[Wanted], pools: Mapping[str, Mapping[str, Pool]],
         earlier = {c.device_id for c in out
                    if (c.provider_uuid, c.resource_class) == (w.provider_uuid,
                                                               w.resource_class)}
-        out.extend(_choose_from(pool, w.provider_uuid, w.amount, held, earlier,
-                                prefer_numa, vetoed, used))
+        out.extend(_choose_from(pool, w, taken, earlier, prefer_numa))
     return out
 
 

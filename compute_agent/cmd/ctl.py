@@ -182,7 +182,7 @@ class Command:
 POLL_TIMEOUT = 2.0
 
 
-def _evacuator(api, conf) -> Evacuator:
+def _evacuator(api, conf, parallel: int = DEFAULT_PARALLEL) -> Evacuator:
     """A host that has not answered within --timeout is shown down when
     --timeout is shorter than service_down_time: the command ends within
     its timeout. An evacuation's destination asks the source again, with
@@ -191,7 +191,7 @@ def _evacuator(api, conf) -> Evacuator:
                      Heartbeat(conf, min(conf.service_down_time, conf.timeout),
                                outstanding=api.outstanding, on_wait=tell_waiting),
                      ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT),
-                                     outstanding=api.outstanding))
+                                     outstanding=api.outstanding), parallel)
 
 
 def _when(epoch: float | None) -> str:
@@ -255,8 +255,8 @@ def _evacuate(api, a, conf):
             print_output(_outcome_line(asdict(o)))
     # Leave the main thread's deadline room to print what was reached.
     deadline = time.monotonic() + max(conf.timeout - 1, 0.1)
-    return _evacuator(api, conf).evacuate(a.agent_host, a.target, a.force, progress,
-                                          deadline, a.parallel).as_dict()
+    return _evacuator(api, conf, a.parallel).evacuate(a.agent_host, a.target, a.force,
+                                                      progress, deadline).as_dict()
 
 
 # --- the conductor's commands: live-migrate ------------------------------------

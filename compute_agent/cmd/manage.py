@@ -97,7 +97,7 @@ from compute_agent.store.assignment_id import new_assignment_id
 from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable, StoreError
 from compute_agent.store.inspection import inspect_store
-from compute_agent.store.rebuild import RebuiltStore, plan_rebuild
+from compute_agent.store.rebuild import RebuiltStore, RowSource, plan_rebuild
 from compute_agent.store.schema import SCHEMA_VERSION
 from compute_agent.store.store import STORE_FILE, create_filled
 from compute_agent.tree.host_tree import build_tree
@@ -319,8 +319,8 @@ def _plan_from_host(conf: cfg.ConfigOpts, driver, client: PlacementClient,
         raise RebuildRefused(unreadable)
     names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
     return plan_rebuild(guests, tree_allocations(client, root_uuid),
-                        built.pools_by_uuid(names), driver.boot_id(),
-                        new_assignment_id)
+                        RowSource(built.pools_by_uuid(names), driver.boot_id(),
+                                 new_assignment_id))
 
 
 def _describe_rebuild(rebuilt: RebuiltStore) -> list[str]:

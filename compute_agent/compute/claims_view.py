@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import EllipsisType
 from typing import TypeVar
 
-from compute_agent.claims.choice import HeldDevices, Pool, choose, parse_allocations
+from compute_agent.claims.choice import HeldDevices, Pool, Taken, choose, parse_allocations
 from compute_agent.claims.model import (
     Assignment,
     AssignmentState,
@@ -197,8 +197,7 @@ class ClaimsView:
                            Owner.INSTANCE, migration_uuid, c.resource_class,
                            c.provider_uuid, c.kind, c.device_id, c.amount,
                            AssignmentState.CLAIMING, self.boot_id, c.detail)
-                for c in choose(wanted, self.pools, self.held, vetoed=self.vetoed,
-                                used=self.uses)]
+                for c in choose(wanted, self.pools, Taken(self.held, self.vetoed, self.uses))]
         # The order every later answer uses, so a retry gets the same one.
         return sorted(rows, key=lambda a: a.id)
 

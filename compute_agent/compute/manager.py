@@ -13,13 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from compute_agent.claims.model import Assignment
 from compute_agent.compute.evacuation import Evacuations
 from compute_agent.compute.host import Host
 from compute_agent.compute.live_migration import LiveMigrations
 from compute_agent.compute.resize import Resizes
 from compute_agent.compute.tracker import Tracker
-from compute_agent.drivers.base import GuestSpec
 from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.drivers.errors import DriverUnavailable
 from compute_agent.tree.device_spec import DeviceSpec
@@ -59,18 +57,6 @@ class ComputeManager:
 
     def redefine_guest(self, instance_uuid: str) -> None:
         self.host.redefine_guest(instance_uuid)
-
-    # The tests' ways in: the guest as the store defines it, run as such,
-    # and the types of given-back VFs cleared.
-
-    def _guest(self, instance_uuid: str) -> GuestSpec:
-        return self.host.guest(instance_uuid)
-
-    def _run_with_store_devices(self, instance_uuid: str) -> None:
-        self.host.run_with_store_devices(instance_uuid)
-
-    def _clear_vgpu_types(self, released: list[Assignment]) -> None:
-        self.host.clear_vgpu_types(released)
 
     # --- build and delete -----------------------------------------------
 

@@ -7,7 +7,7 @@ destination's. A same-host resize therefore keeps both sets side by side.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from compute_agent.claims.choice import InstanceSpec
 from compute_agent.claims.model import (
@@ -25,11 +25,23 @@ from compute_agent.exception import InvalidRequest, MoveInProgress, NoSuchInstan
 from compute_agent.moves.evacuation import evacuation_name_free_again
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a claim asks for: the instance's spec, checked; its
+    allocations, in Placement's shape; and their digest, which the record
+    keeps so that a retry is known by asking the same."""
+
+    spec: InstanceSpec
+    allocations: dict
+    asked: RequestDigest
+
+
 def claim_move(view: ClaimsView, kind: MoveKind, migration_uuid: str, instance_uuid: str,
-               spec: InstanceSpec, allocations: dict, asked: RequestDigest) -> Decided:
+               request: ClaimRequest) -> Decided:
     """The destination's claim for a resize, live migration or
     evacuation. On the same host, the instance's current devices pass
     to the migration in the same commit."""
+    asked = request.asked
     m = view.migrations.get(migration_uuid)
     if m is not None:
         check_move_of(m, instance_uuid)
@@ -51,7 +63,7 @@ def claim_move(view: ClaimsView, kind: MoveKind, migration_uuid: str, instance_u
     other = view.open_migration(instance_uuid)
     if other is not None and other.uuid != migration_uuid:
         raise MoveInProgress(instance_uuid, other.uuid)
-    rows = view.choose_rows(instance_uuid, allocations, instance_uuid, migration_uuid)
+    rows = view.choose_rows(instance_uuid, request.allocations, instance_uuid, migration_uuid)
     if kind is MoveKind.EVACUATION and instance_uuid in view.instances:
         raise InvalidRequest("instance_uuid", instance_uuid,
                              "is already on this host; an evacuation "
@@ -67,7 +79,8 @@ def claim_move(view: ClaimsView, kind: MoveKind, migration_uuid: str, instance_u
                           MigrationRole.BOTH if same_host else MigrationRole.DESTINATION,
                           MigrationState.ACTIVE, old_spec, asked)
     return Decided(rows, Change(claimed=tuple(rows), updated=passed,
-                                recorded=InstanceRecord(instance_uuid, spec.to_payload()),
+                                recorded=InstanceRecord(instance_uuid,
+                                                        request.spec.to_payload()),
                                 migration=migration))
 
 

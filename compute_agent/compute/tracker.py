@@ -303,10 +303,10 @@ class Tracker:
             migration_uuid = check_uuid(migration_uuid, "migration_uuid")
             instance_uuid = check_uuid(instance_uuid, "instance_uuid")
             claimed_spec = InstanceSpec.from_payload(spec)
-            asked = claim_request(claimed_spec, allocations)
+            request = move_claims.ClaimRequest(claimed_spec, allocations,
+                                               claim_request(claimed_spec, allocations))
             return self._run(instance_uuid, lambda: self._decision(move_claims.claim_move(
-                self._view, kind, migration_uuid, instance_uuid, claimed_spec, allocations,
-                asked)))
+                self._view, kind, migration_uuid, instance_uuid, request)))
 
     def announce_move_source(self, kind: MoveKind, migration_uuid: str, instance_uuid: str,
                              asked: RequestDigest) -> Migration:

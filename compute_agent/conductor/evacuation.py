@@ -113,16 +113,33 @@ class _Run:
     writing: threading.Lock = field(default_factory=threading.Lock)
 
 
+@dataclass(frozen=True)
+class _Rebuild:
+    """One instance's rebuild_instance call to its destination, whose
+    providers hold its allocations already."""
+
+    instance: str
+    destination: str
+    migration: str
+    spec: dict
+    wanted: dict
+
+    def outcome(self, state: str, error: str | None = None) -> Outcome:
+        return Outcome(self.instance, state, self.destination, self.migration, error)
+
+
 class Evacuator:
     def __init__(self, placement: PlacementClient, api: ComputeAgentAPI,
-                 heartbeat: Heartbeat, poll: ComputeAgentAPI | None = None):
+                 heartbeat: Heartbeat, poll: ComputeAgentAPI | None = None,
+                 parallel: int = DEFAULT_PARALLEL):
         """``poll``: the client progress is read with, on a short timeout (a
         destination that dies must not hold the rest up); ``api`` by
-        default."""
+        default. ``parallel``: the instances an evacuation moves at once."""
         self.placement = placement
         self.api = api
         self.poll = poll or api
         self.heartbeat = heartbeat
+        self.parallel = parallel
         self._liveness: dict[str, Liveness] = {}
         self._liveness_lock = threading.Lock()
 
@@ -179,8 +196,7 @@ class Evacuator:
 
     def evacuate(self, source: str, target: str | None = None, force: bool = False,
                  progress: Callable[[Outcome], None] = lambda o: None,
-                 deadline: float | None = None,
-                 parallel: int = DEFAULT_PARALLEL) -> Evacuation:
+                 deadline: float | None = None) -> Evacuation:
         """Every instance of ``source``, ``parallel`` at a time; then every
         instance an earlier run left between the allocation write and the
         destination's answer. ``progress`` is called in the caller's thread."""
@@ -199,7 +215,7 @@ class Evacuator:
         # Migration consumers on the source (an earlier evacuation's, maybe
         # interrupted) -> what they hold there; filled by the first pass.
         migrations: dict[str, Allocations] = {}
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
             def collect(work: list[Callable[[], Outcome | None]]) -> None:
                 for done in as_completed([pool.submit(w) for w in work]):
                     outcome = done.result()
@@ -261,8 +277,8 @@ class Evacuator:
                 if not lost_a_race(e) or attempt == WRITE_ATTEMPTS:
                     return Outcome(instance, "failed", destination, migration,
                                    f"allocations not written: {_first_line(e)}")
-        return self._call_destination(run, instance, destination, migration, spec,
-                                      wanted)
+        return self._call_destination(run, _Rebuild(instance, destination, migration, spec,
+                                                    wanted))
 
     def _destination(self, run: _Run, request) -> tuple[str, dict] | None:
         """The first allocation candidate on an up host other than the
@@ -280,28 +296,27 @@ class Evacuator:
                 return run.roots[root], candidate["allocations"]
         return None
 
-    def _call_destination(self, run: _Run, instance: str, destination: str,
-                          migration: str, spec: dict, wanted: dict) -> Outcome:
-        """rebuild_instance to the destination, the instance's allocations
-        already on its providers; a refusal moves them back to the source."""
+    def _call_destination(self, run: _Run, rebuild: _Rebuild) -> Outcome:
+        """rebuild_instance to the destination; a refusal moves the
+        instance's allocations back to the source."""
         try:
-            self.api.rebuild_instance(destination, migration, instance, spec, wanted,
+            self.api.rebuild_instance(rebuild.destination, rebuild.migration,
+                                      rebuild.instance, rebuild.spec, rebuild.wanted,
                                       source_host=run.source, force=run.force)
         except messaging.MessagingTimeout:
             # It may have been accepted: the destination then owns it; if
             # not, the next run finds it (_interrupted) and calls again.
-            return Outcome(instance, "failed", destination, migration,
-                           f"no answer from {destination}: if it accepted the "
-                           "rebuild it owns it and resumes it; evacuate "
-                           f"{run.source} again to find out")
+            return rebuild.outcome("failed", f"no answer from {rebuild.destination}: if "
+                                   "it accepted the rebuild it owns it and resumes it; "
+                                   f"evacuate {run.source} again to find out")
         except AgentError as e:
             # Refused: nothing was claimed there. The instance goes back to
             # the source's allocations, where the source's store has it.
             with run.writing:
-                move_allocations(self.placement, migration, instance, "INSTANCE")
-            return Outcome(instance, "failed", destination, migration,
-                           _first_line(e))
-        return Outcome(instance, "accepted", destination, migration)
+                move_allocations(self.placement, rebuild.migration, rebuild.instance,
+                                 "INSTANCE")
+            return rebuild.outcome("failed", _first_line(e))
+        return rebuild.outcome("accepted")
 
     # --- what an earlier run left -----------------------------------------
 
@@ -348,8 +363,8 @@ class Evacuator:
             return Outcome(instance, "failed", destination, migration, str(e))
         wanted = {rp: {"resources": r}
                   for rp, r in found.destination_allocations.items()}
-        return self._call_destination(run, instance, destination, migration, spec,
-                                      wanted)
+        return self._call_destination(run, _Rebuild(instance, destination, migration, spec,
+                                                    wanted))
 
     def _wait_running(self, accepted: list[Outcome],
                       progress: Callable[[Outcome], None],

@@ -24,6 +24,7 @@ import logging
 import time
 import uuid as uuid_lib
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 
@@ -121,6 +122,17 @@ ASK_PAUSE_SECONDS = 1.0
 ASK_TIMEOUT_FLOOR_SECONDS = 1.0
 
 
+@dataclass(frozen=True)
+class LiveMove:
+    """One live migration, as each of its steps names it: the instance, the
+    migration's uuid, and the hosts the guest leaves and goes to."""
+
+    instance_uuid: str
+    migration: str
+    source: str
+    destination: str
+
+
 def answer_of(call: Callable[[], dict]) -> dict | Exception:
     """What ``call`` returned or raised."""
     try:
@@ -159,6 +171,7 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
     source rolled back is rolled back here too. Returns the instance as
     the destination reports it."""
     migration = migration_uuid or str(uuid_lib.uuid4())
+    move = LiveMove(instance_uuid, migration, source, destination)
     announced = api.can_send("1.4")
     if announced:
         try:
@@ -168,12 +181,11 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
             # A first run's refusal leaves nothing to undo anywhere; a
             # rerun's may find what an earlier run left.
             if migration_uuid is not None:
-                _undo_if_rolled_back_at_source(api, placement, instance_uuid, source,
-                                               destination, migration)
+                _undo_if_rolled_back_at_source(api, placement, move)
             raise
         if recorded["state"] == MigrationState.CONFIRMED.value:
             # An earlier run lost the source's answer; the guest left it.
-            return _settle(api, placement, instance_uuid, destination, migration)
+            return _settle(api, placement, move)
     swapped = claimed = None
     claim_asked = False
 
@@ -182,7 +194,7 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
             api.rollback_live_migration_at_destination(destination, migration,
                                                        instance_uuid)
         elif claim_unanswered:
-            _give_back_unanswered_claim(api, instance_uuid, destination, migration)
+            _give_back_unanswered_claim(api, move)
         # The allocations return before the source ends the move: a source
         # restarting in between must find the instance's allocations on its
         # own providers or the move still open, never neither (it would take
@@ -201,7 +213,7 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
     except Exception as e:
         roll_back(claim_unanswered=claim_asked and answer_lost(e))
         raise
-    step, answer = _ask_source(api, instance_uuid, source, migration,
+    step, answer = _ask_source(api, move,
                                {"claimed": claimed["claimed"],
                                 "migration_uri": claimed["migration_uri"]},
                                outcome_wait, ask_pause)
@@ -214,7 +226,7 @@ def live_migrate_instance(api: ComputeAgentAPI, placement: PlacementClient,
                 else f"answered {answer!r}")
         raise LiveMigrationOutcomeUnknown(instance_uuid, migration, source, destination,
                                           " ".join(last.split())[:300]) from None
-    return _settle(api, placement, instance_uuid, destination, migration)
+    return _settle(api, placement, move)
 
 
 def answer_lost(error: Exception) -> bool:
@@ -225,29 +237,28 @@ def answer_lost(error: Exception) -> bool:
             or not isinstance(error, AgentError))
 
 
-def _give_back_unanswered_claim(api: ComputeAgentAPI, instance_uuid: str,
-                                destination: str, migration: str) -> None:
+def _give_back_unanswered_claim(api: ComputeAgentAPI, move: LiveMove) -> None:
     """The destination's claim may have been made with its answer lost: its
     rollback, asked once. A destination that never heard of the move
     refuses, which is as good; one that does not answer keeps the claim
     (the safe side: a rerun of the same migration gives it back), said in
     one line."""
     answer = answer_of(lambda: api.rollback_live_migration_at_destination(
-        destination, migration, instance_uuid))
+        move.destination, move.migration, move.instance_uuid))
     if isinstance(answer, Exception) and not isinstance(answer, REFUSED_BEFORE_MOVING):
         LOG.warning("Live migration %s of instance %s: the claim at %s may stay until "
-                    "the migration is run again (%s)", migration, instance_uuid,
-                    destination, type(answer).__name__)
+                    "the migration is run again (%s)", move.migration, move.instance_uuid,
+                    move.destination, type(answer).__name__)
 
 
-def _ask_source(api: ComputeAgentAPI, instance_uuid: str, source: str, migration: str,
-                destination: dict, outcome_wait: float, ask_pause: float
-                ) -> tuple[NextStep, dict | Exception]:
-    """live_migrate at the source, asked again while its answer does not
-    say where the guest is, for up to ``outcome_wait`` seconds after the
-    first answer. Returns what to do and the last answer."""
-    answer = answer_of(lambda: api.live_migrate(source, migration, instance_uuid,
-                                                destination))
+def _ask_source(api: ComputeAgentAPI, move: LiveMove, claimed: dict, outcome_wait: float,
+                ask_pause: float) -> tuple[NextStep, dict | Exception]:
+    """live_migrate at the source, with what the destination ``claimed``,
+    asked again while its answer does not say where the guest is, for up
+    to ``outcome_wait`` seconds after the first answer. Returns what to do
+    and the last answer."""
+    source, migration, instance_uuid = move.source, move.migration, move.instance_uuid
+    answer = answer_of(lambda: api.live_migrate(source, migration, instance_uuid, claimed))
     deadline = time.monotonic() + outcome_wait
     while True:
         outcome = live_migrate_outcome(answer, migration)
@@ -261,16 +272,15 @@ def _ask_source(api: ComputeAgentAPI, instance_uuid: str, source: str, migration
         time.sleep(min(ask_pause, left))
         timeout = max(deadline - time.monotonic(), ASK_TIMEOUT_FLOOR_SECONDS)
         answer = answer_of(partial(api.live_migrate, source, migration, instance_uuid,
-                                   destination, timeout=min(timeout, api.timeout)))
+                                   claimed, timeout=min(timeout, api.timeout)))
 
 
-def _settle(api: ComputeAgentAPI, placement: PlacementClient, instance_uuid: str,
-            destination: str, migration: str) -> dict:
+def _settle(api: ComputeAgentAPI, placement: PlacementClient, move: LiveMove) -> dict:
     """The guest left the source: the destination settles its claim, the
     migration's allocations (the source's side) go. Both idempotent."""
-    arrived = api.post_live_migration_at_destination(destination, migration,
-                                                     instance_uuid)
-    _write_allocations(placement, migration, migration, {}, "MIGRATION")
+    arrived = api.post_live_migration_at_destination(move.destination, move.migration,
+                                                     move.instance_uuid)
+    _write_allocations(placement, move.migration, move.migration, {}, "MIGRATION")
     return arrived
 
 
@@ -285,11 +295,12 @@ def _swap_once(placement: PlacementClient, instance_uuid: str, migration: str) -
 
 
 def _undo_if_rolled_back_at_source(api: ComputeAgentAPI, placement: PlacementClient,
-                                   instance_uuid: str, source: str, destination: str,
-                                   migration: str) -> None:
+                                   move: LiveMove) -> None:
     """When the source rolled the move back (its guest stayed), what an
     earlier run left goes: the destination's claim, the migration's
     allocations."""
+    instance_uuid, migration = move.instance_uuid, move.migration
+    source, destination = move.source, move.destination
     moves = {m["uuid"]: m["state"]
              for m in api.get_instance(source, instance_uuid)["migrations"]}
     if moves.get(migration) != MigrationState.REVERTED.value:
@@ -390,7 +401,7 @@ class LiveMigrator:
         spec = self.api.get_instance(source, instance_uuid)["spec"]
         wanted = self.destination_allocations(instance_uuid, allocations, source_root,
                                               target, target_root)
-        return self._run(instance_uuid, source, target, spec, wanted, migration)
+        return self._run(LiveMove(instance_uuid, migration, source, target), spec, wanted)
 
     def _resume(self, instance_uuid: str, target: str, migration: str) -> dict:
         """A move an earlier run started (the allocation swap gave the
@@ -410,11 +421,12 @@ class LiveMigrator:
             spec = self.api.get_instance(source, instance_uuid)["spec"]
         except NoSuchInstance:  # the source gave it up: the guest left it
             spec = self.api.get_instance(target, instance_uuid)["spec"]
-        return self._run(instance_uuid, source, target, spec, wanted, migration)
+        return self._run(LiveMove(instance_uuid, migration, source, target), spec, wanted)
 
-    def _run(self, instance_uuid: str, source: str, target: str, spec: dict,
-             wanted: dict, migration: str) -> dict:
-        arrived = live_migrate_instance(self.api, self.placement, instance_uuid, source,
-                                        target, spec, wanted, migration)
-        return {"instance": instance_uuid, "source": source, "destination": target,
-                "migration": migration, "running": arrived["running"]}
+    def _run(self, move: LiveMove, spec: dict, wanted: dict) -> dict:
+        arrived = live_migrate_instance(self.api, self.placement, move.instance_uuid,
+                                        move.source, move.destination, spec, wanted,
+                                        move.migration)
+        return {"instance": move.instance_uuid, "source": move.source,
+                "destination": move.destination, "migration": move.migration,
+                "running": arrived["running"]}

@@ -38,6 +38,7 @@ from compute_agent.store.adoption import plan_adoption
 from compute_agent.store.assignment_id import new_assignment_id
 from compute_agent.store.errors import AdoptionRefused, StoreRefused
 from compute_agent.store.inspection import inspect_store
+from compute_agent.store.rebuild import RowSource
 from compute_agent.store.store import STORE_FILE, Store, create_filled
 from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.tree.policy import tree_policy_from_conf
@@ -59,6 +60,20 @@ def load_driver(conf: cfg.ConfigOpts) -> ComputeDriver:
 BROKER_PROBE_TIMEOUT_SECONDS = 5
 
 
+@dataclass(frozen=True)
+class HostAtStart:
+    """What the start judges the store with, and answers for the host:
+    the store's file, the host's root provider (``compute_id_existed``:
+    its uuid was recorded before this start), the hypervisor and
+    Placement."""
+
+    path: Path
+    root_uuid: str
+    compute_id_existed: bool
+    driver: ComputeDriver
+    client: PlacementClient
+
+
 @dataclass
 class HostReading:
     """What the hypervisor and Placement answered at start-up; None where
@@ -69,8 +84,7 @@ class HostReading:
     allocations: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None
 
 
-def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
-               compute_id_existed: bool) -> HostReading:
+def host_facts(host: HostAtStart) -> HostReading:
     """Ask the hypervisor for our guests and others', and, for a root that
     existed before, Placement for the allocations on its tree. What does
     not answer stays unknown (None)."""
@@ -78,37 +92,38 @@ def host_facts(driver: ComputeDriver, client: PlacementClient, root_uuid: str,
     guests: frozenset[str] | None = None
     foreign: dict[str, ForeignGuest] | None = None
     try:
-        guests = frozenset(driver.list_guests())
-        foreign = driver.list_foreign_guests()
+        guests = frozenset(host.driver.list_guests())
+        foreign = host.driver.list_foreign_guests()
     except DriverUnavailable as e:
         why.append(f"the hypervisor did not answer ({e})")
     except InvalidHostData as e:
         why.append(f"a guest's definition cannot be read ({e})")
     allocations = None
-    if compute_id_existed:
+    if host.compute_id_existed:
         try:
-            allocations = tree_allocations(client, root_uuid)
+            allocations = tree_allocations(host.client, host.root_uuid)
         except (PlacementUnavailable, PlacementError) as e:
             why.append(f"Placement's allocations are unknown ({e})")
     facts = check.HostFacts(
-        root_uuid, compute_id_existed, guests,
+        host.root_uuid, host.compute_id_existed, guests,
         None if allocations is None else {c: set(on) for c, on in allocations.items()},
         "; ".join(why), None if foreign is None else frozenset(foreign))
     return HostReading(facts, foreign, allocations)
 
 
-def adopt(path: Path, root_uuid: str, foreign: Mapping[str, ForeignGuest],
-          allocations: Mapping[str, Mapping[str, Mapping[str, int]]], driver: ComputeDriver,
-          client: PlacementClient, policy: TreePolicy) -> None:
+def adopt(host: HostAtStart, foreign: Mapping[str, ForeignGuest],
+          allocations: Mapping[str, Mapping[str, Mapping[str, int]]], policy: TreePolicy
+          ) -> None:
     """Import the foreign guests' devices as their instances' assignments
     (compute_agent/store/adoption.py) and create the store holding them, or raise
     StoreRefused listing every problem, writing nothing."""
+    path = host.path
     try:
-        built = build_tree(driver.get_host_inventory(), policy)
-        names = {p["name"]: p["uuid"] for p in client.get_tree(root_uuid)}
+        built = build_tree(host.driver.get_host_inventory(), policy)
+        names = {p["name"]: p["uuid"] for p in host.client.get_tree(host.root_uuid)}
         plan = plan_adoption(foreign, allocations,
-                             built.pools_by_uuid(names), driver.boot_id(),
-                             new_assignment_id)
+                             RowSource(built.pools_by_uuid(names), host.driver.boot_id(),
+                                      new_assignment_id))
     except DriverUnavailable as e:
         raise StoreRefused(f"store {path} is missing and the host cannot "
                            f"be adopted: the hypervisor did not answer "
@@ -123,7 +138,7 @@ def adopt(path: Path, root_uuid: str, foreign: Mapping[str, ForeignGuest],
     for line in plan.skipped:
         LOG.warning("Adoption: %s", line)
     store = plan.store
-    create_filled(path, root_uuid, store.instances, store.assignments)
+    create_filled(path, host.root_uuid, store.instances, store.assignments)
     for uuid, spec in sorted(store.instances.items()):
         held = [a for a in store.assignments if a.instance_uuid == uuid]
         LOG.info("Adopted instance %s (%s): %s", uuid, spec["name"], ", ".join(
@@ -134,40 +149,37 @@ def adopt(path: Path, root_uuid: str, foreign: Mapping[str, ForeignGuest],
              len(store.instances), len(store.assignments), path)
 
 
-def judge_store(path: Path, root_uuid: str, compute_id_existed: bool,
-                driver: ComputeDriver, client: PlacementClient
+def judge_store(host: HostAtStart
                 ) -> tuple[check.StoreFacts, HostReading, check.Judgement]:
     """The start decision about the store (check), from facts read
     without writing anything: the store's file, checked whole, and its
     commit sequence's record; the hypervisor and Placement only when the
     store is missing or empty."""
-    facts = inspect_store(path)
-    reading = (host_facts(driver, client, root_uuid, compute_id_existed)
-               if check.needs_host_facts(facts)
-               else HostReading(check.HostFacts(root_uuid, compute_id_existed,
-                                                      None, None)))
+    facts = inspect_store(host.path)
+    reading = (host_facts(host) if check.needs_host_facts(facts)
+               else HostReading(check.HostFacts(host.root_uuid, host.compute_id_existed,
+                                                None, None)))
     return facts, reading, check.judge(facts, reading.facts)
 
 
-def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
-               driver: ComputeDriver, client: PlacementClient,
-               holder: bool = True, policy: TreePolicy | None = None) -> Store:
+def open_store(host: HostAtStart, holder: bool = True, policy: TreePolicy | None = None
+               ) -> Store:
     """The store, once judged this host's (judge_store): opened, created
     for a new host, or created holding the guests of the host it adopts
     (``policy`` needed then). Raises StoreRefused with the line(s) that say
     why not, having written nothing. ``holder``: the caller holds the state
     directory's lock (compute_agent/store/lock.py); any other caller gets the store
-    read-only, and never a new one. A ``root_uuid`` new at this start
+    read-only, and never a new one. A root uuid new at this start
     (no compute_id) is written once the store is judged, before the store."""
-    facts, reading, judgement = judge_store(path, root_uuid, compute_id_existed,
-                                            driver, client)
+    path, root_uuid = host.path, host.root_uuid
+    facts, reading, judgement = judge_store(host)
     if judgement.verdict is check.StoreVerdict.REFUSE:
         raise StoreRefused(judgement.reason)
     if judgement.verdict in (check.StoreVerdict.CREATE, check.StoreVerdict.ADOPT):
         if not holder:
             raise StoreRefused(f"store {path} is {facts.file.value}: "
                                "the agent has not run on this host yet")
-    if holder and not compute_id_existed:
+    if holder and not host.compute_id_existed:
         node_identity.record(str(path.parent), root_uuid)
     if judgement.verdict is check.StoreVerdict.CREATE:
         LOG.info("New host: creating store %s", path)
@@ -178,7 +190,7 @@ def open_store(path: Path, root_uuid: str, compute_id_existed: bool,
                                "allocations or the tree policy are unknown: not adopted")
         LOG.info("Adopting this host: %d guests defined by another manager, no "
                  "store yet", len(reading.foreign))
-        adopt(path, root_uuid, reading.foreign, reading.allocations, driver, client, policy)
+        adopt(host, reading.foreign, reading.allocations, policy)
     if not holder:
         return Store(path, read_only=True)
     return Store(path, root_uuid)
@@ -215,8 +227,7 @@ def assemble(driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
                                       metrics),
         cleaner=Cleaner(manager.tracker, wake.set),
         vf_restore=VfRestore(driver, manager.tracker.store, policy.vf_counts),
-        health=HealthWatch(driver, settings.health_poll_interval,
-                           settings.health_correctable_per_minute, wake.set,
+        health=HealthWatch(driver, settings.health, wake.set,
                            report=metrics.set_device_health),
         dependencies=dependencies, wake=wake, metrics=metrics, settings=settings,
         broker_watch=broker_watch, placement_check=placement_check,
@@ -251,8 +262,8 @@ def compose(conf: cfg.ConfigOpts, holder: bool = True,
     sync, allocations = placement_sync(
         client, root_uuid, lambda p: p.name == host or p.name.startswith(host + "_"),
         conf.allocation_refresh_interval)
-    store = open_store(Path(conf.state_path) / STORE_FILE, root_uuid,
-                       compute_id is not None, driver, client, holder, policy)
+    store = open_store(HostAtStart(Path(conf.state_path) / STORE_FILE, root_uuid,
+                                   compute_id is not None, driver, client), holder, policy)
     manager = ComputeManager(Tracker(store, driver.boot_id(), metrics), driver,
                              conf.devices.remove_released_mdevs,
                              policy.device_specs)

@@ -10,6 +10,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from compute_agent.claims.model import Migration
 from compute_agent.compute.manager import ComputeManager
@@ -24,6 +25,19 @@ from compute_agent.placement.sync import TreeSync
 from compute_agent.tree.provider_tree import ProviderTree
 
 LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TimeBounds:
+    """A reconciliation's time bounds, as the agent's settings say when it
+    runs: how long devices whose guest has gone stay held
+    (orphan_grace_period), after how long a live migration announced here
+    and never started is taken for its conductor's loss, and the
+    wall-clock time now, which the store's change times are in."""
+
+    grace: float
+    announced_timeout: float
+    clock: Callable[[], float]
 
 
 class Reconciliation:
@@ -59,8 +73,8 @@ class Reconciliation:
         self._reconciled_view = view
         return {p.uuid: p.generation for p in view}
 
-    def run(self, manager: ComputeManager, at_start: bool, fix: bool, grace: float,
-            announced_timeout: float, clock: Callable[[], float]) -> Report:
+    def run(self, manager: ComputeManager, at_start: bool, fix: bool, bounds: TimeBounds
+            ) -> Report:
         """Compare store, guests and Placement; Placement's part is left out
         when it does not answer. Placement's allocations are read only on
         the providers where they may have changed (AllocationView)."""
@@ -88,10 +102,11 @@ class Reconciliation:
                  if allocations is not None
                  and (m := evacuation_migration_uuid(u, self.sync.root_uuid)) in allocations}
         report = reconcile(manager, ReconcileInputs(
-            allocations, at_start, fix, grace=grace, elsewhere=elsewhere,
+            allocations, at_start, fix, grace=bounds.grace, elsewhere=elsewhere,
             drop_evacuation_hold=self._drop_evacuation_hold, evacuation_holds=holds,
-            announced_timeout=announced_timeout,
-            end_announced_move=functools.partial(self._end_announced_move, manager), clock=clock))
+            announced_timeout=bounds.announced_timeout,
+            end_announced_move=functools.partial(self._end_announced_move, manager),
+            clock=bounds.clock))
         self.metrics.findings(report.findings)
         return report
 

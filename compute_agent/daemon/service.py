@@ -7,7 +7,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from oslo_config import cfg
@@ -21,7 +21,7 @@ from compute_agent.daemon import cycle_record, start_up
 from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.one_agent_run import PlacementCheck
 from compute_agent.daemon.probes import Phase, ProbeFacts, liveness, readiness
-from compute_agent.daemon.reconciliation import Reconciliation
+from compute_agent.daemon.reconciliation import Reconciliation, TimeBounds
 from compute_agent.daemon.systemd import Watchdog
 from compute_agent.dependencies import Dependencies, Dependency, describe
 from compute_agent.drivers.base import DeviceKind, HostInventory
@@ -34,7 +34,7 @@ from compute_agent.exception import (
     PlacementError,
 )
 from compute_agent.health.rules import hold_vgpu_vfs_not_restored
-from compute_agent.health.run import HealthWatch
+from compute_agent.health.run import HealthSettings, HealthWatch
 from compute_agent.health.vf_restore_run import VfRestore
 from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provider_capacity
 from compute_agent.placement.allocations import AllocationView
@@ -93,8 +93,7 @@ class AgentSettings:
     metrics_listen: str | None = None
     # Seconds a turn of the update loop may run before /healthz says stuck.
     healthz_turn_limit: float = 120
-    health_poll_interval: float = 1.0
-    health_correctable_per_minute: int = 100
+    health: HealthSettings = field(default_factory=HealthSettings)
     # <state_path>/last_cycle.json, for status (compute_agent/daemon/cycle_record.py);
     # None: not recorded (an agent opened beside a running one).
     record_path: Path | None = None
@@ -108,8 +107,9 @@ class AgentSettings:
             live_migration_announced_timeout=conf.live_migration_announced_timeout,
             heal_on_startup=conf.heal.on_startup, metrics_listen=conf.metrics.listen,
             healthz_turn_limit=conf.metrics.healthz_turn_limit,
-            health_poll_interval=conf.devices.health_poll_interval,
-            health_correctable_per_minute=conf.devices.health_correctable_errors_per_minute,
+            health=HealthSettings(
+                conf.devices.health_poll_interval,
+                conf.devices.health_correctable_errors_per_minute),
             record_path=cycle_record.path_in(conf.state_path) if holder else None)
 
 
@@ -281,10 +281,9 @@ class Agent:
 
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
         """Compare store, guests and Placement (compute_agent/daemon/reconciliation.py)."""
-        return self.reconciliation.run(
-            self.manager, at_start, fix, grace=self.settings.orphan_grace_period,
-            announced_timeout=self.settings.live_migration_announced_timeout,
-            clock=self.wall_clock)
+        return self.reconciliation.run(self.manager, at_start, fix, TimeBounds(
+            self.settings.orphan_grace_period,
+            self.settings.live_migration_announced_timeout, self.wall_clock))
 
     def capacity(self) -> list[ProviderCapacity]:
         """Each provider's inventories and usage, from what the loop last

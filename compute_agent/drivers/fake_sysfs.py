@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import uuid as uuid_lib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -97,11 +98,24 @@ class _Pci:
     vpd_serial: str | None = None
 
 
+@dataclass(frozen=True)
+class VgpuCard:
+    """What a GPU in NVIDIA's vendor-specific VFIO layout offers, as
+    NVIDIA's vGPU user guide tells: the vGPU ``types`` its VFs can create
+    (id -> name, "NVIDIA L40-2Q": 2 GB of framebuffer); ``equal_size``
+    (the default mode of these cards) lets every vGPU on the card be of one
+    framebuffer size, so once a VF has a type the other VFs list only that
+    size; in mixed-size mode they list every type that still fits
+    ``framebuffer_gb`` (None: no limit)."""
+
+    types: Mapping[int, str]
+    equal_size: bool = False
+    framebuffer_gb: int | None = None
+
+
 @dataclass
 class _VgpuCard:
-    types: dict[int, str]
-    equal_size: bool
-    framebuffer_gb: int | None
+    offer: VgpuCard
     current: dict[str, int] = field(default_factory=dict)  # VF -> type id
 
 
@@ -487,27 +501,19 @@ class NvidiaVgpuFiles(PciDeviceFiles):
         self._vgpu_cards: dict[str, _VgpuCard] = {}
 
     def add_nvidia_vf_layout(self, pf_address: str, product: str,
-                             numa_node: int | None,
-                             vgpu_types: dict[int, str],
-                             num_vfs: int = 4, *, equal_size: bool = False,
-                             framebuffer_gb: int | None = None) -> list[str]:
+                             numa_node: int | None, card: VgpuCard,
+                             num_vfs: int = 4) -> list[str]:
         """A GPU in NVIDIA's vendor-specific VFIO layout: an SR-IOV PF whose
-        VFs each list the ``vgpu_types`` (id -> name, "NVIDIA L40-2Q": 2 GB
-        of framebuffer) they can create now in
+        VFs each list the vGPU types of the ``card`` they can create now in
         ``nvidia/creatable_vgpu_types``, under the header line, and take one
         when its id is written to ``nvidia/current_vgpu_type``. What the
-        lists say follows the card's state as NVIDIA's vGPU user guide
-        tells: ``equal_size`` (the default mode of these cards) lets every
-        vGPU on the card be of one framebuffer size, so once a VF has a
-        type the other VFs list only that size; in mixed-size mode they
-        list every type that still fits ``framebuffer_gb`` (None: no
-        limit). A VF with a type lists none."""
+        lists say follows the card's state (VgpuCard); a VF with a type
+        lists none."""
         vfs = self.add_pf(pf_address, _NVIDIA_VENDOR, product, product,
                           numa_node, total_vfs=num_vfs, num_vfs=num_vfs,
                           driver="nvidia", vf_driver="nvidia",
                           class_id="030200")
-        self._vgpu_cards[pf_address] = _VgpuCard(
-            dict(vgpu_types), equal_size, framebuffer_gb)
+        self._vgpu_cards[pf_address] = _VgpuCard(card)
         self._write_vgpu_files(pf_address)
         return vfs
 
@@ -567,11 +573,12 @@ class NvidiaVgpuFiles(PciDeviceFiles):
         card = self._vgpu_cards[pf]
         if vf in card.current:
             return []
-        in_use = [vgpu_framebuffer_gb(card.types[t]) for t in card.current.values()]
-        free_gb = (None if card.framebuffer_gb is None
-                   else card.framebuffer_gb - sum(in_use))
-        return [t for t, name in sorted(card.types.items())
-                if (not card.equal_size or not in_use
+        offer = card.offer
+        in_use = [vgpu_framebuffer_gb(offer.types[t]) for t in card.current.values()]
+        free_gb = (None if offer.framebuffer_gb is None
+                   else offer.framebuffer_gb - sum(in_use))
+        return [t for t, name in sorted(offer.types.items())
+                if (not offer.equal_size or not in_use
                     or vgpu_framebuffer_gb(name) == in_use[0])
                 and (free_gb is None or vgpu_framebuffer_gb(name) <= free_gb)]
 
@@ -585,7 +592,7 @@ class NvidiaVgpuFiles(PciDeviceFiles):
             nvidia.mkdir(exist_ok=True)
             (nvidia / "creatable_vgpu_types").write_text(
                 "ID    : vGPU Name\n" + "".join(
-                    f"{t:<6}: {card.types[t]}\n"
+                    f"{t:<6}: {card.offer.types[t]}\n"
                     for t in self._creatable(pf, vf)))
             self._write(nvidia / "current_vgpu_type", card.current.get(vf, 0))
 

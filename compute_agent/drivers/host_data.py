@@ -53,13 +53,12 @@ def parse_pci_address(text: object, device: str, field: str) -> str:
                               text) from None
 
 
-def format_pci_address(domain: int, bus: int, slot: int, function: int,
-                       device: str, field: str) -> str:
+def format_pci_address(parts: tuple[int, int, int, int], device: str, field: str) -> str:
+    """A PCI address from its domain, bus, slot and function."""
     try:
-        return format_address(domain, bus, slot, function)
+        return format_address(*parts)
     except ValueError:
-        raise InvalidHostData(device, field, "PCI address out of range",
-                              (domain, bus, slot, function)) from None
+        raise InvalidHostData(device, field, "PCI address out of range", parts) from None
 
 
 def parse_cpulist(text: object, device: str, field: str, *,

@@ -282,15 +282,24 @@ class _Locator:
         return None, ""
 
 
-def plan_heal(current: ProviderTree, model: ProviderTree,
-              pools: Mapping[str, Mapping[str, Pool]], consumers: Mapping[str, Consumer],
+@dataclass
+class Model:
+    """What a heal plans from: Placement's tree as read, the model's tree,
+    and the model's pools, by provider uuid."""
+
+    current: ProviderTree
+    tree: ProviderTree
+    pools: dict[str, dict[str, Pool]]
+
+
+def plan_heal(model: Model, consumers: Mapping[str, Consumer],
               assignments: Iterable[Assignment], migrations: Iterable[Migration],
               owned: Owned = lambda p: True) -> Plan:
     """One reshape that puts every stranded allocation where the model
     says, or HealRefused naming the first consumer that cannot be moved.
 
     ``consumers`` holds at least every consumer with allocations on a
-    leaving class; ``pools`` are the model's, by provider uuid.
+    leaving class.
 
     A device's allocation goes to the provider of the device the store
     assigns the consumer; a class with a single provider in the model goes
@@ -299,14 +308,16 @@ def plan_heal(current: ProviderTree, model: ProviderTree,
     from its pinned CPUs, else from its devices; an instance with neither goes by
     the even rule: instances in UUID order, each to the cell with the
     largest free share of what it needs."""
-    moves = moving(current, model, owned)
+    current = model.current
+    moves = moving(current, model.tree, owned)
     migrations = list(migrations)
     by_consumer: dict[str, list[Assignment]] = defaultdict(list)
     for a in assignments:
         by_consumer[a.consumer_uuid].append(a)
-    where = _Locator(pools)
-    plan = Plan(names={p.uuid: p.name for p in list(current) + list(model)})
-    placed: dict[tuple[str, str], int] = defaultdict(int)
+    planning = _Planning(Plan(names={p.uuid: p.name
+                                     for p in list(current) + list(model.tree)}),
+                         model.tree, _Locator(model.pools))
+    plan, where = planning.plan, planning.where
     unplaced: list[tuple[Consumer, dict[str, tuple[str, int]]]] = []
     new_allocations: dict[str, dict[str, dict[str, int]]] = {}
 
@@ -327,28 +338,23 @@ def plan_heal(current: ProviderTree, model: ProviderTree,
             if where.per_cell(rc):
                 counted[rc] = (rp, amount)
                 continue
-            for to, to_rc, n, why in _targets(uuid, rp, rc, amount, rows, where,
-                                              plan.names):
-                plan.moves.append(Move(uuid, n, rp, rc, to, to_rc, why))
-                allocations.setdefault(to, {})
-                allocations[to][to_rc] = allocations[to].get(to_rc, 0) + n
-                placed[(to, to_rc)] += n
+            for to, to_rc, n, why in planning.targets(uuid, rp, rc, amount, rows):
+                planning.place(Move(uuid, n, rp, rc, to, to_rc, why), allocations)
         new_allocations[uuid] = allocations
         if counted:
             cell, why = where.cell_of(rows)
             if cell is None:
                 unplaced.append((consumer, counted))
             else:
-                _place_counted(plan, consumer.uuid, counted, cell, why, where,
-                               allocations, placed)
-    _place_evenly(plan, unplaced, where, model, new_allocations, placed)
-    _check_fit(plan, model, placed)
+                planning.place_counted(consumer.uuid, counted, cell, why, allocations)
+    planning.place_evenly(unplaced, new_allocations)
+    _check_fit(plan, model.tree, planning.placed)
 
     for uuid, allocations in new_allocations.items():
         c = consumers[uuid]
         plan.consumers[uuid] = dataclasses.replace(
             c, allocations={rp: res for rp, res in allocations.items() if res})
-    _set_inventories(plan, current, model)
+    _set_inventories(plan, current, model.tree)
     return plan
 
 
@@ -356,74 +362,87 @@ def _cells(where: _Locator) -> set[int]:
     return {cell for _, cell in where.counted if cell is not None}
 
 
-def _targets(consumer: str, rp: str, rc: str, amount: int, rows: list[Assignment],
-             where: _Locator, names: dict[str, str]) -> list[tuple[str, str, int, str]]:
-    """Where a held amount of a class that is not split by cell goes."""
-    homes = where.by_class.get(rc, [])
-    mine = [a for a in rows if a.provider_uuid == rp and a.resource_class == rc
-            and a.kind is not DeviceKind.NUMA]
-    if mine and not where.counted_only(rc):
-        found = [(a, where.device(a)) for a in mine]
-        kept = [(a, d) for a, d in found if d is not None]
-        lost = [a.device_id for a, d in found if d is None]
-        if lost or sum(a.amount for a in mine) != amount:
-            raise HealRefused(consumer, f"holds {amount} {rc} on {names.get(rp, rp)} "
-                              f"but its devices {lost or [a.device_id for a in mine]} "
-                              "are not in the new model")
-        out: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for a, (to, to_rc, _) in kept:
-            out[(to, to_rc)].append(a.device_id)
-        return [(to, to_rc, len(ids), f"device {', '.join(sorted(ids))}")
-                for (to, to_rc), ids in sorted(out.items())]
-    if len(homes) == 1:
-        return [(homes[0], rc, amount, f"the only provider of {rc}")]
-    raise HealRefused(consumer, f"holds {amount} {rc} on {names.get(rp, rp)}, the "
-                      f"store assigns it no device there, and {len(homes)} providers "
-                      f"offer {rc} in the new model")
+@dataclass
+class _Planning:
+    """A heal plan in the making: the plan, the model's tree, where its
+    devices and cells are, and the amount placed on each (provider, class)
+    so far."""
 
+    plan: Plan
+    model: ProviderTree
+    where: _Locator
+    placed: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
-def _place_counted(plan: Plan, consumer: str, counted: dict[str, tuple[str, int]],
-                   cell: int, why: str, where: _Locator,
-                   allocations: dict[str, dict[str, int]],
-                   placed: dict[tuple[str, str], int]) -> None:
-    for rc, (rp, amount) in sorted(counted.items()):
-        to = where.counted.get((rc, cell))
-        if to is None:
-            raise HealRefused(consumer, f"holds {amount} {rc} and belongs to NUMA "
-                              f"cell {cell} ({why}), which has no {rc}")
-        plan.moves.append(Move(consumer, amount, rp, rc, to, rc,
-                               f"NUMA cell {cell}, from {why}"))
-        allocations.setdefault(to, {})
-        allocations[to][rc] = allocations[to].get(rc, 0) + amount
-        placed[(to, rc)] += amount
+    def place(self, move: Move, allocations: dict[str, dict[str, int]]) -> None:
+        """``move`` planned, and its amount added to the consumer's new
+        ``allocations``."""
+        self.plan.moves.append(move)
+        to = allocations.setdefault(move.to_provider, {})
+        to[move.to_class] = to.get(move.to_class, 0) + move.amount
+        self.placed[(move.to_provider, move.to_class)] += move.amount
 
+    def targets(self, consumer: str, rp: str, rc: str, amount: int,
+                rows: list[Assignment]) -> list[tuple[str, str, int, str]]:
+        """Where a held amount of a class that is not split by cell goes."""
+        where, names = self.where, self.plan.names
+        homes = where.by_class.get(rc, [])
+        mine = [a for a in rows if a.provider_uuid == rp and a.resource_class == rc
+                and a.kind is not DeviceKind.NUMA]
+        if mine and not where.counted_only(rc):
+            found = [(a, where.device(a)) for a in mine]
+            kept = [(a, d) for a, d in found if d is not None]
+            lost = [a.device_id for a, d in found if d is None]
+            if lost or sum(a.amount for a in mine) != amount:
+                raise HealRefused(consumer, f"holds {amount} {rc} on {names.get(rp, rp)} "
+                                  f"but its devices {lost or [a.device_id for a in mine]} "
+                                  "are not in the new model")
+            out: dict[tuple[str, str], list[str]] = defaultdict(list)
+            for a, (to, to_rc, _) in kept:
+                out[(to, to_rc)].append(a.device_id)
+            return [(to, to_rc, len(ids), f"device {', '.join(sorted(ids))}")
+                    for (to, to_rc), ids in sorted(out.items())]
+        if len(homes) == 1:
+            return [(homes[0], rc, amount, f"the only provider of {rc}")]
+        raise HealRefused(consumer, f"holds {amount} {rc} on {names.get(rp, rp)}, the "
+                          f"store assigns it no device there, and {len(homes)} providers "
+                          f"offer {rc} in the new model")
 
-def _place_evenly(plan: Plan, unplaced: list[tuple[Consumer, dict[str, tuple[str, int]]]],
-                  where: _Locator, model: ProviderTree,
-                  new_allocations: dict[str, dict[str, dict[str, int]]],
-                  placed: dict[tuple[str, str], int]) -> None:
-    """The even rule: each instance whole to the cell with the largest free
-    share of what it needs, instances in UUID order, ties to the lower cell."""
-    for consumer, counted in unplaced:
-        best: tuple[float, int] | None = None
-        for cell in sorted(_cells(where)):
-            shares: list[float] = []
-            for rc, (_, amount) in counted.items():
-                to = where.counted.get((rc, cell))
-                record = model[to].inventories.get(rc) if to else None
-                if to is None or not record or capacity(record) - placed[(to, rc)] < amount:
-                    break  # the cell cannot take all of it
-                shares.append((capacity(record) - placed[(to, rc)] - amount) / capacity(record))
-            else:
-                score = min(shares)
-                if best is None or score > best[0]:
-                    best = (score, cell)
-        if best is None:
-            need = ", ".join(f"{n} {rc}" for rc, (_, n) in sorted(counted.items()))
-            raise HealRefused(consumer.uuid, f"needs {need} and no NUMA cell has "
-                              "that much left: it does not fit in one cell")
-        _place_counted(plan, consumer.uuid, counted, best[1], "the even rule", where,
-                       new_allocations[consumer.uuid], placed)
+    def place_counted(self, consumer: str, counted: dict[str, tuple[str, int]], cell: int,
+                      why: str, allocations: dict[str, dict[str, int]]) -> None:
+        for rc, (rp, amount) in sorted(counted.items()):
+            to = self.where.counted.get((rc, cell))
+            if to is None:
+                raise HealRefused(consumer, f"holds {amount} {rc} and belongs to NUMA "
+                                  f"cell {cell} ({why}), which has no {rc}")
+            self.place(Move(consumer, amount, rp, rc, to, rc, f"NUMA cell {cell}, from {why}"),
+                       allocations)
+
+    def place_evenly(self, unplaced: list[tuple[Consumer, dict[str, tuple[str, int]]]],
+                     new_allocations: dict[str, dict[str, dict[str, int]]]) -> None:
+        """The even rule: each instance whole to the cell with the largest free
+        share of what it needs, instances in UUID order, ties to the lower cell."""
+        placed = self.placed
+        for consumer, counted in unplaced:
+            best: tuple[float, int] | None = None
+            for cell in sorted(_cells(self.where)):
+                shares: list[float] = []
+                for rc, (_, amount) in counted.items():
+                    to = self.where.counted.get((rc, cell))
+                    record = self.model[to].inventories.get(rc) if to else None
+                    if to is None or not record or capacity(record) - placed[(to, rc)] < amount:
+                        break  # the cell cannot take all of it
+                    shares.append((capacity(record) - placed[(to, rc)] - amount)
+                                  / capacity(record))
+                else:
+                    score = min(shares)
+                    if best is None or score > best[0]:
+                        best = (score, cell)
+            if best is None:
+                need = ", ".join(f"{n} {rc}" for rc, (_, n) in sorted(counted.items()))
+                raise HealRefused(consumer.uuid, f"needs {need} and no NUMA cell has "
+                                  "that much left: it does not fit in one cell")
+            self.place_counted(consumer.uuid, counted, best[1], "the even rule",
+                               new_allocations[consumer.uuid])
 
 
 def _check_fit(plan: Plan, model: ProviderTree, placed: dict[tuple[str, str], int]) -> None:

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import Allocations
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.drivers.base import HostInventory
@@ -34,7 +33,7 @@ from compute_agent.placement.allocations import tree_allocations
 from compute_agent.placement.client import PlacementClient
 from compute_agent.placement.sync import TreeSync
 from compute_agent.tree.host_tree import BuiltTree
-from compute_agent.tree.provider_tree import ProviderTree, adopt_uuids
+from compute_agent.tree.provider_tree import adopt_uuids
 
 LOG = logging.getLogger(__name__)
 
@@ -68,15 +67,6 @@ class HealResult:
     store: Realignment = field(default_factory=Realignment)
 
 
-@dataclass
-class Model:
-    """Placement's tree as read, the model's, and the model's pools."""
-
-    current: ProviderTree
-    tree: ProviderTree
-    pools: dict[str, dict[str, Pool]]
-
-
 def consumer_from(uuid: str, doc: dict[str, Any]) -> rules.Consumer:
     """A consumer from Placement's answer to ``GET /allocations/{uuid}``."""
     return rules.Consumer(
@@ -91,16 +81,16 @@ def read_consumers(client: PlacementClient, uuids: list[str]) -> dict[str, rules
         return {uuid: consumer_from(uuid, doc) for uuid, doc in zip(uuids, docs)}
 
 
-def read_model(agent: HealedAgent) -> Model:
+def read_model(agent: HealedAgent) -> rules.Model:
     """Placement's tree read afresh, and the model built beside it."""
     agent.sync.refresh()
     current = agent.sync.cache
     built = agent.build_model(agent.driver.get_host_inventory())
     model = adopt_uuids(built.tree, current)
-    return Model(current, model, built.pools_by_uuid({p.name: p.uuid for p in model}))
+    return rules.Model(current, model, built.pools_by_uuid({p.name: p.uuid for p in model}))
 
 
-def make_plan(agent: HealedAgent, model: Model,
+def make_plan(agent: HealedAgent, model: rules.Model,
               progress: Callable[[str], None] = lambda line: None) -> rules.Plan:
     """Plan from ``model``, reading the consumers it moves; HealRefused
     names a consumer that cannot be moved."""
@@ -114,8 +104,7 @@ def make_plan(agent: HealedAgent, model: Model,
         progress(f"reading the allocations of {len(holders)} consumers...")
     consumers = read_consumers(sync.client, sorted(holders))
     _, assignments, migrations = agent.manager.tracker.snapshot()
-    return rules.plan_heal(model.current, model.tree, model.pools, consumers,
-                          assignments, migrations.values(), sync.owned)
+    return rules.plan_heal(model, consumers, assignments, migrations.values(), sync.owned)
 
 
 def align_store(agent: HealedAgent, index: DeviceIndex,

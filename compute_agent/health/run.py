@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 from compute_agent.drivers.base import HostInventory
 from compute_agent.drivers.driver import ComputeDriver
@@ -30,20 +31,32 @@ from compute_agent.tree.host_tree import BuiltTree
 LOG = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class HealthSettings:
+    """The operator's ``[devices]`` options for the watch; the defaults are
+    the options' defaults."""
+
+    # Seconds between two reads of the watched devices' signals.
+    poll_interval: float = 1.0
+    # The rise of a device's correctable AER errors in a minute that takes
+    # it out (compute_agent/health/rules.py).
+    correctable_per_minute: int = 100
+
+
 class HealthWatch:
-    def __init__(self, driver: ComputeDriver, interval: float,
-                 correctable_per_minute: int, on_change: Callable[[], None],
+    def __init__(self, driver: ComputeDriver, settings: HealthSettings,
+                 on_change: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic,
                  report: Callable[[str, frozenset[str]], None] = lambda d, r: None
                  ) -> None:
         """``report(device, reasons)`` hears every change of a device's
         faults (none: healthy again), e.g. for the metrics gauge."""
-        self.interval = interval
+        self.interval = settings.poll_interval
         self._driver = driver
         self._on_change = on_change
         self._report = report
         self._clock = clock
-        self._judge = HealthJudge(correctable_per_minute)
+        self._judge = HealthJudge(settings.correctable_per_minute)
         # Guards the judge, the watched set and the verdicts: the poll
         # thread and the update loop both judge.
         self._lock = threading.Lock()

@@ -95,11 +95,21 @@ class PfPlan:
     problem: str | None = None
 
 
-def plan_pf(address: str, wanted: int, configured: bool, record: RecordedPf | None,
-            found: SriovFunctions | None, in_use: bool, rebooted: bool) -> PfPlan:
-    """The writes that give the PF ``wanted`` VFs (``configured``: from
-    [pci] vf_counts), or none and why. Only after a reboot (``rebooted``)
-    is anything written."""
+@dataclass(frozen=True)
+class VfCount:
+    """The VF count one PF is to have: the operator's ([pci] vf_counts,
+    ``configured``), or the one recorded before the reboot."""
+
+    address: str
+    wanted: int
+    configured: bool
+
+
+def plan_pf(count: VfCount, record: RecordedPf | None, found: SriovFunctions | None,
+            in_use: bool, rebooted: bool) -> PfPlan:
+    """The writes that give the PF its count, or none and why. Only after
+    a reboot (``rebooted``) is anything written."""
+    address, wanted = count.address, count.wanted
     if found is None:
         return PfPlan(address, wanted, problem="PF not found")
     pf = found.pf
@@ -118,7 +128,7 @@ def plan_pf(address: str, wanted: int, configured: bool, record: RecordedPf | No
         return PfPlan(address, wanted)
     if current == 0:
         return PfPlan(address, wanted, (wanted,))
-    if configured and not in_use:
+    if count.configured and not in_use:
         return PfPlan(address, wanted, (0, wanted) if wanted else (0,))
     why = "a VF of it is in use" if in_use else "set by someone else"
     return PfPlan(address, wanted, problem=f"has {current} VFs ({why}); left as it is")

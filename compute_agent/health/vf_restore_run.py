@@ -18,6 +18,7 @@ from compute_agent.health.vf_restore import (
     PfOutcome,
     PfPlan,
     SriovRecord,
+    VfCount,
     not_restored_verdicts,
     plan_pf,
     record_from_json,
@@ -60,7 +61,8 @@ class VfRestore:
         rebooted = self._store.read(meta_value(VFS_RESTORED_BOOT)) != boot_id
         wanted = {a: pf.num_vfs for a, pf in self.record.items()} | self._configured
         held, mdev_parents = self._in_use() if rebooted and wanted else (None, None)
-        outcomes = [self._restore_pf(address, count, rebooted, held, mdev_parents)
+        outcomes = [self._restore_pf(VfCount(address, count, address in self._configured),
+                                     rebooted, held, mdev_parents)
                     for address, count in sorted(wanted.items())]
         self.missing = [m for o in outcomes for m in o.not_restored]
         for o in outcomes:
@@ -93,21 +95,20 @@ class VfRestore:
                          if r.kind is HostResourceKind.PCI_ADDRESS)
         return held, frozenset(m.parent_address for m in mdevs)
 
-    def _restore_pf(self, address: str, wanted: int, rebooted: bool,
-                    held: frozenset[str] | None, mdev_parents: frozenset[str] | None
-                    ) -> PfOutcome:
+    def _restore_pf(self, count: VfCount, rebooted: bool, held: frozenset[str] | None,
+                    mdev_parents: frozenset[str] | None) -> PfOutcome:
+        address = count.address
         record = self.record.get(address)
         try:
             found = self._driver.sriov_functions(address)
         except InvalidHostData as e:
-            return verify_pf(PfPlan(address, wanted, problem=str(e)), record, None)
+            return verify_pf(PfPlan(address, count.wanted, problem=str(e)), record, None)
         in_use = (held is None or mdev_parents is None
                   or (found is not None and vfs_in_use(found, held, mdev_parents)))
-        plan = plan_pf(address, wanted, address in self._configured, record, found,
-                       in_use, rebooted)
-        for count in plan.writes:
+        plan = plan_pf(count, record, found, in_use, rebooted)
+        for written in plan.writes:
             try:
-                self._driver.set_num_vfs(address, count)
+                self._driver.set_num_vfs(address, written)
             except SriovError as e:
                 plan = replace(plan, problem=str(e))
                 break

@@ -40,18 +40,20 @@ class SyncResult:
 
 
 class TreeSync:
+    # A provider's read, and each write, are tried this many times while
+    # another writer moves its generation in between; a write's retries
+    # back off from this many seconds, doubling (with jitter).
+    attempts = 4
+    backoff = 0.1
+    # Deleting allocations does not move a provider's generation, so a
+    # provider Placement kept is also retried after this long.
+    kept_retry_seconds: float = 300
+
     def __init__(self, client: PlacementClient, root_uuid: str, hold: Hold,
-                 owned: Callable[[pt.Provider], bool] = lambda p: True,
-                 attempts: int = 4, backoff: float = 0.1,
-                 kept_retry_seconds: float = 300):
+                 owned: Callable[[pt.Provider], bool] = lambda p: True):
         self.client = client
-        # Deleting allocations does not move a provider's generation, so a
-        # kept provider is also retried after this long.
-        self.kept_retry_seconds = kept_retry_seconds
         self.root_uuid = root_uuid
         self.owned = owned
-        self.attempts = attempts
-        self.backoff = backoff
         self.hold = hold
         self.invalidate()
 

@@ -37,6 +37,7 @@ from compute_agent.rpc import broker
 from compute_agent.rpc.errors import BrokerUnreachable
 from compute_agent.rpc.outstanding import OutstandingCalls
 from compute_agent.rpc.sending import SEND_RETRIES, BoundedSender, Notice
+from compute_agent.rpc.served import HeartbeatAgent
 
 TOPIC = "compute-agent-heartbeat"
 # How long the destination trusts a source found down. Short: the source
@@ -85,7 +86,7 @@ class HeartbeatEndpoint:
 
     target = messaging.Target(version=VERSION)
 
-    def __init__(self, agent, started_at: float, state_path: str):
+    def __init__(self, agent: HeartbeatAgent, started_at: float, state_path: str):
         self._agent = agent
         self._started_at = started_at
         self._state_path = state_path
@@ -101,11 +102,11 @@ class HeartbeatEndpoint:
         return {"host": self._agent.policy.host, "time": time.time(),
                 "started_at": self._started_at,
                 "instances": self._agent.manager.tracker.instance_count(),
-                "root_uuid": self._agent.sync.root_uuid, "state_path": self._state_path,
+                "root_uuid": self._agent.policy.root_uuid, "state_path": self._state_path,
                 "machine": self._machine}
 
 
-def make_server(conf, agent):
+def make_server(conf: cfg.ConfigOpts, agent: HeartbeatAgent) -> messaging.MessageHandlingServer:
     """The heartbeat's own RPC server; start it before the main one, so a
     host that serves claims is never taken for down."""
     target = messaging.Target(topic=TOPIC, server=conf.host)

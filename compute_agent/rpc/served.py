@@ -1,9 +1,11 @@
-"""What the RPC endpoint (compute_agent/rpc/server.py) needs of the agent it
-serves: the daemon's Agent (compute_agent/daemon/service.py), which the rpc
-package must not import. Each Protocol lists exactly the members the
-endpoint uses, and the endpoint reaches nothing else:
-tests/unit/rpc/test_endpoint_protocol.py reads both modules and fails on a
-path of ``self._agent`` not declared here.
+"""What the RPC endpoints need of the agent they serve: the daemon's Agent
+(compute_agent/daemon/service.py), which the rpc package must not import.
+ServedAgent is what the calls' endpoint (compute_agent/rpc/server.py)
+needs, HeartbeatAgent what the heartbeat's (compute_agent/rpc/heartbeat.py)
+needs. Each Protocol lists exactly the members its endpoint uses, and the
+endpoint reaches nothing else: tests/unit/rpc/test_endpoint_protocol.py
+reads these modules and fails on a path of ``self._agent`` not declared
+here.
 """
 from __future__ import annotations
 
@@ -110,3 +112,24 @@ class ServedAgent(Protocol):
     last_tree: ProviderTree
 
     def wake(self) -> None: ...
+
+
+class HeartbeatTracker(Protocol):
+    """What the heartbeat tells of the agent's records."""
+
+    def instance_count(self) -> int: ...
+
+
+class HeartbeatManager(Protocol):
+    @property
+    def tracker(self) -> HeartbeatTracker: ...
+
+
+class HeartbeatAgent(Protocol):
+    """The agent the heartbeat says is alive."""
+
+    @property
+    def policy(self) -> ServedPolicy: ...
+
+    @property
+    def manager(self) -> HeartbeatManager: ...

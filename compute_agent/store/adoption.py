@@ -28,14 +28,14 @@ in ``skipped``.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from compute_agent.claims.choice import Pool
 from compute_agent.claims.model import Allocations
 from compute_agent.drivers.base import DeviceKind, ForeignGuest, HostResource, HostResourceKind
 from compute_agent.store.errors import AdoptionRefused
-from compute_agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore
+from compute_agent.store.rebuild import GuestRows, HeldDevice, RebuiltStore, RowSource
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,10 @@ def shared_devices(guests: Mapping[str, ForeignGuest],
 
 
 def plan_adoption(guests: Mapping[str, ForeignGuest], allocations: Allocations,
-                  pools: Mapping[str, Mapping[str, Pool]], boot_id: str,
-                  new_id: Callable[[], str]) -> AdoptionPlan:
+                  rows_from: RowSource) -> AdoptionPlan:
     """The store's rows for the foreign guests, or AdoptionRefused listing
     every problem. ``allocations``: every consumer's on this host's tree."""
+    pools = rows_from.pools
     problems = shared_devices(guests, pools)
     for consumer in sorted(set(allocations) - set(guests)):
         problems.append(f"consumer {consumer}: holds allocations on this host's "
@@ -107,8 +107,7 @@ def plan_adoption(guests: Mapping[str, ForeignGuest], allocations: Allocations,
                                "allocation on this host's providers: not imported"
                                + (f"; its definition names {shown}" if shown else ""))
             continue
-        matched = GuestRows(uuid, allocations[uuid], pools, boot_id, new_id, problems,
-                            stranded=True)
+        matched = GuestRows(uuid, allocations[uuid], rows_from, problems, stranded=True)
         for resource in allowlisted:
             matched.device(held_device(resource))
         if not guest.running:

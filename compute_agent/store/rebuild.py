@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from compute_agent.claims.choice import Pool, Slot, slot_detail
+from compute_agent.claims.choice import Choice, Pool, Slot, slot_detail
 from compute_agent.claims.model import Allocations, Assignment, AssignmentState, Owner
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.store.errors import RebuildRefused
@@ -58,6 +58,18 @@ class HeldDevice:
         return held + (f" (assignment {self.assignment_id})" if self.assignment_id else "")
 
 
+@dataclass(frozen=True)
+class RowSource:
+    """What the rows made for this host's guests come from besides the
+    guests and their allocations: the model's pools, by provider uuid; the
+    host's boot id, which the rows carry; and where a row that needs a new
+    assignment id gets it."""
+
+    pools: Mapping[str, Mapping[str, Pool]]
+    boot_id: str
+    new_id: Callable[[], str]
+
+
 # The classes the agent counts and Placement bounds: an allocation of one
 # on a provider the model no longer gives it to is an amount, of no device.
 COUNTED_CLASSES = frozenset({"VCPU", "MEMORY_MB", "DISK_GB"})
@@ -73,20 +85,18 @@ class GuestRows:
     pools of that class, and a counted class is an amount of the host."""
 
     def __init__(self, instance_uuid: str, allocation: Mapping[str, Mapping[str, int]],
-                 pools: Mapping[str, Mapping[str, Pool]], boot_id: str,
-                 new_id: Callable[[], str], problems: list[str], stranded: bool = False):
+                 rows_from: RowSource, problems: list[str], stranded: bool = False):
         self.instance_uuid = instance_uuid
         self.where = f"guest {instance_uuid}"
-        self.pools = pools
-        self.boot_id = boot_id
-        self.new_id = new_id
+        self.rows_from = rows_from
+        self.pools = rows_from.pools
         self.problems = problems
         self.stranded = stranded
         self.rows: list[Assignment] = []
         self.left: dict[tuple[str, str], int] = {}
         for provider, resources in allocation.items():
             for rc, amount in resources.items():
-                if rc in pools.get(provider, {}) or (
+                if rc in self.pools.get(provider, {}) or (
                         stranded and (rc in COUNTED_CLASSES or self._homes(rc))):
                     self.left[(provider, rc)] = amount
                 else:
@@ -101,12 +111,14 @@ class GuestRows:
         pool = self.pools.get(key[0], {}).get(key[1])
         return [pool] if pool is not None else self._homes(key[1])
 
-    def _add(self, key: tuple[str, str], kind: DeviceKind, device_id: str, amount: int,
-             detail: DeviceDetail, assignment_id: str | None) -> None:
+    def _add(self, matched: Choice, assignment_id: str | None) -> None:
+        """The row of a device or amount ``matched`` to its allocation;
+        ``assignment_id`` None: a new one."""
         self.rows.append(Assignment(
-            assignment_id or self.new_id(), self.instance_uuid, self.instance_uuid,
-            Owner.INSTANCE, None, key[1], key[0], kind, device_id, amount,
-            AssignmentState.CLAIMED, self.boot_id, detail))
+            assignment_id or self.rows_from.new_id(), self.instance_uuid, self.instance_uuid,
+            Owner.INSTANCE, None, matched.resource_class, matched.provider_uuid,
+            matched.kind, matched.device_id, matched.amount, AssignmentState.CLAIMED,
+            self.rows_from.boot_id, matched.detail))
 
     def device(self, held: HeldDevice) -> None:
         """The one allocation whose pools hold this device."""
@@ -119,7 +131,7 @@ class GuestRows:
             return
         key, pool, slot = matches[0]
         self.left[key] -= 1
-        self._add(key, pool.kind, slot.device_id, 1, slot_detail(pool, slot),
+        self._add(Choice(*key, pool.kind, slot.device_id, 1, slot_detail(pool, slot)),
                   held.assignment_id)
 
     def new_mdev(self, held: HeldDevice) -> bool:
@@ -132,9 +144,9 @@ class GuestRows:
             return False
         pool = self._pools_of(keys[0])[0]
         self.left[keys[0]] -= 1
-        self._add(keys[0], DeviceKind.MDEV, held.device_id, 1,
-                  DeviceDetail(pool.numa_node, mdev_parent=pool.mdev_parent,
-                               mdev_type=pool.mdev_type), held.assignment_id)
+        self._add(Choice(*keys[0], DeviceKind.MDEV, held.device_id, 1,
+                         DeviceDetail(pool.numa_node, mdev_parent=pool.mdev_parent,
+                                      mdev_type=pool.mdev_type)), held.assignment_id)
         return True
 
     def cells(self, entries: list[GuestDevice]) -> None:
@@ -153,8 +165,8 @@ class GuestRows:
                 continue
             for assignment_id, key in zip(ids, keys):
                 pool = self.pools[key[0]][key[1]]
-                self._add(key, DeviceKind.NUMA, cell, self.left.pop(key),
-                          DeviceDetail(pool.numa_node), assignment_id)
+                self._add(Choice(*key, DeviceKind.NUMA, cell, self.left.pop(key),
+                                 DeviceDetail(pool.numa_node)), assignment_id)
 
     def rest(self, cells_too: bool) -> list[Assignment]:
         """Every amount left: the host's counted resources (and with
@@ -166,11 +178,10 @@ class GuestRows:
             pool = self.pools.get(key[0], {}).get(key[1])
             if (pool is None and key[1] in COUNTED_CLASSES) or (
                     pool is not None and pool.kind.counted and pool.numa_node is None):
-                self._add(key, DeviceKind.HOST_RESOURCES, "host", amount, DeviceDetail(),
-                          None)
+                self._add(Choice(*key, DeviceKind.HOST_RESOURCES, "host", amount), None)
             elif cells_too and pool is not None and pool.kind is DeviceKind.NUMA:
-                self._add(key, DeviceKind.NUMA, str(pool.numa_node), amount,
-                          DeviceDetail(pool.numa_node), None)
+                self._add(Choice(*key, DeviceKind.NUMA, str(pool.numa_node), amount,
+                                 DeviceDetail(pool.numa_node)), None)
             else:
                 self.problems.append(f"{self.where}: {amount} {key[1]} allocated on "
                                      f"provider {key[0]} that no device it holds "
@@ -179,8 +190,7 @@ class GuestRows:
 
 
 def plan_rebuild(guests: Mapping[str, GuestSpec], allocations: Allocations,
-                 pools: Mapping[str, Mapping[str, Pool]], boot_id: str,
-                 new_id: Callable[[], str]) -> RebuiltStore:
+                 rows_from: RowSource) -> RebuiltStore:
     """The store's rows, or RebuildRefused listing everything that cannot
     be mapped."""
     problems: list[str] = []
@@ -195,7 +205,7 @@ def plan_rebuild(guests: Mapping[str, GuestSpec], allocations: Allocations,
     rows: list[Assignment] = []
     for uuid in sorted(set(guests) & set(allocations)):
         guest = guests[uuid]
-        matched = GuestRows(uuid, allocations[uuid], pools, boot_id, new_id, problems)
+        matched = GuestRows(uuid, allocations[uuid], rows_from, problems)
         for device in guest.devices:
             if device.kind is not DeviceKind.NUMA:
                 matched.device(HeldDevice(frozenset({device.kind}), device.device_id,

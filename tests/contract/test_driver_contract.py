@@ -41,7 +41,7 @@ from compute_agent.drivers.base import (
 from compute_agent.drivers.driver import ComputeDriver
 from compute_agent.drivers.errors import LiveMigrationError, MdevError
 from compute_agent.drivers.fake import FakeDriver, FakeNetwork
-from compute_agent.drivers.fake_sysfs import SysfsBuilder, vf_address
+from compute_agent.drivers.fake_sysfs import SysfsBuilder, VgpuCard, vf_address
 from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from compute_agent.drivers.migration import DeviceMove, LiveMigrationTarget
 from tests.functional.helpers import wait_for, write_conf
@@ -109,7 +109,7 @@ def device_host(root: Path) -> SysfsBuilder:
     b.add_pf(PF, "8086", "10fb", "10ed", numa_node=1, total_vfs=8, num_vfs=4,
              driver="ixgbe", vf_driver="ixgbevf")
     b.add_mdev_parent(GPU, 1, {MDEV_TYPE: ("GRID M60-2Q", 4)})
-    b.add_nvidia_vf_layout(VGPU_PF, "26b5", 1, VGPU_TYPES, num_vfs=2)
+    b.add_nvidia_vf_layout(VGPU_PF, "26b5", 1, VgpuCard(VGPU_TYPES), num_vfs=2)
     return b
 
 

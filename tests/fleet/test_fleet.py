@@ -18,6 +18,7 @@ import pytest
 from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.heartbeat import Heartbeat
 from compute_agent.tree.host_tree import TreeMode
+from tests.waiting import wait_for
 from tools.fleet_sim.agents import Fleet, FleetHost
 from tools.fleet_sim.hosts import Timing, write_agent_conf
 from tools.fleet_sim.placement import SqlitePlacement
@@ -35,10 +36,8 @@ TIMING = Timing(update_interval=1, update_jitter=1, reconcile_interval=2,
 def cycles_done(fleet: Fleet, cycles: int, timeout: float = 60) -> None:
     """Every host through ``cycles`` more cycles."""
     before = fleet.status()
-    started = time.monotonic()
-    while min(h["cycles"] - b["cycles"] for h, b in zip(fleet.status(), before)) < cycles:
-        assert time.monotonic() - started < timeout, "the fleet's loops do not turn"
-        time.sleep(0.5)
+    wait_for(lambda: min(h["cycles"] - b["cycles"] for h, b in zip(fleet.status(), before))
+             >= cycles, timeout, interval=0.5, message="the fleet's loops do not turn")
 
 
 @contextmanager

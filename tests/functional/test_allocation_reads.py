@@ -173,6 +173,7 @@ def test_an_allocation_moved_off_our_provider_is_seen_within_the_refresh_interva
         assert allocation_reads(sent) == []
         assert unexplained(report) == {deleted, moved}  # not yet: within the bound
 
+        # The bound passes: what is read by age is due only once it has.
         time.sleep(max(0.0, read_at + 4 - time.monotonic()))
         sent, report = reconcile_requests(agent, placement)
         # The provider that held them, once; those read empty are not read

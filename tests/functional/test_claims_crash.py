@@ -261,6 +261,8 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(tmp_path, root_disk)
         ready = os.read(read_fd, 1)
         os.close(read_fd)
         assert ready == b"r", "the child died before it was ready"
+        # The kill lands at a random moment of the child's work: anywhere
+        # in a claim is what is tested.
         time.sleep(rng.uniform(0, 0.030))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
@@ -317,7 +319,7 @@ def test_build_killed_after_spawn_is_completed_not_rolled_back(tmp_path):
                     {"pf": {"SRIOV_NET_VF": 1}, "root": {"DISK_GB": 1}}):
             inst = new_uuid()
             w.tracker.claim_build(inst, spec(), w.allocations(mix))
-            w.driver.spawn(w.manager._guest(inst))  # then the kill
+            w.driver.spawn(w.manager.host.guest(inst))  # then the kill
             w.restart()
             report = w.reconcile(None, at_start=True)
             assert inst in w.driver.list_guests(), \

@@ -16,6 +16,7 @@ from compute_agent.testing.local_placement import free_port
 from tests.functional.helpers import wait_for, write_conf
 
 BIN = Path(sys.executable).parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
 
 
@@ -157,20 +158,21 @@ def test_sigusr2_writes_every_threads_stack_and_the_daemon_goes_on(tmp_path, pla
     assert log.read_text().count("Thread 0x") > 2
 
 
-# Put on the daemon's PYTHONPATH: holds the import of oslo_messaging (one of
-# the daemon's heavy modules, imported at start) until the test says go, so
-# that a signal surely comes while the daemon imports its modules.
+# Put on the daemon's PYTHONPATH, with the checkout for the tests' waiting
+# helper: holds the import of oslo_messaging (one of the daemon's heavy
+# modules, imported at start) until the test says go, so that a signal
+# surely comes while the daemon imports its modules.
 HOLD_AN_IMPORT = """
-import os, sys, time
+import os, sys
+
+from tests.waiting import wait_for
 
 class HoldImport:
     def find_spec(self, name, path=None, target=None):
         if name == "oslo_messaging":
             sys.meta_path.remove(self)
             open(os.environ["HOLD_MARK"], "w").close()
-            deadline = time.monotonic() + 30
-            while not os.path.exists(os.environ["HOLD_GO"]) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for(lambda: os.path.exists(os.environ["HOLD_GO"]), timeout=30, interval=0.01)
         return None
 
 sys.meta_path.insert(0, HoldImport())
@@ -187,8 +189,8 @@ def test_bug_sighup_while_the_daemon_imports_its_modules_ended_it(tmp_path, plac
     conf = write_conf(tmp_path, placement.url, "sighup-importing", HOST,
                       DEFAULT={"update_interval": 3600})
     log = tmp_path / "agent.log"
-    env = {**os.environ, "PYTHONPATH": str(hook), "HOLD_MARK": str(mark),
-           "HOLD_GO": str(go)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(CHECKOUT)]),
+           "HOLD_MARK": str(mark), "HOLD_GO": str(go)}
     proc = start_daemon(conf, log, env)
     try:
         wait_for(lambda: mark.exists() or proc.poll() is not None)

@@ -106,7 +106,7 @@ def earlier_guest(w: World) -> str:
     instance = str(uuid.uuid4())
     w.made.append(instance)
     w.agent.manager.build_instance(instance, w.spec, w.allocations())
-    guest = w.agent.manager._guest(instance)
+    guest = w.agent.manager.host.guest(instance)
     w.agent.driver.destroy(instance)
     define_as_earlier(w, replace(guest, name=NAME), start=True)
     assert domain_name(w, instance) == NAME
@@ -165,7 +165,7 @@ def test_bug_reconcile_redefines_a_guest_an_earlier_version_named(world):
     """A saved definition that lacks one of the store's devices is
     redefined from the store, under the name it has."""
     instance = earlier_guest(world)
-    guest = world.agent.manager._guest(instance)
+    guest = world.agent.manager.host.guest(instance)
     lacking = replace(guest, name=NAME, devices=guest.devices[1:])
     define_as_earlier(world, lacking, start=False)
     live, saved = held(world, instance)

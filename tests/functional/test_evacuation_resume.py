@@ -257,11 +257,11 @@ def test_parallel_workers_that_pick_the_same_vf_ask_for_candidates_again(
     a, b, api, instances = pair(instances=workers, b_pfs=workers, b_vfs=1)
     conf = load_config(["--config-file", str(a.conf)])
     client = PlacementClient(adapter_from_conf(conf))
-    evacuator = Evacuator(client, api, Heartbeat(conf))
+    evacuator = Evacuator(client, api, Heartbeat(conf), parallel=workers)
     asked = CandidatesAtOnce(client, workers)
     client.get_allocation_candidates = asked
     try:
-        result = evacuator.evacuate(a.name, parallel=workers)
+        result = evacuator.evacuate(a.name)
     finally:
         evacuator.heartbeat.close()
 

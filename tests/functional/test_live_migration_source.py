@@ -213,7 +213,7 @@ def test_ctl_live_migrate_waits_out_a_migration_longer_than_its_timeout(cloud):
     migrate = a.driver.live_migrate
 
     def slow(*args, **kwargs):
-        time.sleep(SLOW_MIGRATION_SECONDS)
+        time.sleep(SLOW_MIGRATION_SECONDS)  # a migration longer than --timeout
         migrate(*args, **kwargs)
     a.driver.live_migrate = slow
     try:

@@ -283,7 +283,7 @@ def test_calls_work_again_soon_after_the_broker_returns(tmp_path, placement,
         built = api.build_instance(agent.name, instance, SPEC, wanted)
         private_rabbitmq.stop_app()
         try:
-            time.sleep(2)
+            time.sleep(2)  # an outage of 2 s, which the agent must outlive
         finally:
             private_rabbitmq.start_app()
         back = time.monotonic()

@@ -139,7 +139,7 @@ def test_ready_once_rpc_serves_watchdog_pings_while_idle_stopping_on_sigterm(
         assert f"{host}_numa_0" in served.stdout
 
         resumed = time.monotonic()
-        time.sleep(2)
+        time.sleep(2)  # the pings of 2 s running, which the checks below count
         pings = notify_socket.times("WATCHDOG=1", since=resumed)
         assert len(pings) >= 3, pings
         gaps = [b - a for a, b in itertools.pairwise(pings)]

@@ -22,6 +22,7 @@ from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.daemon import start_up
 from compute_agent.drivers.errors import MdevError
+from compute_agent.drivers.fake_sysfs import VgpuCard
 from compute_agent.drivers.libvirt.sysfs import SysfsReader
 from compute_agent.exception import ClaimFailed
 from compute_agent.health.rules import DeviceFault
@@ -41,9 +42,9 @@ TRAIT = {557: "CUSTOM_MDEV_TYPE_NVIDIA_557", 558: "CUSTOM_MDEV_TYPE_NVIDIA_558"}
 def host(tmp_path, placement):
     h = Host(tmp_path, placement.url)
     h.sys.add_numa_node(0, "0-7", 16384)
-    h.vfs_a = h.sys.add_nvidia_vf_layout(PF_A, "26b5", 0, L40, equal_size=True,
-                                         framebuffer_gb=48)
-    h.vfs_b = h.sys.add_nvidia_vf_layout(PF_B, "26b5", 0, L40, framebuffer_gb=48)
+    h.vfs_a = h.sys.add_nvidia_vf_layout(PF_A, "26b5", 0,
+                                         VgpuCard(L40, equal_size=True, framebuffer_gb=48))
+    h.vfs_b = h.sys.add_nvidia_vf_layout(PF_B, "26b5", 0, VgpuCard(L40, framebuffer_gb=48))
     # nvidia-557 on both GPUs, named by their PFs; nvidia-558, first in
     # the config's order, on B's last two VFs only.
     h.make_agent(devices={"enabled_mdev_types": "nvidia-558,nvidia-557"},
@@ -255,7 +256,7 @@ def test_a_restart_and_a_reboot_keep_every_guests_vf_and_type(host):
     assert first_cycles("boot-2") == {a0: 557, a1: 557, b2: 558}
     assert host.agent.vgpu_types_not_restored == {}
     for instance in guests:
-        host.agent.manager._run_with_store_devices(instance)
+        host.agent.manager.host.run_with_store_devices(instance)
     check()
 
     # Another reboot, after which B2's framebuffer goes to another VF
@@ -272,8 +273,8 @@ def test_a_restart_and_a_reboot_keep_every_guests_vf_and_type(host):
     for instance in guests:
         if instance == lost:
             with pytest.raises(MdevError):
-                host.agent.manager._run_with_store_devices(instance)
+                host.agent.manager.host.run_with_store_devices(instance)
         else:
-            host.agent.manager._run_with_store_devices(instance)
+            host.agent.manager.host.run_with_store_devices(instance)
     del expected[lost]
     check()

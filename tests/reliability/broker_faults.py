@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,17 +104,21 @@ def remove_allocations(url: str, consumer: str) -> None:
     assert resp.status_code in (204, 404), resp.text
 
 
-def placement_retried(write, attempts: int = 5) -> None:
-    """A conductor's write to Placement, retried: the test Placement, on
-    SQLite, answers 500 "database is locked" now and then under concurrent
-    writers."""
-    for attempt in range(attempts):
+def placement_retried(write: Callable[[], None], timeout: float = 1) -> None:
+    """A conductor's write to Placement, retried for ``timeout`` seconds:
+    the test Placement, on SQLite, answers 500 "database is locked" now and
+    then under concurrent writers."""
+    refused: list[AssertionError] = []
+
+    def written() -> bool:
         try:
-            return write()
-        except AssertionError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.2)
+            write()
+        except AssertionError as e:
+            refused[:] = [e]
+            return False
+        return True
+    wait_for(written, timeout, interval=0.2,
+             message=lambda: f"Placement refused the write for {timeout} s: {refused[0]}")
 
 
 def serves(api: ComputeAgentAPI, host: str) -> bool:
@@ -167,8 +172,7 @@ class Conductor:
         """``method`` until answered; a MessagingTimeout is retried, any
         other error is the test's failure. A timeout that took much longer
         than the call's timeout is a problem: the caller cannot retry."""
-        give_up = time.monotonic() + GIVE_UP_SECONDS
-        while True:
+        def answered() -> tuple[object] | None:
             started = time.monotonic()
             try:
                 answer = getattr(self.api, method)(self.agent.name, *args)
@@ -178,12 +182,14 @@ class Conductor:
                     self.ledger.timeouts[type(e).__name__] += 1
                     if took > CALL_TIMEOUT + 2:
                         self.ledger.slow_failures.append(f"{method} failed after {took:.1f} s")
-                if time.monotonic() > give_up:
-                    raise AssertionError(f"{method} unanswered for {GIVE_UP_SECONDS} s")
-                continue
+                return None
             with self.ledger.lock:
                 self.ledger.calls += 1
-            return answer
+            return (answer,)
+        # Asked again at once: each try waits out the call's timeout.
+        (answer,) = wait_for(answered, GIVE_UP_SECONDS, interval=0,
+                             message=f"{method} unanswered for {GIVE_UP_SECONDS} s")
+        return answer
 
     def one_instance(self) -> None:
         """Build (retried), check, delete (retried), as nova would."""
@@ -268,6 +274,6 @@ def broker_outage(broker: PrivateRabbitMQ, seconds: float) -> None:
     its port closed, its connections cut, its transient queues gone."""
     broker.stop_app()
     try:
-        time.sleep(seconds)
+        time.sleep(seconds)  # the outage's length, the test's subject
     finally:
         broker.start_app()

@@ -85,6 +85,7 @@ from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.heartbeat import Heartbeat
 from tests.functional.claims_world import GPU, MDEV_TYPE, PF, host_dict
 from tests.functional.helpers import HEADERS, placement_tree, write_conf
+from tests.waiting import wait_for
 
 BROKER = "rabbit://guest:guest@127.0.0.1:5672/"
 READY = "compute-agent running as host"
@@ -121,19 +122,18 @@ class AgentProcess:
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Until it logs that it serves RPC (after start-up reconciliation)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def ready() -> bool:
             with open(self.log, "rb") as f:
                 f.seek(self._offset)
                 if READY.encode() in f.read():
-                    return
+                    return True
             if self.proc.poll() is not None:
                 raise Violation(f"{self.name}: the agent exited "
                                 f"({self.proc.returncode}) during start-up: "
                                 f"{self.log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise Violation(f"{self.name}: not ready after {timeout:.0f} s")
-            time.sleep(0.01)
+            return False
+        wait_for(ready, timeout, interval=0.01, error=Violation,
+                 message=f"{self.name}: not ready after {timeout:.0f} s")
 
     @property
     def alive(self) -> bool:
@@ -459,6 +459,8 @@ class CrashLoop:
             host.spawn()
             if self.rng.random() >= self.startup_kill_rate:
                 break
+            # The kill lands at a random moment of the start-up: what is
+            # tested is the agent killed anywhere in it.
             time.sleep(self.rng.uniform(0, self.startup_seconds * 1.2))
             if host.kill():
                 self.figures.kills["start-up"] += 1
@@ -510,16 +512,17 @@ class CrashLoop:
             if self.hosts[victim].kill():
                 self.figures.kills["in flight" if in_flight else "between calls"] += 1
                 self.note(f"  killed {victim[:7]} {'in flight' if in_flight else 'after'}")
-        while not done.done():
-            if not self.hosts[host].alive:
+
+        def answered_or_killed() -> bool:
+            if not self.hosts[host].alive and not done.done():
                 # Killed: the call may or may not have been carried out; an
                 # answer that arrived before the kill still counts.
-                if not done.done():
-                    raise Interrupted(method)
-            try:
-                done.exception(timeout=0.02)
-            except TimeoutError:
-                pass
+                raise Interrupted(method)
+            return done.done()
+        # The call's own timeout ends it first, with an answer or a
+        # MessagingTimeout; asked often, as the next call waits for it.
+        wait_for(answered_or_killed, CALL_TIMEOUT + 30, interval=0.005, error=Violation,
+                 message=f"{method} to {host}: no answer nor timeout in {CALL_TIMEOUT + 30} s")
         error = done.exception()
         self.note(f"  answer: {type(error).__name__ if error else 'ok'}")
         if isinstance(error, messaging.MessagingTimeout):
@@ -834,18 +837,17 @@ class CrashLoop:
             self.call(dest, "rebuild_instance", migration, instance, spec, wanted,
                       source, True)
         for instance in mine:
-            deadline = time.monotonic() + 60
-            while True:
-                view = self.call(dest, "get_instance", instance, may_kill=False)
-                migration = evacuation_migration_uuid(instance, root)
-                if view["running"] and all(m["state"] == "confirmed"
-                                           for m in view["migrations"]
-                                           if m["uuid"] == migration):
-                    break
-                if time.monotonic() > deadline:
-                    raise Violation(f"{instance}: not running on {dest} 60 s after "
-                                    f"its evacuation: {view}")
-                time.sleep(0.05)
+            migration = evacuation_migration_uuid(instance, root)
+            last: list[dict] = [{}]
+
+            def settled_there() -> dict | None:
+                view = last[0] = self.call(dest, "get_instance", instance, may_kill=False)
+                return view if view["running"] and all(
+                    m["state"] == "confirmed" for m in view["migrations"]
+                    if m["uuid"] == migration) else None
+            view = wait_for(settled_there, 60, interval=0.05, error=Violation,
+                            message=lambda: f"{instance}: not running on {dest} 60 s after "
+                                            f"its evacuation: {last[0]}")
             held = self.held[instance]
             self.held[instance] = Held(dest, instance_ids(view), held.spec,
                                        {rp: {"resources": a["resources"]} for rp, a in

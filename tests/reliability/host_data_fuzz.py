@@ -25,6 +25,7 @@ from lxml import etree
 
 from compute_agent.cmd.common import load_config
 from compute_agent.drivers.errors import InvalidHostData
+from compute_agent.drivers.fake_sysfs import VgpuCard
 from compute_agent.drivers.libvirt import capabilities, nodedev, pmem
 from compute_agent.drivers.libvirt.driver import LibvirtDriver
 from compute_agent.drivers.libvirt.sysfs import SysfsReader
@@ -335,9 +336,9 @@ class FuzzedSysfs:
     def __init__(self, directory: Path):
         self.host = Host(directory / "host", "http://127.0.0.1:1")
         self.host.build_default()
-        self.host.sys.add_nvidia_vf_layout("0000:84:00.0", "1eb8", 1,
-                                           {256: "GRID T4-1B", 257: "GRID T4-2B"},
-                                           num_vfs=2)
+        self.host.sys.add_nvidia_vf_layout(
+            "0000:84:00.0", "1eb8", 1, VgpuCard({256: "GRID T4-1B", 257: "GRID T4-2B"}),
+            num_vfs=2)
         conf = load_config(["--config-file", os.fspath(self.host.write_conf())])
         self.root = Path(self.host.sys.root)
         self.pristine = directory / "pristine"

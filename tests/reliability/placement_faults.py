@@ -29,6 +29,7 @@ from compute_agent.drivers.fake_sysfs import SysfsBuilder
 from compute_agent.store import node_identity
 from compute_agent.testing.fault_proxy import FaultProxy, PlacementFault
 from tests.functional.helpers import HEADERS, get
+from tests.waiting import wait_for
 
 NUMA_CELLS = {0: "0-7", 1: "8-15"}
 PF = "0000:3b:00.0"
@@ -202,6 +203,7 @@ class Scenario:
                     time.monotonic() < deadline
                     or (len(self.proxy.injected) < fault_kinds and time.monotonic() < last)):
                 self._change_something(root)
+                # The host's own pace of change: one every 0.2 to 1 s.
                 time.sleep(self.rng.uniform(0.2, 1.0))
             # The host has stopped changing: what it should show.
             want = self._fault_free_tree()
@@ -220,15 +222,14 @@ class Scenario:
         then SIGHUP has its default action and ends it (under systemd, a
         reload waits for the start to finish)."""
         state = self.workdir / "faulted" / "state"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if "compute-agent running as host" in self.log.read_text():
-                return node_identity.load(str(state))
+
+        def running() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the daemon exited {self.proc.returncode}: "
                                      f"{self.log.read_text()[-2000:]}")
-            time.sleep(0.05)
-        raise AssertionError("the daemon made no compute_id")
+            return "compute-agent running as host" in self.log.read_text()
+        wait_for(running, timeout, interval=0.05, message="the daemon made no compute_id")
+        return node_identity.load(str(state))
 
     def _change_something(self, root: str) -> None:
         what = self.rng.choice(("memory", "vgpus", "delete", "sighup"))
@@ -263,21 +264,24 @@ class Scenario:
         if self.proc.poll() is not None:
             problems.append(f"the daemon died (exit {self.proc.returncode})")
         mark = self._cycles()
+
         # A cycle may be in flight when the faults stop (a black-holed
         # request holds it for the timeout): three more must converge.
-        while True:
+        def converged_or_three_cycles_on() -> tuple[list[str]] | None:
             # Counted before the tree is read: once the fourth cycle has
             # begun, the three before it have ended.
             begun = self._cycles() - mark
             differences = tree_differences(
                 named_tree(self.placement_url, root, self.name), want)
-            if not differences:
-                break
-            if begun >= 4 or self.proc.poll() is not None:
-                problems += ["not the fault-free tree 3 cycles after the faults "
-                             "stopped:", *differences]
-                break
-            time.sleep(0.1)
+            if differences and begun < 4 and self.proc.poll() is None:
+                return None
+            return (differences,)
+        (differences,) = wait_for(converged_or_three_cycles_on,
+                                  timeout=4 * (self.interval + 10 * PLACEMENT_TIMEOUT),
+                                  message="the daemon's cycles stopped turning")
+        if differences:
+            problems += ["not the fault-free tree 3 cycles after the faults stopped:",
+                         *differences]
         text = self.log.read_text()
         if "Traceback" in text:
             problems.append(f"{text.count('Traceback')} tracebacks in {self.log}")

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -74,6 +73,7 @@ from compute_agent.store.queries import all_instances, all_migrations, instance_
 from tests.functional.helpers import put_allocations
 from tests.functional.test_rpc import BROKER, SPEC, AgentDaemon
 from tests.reliability.exploring import Outcome
+from tests.waiting import wait_for
 
 # The caller's own mistakes, which the agent answers as they are: a live
 # migration to where the caller said (a destination that cannot take it),
@@ -571,15 +571,17 @@ class FuzzedAgent:
         A call taken may go on after its answer (an accepted rebuild builds
         its guest and settles its move in the background: two more commits),
         and a refused call that comes next must not be blamed for them."""
-        deadline = time.monotonic() + limit
-        last = self.store_rows()
-        while time.monotonic() < deadline:
-            time.sleep(quiet)
+        last: list[Counter] = []
+
+        def unchanged_since_the_last_read() -> tuple[Counter] | None:
             now = self.store_rows()
-            if now == last:
-                return now
-            last = now
-        raise AssertionError(f"the store kept changing for {limit} s after a call")
+            if last and now == last[0]:
+                return (now,)
+            last[:] = [now]
+            return None
+        (rows,) = wait_for(unchanged_since_the_last_read, limit, interval=quiet,
+                           message=f"the store kept changing for {limit} s after a call")
+        return rows
 
     def close(self) -> None:
         self.daemon.stop()

@@ -112,6 +112,8 @@ def test_connections_cut_during_calls(daemon, conductor, broker):
     wait_for(lambda: conductor.ledger.calls >= 4, timeout=30)
     for _ in range(3):
         broker.close_all_connections()
+        # Half a second apart: each cut meets the connections made again
+        # after the one before, and the calls they carry.
         time.sleep(0.5)
     seconds_until_served(conductor.api, daemon.name)
     calls = conductor.ledger.calls

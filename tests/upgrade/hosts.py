@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -188,11 +187,16 @@ class NewAgent:
             try:
                 code = self.proc.wait(60)
             except subprocess.TimeoutExpired:
-                # Where each of its threads waits, from the daemon's SIGUSR2.
+                # Where each of its threads waits, from the daemon's SIGUSR2
+                # (faulthandler's dump to its log), before it is killed.
+                dumped = self.log.stat().st_size
                 self.proc.send_signal(signal.SIGUSR2)
-                time.sleep(2)
-                self.proc.kill()
-                self.proc.wait()
+                try:
+                    wait_for(lambda: b"Thread 0x" in self.log.read_bytes()[dumped:], timeout=10,
+                             message=f"{self.host.name}: no thread dump after SIGUSR2")
+                finally:
+                    self.proc.kill()
+                    self.proc.wait()
                 raise AssertionError(f"{self.host.name}: no exit 60 s after SIGTERM\n"
                                      + self.log.read_text()[-12000:])
             assert code == 0, self.log.read_text()[-4000:]

@@ -107,7 +107,7 @@ def evacuate_once(workdir: Path, parallel: int) -> dict:
         procs.pop("a").send_signal(signal.SIGKILL)
 
         evacuator = Evacuator(PlacementClient(adapter_from_conf(conf)), api,
-                              Heartbeat(conf))
+                              Heartbeat(conf), parallel=parallel)
         mark = placement.mark()
         seen: dict[str, float] = {}
 
@@ -115,7 +115,7 @@ def evacuate_once(workdir: Path, parallel: int) -> dict:
             seen[o.state] = time.perf_counter()  # the last of each state
 
         started = time.perf_counter()
-        result = evacuator.evacuate(a, progress=progress, parallel=parallel)
+        result = evacuator.evacuate(a, progress=progress)
         seconds = time.perf_counter() - started
         requests = placement.requests_since(mark)
         evacuator.heartbeat.close()

@@ -281,7 +281,8 @@ def _pci_resource(address: etree._Element, name: str) -> HostResource:
         parse_int(address.get(f), name, f"source address {f}", base=16)
         for f in ("domain", "bus", "slot", "function"))
     return HostResource(HostResourceKind.PCI_ADDRESS,
-                        format_pci_address(domain, bus, slot, function, name, "source address"))
+                        format_pci_address((domain, bus, slot, function), name,
+                                           "source address"))
 
 
 def parse_guest(domain_xml: str) -> GuestSpec | None:

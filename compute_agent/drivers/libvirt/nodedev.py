@@ -121,14 +121,15 @@ def _address(el: etree._Element, device: str, field: str) -> str:
     """An <address domain= bus= slot= function=/> element."""
     domain, bus, slot, function = (_int_text(el.get(part), device, f"{field} {part}", limit)
                                    for part, limit in PARTS)
-    return format_pci_address(domain, bus, slot, function, device=device, field=field)
+    return format_pci_address((domain, bus, slot, function), device=device, field=field)
 
 
 def _parse_pci(cap: etree._Element, device: str, driver: str | None
                ) -> tuple[PciDevice, MdevParent | None]:
     domain, bus, slot, function = (_int_text(cap.findtext(part), device, part, limit)
                                    for part, limit in PARTS)
-    address = format_pci_address(domain, bus, slot, function, device=device, field="address")
+    address = format_pci_address((domain, bus, slot, function), device=device,
+                                 field="address")
     vendor_el, product_el = cap.find("vendor"), cap.find("product")
     vendor = parse_hex_id(None if vendor_el is None else vendor_el.get("id"),
                           device, "vendor id")

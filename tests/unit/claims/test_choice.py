@@ -16,6 +16,7 @@ from compute_agent.claims.choice import (
     InstanceSpec,
     Pool,
     Slot,
+    Taken,
     Wanted,
     carried,
     check_spec_carried,
@@ -87,23 +88,23 @@ def live(held: HeldDevices) -> dict:
 def test_numa_local_devices_first():
     p = pools()
     want = [Wanted(MIXED, "CUSTOM_NIC", 2)]
-    assert ids(choose(want, p, HeldDevices(), prefer_numa=1)) == [
+    assert ids(choose(want, p, Taken(), prefer_numa=1)) == [
         "0000:90:00.1", "0000:90:00.3"]
-    assert ids(choose(want, p, HeldDevices(), prefer_numa=0)) == [
+    assert ids(choose(want, p, Taken(), prefer_numa=0)) == [
         "0000:90:00.0", "0000:90:00.2"]
     # Local ones taken: the rest, in a stable order.
     held = held_by({(MIXED, "CUSTOM_NIC"): {"0000:90:00.1"}})
-    assert ids(choose([Wanted(MIXED, "CUSTOM_NIC", 3)], p, held, prefer_numa=1)) == [
+    assert ids(choose([Wanted(MIXED, "CUSTOM_NIC", 3)], p, Taken(held), prefer_numa=1)) == [
         "0000:90:00.3", "0000:90:00.0", "0000:90:00.2"]
 
 
 def test_numa_preference_defaults_to_the_cell_in_the_allocation():
     p = pools()
     got = choose([Wanted(MIXED, "CUSTOM_NIC", 1), Wanted(NUMA1, "VCPU", 2)],
-                 p, HeldDevices())
+                 p, Taken())
     assert ids(got) == ["0000:90:00.1", "1"]
     got = choose([Wanted(MIXED, "CUSTOM_NIC", 1), Wanted(NUMA0, "VCPU", 2)],
-                 p, HeldDevices())
+                 p, Taken())
     assert ids(got) == ["0000:90:00.0", "0"]
 
 
@@ -120,7 +121,7 @@ def test_numa_preference_follows_the_instances_cell_not_another_device():
             {NUMA0: {"resources": {"VCPU": 2, "MEMORY_MB": 512}},
              gpu: {"resources": {"VGPU": 1}},
              MIXED: {"resources": {"CUSTOM_NIC": 1}}}, p)
-        got = choose(wanted, p, HeldDevices())
+        got = choose(wanted, p, Taken())
         nic = next(c for c in got if c.resource_class == "CUSTOM_NIC")
         assert nic.detail.numa_node == 0, (
             f"GPU provider {gpu}: NIC {nic.device_id} on cell {nic.detail.numa_node}, "
@@ -130,10 +131,10 @@ def test_numa_preference_follows_the_instances_cell_not_another_device():
 def test_existing_unassigned_mdev_before_creating_one():
     p = pools(gpu_capacity=4)
     held = held_by({(GPU, "VGPU"): {MDEV1}})
-    got = choose([Wanted(GPU, "VGPU", 1)], p, held)
+    got = choose([Wanted(GPU, "VGPU", 1)], p, Taken(held))
     assert ids(got) == [MDEV2]
     assert (got[0].detail.mdev_parent, got[0].detail.mdev_type) == ("0000:84:00.0", "nvidia-35")
-    got = choose([Wanted(GPU, "VGPU", 2)], p, held)
+    got = choose([Wanted(GPU, "VGPU", 2)], p, Taken(held))
     assert ids(got)[0] == MDEV2
     created = got[1]
     assert created.device_id not in (MDEV1, MDEV2)
@@ -142,7 +143,7 @@ def test_existing_unassigned_mdev_before_creating_one():
         "0000:84:00.0", "nvidia-35", 1)
     # Nothing free at all: every one is new, and they differ.
     got = choose([Wanted(GPU, "VGPU", 2)], p,
-                 held_by({(GPU, "VGPU"): {MDEV1, MDEV2}}))
+                 Taken(held_by({(GPU, "VGPU"): {MDEV1, MDEV2}})))
     assert len(set(ids(got))) == 2 and not set(ids(got)) & {MDEV1, MDEV2}
 
 
@@ -150,9 +151,9 @@ def test_unhealthy_devices_are_never_chosen():
     p = pools()
     vfs = [s.device_id for s in p[PF]["SRIOV_NET_VF"].slots]
     p[PF]["SRIOV_NET_VF"] = replace(p[PF]["SRIOV_NET_VF"], unhealthy=frozenset(vfs[:3]))
-    assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, HeldDevices())) == [vfs[3]]
+    assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, Taken())) == [vfs[3]]
     with pytest.raises(ClaimFailed):
-        choose([Wanted(PF, "SRIOV_NET_VF", 2)], p, HeldDevices())
+        choose([Wanted(PF, "SRIOV_NET_VF", 2)], p, Taken())
 
 
 def test_an_unhealthy_gpu_gives_no_mdev_old_or_new():
@@ -160,48 +161,48 @@ def test_an_unhealthy_gpu_gives_no_mdev_old_or_new():
     pool = p[GPU]["VGPU"]
     p[GPU]["VGPU"] = replace(pool, unhealthy=frozenset({pool.mdev_parent, MDEV1, MDEV2}))
     with pytest.raises(ClaimFailed):
-        choose([Wanted(GPU, "VGPU", 1)], p, HeldDevices())
+        choose([Wanted(GPU, "VGPU", 1)], p, Taken())
 
 
 def test_mdev_creation_is_bounded_by_capacity():
     p = pools(gpu_capacity=3)
     created = "22222222-0000-4000-8000-000000000001"
     held = held_by({(GPU, "VGPU"): {MDEV1, created}})
-    assert ids(choose([Wanted(GPU, "VGPU", 1)], p, held)) == [MDEV2]
+    assert ids(choose([Wanted(GPU, "VGPU", 1)], p, Taken(held))) == [MDEV2]
     with pytest.raises(ClaimFailed):
-        choose([Wanted(GPU, "VGPU", 2)], p, held)
+        choose([Wanted(GPU, "VGPU", 2)], p, Taken(held))
     full = held_by({(GPU, "VGPU"): {MDEV1, MDEV2, created}})
     with pytest.raises(ClaimFailed):
-        choose([Wanted(GPU, "VGPU", 1)], p, full)
+        choose([Wanted(GPU, "VGPU", 1)], p, Taken(full))
     # Exactly the capacity from empty: two existing plus one new.
-    got = choose([Wanted(GPU, "VGPU", 3)], p, HeldDevices())
+    got = choose([Wanted(GPU, "VGPU", 3)], p, Taken())
     assert ids(got)[:2] == [MDEV1, MDEV2] and len(set(ids(got))) == 3
     with pytest.raises(ClaimFailed):
-        choose([Wanted(GPU, "VGPU", 4)], p, HeldDevices())
+        choose([Wanted(GPU, "VGPU", 4)], p, Taken())
 
 
 def test_only_mdevs_are_created():
     p = pools(vf_count=2)
     held = held_by({(PF, "SRIOV_NET_VF"): {"0000:81:10.0"}})
-    assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, held)) == ["0000:81:10.1"]
+    assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, Taken(held))) == ["0000:81:10.1"]
     with pytest.raises(ClaimFailed):
-        choose([Wanted(PF, "SRIOV_NET_VF", 2)], p, held)
+        choose([Wanted(PF, "SRIOV_NET_VF", 2)], p, Taken(held))
     with pytest.raises(ClaimFailed):
         choose([Wanted(NUMA0, "PCPU", 1)], p,
-               held_by({(NUMA0, "PCPU"): {"2", "3"}}))
+               Taken(held_by({(NUMA0, "PCPU"): {"2", "3"}})))
 
 
 def test_never_a_held_device_even_within_one_request():
     p = pools(vf_count=4)
     held = held_by({(PF, "SRIOV_NET_VF"): {"0000:81:10.0", "0000:81:10.2"}})
-    got = choose([Wanted(PF, "SRIOV_NET_VF", 1), Wanted(PF, "SRIOV_NET_VF", 1)], p, held)
+    got = choose([Wanted(PF, "SRIOV_NET_VF", 1), Wanted(PF, "SRIOV_NET_VF", 1)], p, Taken(held))
     assert sorted(ids(got)) == ["0000:81:10.1", "0000:81:10.3"]
 
 
 def test_counted_pools_hand_out_the_cell_not_a_device():
     p = pools()
     got = choose([Wanted(NUMA0, "MEMORY_MB", 1024), Wanted(NUMA0, "VCPU", 4)], p,
-                 HeldDevices())
+                 Taken())
     assert [(c.kind, c.device_id, c.amount, c.detail.numa_node) for c in got] == [
         (DeviceKind.NUMA, "0", 1024, 0), (DeviceKind.NUMA, "0", 4, 0)]
     held = HeldDevices()
@@ -216,7 +217,7 @@ def test_claim_failed_names_provider_and_class_and_leaves_held_alone():
     before = copy.deepcopy(live(held))
     # The first wanted can be met, the second cannot.
     with pytest.raises(ClaimFailed) as e:
-        choose([Wanted(GPU, "VGPU", 1), Wanted(PF, "SRIOV_NET_VF", 2)], p, held)
+        choose([Wanted(GPU, "VGPU", 1), Wanted(PF, "SRIOV_NET_VF", 2)], p, Taken(held))
     assert e.value.provider_uuid == PF
     assert e.value.resource_class == "SRIOV_NET_VF"
     assert PF in str(e.value) and "SRIOV_NET_VF" in str(e.value)
@@ -226,15 +227,15 @@ def test_claim_failed_names_provider_and_class_and_leaves_held_alone():
 def test_take_and_give_back():
     p = pools()
     held = HeldDevices()
-    got = choose([Wanted(PF, "SRIOV_NET_VF", 2), Wanted(NUMA0, "VCPU", 1)], p, held)
+    got = choose([Wanted(PF, "SRIOV_NET_VF", 2), Wanted(NUMA0, "VCPU", 1)], p, Taken(held))
     held.take(got)
     assert live(held) == {(PF, "SRIOV_NET_VF"): {"0000:81:10.0", "0000:81:10.1"}}
-    nxt = choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, held)
+    nxt = choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, Taken(held))
     assert ids(nxt) == ["0000:81:10.2"]
     held.give_back(got[:1])
     assert live(held) == {(PF, "SRIOV_NET_VF"): {"0000:81:10.1"}}
     held.give_back(got[:1])  # twice is harmless
-    assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, held)) == ["0000:81:10.0"]
+    assert ids(choose([Wanted(PF, "SRIOV_NET_VF", 1)], p, Taken(held))) == ["0000:81:10.0"]
 
 
 # --- parse_allocations --------------------------------------------------------------------
@@ -455,7 +456,7 @@ class NoHeldDeviceChosen(RuleBasedStateMachine):
                 (w.provider_uuid, w.resource_class), 0) + w.amount
         fits = all(amount <= self.free(k) for k, amount in need.items())
         try:
-            got = choose(wanted, self.pools, self.held, prefer)
+            got = choose(wanted, self.pools, Taken(self.held), prefer)
         except ClaimFailed as e:
             assert not fits, f"refused though it fits: {need}"
             assert (e.provider_uuid, e.resource_class) in need
@@ -517,7 +518,7 @@ def test_a_failed_choice_never_changes_held(p, data):
     wanted = [Wanted(k[0], k[1], data.draw(st.integers(1, 8)))
               for k in data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=4))]
     try:
-        got = choose(wanted, p, held)
+        got = choose(wanted, p, Taken(held))
     except ClaimFailed:
         got = []
     assert live(held) == before

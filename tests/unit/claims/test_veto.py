@@ -2,7 +2,7 @@
 never chosen, and which of it the store does not explain."""
 import pytest
 
-from compute_agent.claims.choice import HeldDevices, Pool, Slot, Wanted, choose
+from compute_agent.claims.choice import Pool, Slot, Taken, Wanted, choose
 from compute_agent.claims.veto import (
     StrayHolding,
     Unexplained,
@@ -73,15 +73,15 @@ def test_every_device_a_guest_holds_is_vetoed_running_or_defined_ours_or_not():
 ])
 def test_a_vetoed_device_of_each_kind_is_never_chosen(provider, rc, vetoed, expected):
     wanted = [Wanted(provider, rc, 1)]
-    assert ids(choose(wanted, pools(), HeldDevices()))[0] != expected
-    assert ids(choose(wanted, pools(), HeldDevices(), vetoed=frozenset({vetoed}))) == [
+    assert ids(choose(wanted, pools(), Taken()))[0] != expected
+    assert ids(choose(wanted, pools(), Taken(vetoed=frozenset({vetoed})))) == [
         expected]
     # All of the pool is more than it can give while one is vetoed.
     every = len(pools()[provider][rc].slots)
-    assert len(choose([Wanted(provider, rc, every)], pools(), HeldDevices())) == every
+    assert len(choose([Wanted(provider, rc, every)], pools(), Taken())) == every
     with pytest.raises(ClaimFailed):
-        choose([Wanted(provider, rc, every)], pools(), HeldDevices(),
-               vetoed=frozenset({vetoed}))
+        choose([Wanted(provider, rc, every)], pools(),
+               Taken(vetoed=frozenset({vetoed})))
 
 
 def test_a_vetoed_mdev_takes_its_unit_of_the_gpus_capacity():
@@ -89,9 +89,9 @@ def test_a_vetoed_mdev_takes_its_unit_of_the_gpus_capacity():
     mdev is created in its place beyond what the GPU can give."""
     every = frozenset({mdev(m) for m in MDEVS})
     with pytest.raises(ClaimFailed):
-        choose([Wanted(GPU, "VGPU", 1)], pools(gpu_capacity=2), HeldDevices(), vetoed=every)
-    created = choose([Wanted(GPU, "VGPU", 1)], pools(gpu_capacity=3), HeldDevices(),
-                     vetoed=every)
+        choose([Wanted(GPU, "VGPU", 1)], pools(gpu_capacity=2), Taken(vetoed=every))
+    created = choose([Wanted(GPU, "VGPU", 1)], pools(gpu_capacity=3),
+                     Taken(vetoed=every))
     assert ids(created)[0] not in MDEVS
 
 

@@ -13,7 +13,7 @@ import pytest
 from compute_agent.claims.model import AssignmentState, Migration, MigrationState, MoveKind
 from compute_agent.compute import reconcile as rules
 from compute_agent.compute.reconcile import ReconcileInputs, Report, reconcile
-from compute_agent.drivers.base import DeviceKind
+from compute_agent.drivers.base import DeviceKind, GuestSpec
 from compute_agent.exception import SourceHostUp
 from compute_agent.store.queries import live_changed_at, migrations_changed_at
 from tests.functional.claims_world import World, host_dict, make_world, new_uuid, spec
@@ -54,9 +54,8 @@ def test_claim_stuck_claiming(w: World) -> None:
     carried, lost, lacking = new_uuid(), new_uuid(), new_uuid()
     for instance in (carried, lost, lacking):
         w.tracker.claim_build(instance, spec(), w.allocations(VF))
-    w.driver.spawn(w.manager._guest(carried))
-    w.driver.spawn(w.manager._guest(lacking).__class__(
-        lacking, "vm", 1, 512, ()))  # runs, without its devices
+    w.driver.spawn(w.manager.host.guest(carried))
+    w.driver.spawn(GuestSpec(lacking, "vm", 1, 512, ()))  # runs, without its devices
     w.restart()
 
     assert kinds(w.reconcile(None, at_start=False)) == []  # only at start-up
@@ -84,7 +83,7 @@ def test_evacuation_interrupted(w: World) -> None:
 def test_evacuation_interrupted_between_finish_and_confirm_is_settled(w: World) -> None:
     instance, migration = new_uuid(), new_uuid()
     w.tracker.claim_move(MoveKind.EVACUATION, migration, instance, spec(), w.allocations(VF))
-    w.driver.spawn(w.manager._guest(instance))
+    w.driver.spawn(w.manager.host.guest(instance))
     w.tracker.finish_move(migration)  # the crash comes before the confirm
     w.restart()
     assert kinds(w.reconcile(None, at_start=True), fixed=True) == [
@@ -263,7 +262,7 @@ def test_bug_resize_destination_killed_in_its_revert_forgot_the_move(w: World) -
 def test_guest_devices_differ_on_a_stopped_guest_is_redefined(w: World) -> None:
     instance = built(w)
     w.driver.power_off(instance)
-    w.driver.update_guest(w.manager._guest(instance).__class__(instance, "vm", 1, 512, ()))
+    w.driver.update_guest(GuestSpec(instance, "vm", 1, 512, ()))
     report = w.reconcile(None, at_start=False)
     assert kinds(report, fixed=True) == ["guest_devices_differ"]
     stored = {a.id for a in w.live() if a.instance_uuid == instance}
@@ -279,7 +278,7 @@ def test_guest_devices_differ_on_a_running_guest_is_reported_and_converges(w: Wo
     instance = built(w)
     stored = w.driver.guest_state(instance).live
     w.driver.power_off(instance)
-    w.driver.spawn(w.manager._guest(instance).__class__(instance, "vm", 1, 512, ()))
+    w.driver.spawn(GuestSpec(instance, "vm", 1, 512, ()))
     first = w.reconcile(None, at_start=False)
     assert kinds(first, fixed=True) == ["guest_devices_differ"]
     assert kinds(first, fixed=False) == ["guest_running_on_other_devices"]

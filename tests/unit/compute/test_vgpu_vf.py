@@ -93,7 +93,7 @@ def test_a_vf_still_held_keeps_its_type_when_another_row_of_it_goes(manager):
     manager.build_instance(instance, SPEC, on(VF0))
     _, rows, _ = manager.tracker.instance(instance)
     # As a same-host move's release of a row whose VF a live one holds.
-    manager._clear_vgpu_types(rows)
+    manager.host.clear_vgpu_types(rows)
     assert manager.driver.vgpu_types == {VF0: "nvidia-557"}
 
 

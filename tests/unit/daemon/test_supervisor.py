@@ -7,6 +7,7 @@ import threading
 
 from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.supervisor import Supervisor
+from tests.waiting import wait_for
 
 
 def test_a_thread_ending_because_another_agent_serves_the_host_is_a_refusal(monkeypatch):
@@ -53,8 +54,7 @@ def test_bug_a_sigterm_taken_by_another_thread_was_handled_an_hour_later(monkeyp
     def taker():
         # Once the main thread waits (its waiter is queued on the event),
         # the signal goes to this thread, not the main one.
-        while not supervisor.wake._cond._waiters:
-            threading.Event().wait(0.001)
+        wait_for(lambda: supervisor.wake._cond._waiters, timeout=10, interval=0.001)
         signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
 
     threading.Thread(target=guard, daemon=True).start()

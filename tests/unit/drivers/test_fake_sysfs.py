@@ -9,7 +9,13 @@ import pytest
 from lxml import etree
 
 from compute_agent.drivers.base import Mdev, MdevType
-from compute_agent.drivers.fake_sysfs import SysfsBuilder, vf_address, vgpu_framebuffer_gb, vhba_xml
+from compute_agent.drivers.fake_sysfs import (
+    SysfsBuilder,
+    VgpuCard,
+    vf_address,
+    vgpu_framebuffer_gb,
+    vhba_xml,
+)
 from compute_agent.drivers.libvirt import pmem
 from compute_agent.drivers.libvirt.nodedev import parse_node_devices
 from compute_agent.drivers.libvirt.sriov import write_num_vfs
@@ -147,7 +153,7 @@ def test_a_vgpu_types_framebuffer_is_the_number_in_its_name():
 
 def test_a_vgpu_type_the_driver_refuses_is_undone_when_it_answers(tmp_path):
     b = SysfsBuilder(tmp_path / "sys")
-    vfs = b.add_nvidia_vf_layout("0000:41:00.0", "26b5", 0, L40, equal_size=True)
+    vfs = b.add_nvidia_vf_layout("0000:41:00.0", "26b5", 0, VgpuCard(L40, equal_size=True))
     b.set_current_vgpu_type(vfs[0], 557)
     # Another size than the card's vGPUs: not creatable now.
     (b.device_dir(vfs[1]) / "nvidia" / "current_vgpu_type").write_text("558\n")
@@ -158,8 +164,8 @@ def test_a_vgpu_type_the_driver_refuses_is_undone_when_it_answers(tmp_path):
 
 def test_a_type_removed_makes_room_for_one_written_beside_it(tmp_path):
     b = SysfsBuilder(tmp_path / "sys")
-    vfs = b.add_nvidia_vf_layout("0000:41:00.0", "26b5", 0, L40, num_vfs=2,
-                                 equal_size=True)
+    vfs = b.add_nvidia_vf_layout("0000:41:00.0", "26b5", 0, VgpuCard(L40, equal_size=True),
+                                 num_vfs=2)
     b.set_current_vgpu_type(vfs[1], 557)
     # Written in one go: the 24 GB type fits only once the 12 GB one is gone.
     (b.device_dir(vfs[0]) / "nvidia" / "current_vgpu_type").write_text("558\n")

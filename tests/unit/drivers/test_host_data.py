@@ -103,14 +103,14 @@ def test_text_that_is_no_pci_address_is_refused(text):
 
 
 def test_address_parts_are_formatted_canonically():
-    assert format_pci_address(0, 0x81, 0x10, 1, PF, "address") == "0000:81:10.1"
-    assert format_pci_address(0x10000, 0xE1, 0, 0, PF, "address") == "10000:e1:00.0"
+    assert format_pci_address((0, 0x81, 0x10, 1), PF, "address") == "0000:81:10.1"
+    assert format_pci_address((0x10000, 0xE1, 0, 0), PF, "address") == "10000:e1:00.0"
 
 
 @pytest.mark.parametrize("parts", [(0, 0x100, 0, 0), (0, 0, 0x20, 0), (0, 0, 0, 8),
                                    (1 << 32, 0, 0, 0), (-1, 0, 0, 0)])
 def test_address_parts_out_of_range_are_refused_with_all_parts(parts):
-    error = complaint(lambda: format_pci_address(*parts, PF, "address"))
+    error = complaint(lambda: format_pci_address(parts, PF, "address"))
     assert (error.reason, error.value) == ("PCI address out of range", parts)
 
 

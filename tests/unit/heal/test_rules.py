@@ -11,7 +11,7 @@ from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import Assignment, Migration
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.heal.errors import HealRefused
-from compute_agent.heal.rules import Consumer, capacity, hold_unhealed, plan_heal
+from compute_agent.heal.rules import Consumer, Model, capacity, hold_unhealed, plan_heal
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreeMode
 from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
@@ -84,7 +84,7 @@ def test_cpu_and_memory_follow_the_instances_device_to_its_cell():
     model = nested("SRIOV_NET_VF")
     c = consumer("c1", {ROOT: {"VCPU": 2, "MEMORY_MB": 512},
                         PF: {"CUSTOM_PCI_8086_154C": 1}, "elsewhere": {"DISK_GB": 5}})
-    plan = plan_heal(flat(), model, POOLS, {"c1": c}, [vf_row("c1", "vf2")], [])
+    plan = plan_heal(Model(flat(), model, POOLS), {"c1": c}, [vf_row("c1", "vf2")], [])
     assert plan.consumers["c1"].allocations == {
         CELL0: {"VCPU": 2, "MEMORY_MB": 512}, PF: {"SRIOV_NET_VF": 1},
         "elsewhere": {"DISK_GB": 5}}
@@ -94,7 +94,7 @@ def test_cpu_and_memory_follow_the_instances_device_to_its_cell():
 def test_instances_without_a_cell_go_by_the_even_rule():
     cs = {f"c{i}": consumer(f"c{i}", {ROOT: {"VCPU": 1, "MEMORY_MB": 1024}})
           for i in range(2)}
-    plan = plan_heal(flat(), nested(), POOLS, cs, [], [])
+    plan = plan_heal(Model(flat(), nested(), POOLS), cs, [], [])
     assert {c.allocations and next(iter(c.allocations)) for c in plan.consumers.values()} \
         == {CELL0, CELL1}
 
@@ -102,14 +102,14 @@ def test_instances_without_a_cell_go_by_the_even_rule():
 def test_an_instance_bigger_than_any_cell_is_refused_by_name():
     big = consumer("big", {ROOT: {"VCPU": 1, "MEMORY_MB": 4096}})
     with pytest.raises(HealRefused, match="big: needs"):
-        plan_heal(flat(), nested(), POOLS, {"big": big}, [], [])
+        plan_heal(Model(flat(), nested(), POOLS), {"big": big}, [], [])
 
 
 def test_a_consumer_in_the_middle_of_a_move_is_refused_by_name():
     c = consumer("c1", {ROOT: {"VCPU": 1}})
     move = Migration("m1", "c1", "resize", "source", "active")
     with pytest.raises(HealRefused, match="c1: is in the middle of a resize"):
-        plan_heal(flat(), nested(), POOLS, {"c1": c}, [], [move])
+        plan_heal(Model(flat(), nested(), POOLS), {"c1": c}, [], [move])
 
 
 # --- switching between any two tree modes ---------------------------------------
@@ -251,7 +251,7 @@ def test_each_mode_switch_holds_then_heals_to_where_the_new_mode_puts_each_alloc
         (offered_by_class(held.tree), physical)
     assert held.stranded, "every switch moves something someone holds"
 
-    plan = plan_heal(current, model, pools, consumers, rows, [])
+    plan = plan_heal(Model(current, model, pools), consumers, rows, [])
     expected = placed(new_mode, model, mode_tree(new_mode))
     for c, (allocations, _) in expected.items():
         assert plan.consumers.get(c, consumers[c]).allocations == allocations, c
@@ -264,4 +264,4 @@ def test_each_mode_switch_holds_then_heals_to_where_the_new_mode_puts_each_alloc
     # Applied, the plan leaves nothing stranded: a second plan is empty.
     healed = {c: dataclasses.replace(consumers[c], allocations=a)
               for c, (a, _) in expected.items()}
-    assert plan_heal(model, model, pools, healed, rows, []).empty
+    assert plan_heal(Model(model, model, pools), healed, rows, []).empty

@@ -10,7 +10,7 @@ import threading
 from compute_agent.drivers.base import PciHealthSignals
 from compute_agent.drivers.fake import FakeDriver
 from compute_agent.health.rules import DeviceFault
-from compute_agent.health.run import HealthWatch
+from compute_agent.health.run import HealthSettings, HealthWatch
 from compute_agent.tree.device_spec import parse_specs
 from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.tree.ownership import UNHEALTHY_TRAIT
@@ -51,7 +51,7 @@ def dead(address: str) -> PciHealthSignals:
 def test_a_device_bad_at_the_first_cycle_is_never_offered():
     fake, wakes = driver(), Wakes()
     fake.set_device_health(dead(NIC))
-    watch = HealthWatch(fake, 1.0, 100, wakes)
+    watch = HealthWatch(fake, HealthSettings(), wakes)
     built = cycle(watch, fake)
     assert nic_reserved(built) == 1
     assert wakes.count == 0  # this very cycle applies it
@@ -60,7 +60,7 @@ def test_a_device_bad_at_the_first_cycle_is_never_offered():
 def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
     caplog.set_level(logging.INFO, logger="compute_agent.health.run")
     fake, wakes = driver(), Wakes()
-    watch = HealthWatch(fake, 1.0, 100, wakes)
+    watch = HealthWatch(fake, HealthSettings(), wakes)
     assert nic_reserved(cycle(watch, fake)) == 0
     assert watch.poll() is False and wakes.count == 0
 
@@ -91,7 +91,7 @@ def test_a_change_wakes_the_loop_once_and_logs_once_each_way(caplog):
 def test_a_device_no_longer_allowlisted_is_no_longer_watched(caplog):
     caplog.set_level(logging.INFO, logger="compute_agent.health.run")
     fake = driver()
-    watch = HealthWatch(fake, 1.0, 100, Wakes())
+    watch = HealthWatch(fake, HealthSettings(), Wakes())
     fake.set_device_health(dead(NIC))
     cycle(watch, fake)
     inv = fake.get_host_inventory()
@@ -106,7 +106,7 @@ def test_a_device_no_longer_allowlisted_is_no_longer_watched(caplog):
 def test_the_thread_polls_until_stopped():
     fake = driver()
     woken = threading.Event()
-    watch = HealthWatch(fake, 0.05, 100, woken.set)
+    watch = HealthWatch(fake, HealthSettings(poll_interval=0.05), woken.set)
     cycle(watch, fake)
     watch.start()
     try:
@@ -122,7 +122,7 @@ def test_the_thread_polls_until_stopped():
 
 def test_each_change_of_a_devices_faults_is_reported_for_the_metrics_gauge():
     fake, heard = driver(), []
-    watch = HealthWatch(fake, 1.0, 100, Wakes(),
+    watch = HealthWatch(fake, HealthSettings(), Wakes(),
                         report=lambda device, reasons: heard.append((device, reasons)))
     cycle(watch, fake)
     fake.set_device_health(dead(NIC))

@@ -16,6 +16,7 @@ from compute_agent.health.vf_restore import (
     PfPlan,
     RecordedPf,
     RecordedVf,
+    VfCount,
     not_restored_verdicts,
     plan_pf,
     record_from_json,
@@ -51,8 +52,8 @@ RECORD = RecordedPf(PF, "8086", "10fb", 8,
 
 
 def plan(wanted=8, configured=False, record=RECORD, now=None, in_use=False, rebooted=True):
-    return plan_pf(PF, wanted, configured, record, found(0) if now is None else now,
-                   in_use, rebooted)
+    return plan_pf(VfCount(PF, wanted, configured), record,
+                   found(0) if now is None else now, in_use, rebooted)
 
 
 # --- the writes -------------------------------------------------------------------
@@ -92,7 +93,7 @@ def test_a_configured_zero_disables_the_vfs_once_nothing_uses_them():
      "not an SR-IOV PF (no sriov_totalvfs)"),
 ])
 def test_a_pf_that_cannot_take_its_count_is_not_written(now, problem):
-    p = plan_pf(PF, 8, True, RECORD, now, False, True)
+    p = plan_pf(VfCount(PF, 8, True), RECORD, now, False, True)
     assert (p.writes, p.problem) == ((), problem)
 
 

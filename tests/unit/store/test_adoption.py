@@ -11,6 +11,7 @@ from compute_agent.claims.model import AssignmentState, Owner
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, ForeignGuest, HostResource, HostResourceKind
 from compute_agent.store.adoption import plan_adoption
 from compute_agent.store.errors import AdoptionRefused
+from compute_agent.store.rebuild import RowSource
 
 # Nova's tree as the agent's nested model sees it: the root keeps nova's
 # VCPU and MEMORY_MB only until heal; the cells carry them in the model.
@@ -66,7 +67,7 @@ ALLOCATIONS = {
 
 def plan(guests, allocations):
     ids = (f"new-{n}" for n in itertools.count())
-    return plan_adoption(guests, allocations, POOLS, "boot-1", lambda: next(ids))
+    return plan_adoption(guests, allocations, RowSource(POOLS, "boot-1", lambda: next(ids)))
 
 
 def rows_of(adopted, instance):

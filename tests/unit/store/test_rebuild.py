@@ -10,7 +10,7 @@ from compute_agent.claims.choice import Pool, Slot
 from compute_agent.drivers.base import DeviceDetail, DeviceKind, GuestDevice, GuestSpec
 from compute_agent.drivers.libvirt.guest_xml import build_domain_xml, parse_guest
 from compute_agent.store.errors import RebuildRefused
-from compute_agent.store.rebuild import plan_rebuild
+from compute_agent.store.rebuild import RowSource, plan_rebuild
 
 ROOT, CELL, PF = "root-p", "cell0-p", "pf-p"
 POOLS = {
@@ -38,7 +38,7 @@ GUEST = guest(("a1", DeviceKind.NUMA, "0"), ("a2", DeviceKind.NUMA, "0"),
 
 def plan(guests, allocations):
     ids = (f"new-{n}" for n in itertools.count())
-    return plan_rebuild(guests, allocations, POOLS, "boot-2", lambda: next(ids))
+    return plan_rebuild(guests, allocations, RowSource(POOLS, "boot-2", lambda: next(ids)))
 
 
 def test_each_device_of_the_metadata_finds_its_allocation():

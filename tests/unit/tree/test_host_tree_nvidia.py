@@ -13,7 +13,7 @@ from compute_agent.drivers.base import (
     PciDevice,
     PciKind,
 )
-from compute_agent.drivers.fake_sysfs import SysfsBuilder
+from compute_agent.drivers.fake_sysfs import SysfsBuilder, VgpuCard
 from compute_agent.drivers.libvirt.sysfs import SysfsReader
 from compute_agent.tree.host_tree import (
     MdevTypePolicy,
@@ -26,7 +26,7 @@ from compute_agent.tree.host_tree import (
 ROOT = "0f3e5a52-4f8b-4a43-9d8e-0c6a1b2d3e4f"
 HOST = "gpuhost"
 PF = "0000:41:00.0"
-L40S = {557: "NVIDIA L40S-1Q", 558: "NVIDIA L40S-2Q"}
+L40S = VgpuCard({557: "NVIDIA L40S-1Q", 558: "NVIDIA L40S-2Q"})
 
 
 def policy(*types: str) -> TreePolicy:
@@ -151,8 +151,8 @@ def vgpu_offers(built) -> dict[str, tuple[str, int]]:
 def test_a_pf_address_names_every_vf_of_the_gpu_and_a_vf_address_one(tmp_path):
     b = SysfsBuilder(tmp_path / "sys")
     b.add_numa_node(0, "0-7", 8192)
-    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0, L40, num_vfs=3)
-    other = b.add_nvidia_vf_layout("0000:42:00.0", "26b5", 0, L40, num_vfs=2)
+    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0, VgpuCard(L40), num_vfs=3)
+    other = b.add_nvidia_vf_layout("0000:42:00.0", "26b5", 0, VgpuCard(L40), num_vfs=2)
     by_pf = TreePolicy(host=HOST, root_uuid=ROOT, mdev_types=(
         MdevTypePolicy("nvidia-557", addresses=frozenset({PF, other[1]})),))
     built = build_tree(host_from_sysfs(b), by_pf)
@@ -166,8 +166,8 @@ def test_a_pf_address_names_every_vf_of_the_gpu_and_a_vf_address_one(tmp_path):
 def test_each_vf_is_offered_as_one_type_and_reserved_while_it_can_create_none(tmp_path):
     b = SysfsBuilder(tmp_path / "sys")
     b.add_numa_node(0, "0-7", 8192)
-    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0, {**L40, 560: "NVIDIA L40-48Q"},
-                                 framebuffer_gb=48)
+    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0, VgpuCard({**L40, 560: "NVIDIA L40-48Q"},
+                                                         framebuffer_gb=48))
     # 558 first, on the last two VFs; 557 on the GPU.
     mixed = TreePolicy(host=HOST, root_uuid=ROOT, mdev_types=(
         MdevTypePolicy("nvidia-558", addresses=frozenset(vfs[2:])),

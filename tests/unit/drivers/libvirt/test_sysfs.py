@@ -4,6 +4,7 @@ import shutil
 import pytest
 
 from compute_agent.drivers.base import Mdev, MdevType, NetLink, PciHealthSignals, PciKind
+from compute_agent.drivers.fake_sysfs import VgpuCard
 from compute_agent.drivers.libvirt.sysfs import SysfsReader, parse_aer_total
 from tests.unit.drivers.sysfs_hosts import BRIDGE, GPU, KERNEL_AER_CORRECTABLE, PF, UUID
 
@@ -103,8 +104,8 @@ def test_bad_available_instances_and_dangling_mdev(builder, reader):
 
 def test_nvidia_vendor_vfio_layout(builder, reader):
     vfs = builder.add_nvidia_vf_layout(
-        "0000:41:00.0", "26b9", 1, {557: "NVIDIA L40S-1Q",
-                                    558: "NVIDIA L40S-2Q"}, num_vfs=2)
+        "0000:41:00.0", "26b9", 1, VgpuCard({557: "NVIDIA L40S-1Q", 558: "NVIDIA L40S-2Q"}),
+        num_vfs=2)
     builder.set_current_vgpu_type(vfs[1], 558)
     parents, warnings = reader.mdev_types()
     assert warnings == []

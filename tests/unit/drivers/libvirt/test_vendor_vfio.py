@@ -8,7 +8,7 @@ import errno
 import pytest
 
 from compute_agent.drivers.errors import MdevError
-from compute_agent.drivers.fake_sysfs import SysfsBuilder, vgpu_framebuffer_gb
+from compute_agent.drivers.fake_sysfs import SysfsBuilder, VgpuCard, vgpu_framebuffer_gb
 from compute_agent.drivers.libvirt import vendor_vfio
 from compute_agent.drivers.libvirt.sysfs import SysfsReader, nvidia_type_number
 from compute_agent.drivers.libvirt.vendor_vfio import VgpuTypeWriter
@@ -19,8 +19,8 @@ PF = "0000:41:00.0"
 
 def card(tmp_path, equal_size: bool):
     b = SysfsBuilder(tmp_path / "sys")
-    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0, L40, equal_size=equal_size,
-                                 framebuffer_gb=48)
+    vfs = b.add_nvidia_vf_layout(PF, "26b5", 0,
+                                 VgpuCard(L40, equal_size=equal_size, framebuffer_gb=48))
     return b, SysfsReader(str(b.root)), vfs
 
 
