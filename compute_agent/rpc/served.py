@@ -2,7 +2,7 @@
 serves: the daemon's Agent (compute_agent/daemon/service.py), which the rpc
 package must not import. Each Protocol lists exactly the members the
 endpoint uses, and the endpoint reaches nothing else:
-tests/unit/rpc/test_endpoint_protocol.py reads both modules and fails on a
+tests/unit/rpc/test_served.py reads both modules and fails on a
 path of ``self._agent`` not declared here.
 """
 from __future__ import annotations
