@@ -5,8 +5,13 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from compute_agent.store.check import StoreFile, StoreVerdict, judge
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.errors import StoreError
+from compute_agent.store.inspection import inspect_store, stored_schema_version
+from compute_agent.store.schema import COMMIT_SEQUENCE, SCHEMA_VERSION, migrate
+from compute_agent.store.sequence import record_path
 from compute_agent.store.store import Store
 from tests.store_damage import drop_from_unique_index, page_with_free_space_corruption
 from tests.unit.store.stores import ROOT_UUID, crash_after_a_write, held_store_with_assignments
@@ -98,3 +103,58 @@ def test_sqlites_several_lines_make_one_refusal_line(tmp_path):
     j = judge(facts, None)
     assert j.verdict is StoreVerdict.REFUSE and "\n" not in j.reason
     assert f"store {path} is unusable" in j.reason and "rebuild-store" in j.reason
+
+
+def test_a_valid_store_says_its_sequence_and_the_hosts_record(tmp_path):
+    path = tmp_path / "state.db"
+    store = Store(path, ROOT_UUID)
+    store.write([("INSERT INTO instances (uuid, spec, created_at) VALUES ('i', '{}', 0)",
+                  [()])])
+    store.close()
+    facts = inspect_store(path)
+    assert (facts.sequence, facts.recorded, facts.record_path) == (
+        1, 1, str(record_path(path)))
+
+
+def test_a_meta_value_that_is_not_ours_is_corrupt(tmp_path):
+    path = tmp_path / "state.db"
+    Store(path, ROOT_UUID).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = 'many' WHERE key = ?", (COMMIT_SEQUENCE,))
+    conn.commit()
+    conn.close()
+    facts = inspect_store(path)
+    assert facts.file is StoreFile.CORRUPT
+    assert facts.detail == "meta commit_sequence is not a number (value: 'many')"
+
+
+def test_what_is_not_a_regular_file_is_refused_before_sqlite_sees_it(tmp_path):
+    path = tmp_path / "state.db"
+    path.mkdir()
+    with pytest.raises(StoreError, match=f"^store {path}: cannot be opened: not a regular file$"):
+        inspect_store(path)
+
+
+def test_nothing_is_written_while_looking(tmp_path):
+    path = tmp_path / "state.db"
+    held_store_with_assignments(path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    inspect_store(path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_the_schema_version_is_read_whatever_it_is(tmp_path):
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, target=2)
+    assert stored_schema_version(path) == 2
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                 (str(SCHEMA_VERSION + 1),))
+    conn.close()
+    assert stored_schema_version(path) == SCHEMA_VERSION + 1
+
+
+def test_the_schema_version_of_no_store_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "state.db"
+    with pytest.raises(StoreError, match=f"^store {path}: OperationalError"):
+        stored_schema_version(path)

@@ -248,17 +248,6 @@ def test_store_newer_than_the_code_is_refused_and_left_alone(tmp_path):
     assert path.read_bytes() == before
 
 
-def test_migrate_refuses_to_go_backwards(tmp_path):
-    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
-    try:
-        migrate(conn)
-        with pytest.raises(StoreError):
-            migrate(conn, target=1)
-        assert schema_version(conn) == SCHEMA_VERSION
-    finally:
-        conn.close()
-
-
 # --- write and group commit -------------------------------------------------------
 
 def test_write_returns_the_jobs_result(store):
