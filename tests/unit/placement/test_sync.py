@@ -17,7 +17,7 @@ from compute_agent.exception import GenerationConflict, PlacementError
 from compute_agent.placement import sync as sync_module
 from compute_agent.placement.sync import TreeSync
 from compute_agent.tree import provider_tree as pt
-from tests.unit.clocks import FakeClock
+from tests.unit.clocks import SleepingClock
 
 ROOT, CELL, GPU = "root-uuid", "cell-uuid", "gpu-uuid"
 IN_USE = "placement.resource_provider.inuse"
@@ -201,20 +201,9 @@ def host(cell_vcpus: int = 8, gpu: bool = True, gpu_total: int = 4,
     return tree
 
 
-class SleepingClock(FakeClock):
-    """The sync's clock: its back-off moves it instead of sleeping."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.slept: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.advance(seconds)
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> SleepingClock:
+    """The sync's clock: its back-off moves it instead of sleeping."""
     now = SleepingClock()
     monkeypatch.setattr(sync_module, "time", SimpleNamespace(monotonic=now, sleep=now.sleep))
     # The jitter at its top: each back-off is half as long again.

@@ -11,14 +11,9 @@ from compute_agent.messaging import messaging
 from compute_agent.rpc import sending
 from compute_agent.rpc.errors import BrokerUnreachable
 from compute_agent.rpc.sending import BoundedSender, Waiting, WaitingFor
-from tests.unit.clocks import FakeClock
+from tests.unit.clocks import SleepingClock
 
 URL = "rabbit://127.0.0.1:5999/"
-
-
-class SleepingClock(FakeClock):
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
 
 
 @pytest.fixture
