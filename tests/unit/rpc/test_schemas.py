@@ -112,3 +112,51 @@ def test_too_many_resource_classes_are_refused_by_the_schema():
                        "(value: an object)")
 
 
+
+
+def claim(**changes: object) -> dict:
+    return {"instance_uuid": INSTANCE, "spec": SPEC, "allocations": ALLOCATIONS, **changes}
+
+
+def test_a_missing_field_is_refused_naming_it():
+    payload = claim()
+    del payload["allocations"]
+    assert refusal(schemas.CLAIM, payload) == "allocations: missing (value: None)"
+    assert refusal(schemas.CLAIM, claim(spec={"name": "a", "vcpus": 2})) == \
+        "spec.memory_mb: missing (value: None)"
+
+
+def test_an_unknown_field_is_refused_naming_it_and_showing_its_value():
+    assert refusal(schemas.CLAIM, claim(zone="a" * 500)) == (
+        "zone: unknown field (value: '" + "a" * 76 + "... (500 characters))")
+    assert refusal(schemas.CLAIM, claim(spec={**SPEC, "disk_gb": 1})) == \
+        "spec.disk_gb: unknown field (value: 1)"
+
+
+def test_a_value_out_of_its_range_is_refused_naming_the_field():
+    assert refusal(schemas.CLAIM, claim(spec={**SPEC, "vcpus": 0})) == \
+        "spec.vcpus: 0 is less than the minimum of 1 (value: 0)"
+
+
+def test_allocations_naming_no_provider_are_refused():
+    assert refusal(schemas.CLAIM, claim(allocations={})) == \
+        "allocations: has 0 entries, at least 1 (value: an object)"
+
+
+def test_a_spec_that_is_not_what_its_allocations_carry_is_refused():
+    allocations = {PROVIDER: {"resources": {"VCPU": 4, "MEMORY_MB": 1024}}}
+    assert refusal(schemas.CLAIM, claim(allocations=allocations)).startswith(
+        "spec.vcpus: must equal what the allocations carry on this host's providers")
+
+
+def test_a_list_wider_than_any_call_takes_is_refused_by_its_size():
+    payload = {"migration_uuid": MIGRATION, "instance_uuid": INSTANCE,
+               "destination": {"claimed": [{}] * 65, "migration_uri": "qemu+tcp://b/system"}}
+    assert refusal(schemas.LIVE_MIGRATE, payload) == (
+        "destination.claimed: has 65 entries, at most 64 (value: a list)")
+
+
+def test_a_device_address_is_made_lower_case_and_a_bad_one_refused():
+    checker = schemas.validator(schemas.DEVICE)
+    assert schemas.checked(checker, {"address": "0000:81:0A.1"}) == {"address": "0000:81:0a.1"}
+    assert refusal(schemas.DEVICE, {"address": "0000:81:20.1"}).startswith("address: ")

@@ -8,24 +8,36 @@ import logging
 import sqlite3
 import sys
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
 from compute_agent.claims.model import (
     Assignment,
     AssignmentState,
+    DeviceUse,
     Migration,
     MigrationRole,
     MigrationState,
     MoveKind,
     Owner,
+    UseState,
 )
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import InternalError, InvalidRequest, NoSuchInstance, StoreUnavailable
 from compute_agent.messaging import messaging
 from compute_agent.rpc import versions as rpc_versions
-from compute_agent.rpc.server import ComputeAgentEndpoint, UnservedCallsAsWarnings, listed_instances
+from compute_agent.rpc.server import (
+    DISPATCH_LOGGER,
+    REASON_LENGTH,
+    ComputeAgentEndpoint,
+    UnservedCallsAsWarnings,
+    listed_instances,
+    short,
+    warn_of_unserved_calls,
+)
 from compute_agent.store.errors import StoreError
+from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
 from tests.unit.rpc.calls import (
     ALLOCATIONS,
     INSTANCE,
@@ -33,6 +45,8 @@ from tests.unit.rpc.calls import (
     PROVIDER,
     RESOURCES,
     SPEC,
+    AgentWith,
+    RecordingManager,
     endpoint,
     exposed,
 )
@@ -184,3 +198,135 @@ def test_instances_are_listed_with_their_state():
         {"uuid": building, "name": "b", "state": "building", "migration_uuid": None},
         {"uuid": active, "name": "a", "state": "active", "migration_uuid": None},
         {"uuid": moving, "name": "m", "state": "moving", "migration_uuid": MIGRATION}]
+
+
+# --- the views, one-time-use devices, the agent's own checks ---------------------
+
+class Tracker:
+    def __init__(self, instances: dict, live: list, uses: list[tuple[DeviceUse, bool]]):
+        self.instances, self.live, self.uses = instances, live, uses
+
+    def snapshot(self) -> tuple[dict, list, dict]:
+        return self.instances, self.live, {}
+
+    def device_uses(self) -> list[tuple[DeviceUse, bool]]:
+        return self.uses
+
+
+class Cleaner:
+    def __init__(self, running: set[str]):
+        self.cleaning = running
+        self.asked: list[tuple[str, str]] = []
+
+    def running(self, address: str) -> bool:
+        return address in self.cleaning
+
+    def clean_again(self, address: str) -> None:
+        self.asked.append(("clean_again", address))
+
+    def give_back(self, address: str) -> None:
+        self.asked.append(("give_back", address))
+
+
+class Agent(AgentWith):
+    """The agent as the endpoint sees it (compute_agent/rpc/served.py)."""
+
+    def __init__(self, tracker: Tracker, cleaner: Cleaner, last_tree: ProviderTree):
+        manager = RecordingManager()
+        manager.tracker = tracker
+        super().__init__(manager)
+        self.policy = SimpleNamespace(host="host-1", root_uuid=PROVIDER)
+        self.cleaner = cleaner
+        self.last_tree = last_tree
+        self.woken = 0
+
+    def wake(self) -> None:
+        self.woken += 1
+
+
+USED, FAILED = "0000:81:00.1", "0000:81:00.2"
+
+
+@pytest.fixture
+def agent() -> Agent:
+    uses = [(DeviceUse(USED), True),
+            (DeviceUse(FAILED, UseState.CLEANING_FAILED, "exit status 1"), False)]
+    tree = ProviderTree([Provider(PROVIDER, "host-1", None, {"VCPU": inventory(8)},
+                                  frozenset({"COMPUTE_NODE"}), None, 3),
+                         Provider(MIGRATION, "host-1_numa_0", PROVIDER, generation=1)])
+    return Agent(Tracker({INSTANCE: {"name": "a"}}, ["row-1", "row-2"], uses),
+                 Cleaner({USED}), tree)
+
+
+def served(agent: Agent) -> ComputeAgentEndpoint:
+    return ComputeAgentEndpoint(agent)  # type: ignore[arg-type]
+
+
+def test_the_host_info_counts_what_the_agent_holds(agent):
+    assert served(agent).get_host_info({}) == {
+        "host": "host-1", "root_uuid": PROVIDER, "rpc_version": rpc_versions.VERSION,
+        "instances": 1, "assignments": 2, "providers": 2}
+
+
+def test_the_provider_tree_keeps_the_name_1_0_gave_the_parent(agent):
+    tree = served(agent).get_provider_tree({})
+    assert [(p["uuid"], p["parent_uuid"], p["parent_provider_uuid"]) for p in tree] == [
+        (PROVIDER, None, None), (MIGRATION, PROVIDER, PROVIDER)]
+    assert tree[0]["traits"] == ["COMPUTE_NODE"] and tree[0]["generation"] == 3
+
+
+def test_device_uses_say_whether_held_and_whether_cleaning_now(agent):
+    assert served(agent).list_device_uses({}) == [
+        {"address": USED, "state": "used", "reason": "", "held": True, "cleaning": True},
+        {"address": FAILED, "state": "cleaning_failed", "reason": "exit status 1",
+         "held": False, "cleaning": False}]
+
+
+def test_a_cleaning_asked_again_answers_the_devices_entry_or_clean(agent):
+    e = served(agent)
+    assert e.clean_device({}, address=FAILED.upper()) == {
+        "address": FAILED, "state": "cleaning_failed", "reason": "exit status 1",
+        "held": False, "cleaning": False}
+    assert e.clean_device({}, address="0000:81:00.3") == {"address": "0000:81:00.3",
+                                                          "state": "clean"}
+    assert agent.cleaner.asked == [("clean_again", FAILED), ("clean_again", "0000:81:00.3")]
+
+
+def test_a_device_given_back_by_hand_wakes_the_update_loop(agent):
+    assert served(agent).release_device({}, address=FAILED) == {"address": FAILED,
+                                                               "state": "clean"}
+    assert agent.cleaner.asked == [("give_back", FAILED)] and agent.woken == 1
+
+
+def test_a_live_migration_to_this_same_host_is_refused_before_the_manager_is_asked(agent):
+    with pytest.raises(messaging.ExpectedException) as raised:
+        served(agent).check_can_live_migrate_source(
+            {}, migration_uuid=MIGRATION, instance_uuid=INSTANCE, destination_host="host-1")
+    refused = raised.value.exc_info[1]
+    assert isinstance(refused, InvalidRequest)
+    assert str(refused) == ("destination_host: is this host; a live migration moves the "
+                            "instance to another (value: 'host-1')")
+    assert agent.manager.calls == []
+
+
+def test_a_rebuild_that_fails_after_its_answer_is_one_warning_for_the_loop_to_resume(caplog):
+    e = endpoint(RuntimeError("libvirt:\n  domain not defined"))
+    e.endpoint._rebuild(MIGRATION)
+    (record,) = caplog.records
+    assert (record.levelno, record.getMessage()) == (
+        logging.WARNING, f"Evacuation {MIGRATION}: the rebuild failed, resumed at the next "
+                         "cycle: libvirt: domain not defined")
+
+
+def test_what_a_caller_is_told_of_an_error_is_one_short_line():
+    assert short(RuntimeError("a\n  b")) == "a b"
+    assert short(RuntimeError()) == "RuntimeError"
+    told = short(RuntimeError("x" * 500))
+    assert len(told) == REASON_LENGTH and told.endswith("...")
+
+
+def test_the_warning_filter_is_installed_once_per_process():
+    warn_of_unserved_calls()
+    warn_of_unserved_calls()
+    filters = logging.getLogger(DISPATCH_LOGGER).filters
+    assert sum(isinstance(f, UnservedCallsAsWarnings) for f in filters) == 1
