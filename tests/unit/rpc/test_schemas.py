@@ -160,3 +160,13 @@ def test_a_device_address_is_made_lower_case_and_a_bad_one_refused():
     checker = schemas.validator(schemas.DEVICE)
     assert schemas.checked(checker, {"address": "0000:81:0A.1"}) == {"address": "0000:81:0a.1"}
     assert refusal(schemas.DEVICE, {"address": "0000:81:20.1"}).startswith("address: ")
+
+
+def test_bug_a_key_not_allowed_was_refused_with_the_schemas_regular_expression():
+    # jsonschema reports a key refused by propertyNames as its pattern's
+    # error: the refusal showed the pattern, and the branch meant for it
+    # never ran.
+    assert refusal(schemas.CLAIM, claim(allocations={"cmp1": {"resources": RESOURCES}})) == \
+        "allocations: has a key that is not allowed here (value: 'cmp1')"
+    assert refusal(schemas.CLAIM, claim(allocations={PROVIDER: {"resources": {"vcpu": 2}}})) == \
+        f"allocations.{PROVIDER}.resources: has a key that is not allowed here (value: 'vcpu')"
