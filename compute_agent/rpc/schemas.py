@@ -142,7 +142,9 @@ def validate(checker: Draft202012Validator, payload: dict) -> None:
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         raise InvalidRequest(".".join(filter(None, [path, extra[0]])),
                              error.instance[extra[0]], "unknown field")
-    if error.validator == "propertyNames":
+    # jsonschema reports a key that propertyNames refuses as the error of
+    # the schema it failed (its pattern), one step under propertyNames.
+    if list(error.schema_path)[-2:-1] == ["propertyNames"]:
         raise InvalidRequest(path or "payload", error.instance,
                              "has a key that is not allowed here")
     if error.validator in ("maxProperties", "minProperties"):

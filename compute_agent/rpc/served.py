@@ -3,7 +3,7 @@
 ServedAgent is what the calls' endpoint (compute_agent/rpc/server.py)
 needs, HeartbeatAgent what the heartbeat's (compute_agent/rpc/heartbeat.py)
 needs. Each Protocol lists exactly the members its endpoint uses, and the
-endpoint reaches nothing else: tests/unit/rpc/test_endpoint_protocol.py
+endpoint reaches nothing else: tests/unit/rpc/test_served.py
 reads these modules and fails on a path of ``self._agent`` not declared
 here.
 """

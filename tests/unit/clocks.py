@@ -17,3 +17,16 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         with self._lock:
             self._now += seconds
+
+
+class SleepingClock(FakeClock):
+    """A FakeClock that code which sleeps (``time.sleep``) moves instead:
+    each sleep is recorded and passes at once."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        super().__init__(now)
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.advance(seconds)

@@ -19,7 +19,7 @@ from compute_agent.exception import (
 )
 from compute_agent.messaging import messaging
 from tests.functional.claims_world import make_world, new_uuid, spec
-from tests.unit.rpc.test_rpc import AgentWith, RecordingManager, Served
+from tests.unit.rpc.calls import AgentWith, RecordingManager, Served
 
 VGPU = {"gpu": {"VGPU": 1}}
 VF = {"pf": {"SRIOV_NET_VF": 1}}

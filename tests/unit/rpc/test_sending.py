@@ -11,14 +11,9 @@ from compute_agent.messaging import messaging
 from compute_agent.rpc import sending
 from compute_agent.rpc.errors import BrokerUnreachable
 from compute_agent.rpc.sending import BoundedSender, Waiting, WaitingFor
-from tests.unit.clocks import FakeClock
+from tests.unit.clocks import SleepingClock
 
 URL = "rabbit://127.0.0.1:5999/"
-
-
-class SleepingClock(FakeClock):
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
 
 
 @pytest.fixture
@@ -111,3 +106,47 @@ def test_an_answer_in_time_tells_nothing(broker_up):
     sender = BoundedSender(None, told.append)
     assert sender.call("h1", "get_host_info", 60, lambda seconds: "answer") == "answer"
     assert told == []
+
+
+
+class Broker:
+    """broker.probe's answers, one per probe; each probe's timeout recorded."""
+
+    def __init__(self, *problems: str | None):
+        self.problems = list(problems)
+        self.probed: list[float] = []
+
+    def probe(self, conf: object, timeout: float) -> Probe:
+        self.probed.append(timeout)
+        return Probe(Dependency.BROKER, URL, self.problems.pop(0))
+
+
+def test_the_broker_is_asked_before_a_clients_first_call_only(monkeypatch):
+    broker = Broker(None)
+    monkeypatch.setattr(sending.broker, "probe", broker.probe)
+    clock = SleepingClock()
+    sender = BoundedSender(None, None, clock, clock.sleep)
+    assert sender.call("h1", "get_host_info", 60, lambda seconds: "a") == "a"
+    assert sender.call("h1", "get_host_info", 60, lambda seconds: "b") == "b"
+    assert broker.probed == [60]
+
+
+def test_a_send_not_taken_is_sent_again_after_a_pause_waiting_what_is_left(monkeypatch):
+    broker = Broker("did not answer (connection refused)", None)
+    monkeypatch.setattr(sending.broker, "probe", broker.probe)
+    clock = SleepingClock()
+    sender = BoundedSender(None, None, clock, clock.sleep)
+    attempts: list[float] = []
+
+    def send(seconds: float) -> str:
+        attempts.append(seconds)
+        if len(attempts) == 1:
+            raise messaging.MessageDeliveryFailure("no route")
+        return "answer"
+
+    assert sender.call("h1", "get_host_info", 10, send) == "answer"
+    # Down at the first probe, up at the second; the first send was not
+    # taken either, and the answers' connection was made: no third probe.
+    assert broker.probed == [10, 9.5]
+    assert clock.slept == [sending.RESEND_PAUSE_SECONDS] * 2
+    assert attempts == [9.5, 9.0]

@@ -20,13 +20,10 @@ from compute_agent.claims.model import (
     MigrationRole,
     MigrationState,
     MoveKind,
-    Owner,
 )
 from compute_agent.drivers.base import DeviceDetail, DeviceKind
-from compute_agent.store import lock
 from compute_agent.store import sequence as sequence_record
-from compute_agent.store.acceptance import accept_store
-from compute_agent.store.check import StoreFile, StoreVerdict, judge
+from compute_agent.store.check import StoreVerdict, judge
 from compute_agent.store.errors import StoreError, StoreMoved
 from compute_agent.store.inspection import inspect_store, stored_schema_version
 from compute_agent.store.queries import (
@@ -45,11 +42,11 @@ from compute_agent.store.schema import COMMIT_SEQUENCE, SCHEMA_VERSION, migrate,
 from compute_agent.store.store import Store
 from compute_agent.store.writer import Decision, run_statements
 from compute_agent.tree.provider_tree import Provider, inventory
-from tests.store_damage import drop_from_unique_index, page_with_free_space_corruption, strip_sequence
+from tests.store_damage import strip_sequence
+from tests.unit.store.stores import PROVIDER, ROOT_UUID, assignment, crash_after_a_write
 from tests.writer import hold_writer, wait_queued
 
 REPO = Path(__file__).resolve().parents[3]
-PROVIDER = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 OTHER_PROVIDER = "7c1e2d3f-0a4b-4c5d-8e6f-9a0b1c2d3e4f"
 VIEW = [Provider(PROVIDER, "cmp1", None, {"VCPU": inventory(8), "DISK_GB": inventory(100)},
                  frozenset({"HW_CPU_X86_AVX2"}), None, 4),
@@ -60,13 +57,6 @@ VIEW = [Provider(PROVIDER, "cmp1", None, {"VCPU": inventory(8), "DISK_GB": inven
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-def assignment(device="0000:81:10.0", provider=PROVIDER, rc="SRIOV_NET_VF",
-               kind=DeviceKind.VF, st=AssignmentState.CLAIMED, instance=None, aid=None) -> Assignment:
-    inst = instance or str(uuid.uuid4())
-    return Assignment(aid or str(uuid.uuid4()), inst, inst, Owner.INSTANCE, None, rc,
-                      provider, kind, device, 1, st, "boot-1", DeviceDetail(numa_node=0))
 
 
 @pytest.fixture
@@ -256,17 +246,6 @@ def test_store_newer_than_the_code_is_refused_and_left_alone(tmp_path):
     finally:
         conn.close()
     assert path.read_bytes() == before
-
-
-def test_migrate_refuses_to_go_backwards(tmp_path):
-    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
-    try:
-        migrate(conn)
-        with pytest.raises(StoreError):
-            migrate(conn, target=1)
-        assert schema_version(conn) == SCHEMA_VERSION
-    finally:
-        conn.close()
 
 
 # --- write and group commit -------------------------------------------------------
@@ -674,81 +653,6 @@ def test_a_write_survives_sigkill_right_after_it_returns(tmp_path):
 
 # --- what is at the store's path, and errors that name it -------------------
 
-ROOT_UUID = "5d2bd8a6-8f2f-4f0b-9c55-0e1c9d1b6c11"
-
-
-def test_inspect_tells_missing_empty_and_schemaless_apart(tmp_path):
-    path = tmp_path / "state.db"
-    assert inspect_store(path).file is StoreFile.ABSENT
-    path.write_bytes(b"")
-    assert inspect_store(path).file is StoreFile.EMPTY
-    sqlite3.connect(path).execute("PRAGMA user_version=1").connection.commit()
-    assert inspect_store(path).file is StoreFile.EMPTY
-
-
-def test_inspect_finds_a_file_that_is_not_a_database_corrupt(tmp_path):
-    path = tmp_path / "state.db"
-    path.write_bytes(b"not sqlite\n" * 500)
-    facts = inspect_store(path)
-    assert facts.file is StoreFile.CORRUPT and "not a database" in facts.detail
-
-
-def test_inspect_finds_a_truncated_store_corrupt(tmp_path):
-    path = tmp_path / "state.db"
-    store = Store(path, ROOT_UUID)
-    store.write([("INSERT INTO instances (uuid, spec, created_at) VALUES (?, ?, ?)",
-                  [(f"i{n}", "x" * 2000, 0.0) for n in range(200)])])
-    store.close()
-    with open(path, "r+b") as f:
-        f.truncate(8192)
-    assert inspect_store(path).file is StoreFile.CORRUPT
-
-
-def test_inspect_finds_another_programs_database_corrupt(tmp_path):
-    path = tmp_path / "state.db"
-    sqlite3.connect(path).execute("CREATE TABLE t (x)").connection.commit()
-    facts = inspect_store(path)
-    assert facts.file is StoreFile.CORRUPT and "not a compute-agent store" in facts.detail
-
-
-def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
-    path = tmp_path / "state.db"
-    Store(path, ROOT_UUID).close()
-    facts = inspect_store(path)
-    assert facts.file is StoreFile.VALID and not facts.wal_lost
-    assert facts.root_uuid == ROOT_UUID
-
-
-def crash_after_a_write(path: Path) -> None:
-    """A holder that writes one instance and dies without closing: the
-    write is acknowledged and only in the write-ahead log."""
-    code = (f"from compute_agent.store.store import Store; import os\n"
-            f"from compute_agent.store.queries import put_instance_sql\n"
-            f"s = Store({str(path)!r}, {ROOT_UUID!r})\n"
-            f"s.write([put_instance_sql('a', {{'name': 'a'}})])\n"
-            f"os._exit(0)\n")
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
-    path = tmp_path / "state.db"
-    crash_after_a_write(path)
-    wal = Path(f"{path}-wal")
-    assert wal.stat().st_size > 0
-    assert not inspect_store(path).wal_lost
-    wal.unlink()
-    assert inspect_store(path).wal_lost
-
-
-def test_bug_looking_at_a_store_whose_log_was_lost_made_an_empty_log(tmp_path):
-    # SQLite's read-only connection made an empty log in the lost one's
-    # place: the start after a refusal saw none lost.
-    path = tmp_path / "state.db"
-    crash_after_a_write(path)
-    Path(f"{path}-wal").unlink()
-    assert inspect_store(path).wal_lost
-    assert not Path(f"{path}-wal").exists()
-    assert inspect_store(path).wal_lost
 
 
 def test_readers_opened_read_only_never_remove_the_log(tmp_path):
@@ -782,23 +686,6 @@ def test_a_commit_that_fails_names_the_file(store):
         store.write(lambda conn: conn.execute("ROLLBACK"))
 
 
-def test_the_state_directory_has_one_holder(tmp_path):
-    held = lock.acquire(str(tmp_path))
-    assert (tmp_path / "lock").read_text() == f"{os.getpid()}\n"
-    assert (tmp_path / "lock").stat().st_mode & 0o777 == 0o600
-    # Another process: flock locks belong to the open file, so a second
-    # open in this process would conflict the same way.
-    code = (f"from compute_agent.store import lock\n"
-            f"from compute_agent.store.errors import StateDirectoryInUse\n"
-            f"try:\n    lock.acquire({str(tmp_path)!r})\n"
-            f"except StateDirectoryInUse as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert f"state directory {tmp_path} is in use by another agent (pid {os.getpid()})" in out
-    held.release()
-    lock.acquire(str(tmp_path)).release()
-
-
 def test_a_holders_store_closes_twice_without_error(tmp_path):
     path = tmp_path / "state.db"
     store = Store(path, ROOT_UUID)
@@ -818,39 +705,6 @@ def test_a_holders_store_closes_twice_without_error(tmp_path):
 
 
 # --- checked before it is believed ---------------------------------------------------
-
-def held_store_with_assignments(path: Path, n: int = 5) -> list[Assignment]:
-    rows = [assignment(device=f"0000:81:10.{i}") for i in range(n)]
-    store = Store(path, ROOT_UUID)
-    store.write([insert_assignments_sql(rows)])
-    store.close()
-    return rows
-
-
-def test_bug_a_row_missing_from_an_index_passed_the_start_check(tmp_path):
-    # The start ran quick_check, which does not compare indexes with their
-    # tables: bit rot there let the agent serve from a broken store.
-    path = tmp_path / "state.db"
-    rows = held_store_with_assignments(path)
-    middle = sorted(a.id for a in rows)[2]
-    drop_from_unique_index(path, middle)
-    quick = sqlite3.connect(path).execute("PRAGMA quick_check").fetchall()
-    assert quick == [("ok",)]  # what the old check saw
-    facts = inspect_store(path)
-    assert facts.file is StoreFile.CORRUPT, facts
-    assert "missing from index sqlite_autoindex_assignments_1" in facts.detail
-
-
-def test_sqlites_several_lines_make_one_refusal_line(tmp_path):
-    path = tmp_path / "state.db"
-    held_store_with_assignments(path)
-    page_with_free_space_corruption(path)
-    facts = inspect_store(path)
-    assert facts.file is StoreFile.CORRUPT and "\n" in facts.detail
-    j = judge(facts, None)
-    assert j.verdict is StoreVerdict.REFUSE and "\n" not in j.reason
-    assert f"store {path} is unusable" in j.reason and "rebuild-store" in j.reason
-
 
 def meta_value(path: Path, key: str) -> str | None:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -950,29 +804,6 @@ def test_a_store_from_before_the_sequence_is_accepted_once_and_starts_one(tmp_pa
     path.write_bytes(before)
     j = judge(inspect_store(path), None)
     assert j.verdict is StoreVerdict.REFUSE and "at no commit sequence" in j.reason
-
-
-def test_accept_store_takes_an_older_copy_and_says_what_it_accepts(tmp_path):
-    path = tmp_path / "state.db"
-    crash_after_a_write(path)
-    older = path.read_bytes()  # checkpointed at the open: sequence 0
-    Path(f"{path}-wal").unlink()
-    path.write_bytes(older)
-    facts = inspect_store(path)
-    assert facts.wal_lost and (facts.sequence, facts.recorded) == (0, 1)
-    accepted = accept_store(path)
-    assert accepted.describe() == (
-        f"accepting store {path} at commit sequence 0; the host recorded 1; its "
-        "write-ahead log, lost after a crash, is accepted as lost")
-    facts = inspect_store(path)
-    assert not facts.wal_lost and (facts.sequence, facts.recorded) == (0, 0)
-    assert judge(facts, None).verdict is StoreVerdict.OPEN
-
-
-def test_accept_store_refuses_when_there_is_no_store(tmp_path):
-    with pytest.raises(StoreError, match="is missing: there is no store to accept"):
-        accept_store(tmp_path / "state.db")
-    assert recorded(tmp_path / "state.db") is None
 
 
 @pytest.mark.parametrize("how", ["removed", "replaced"])
