@@ -49,6 +49,13 @@
         (compute_agent/cmd/upgrade_check.py). Read-only, beside a running agent.
         oslo.upgradecheck's table and exit codes: 0 success, 1 warning,
         2 failure.
+    compute-agent-manage --config-file F bus-permissions HOST [--user NAME] [--json]
+        The RabbitMQ permissions that let HOST's agent do all it does on
+        the bus and no more (compute_agent/rpc/bus_permissions.py), for a
+        broker user of HOST's own (NAME, by default HOST), and the
+        rabbitmqctl lines that set them on transport_url's virtual host.
+        Reads nothing but the config. Exit 2 for a HOST that is not a host
+        name, or a transport other than rabbit.
 
 With --json, an error is one object on stdout, {"error": ..., "exit_code":
 ...}, with the same exit code.
@@ -58,7 +65,9 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import shlex
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -67,6 +76,7 @@ from oslo_config import cfg
 from compute_agent.claims.model import UseState
 from compute_agent.cmd import upgrade_check
 from compute_agent.cmd.common import (
+    CONFIG_ERROR_EXIT,
     CommandHelp,
     exit_config_error,
     exit_store_error,
@@ -77,13 +87,15 @@ from compute_agent.cmd.common import (
     setup_logging,
     tolerate_closed_stdout,
 )
+from compute_agent.cmd.config_check.value_rules import host_name
+from compute_agent.cmd.errors import BadValue
 from compute_agent.common.pci_address import canonical_address
 from compute_agent.compute.reconcile import Report
 from compute_agent.daemon.composition import compose, load_driver
 from compute_agent.daemon.service import Agent
 from compute_agent.dependencies import Unknown
 from compute_agent.drivers.errors import DriverUnavailable
-from compute_agent.exception import AgentError, ConfigError
+from compute_agent.exception import AgentError, ConfigError, shown
 from compute_agent.health.rules import UnhealthyProvider, unhealthy_providers
 from compute_agent.placement.allocations import tree_allocations
 from compute_agent.placement.client import PlacementClient, adapter_from_conf
@@ -91,6 +103,14 @@ from compute_agent.reports import run
 from compute_agent.reports import status as status_rules
 from compute_agent.reports.run import read_beside_agent, tree_report
 from compute_agent.reports.tree import TreeVerdict
+from compute_agent.rpc import broker
+from compute_agent.rpc.bus_permissions import (
+    BusPermissions,
+    Names,
+    anchored,
+    bus_permissions,
+    queue_naming,
+)
 from compute_agent.store import lock, node_identity
 from compute_agent.store.acceptance import accept_store
 from compute_agent.store.assignment_id import new_assignment_id
@@ -185,6 +205,18 @@ def add_parsers(subparsers) -> None:
                   "move in flight. Exit 0 success, 1 warning, 2 failure.")
     upgrade.add_argument("--json", action="store_true",
                          help="The results as JSON rather than a table.")
+    permissions = add("bus-permissions", "Print the RabbitMQ permissions that let "
+                      "HOST's agent serve its queues, answer its callers and call "
+                      "heartbeats, and nothing more; and the rabbitmqctl lines that "
+                      "set them. Exit 2 for a bad HOST.")
+    permissions.add_argument("bus_host", metavar="HOST",
+                             help="The host's name, as its [DEFAULT] host.")
+    permissions.add_argument("--user", metavar="NAME",
+                             help="HOST's broker user (default: HOST).")
+    permissions.add_argument("--json", action="store_true",
+                             help='The permissions as {"configure", "write", "read", '
+                             '"topic": [{"exchange", "write", "read"}]}; an error as '
+                             '{"error": ...}.')
 
 
 # audit's exit codes: never "consistent" when a source was not read.
@@ -503,6 +535,65 @@ def device(conf: cfg.ConfigOpts) -> int:
     return 1 if failed else 0
 
 
+def bus_permissions_request(conf: cfg.ConfigOpts) -> tuple[str, str]:
+    """HOST and the virtual host of transport_url, or ConfigError naming
+    what is wrong with them."""
+    host = conf.command.bus_host
+    try:
+        host_name(host)
+    except BadValue as e:
+        raise ConfigError(f"bus-permissions: HOST: {e} (value: {shown(host)})") from None
+    hosts = broker.rabbit_hosts(conf)
+    if isinstance(hosts, Unknown):
+        raise ConfigError("bus-permissions: [DEFAULT] transport_url: not a rabbit:// "
+                          "URL; these are RabbitMQ's permissions")
+    return host, hosts[0].virtual_host
+
+
+def bus_permissions_lines(host: str, user: str, vhost: str,
+                          permissions: BusPermissions) -> list[str]:
+    """What each permission covers, then the rabbitmqctl lines that set them."""
+    def covers(what: str, names: tuple[Names, ...]) -> list[str]:
+        return [f"  {what}:", textwrap.fill(", ".join(n.shown for n in names), width=79,
+                                            initial_indent="    ",
+                                            subsequent_indent="    ",
+                                            break_on_hyphens=False)]
+
+    lines = [f"The agent of {host}, as broker user {user} on virtual host {vhost}, may",
+             *covers("configure (declare, delete)", permissions.configure),
+             *covers("write (publish to; bind a queue)", permissions.write),
+             *covers("read (consume from; bind to an exchange)", permissions.read)]
+    for topic in permissions.topic:
+        lines += [*covers(f"publish to exchange {topic.exchange} with the routing key",
+                          topic.write),
+                  *covers(f"bind to exchange {topic.exchange} with the routing key",
+                          topic.read)]
+    lines += ["", "rabbitmqctl " + shlex.join(
+        ["set_permissions", "-p", vhost, user, *(anchored(names) for names in (
+            permissions.configure, permissions.write, permissions.read))])]
+    lines += ["rabbitmqctl " + shlex.join(
+        ["set_topic_permissions", "-p", vhost, user, topic.exchange, *(
+            anchored(names) for names in (topic.write, topic.read))])
+        for topic in permissions.topic]
+    return lines
+
+
+def print_bus_permissions(conf: cfg.ConfigOpts) -> int:
+    """Reads the config only: runs anywhere an agent's config is."""
+    as_json = conf.command.json
+    try:
+        host, vhost = bus_permissions_request(conf)
+    except ConfigError as e:
+        return report_error(e, CONFIG_ERROR_EXIT, as_json, prefix="")
+    permissions = bus_permissions(host, queue_naming(conf))
+    if as_json:
+        print_output(json.dumps(permissions.as_dict(), indent=2))
+    else:
+        print_output("\n".join(bus_permissions_lines(
+            host, conf.command.user or host, vhost, permissions)))
+    return 0
+
+
 def main(argv=None) -> int:
     tolerate_closed_stdout()
     argv = sys.argv[1:] if argv is None else argv
@@ -529,6 +620,8 @@ def main(argv=None) -> int:
             return device(conf)
         if conf.command.name == "upgrade-check":
             return upgrade_check.run(conf)
+        if conf.command.name == "bus-permissions":
+            return print_bus_permissions(conf)
         return tree(conf)
     except (StateDirectoryInUse, StateDirectoryUnusable, StoreError) as e:
         return exit_store_error(e, as_json)

@@ -320,6 +320,23 @@ class PrivateRabbitMQ:
         """Cut every client's connection; the broker stays up."""
         self._ctl("close_all_connections", "cut by a test")
 
+    def add_user(self, user: str, password: str, vhost: str = "/") -> str:
+        """A user with no permission yet on ``vhost``; its transport URL."""
+        self._ctl("add_user", user, password)
+        return f"rabbit://{user}:{password}@127.0.0.1:{self.port}/{vhost.lstrip('/')}"
+
+    def set_permissions(self, user: str, configure: str, write: str, read: str,
+                        vhost: str = "/") -> None:
+        """``user``'s permissions on ``vhost``: regular expressions on the
+        names of queues and exchanges."""
+        self._ctl("set_permissions", "-p", vhost, user, configure, write, read)
+
+    def set_topic_permissions(self, user: str, exchange: str, write: str, read: str,
+                              vhost: str = "/") -> None:
+        """``user``'s topic permissions on ``exchange``: regular expressions
+        on routing keys."""
+        self._ctl("set_topic_permissions", "-p", vhost, user, exchange, write, read)
+
     def close(self) -> None:
         """Stop the node (waiting until its process is gone), then remove
         its directory."""
