@@ -7,43 +7,22 @@ import uuid
 
 import pytest
 
-from compute_agent.claims.choice import Pool, Slot
-from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.errors import MdevError
 from compute_agent.drivers.fake import FakeDriver
 from compute_agent.store.store import Store
-
-SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
-VF0, VF1 = "0000:41:10.0", "0000:41:10.1"
-RP = {VF0: "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c40", VF1: "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c41"}
-HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 8192}],
-        "gpus": [{"address": vf, "numa_node": 0, "vendor_vfio": True,
-                  "mdev_types": {"nvidia-557": {"available_instances": 1},
-                                 "nvidia-558": {"available_instances": 1}}}
-                 for vf in (VF0, VF1)]}
-
-
-def pools(type_id: str = "nvidia-557") -> dict:
-    return {RP[vf]: {"VGPU": Pool(f"gpu_{vf}", "VGPU", DeviceKind.VGPU_VF, 1,
-                                  (Slot(vf, 0),), 0, mdev_type=type_id)}
-            for vf in (VF0, VF1)}
-
-
-def on(vf: str) -> dict:
-    return {RP[vf]: {"resources": {"VGPU": 1}}}
+from tests.unit.compute.trackers import SPEC, VGPU_HOST, manager_on, vgpu_pools
+from tests.unit.compute.trackers import VGPU_VF0 as VF0
+from tests.unit.compute.trackers import VGPU_VF1 as VF1
+from tests.unit.compute.trackers import on_vgpu_vf as on
 
 
 @pytest.fixture
 def manager(tmp_path):
-    driver = FakeDriver(HOST)
-    tracker = Tracker(Store(tmp_path / "state.db"), driver.boot_id())
-    tracker.set_pools(pools())
-    m = ComputeManager(tracker, driver)
-    yield m
-    m.tracker.store.close()
+    with manager_on(tmp_path, vgpu_pools(), FakeDriver(VGPU_HOST)) as m:
+        yield m
 
 
 def test_a_build_writes_the_type_and_a_delete_clears_it(manager):
