@@ -21,30 +21,22 @@ from compute_agent.claims.model import (
     Owner,
     RequestDigest,
 )
-from compute_agent.compute.claims_view import Applied, Change, ClaimsView, InstanceRecord
+from compute_agent.compute.claims_view import Change, ClaimsView, InstanceRecord
 from compute_agent.drivers.base import DeviceKind, HostResource, HostResourceKind
 from compute_agent.exception import ClaimFailed, InvalidRequest
 from compute_agent.store.store import Store
-from tests.unit.compute.trackers import ONE_VF, PF, SPEC, TWO_VFS, VF0, VF1, new_uuids, vf_pools
-
-BUILT = RequestDigest.of(spec=SPEC, allocations=ONE_VF)
-
-
-def view(one_time_use: bool = False) -> ClaimsView:
-    v = ClaimsView("boot-1")
-    v.pools = vf_pools()
-    if one_time_use:
-        pool = v.pools[PF]["SRIOV_NET_VF"]
-        v.pools[PF]["SRIOV_NET_VF"] = dataclasses.replace(
-            pool, one_time_use=frozenset({VF0, VF1}))
-    return v
-
-
-def build(v: ClaimsView, instance: str) -> tuple[list[Assignment], Applied]:
-    """A build's claim of one VF, applied."""
-    rows = v.choose_rows(instance, ONE_VF, instance, None)
-    return rows, v.apply(Change(claimed=tuple(rows),
-                                recorded=InstanceRecord(instance, SPEC, BUILT)))
+from tests.unit.compute.trackers import (
+    BUILT,
+    ONE_VF,
+    PF,
+    SPEC,
+    TWO_VFS,
+    VF0,
+    VF1,
+    build,
+    new_uuids,
+    view,
+)
 
 
 def released(rows: Iterable[Assignment]) -> tuple[Assignment, ...]:
@@ -53,7 +45,7 @@ def released(rows: Iterable[Assignment]) -> tuple[Assignment, ...]:
 
 def state(v: ClaimsView) -> tuple:
     """All a view holds that the store records, as it is now."""
-    return (dict(v.live), {i: set(ids) for i, ids in v.by_instance.items() if ids},
+    return (dict(v.live), {i: set(ids) for i, ids in v.by_instance.items()},
             dict(v.instances), dict(v.built), dict(v.migrations), dict(v.uses),
             set(v.held.devices))
 

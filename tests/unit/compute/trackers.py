@@ -1,14 +1,17 @@
-"""Trackers and managers on stores of their own, and the hosts they hold,
-for the unit tests of the compute package and of what the tracker keeps
-(the cleaning package)."""
+"""Trackers and managers on stores of their own, a tracker's view of the
+claims alone, and the hosts they hold, for the unit tests of the compute
+package and of what the tracker keeps (the cleaning package)."""
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from compute_agent.claims.choice import Pool, Slot
+from compute_agent.claims.model import Assignment, RequestDigest
+from compute_agent.compute.claims_view import Applied, Change, ClaimsView, InstanceRecord
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import DeviceKind
@@ -53,6 +56,30 @@ def vgpu_pools() -> dict[str, dict[str, Pool]]:
 def on_vgpu_vf(vf: str) -> dict:
     """The allocations of one vGPU on ``vf``."""
     return {VGPU_PROVIDERS[vf]: {"resources": {"VGPU": 1}}}
+
+
+# What a build of one VF asks, as its record keeps it.
+BUILT = RequestDigest.of(spec=SPEC, allocations=ONE_VF)
+
+
+def view(one_time_use: bool = False) -> ClaimsView:
+    """A tracker's view of the NIC's VFs (one-time-use ones, or not),
+    holding nothing."""
+    v = ClaimsView("boot-1")
+    v.pools = vf_pools()
+    if one_time_use:
+        pool = v.pools[PF]["SRIOV_NET_VF"]
+        v.pools[PF]["SRIOV_NET_VF"] = dataclasses.replace(
+            pool, one_time_use=frozenset({VF0, VF1}))
+    return v
+
+
+def build(v: ClaimsView, instance: str) -> tuple[list[Assignment], Applied]:
+    """A build's claim of one VF, applied to ``v`` as the tracker's
+    claim_build decides it."""
+    rows = v.choose_rows(instance, ONE_VF, instance, None)
+    return rows, v.apply(Change(claimed=tuple(rows),
+                                recorded=InstanceRecord(instance, SPEC, BUILT)))
 
 
 def new_uuids(count: int) -> list[str]:
