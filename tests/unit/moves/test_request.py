@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from compute_agent.moves.request import SourceProvider, candidate_root, move_request
+from compute_agent.moves.request import SourceProvider, candidate_root, cell_of, move_request
 
 ROOT, CELL0, CELL1, PF1, GPU0, LOOSE = (str(uuid.uuid4()) for _ in range(6))
 TREE = {
@@ -76,3 +76,34 @@ def test_a_candidate_lands_on_one_host_or_none():
     tree_of = {CELL0: ROOT, PF1: ROOT, "x": "other"}
     assert candidate_root({"allocations": {CELL0: {}, PF1: {}}}, tree_of) == ROOT
     assert candidate_root({"allocations": {CELL0: {}, "x": {}}}, tree_of) is None
+
+
+def test_a_request_of_the_roots_classes_alone_is_one_group():
+    req = move_request({ROOT: {"VCPU": 2, "DISK_GB": 10}}, TREE)
+    assert req.query() == [("resources", "DISK_GB:10,VCPU:2")]
+    assert req.query(in_tree=ROOT, limit=3) == [
+        ("resources", "DISK_GB:10,VCPU:2"), ("in_tree", ROOT), ("limit", "3")]
+
+
+def test_a_device_below_another_device_stays_with_the_cell_above_them():
+    """A VF's own provider under its PF's, under a cell."""
+    vf = str(uuid.uuid4())
+    tree = {**TREE, vf: SourceProvider(vf, PF1, frozenset({"CUSTOM_PHYSNET_NET1"}))}
+    query = move_request({CELL1: {"VCPU": 1}, vf: {"SRIOV_NET_VF": 1}}, tree).query()
+    assert ("same_subtree", "_CELL0,_DEV0") in query
+    assert ("required_DEV0", "CUSTOM_PHYSNET_NET1") in query
+
+
+def test_a_device_whose_cell_the_instance_holds_nothing_of_is_tied_to_none():
+    query = move_request({ROOT: {"VCPU": 1}, GPU0: {"VGPU": 1}}, TREE).query()
+    assert [k for k, _ in query if k == "same_subtree"] == []
+    assert ("resources_DEV0", "VGPU:1") in query
+
+
+def test_a_tree_read_with_a_loop_in_it_finds_no_cell():
+    """Placement never answers one, but a loop must not hang the request."""
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    looped = {a: SourceProvider(a, b), b: SourceProvider(b, a)}
+    assert cell_of(a, looped) is None
+    assert cell_of(PF1, TREE) == CELL1
+    assert cell_of(ROOT, TREE) is None
