@@ -4,6 +4,8 @@ swap (the migration owns the devices being left, the instance those it
 moves to), a retry answered from the record, and what each refuses."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from compute_agent.claims.choice import InstanceSpec
@@ -43,7 +45,10 @@ def claim(v: ClaimsView, kind: MoveKind, migration: str, instance: str,
         InstanceSpec.from_payload(RESIZED), ONE_VF, asked))
 
 
-def step(v: ClaimsView, decide, migration: str) -> Decided:
+Step = Callable[[ClaimsView, Migration], Decided]
+
+
+def step(v: ClaimsView, decide: Step, migration: str) -> Decided:
     """A step on a recorded move (finish, confirm, revert, withdraw)."""
     return decide(v, v.migration(migration))
 
@@ -338,7 +343,7 @@ def test_a_withdrawn_claim_leaves_no_record_of_itself():
     assert not v.device_held(VF0)
 
 
-def destination_then(settle) -> object:
+def destination_then(settle: Step) -> Callable[[ClaimsView], str]:
     """A destination's claim, then ``settle`` on it: its move's uuid."""
     def recorded(v: ClaimsView) -> str:
         instance, migration = new_uuids(2)
