@@ -10,52 +10,37 @@ import uuid
 
 import pytest
 
-from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import MoveKind
 from compute_agent.compute.manager import ComputeManager
-from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import (
-    DeviceKind,
     ForeignGuest,
     HostResource,
     HostResourceKind,
 )
-from compute_agent.drivers.fake import FakeDriver
 from compute_agent.exception import InvalidRequest, RetryMismatch
-from compute_agent.store.store import Store
-from tests.unit.compute.trackers import tracker_on
-
-PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
-VF0, VF1 = "0000:81:10.0", "0000:81:10.1"
-SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
-ONE_VF = {PF: {"resources": {"SRIOV_NET_VF": 1}}}
-TWO_VFS = {PF: {"resources": {"SRIOV_NET_VF": 2}}}
-
-
-def pools() -> dict:
-    return {PF: {"SRIOV_NET_VF": Pool(
-        "cmp_0000:81:00.0", "SRIOV_NET_VF", DeviceKind.VF, 2,
-        (Slot(VF0, numa_node=0), Slot(VF1, numa_node=0)), 0)}}
-
-
-def new_uuids(count: int) -> list[str]:
-    return [str(uuid.uuid4()) for _ in range(count)]
+from tests.unit.compute.trackers import (
+    ONE_VF,
+    SPEC,
+    TWO_VFS,
+    VF0,
+    VF1,
+    manager_on,
+    new_uuids,
+    tracker_on,
+    vf_pools,
+)
 
 
 @pytest.fixture
 def tracker(tmp_path):
-    with tracker_on(tmp_path, pools()) as t:
+    with tracker_on(tmp_path, vf_pools()) as t:
         yield t
 
 
 @pytest.fixture
 def manager(tmp_path):
-    driver = FakeDriver()
-    tracker = Tracker(Store(tmp_path / "state.db"), driver.boot_id())
-    tracker.set_pools(pools())
-    m = ComputeManager(tracker, driver)
-    yield m
-    m.tracker.store.close()
+    with manager_on(tmp_path, vf_pools()) as m:
+        yield m
 
 
 # --- the tracker -------------------------------------------------------------

@@ -16,25 +16,14 @@ from compute_agent.store.queries import insert_assignments_sql, live_assignments
 from compute_agent.store.schema import SCHEMA_VERSION, migrate, schema_version
 from compute_agent.store.store import Store
 from compute_agent.store.writer import run_statements
-from tests.unit.compute.trackers import tracker_on
+from tests.unit.compute.trackers import ONE_VF, PF, SPEC, tracker_on, vf_pools
 
-PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
-
-
-SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
-ONE_VF = {PF: {"resources": {"SRIOV_NET_VF": 1}}}
-
-
-def pools() -> dict:
-    return {PF: {"SRIOV_NET_VF": Pool(
-        "cmp_0000:81:00.0", "SRIOV_NET_VF", DeviceKind.VF, 2,
-        (Slot("0000:81:10.0", numa_node=0), Slot("0000:81:10.1", numa_node=0)), 0)}}
 
 
 @pytest.fixture
 def tracker(tmp_path):
-    with tracker_on(tmp_path, pools()) as t:
+    with tracker_on(tmp_path, vf_pools()) as t:
         yield t
 
 
@@ -60,7 +49,7 @@ def test_rebind_boot_moves_the_instances_rows_to_the_new_boot(tmp_path):
     rebound, other = str(uuid.uuid4()), str(uuid.uuid4())
     store = Store(path)
     before = Tracker(store, "boot-1")
-    before.set_pools(pools())
+    before.set_pools(vf_pools())
     before.claim_build(rebound, SPEC, ONE_VF)
     before.claim_build(other, SPEC, ONE_VF)
     store.close()
@@ -103,7 +92,7 @@ def test_a_device_held_under_its_old_class_is_not_handed_out_under_the_new(tmp_p
     path = tmp_path / "state.db"
     store = Store(path)
     t = Tracker(store, "boot-1")
-    t.set_pools(pools())
+    t.set_pools(vf_pools())
     first = str(uuid.uuid4())
     (held,) = t.claim_build(first, SPEC, ONE_VF)
     renamed = {PF: {"CUSTOM_PCI_8086_154C": Pool(
@@ -188,7 +177,7 @@ def test_records_of_a_version_5_store_are_answered_as_before_and_new_ones_checke
     try:
         assert store.read(schema_version) == SCHEMA_VERSION
         t = Tracker(store, "boot-1")
-        t.set_pools(pools())
+        t.set_pools(vf_pools())
         first = t.snapshot()[1]
         other = {**SPEC, "name": "other"}
         assert t.claim_build(old, other, ONE_VF) == [

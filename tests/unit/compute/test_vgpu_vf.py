@@ -1,49 +1,26 @@
 """vGPU VFs of NVIDIA's vendor-specific VFIO layout through the manager, on
 the fake driver: the type written at claim time, cleared on release, a
-refusal a clean failure, the types written back after a reboot."""
+refusal a clean failure (the types written back after a reboot are
+test_vgpu_types's)."""
 from __future__ import annotations
 
 import uuid
 
 import pytest
 
-from compute_agent.claims.choice import Pool, Slot
-from compute_agent.compute.manager import ComputeManager
-from compute_agent.compute.tracker import Tracker
-from compute_agent.compute.vgpu_types import restore_vgpu_types_after_reboot, still_not_restored
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.drivers.errors import MdevError
 from compute_agent.drivers.fake import FakeDriver
-from compute_agent.store.store import Store
-
-SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
-VF0, VF1 = "0000:41:10.0", "0000:41:10.1"
-RP = {VF0: "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c40", VF1: "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c41"}
-HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 8192}],
-        "gpus": [{"address": vf, "numa_node": 0, "vendor_vfio": True,
-                  "mdev_types": {"nvidia-557": {"available_instances": 1},
-                                 "nvidia-558": {"available_instances": 1}}}
-                 for vf in (VF0, VF1)]}
-
-
-def pools(type_id: str = "nvidia-557") -> dict:
-    return {RP[vf]: {"VGPU": Pool(f"gpu_{vf}", "VGPU", DeviceKind.VGPU_VF, 1,
-                                  (Slot(vf, 0),), 0, mdev_type=type_id)}
-            for vf in (VF0, VF1)}
-
-
-def on(vf: str) -> dict:
-    return {RP[vf]: {"resources": {"VGPU": 1}}}
+from tests.unit.compute.trackers import SPEC, VGPU_HOST, manager_on, vgpu_pools
+from tests.unit.compute.trackers import VGPU_VF0 as VF0
+from tests.unit.compute.trackers import VGPU_VF1 as VF1
+from tests.unit.compute.trackers import on_vgpu_vf as on
 
 
 @pytest.fixture
 def manager(tmp_path):
-    driver = FakeDriver(HOST)
-    tracker = Tracker(Store(tmp_path / "state.db"), driver.boot_id())
-    tracker.set_pools(pools())
-    m = ComputeManager(tracker, driver)
-    yield m
-    m.tracker.store.close()
+    with manager_on(tmp_path, vgpu_pools(), FakeDriver(VGPU_HOST)) as m:
+        yield m
 
 
 def test_a_build_writes_the_type_and_a_delete_clears_it(manager):
@@ -95,41 +72,6 @@ def test_a_vf_still_held_keeps_its_type_when_another_row_of_it_goes(manager):
     # As a same-host move's release of a row whose VF a live one holds.
     manager.host.clear_vgpu_types(rows)
     assert manager.driver.vgpu_types == {VF0: "nvidia-557"}
-
-
-def test_after_a_reboot_the_types_are_written_back_and_a_refusal_is_named(manager, caplog):
-    first, second = str(uuid.uuid4()), str(uuid.uuid4())
-    manager.build_instance(first, SPEC, on(VF0))
-    manager.build_instance(second, SPEC, on(VF1))
-    driver = manager.driver
-    driver.reboot("boot-2")
-    assert driver.vgpu_types == {}
-    # The agent starts again on the new boot.
-    path = manager.tracker.store.path
-    manager.tracker.store.close()
-    manager.tracker = Tracker(Store(path), driver.boot_id())
-    driver.set_vgpu_type(VF1, "nvidia-558")  # taken meanwhile
-
-    not_restored = restore_vgpu_types_after_reboot(manager, "boot-2")
-
-    assert driver.vgpu_types == {VF0: "nvidia-557", VF1: "nvidia-558"}
-    assert list(not_restored) == [VF1]
-    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
-        f"vGPU VF {VF1} of instance {second}: type nvidia-557 not restored after the "
-        f"host's reboot; its unit stays reserved: {not_restored[VF1]}"]
-    # Once the rows are this boot's (the reconciliation moves them),
-    # nothing is written again.
-    for instance in (first, second):
-        manager.tracker.rebind_boot(instance)
-    assert restore_vgpu_types_after_reboot(manager, "boot-2") == {}
-
-
-def test_a_vf_not_restored_is_held_back_until_it_has_a_type_or_is_given_back():
-    lost = {VF0: "refused", VF1: "refused"}
-    held = {VF0, VF1}
-    assert still_not_restored(lost, frozenset(), held.__contains__) == lost
-    assert still_not_restored(lost, frozenset({VF0}), held.__contains__) == {VF1: "refused"}
-    assert still_not_restored(lost, frozenset(), {VF0}.__contains__) == {VF0: "refused"}
 
 
 def test_a_live_migrations_destination_writes_at_its_claim_and_clears_on_rollback(manager):

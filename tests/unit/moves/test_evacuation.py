@@ -17,18 +17,8 @@ from compute_agent.moves.evacuation import (
     interrupted_evacuations,
     spec_from_allocations,
 )
-from compute_agent.moves.request import SourceProvider, candidate_root, move_request
 
-ROOT, CELL0, CELL1, PF1, GPU0, LOOSE = (str(uuid.uuid4()) for _ in range(6))
-TREE = {
-    ROOT: SourceProvider(ROOT, None, frozenset({"COMPUTE_NODE"})),
-    CELL0: SourceProvider(CELL0, ROOT, frozenset({"HW_NUMA_ROOT"})),
-    CELL1: SourceProvider(CELL1, ROOT, frozenset({"HW_NUMA_ROOT"})),
-    PF1: SourceProvider(PF1, CELL1, frozenset({"COMPUTE_MANAGED_PCI_DEVICE",
-                                               "CUSTOM_PHYSNET_NET1"})),
-    GPU0: SourceProvider(GPU0, CELL0, frozenset({"CUSTOM_MDEV_TYPE_NVIDIA_35"})),
-    LOOSE: SourceProvider(LOOSE, ROOT, frozenset({"COMPUTE_MANAGED_PCI_DEVICE"})),
-}
+ROOT, CELL0, CELL1, PF1 = (str(uuid.uuid4()) for _ in range(4))
 
 
 def test_the_move_is_named_by_the_instance_and_the_source_alone():
@@ -76,54 +66,6 @@ def test_bug_a_source_killed_before_recording_its_resize_gave_the_instance_up():
     assert not evacuated_away(False, {"rp"}, None, False)
 
 
-def test_the_request_keeps_each_device_with_its_cell():
-    req = move_request({
-        ROOT: {"DISK_GB": 10},
-        CELL1: {"VCPU": 2, "MEMORY_MB": 1024},
-        PF1: {"SRIOV_NET_VF": 1},
-        CELL0: {"PCPU": 1, "MEMORY_MB": 512},
-        GPU0: {"VGPU": 1},
-        LOOSE: {"CUSTOM_PCI_1AF4_1041": 1},
-    }, TREE)
-    query = req.query(in_tree=ROOT, limit=5)
-    d = {}
-    for k, v in query:
-        d.setdefault(k, []).append(v)
-    assert d["resources"] == ["DISK_GB:10"]
-    cells = {v for k, v in query if k.startswith("resources_CELL")}
-    assert cells == {"MEMORY_MB:1024,VCPU:2", "MEMORY_MB:512,PCPU:1"}
-    by_suffix = {k[len("resources"):]: v for k, v in query if k.startswith("resources_")}
-    cell_of_vf = next(s for s, v in by_suffix.items() if v == "MEMORY_MB:1024,VCPU:2")
-    cell_of_gpu = next(s for s, v in by_suffix.items() if v == "MEMORY_MB:512,PCPU:1")
-    vf = next(s for s, v in by_suffix.items() if v == "SRIOV_NET_VF:1")
-    gpu = next(s for s, v in by_suffix.items() if v == "VGPU:1")
-    loose = next(s for s, v in by_suffix.items() if v == "CUSTOM_PCI_1AF4_1041:1")
-    assert sorted(d["same_subtree"]) == sorted([f"{cell_of_vf},{vf}",
-                                                f"{cell_of_gpu},{gpu}"])
-    assert not any(loose in v for v in d["same_subtree"])  # no cell: free to land
-    required = {k[len("required"):]: v for k, v in query if k.startswith("required_")}
-    assert required[cell_of_vf] == required[cell_of_gpu] == "HW_NUMA_ROOT"
-    assert required[vf] == "CUSTOM_PHYSNET_NET1"
-    assert required[gpu] == "CUSTOM_MDEV_TYPE_NVIDIA_35"
-    assert loose not in required
-    assert d["group_policy"] == ["none"] and d["limit"] == ["5"]
-    # Every group in the tree, none without resources.
-    assert d["in_tree"] == [ROOT]
-    assert {k for k, v in query if k.startswith("in_tree_") and v == ROOT} == {
-        f"in_tree{s}" for s in (cell_of_vf, cell_of_gpu, vf, gpu, loose)}
-
-
-def test_a_request_without_root_resources_has_no_unsuffixed_group():
-    query = move_request({CELL0: {"VCPU": 1, "MEMORY_MB": 64}}, TREE).query(ROOT)
-    assert [k for k, _ in query if k in ("resources", "in_tree")] == []
-
-
-def test_a_provider_outside_the_tree_is_refused_by_name():
-    stranger = str(uuid.uuid4())
-    with pytest.raises(ValueError, match=stranger):
-        move_request({stranger: {"VCPU": 1}}, TREE)
-
-
 def test_the_spec_sums_cpus_and_memory():
     i = str(uuid.uuid4())
     spec = spec_from_allocations(i, {CELL0: {"PCPU": 1, "MEMORY_MB": 512},
@@ -132,12 +74,6 @@ def test_the_spec_sums_cpus_and_memory():
     assert spec == {"name": f"instance-{i}", "vcpus": 3, "memory_mb": 1536}
     with pytest.raises(ValueError, match="no CPU"):
         spec_from_allocations(i, {PF1: {"SRIOV_NET_VF": 1}})
-
-
-def test_a_candidate_lands_on_one_host_or_none():
-    tree_of = {CELL0: ROOT, PF1: ROOT, "x": "other"}
-    assert candidate_root({"allocations": {CELL0: {}, PF1: {}}}, tree_of) == ROOT
-    assert candidate_root({"allocations": {CELL0: {}, "x": {}}}, tree_of) is None
 
 
 # --- the conductor's second run ---------------------------------------------
