@@ -1,5 +1,5 @@
 """The start-up check's rules, one by one (the sweep in
-test_config_sweep.py runs them over every option of the sample)."""
+test_whole.py runs them over every option of the sample)."""
 from __future__ import annotations
 
 import os

@@ -17,9 +17,9 @@ from oslo_config import cfg
 from compute_agent.cmd.common import load_config
 from compute_agent.cmd.config_check import options, value_rules, whole
 from compute_agent.exception import ConfigError, shown
-from tests.unit.cmd.test_config_check import ABSENT, owned
+from tests.unit.cmd.config_check.test_value_rules import ABSENT, owned
 
-TOP = Path(__file__).resolve().parents[3]
+TOP = Path(__file__).resolve().parents[4]
 SAMPLE = TOP / "etc/compute-agent/compute-agent.conf.sample"
 
 # Invalid values for the options each rule checks.
