@@ -1,12 +1,35 @@
-"""The daemon's start and stop around a broker that is away
-(compute_agent/cmd/daemon.py)."""
+"""compute-agent's body (compute_agent/cmd/daemon.py): the --once summary
+line, and the start and stop around a broker that is away. (The daemon as
+a subprocess: tests/functional/test_daemon.py.)"""
 from __future__ import annotations
 
 import threading
 
 from compute_agent.cmd import daemon
-from compute_agent.cmd.daemon import RpcServers, stop_servers
+from compute_agent.cmd.daemon import RpcServers, once_summary, stop_servers
+from compute_agent.daemon.service import CycleOutcome
+from compute_agent.placement.sync import SyncResult
 from compute_agent.rpc.server import CallsInFlight
+from compute_agent.tree.provider_tree import Provider, ProviderTree
+
+
+def _provider(name: str) -> Provider:
+    return Provider(uuid=f"00000000-0000-0000-0000-{len(name):012d}", name=name)
+
+
+def test_once_summary_of_a_cycle_that_wrote():
+    tree = ProviderTree([_provider("h"), _provider("h_numa_0")])
+    outcome = CycleOutcome(True, result=SyncResult(writes=5, warnings=["w"], tree=tree))
+    assert once_summary(outcome, 9, 0.4321) == (
+        "cycle ok: 2 providers in Placement, 5 writes, 1 warnings, "
+        "9 Placement requests, 0.43 s")
+
+
+def test_once_summary_of_a_failed_cycle_gives_the_reason():
+    outcome = CycleOutcome(False, "Placement unavailable, cycle abandoned: refused")
+    assert once_summary(outcome, 1, 2.0) == (
+        "cycle failed (1 Placement requests, 2.00 s): "
+        "Placement unavailable, cycle abandoned: refused")
 
 
 class Listener:
