@@ -1,9 +1,10 @@
 """An Agent on a fake host, for the unit tests: a store in a temporary
 directory, a Placement client that is never asked (the tests run no
-cycle that reaches it)."""
+cycle that reaches it) unless the test gives its own."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
@@ -24,10 +25,12 @@ class UnusedClient:
     url = "http://placement.invalid"
 
 
-def agent_on_fake_host(state_dir: Path, settings: AgentSettings = AgentSettings()) -> Agent:
+def agent_on_fake_host(state_dir: Path, settings: AgentSettings = AgentSettings(),
+                       client: Any = None) -> Agent:
+    """``client``: the Placement client (a fake one); by default one never asked."""
     driver = FakeDriver(HOST)
     manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE, ROOT), driver.boot_id()),
                              driver)
-    sync, allocations = placement_sync(UnusedClient(), ROOT, lambda p: True, 300)
+    sync, allocations = placement_sync(client or UnusedClient(), ROOT, lambda p: True, 300)
     return assemble(driver, TreePolicy(host="h", root_uuid=ROOT), sync, allocations, manager,
                     Metrics(), settings)
