@@ -1,6 +1,7 @@
 """An Agent on a fake host, for the unit tests: a store in a temporary
 directory, a Placement client that is never asked (the tests run no
-cycle that reaches it) unless the test gives its own."""
+cycle that reaches it) unless the test gives its own, such as
+FakePlacement, which keeps the allocations on a tree in memory."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,9 +12,12 @@ from compute_agent.compute.tracker import Tracker
 from compute_agent.daemon.composition import assemble, placement_sync
 from compute_agent.daemon.service import Agent, AgentSettings
 from compute_agent.drivers.fake import FakeDriver
+from compute_agent.exception import PlacementError, PlacementUnavailable
 from compute_agent.metrics import Metrics
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy
+from compute_agent.tree.provider_tree import ProviderTree
+from tests.unit.placement.test_consumers import FakeClient
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}], "disk_gb": 10}
@@ -34,3 +38,49 @@ def agent_on_fake_host(state_dir: Path, settings: AgentSettings = AgentSettings(
     sync, allocations = placement_sync(client or UnusedClient(), ROOT, lambda p: True, 300)
     return assemble(driver, TreePolicy(host="h", root_uuid=ROOT), sync, allocations, manager,
                     Metrics(), settings)
+
+
+class FakePlacement(FakeClient):
+    """Consumers' allocations (consumer -> provider -> class -> amount) on
+    a tree of providers with generations; counts the reads."""
+
+    keystone_url = None
+    url = "http://placement"
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.tree: list[dict] = []
+        self.tree_reads = 0
+        self.provider_reads: list[str] = []
+        self.consumer_reads: list[str] = []
+        self.refusal: PlacementError | None = None
+
+    def has_tree(self, tree: ProviderTree) -> None:
+        """Placement has ``tree``'s providers, at generation 1."""
+        self.tree = [{"uuid": p.uuid, "name": p.name, "parent_provider_uuid": p.parent_uuid,
+                      "generation": 1} for p in tree]
+
+    def _answers(self) -> None:
+        if self.down:
+            raise PlacementUnavailable(self.url, "did not answer (down)")
+        if self.refusal is not None:
+            raise self.refusal
+
+    def get_tree(self, root_uuid: str) -> list[dict]:
+        self._answers()
+        self.tree_reads += 1
+        return [dict(row) for row in self.tree]
+
+    def get_provider_allocations(self, uuid: str) -> dict[str, dict]:
+        self._answers()
+        self.provider_reads.append(uuid)
+        return {consumer: {"resources": dict(on[uuid])} for consumer, on in self.held.items()
+                if uuid in on}
+
+    def get_consumer_allocations(self, consumer: str) -> dict:
+        self.consumer_reads.append(consumer)
+        return super().get_consumer_allocations(consumer)
+
+    def generation_moves(self, uuid: str) -> None:
+        row = next(row for row in self.tree if row["uuid"] == uuid)
+        row["generation"] += 1

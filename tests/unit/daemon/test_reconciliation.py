@@ -17,51 +17,13 @@ from compute_agent.exception import PlacementError, PlacementUnavailable
 from compute_agent.metrics import PREFIX
 from compute_agent.moves.evacuation import evacuation_migration_uuid
 from compute_agent.tree.provider_tree import Provider, ProviderTree
-from tests.unit.daemon.agents import ROOT, agent_on_fake_host
-from tests.unit.placement.test_consumers import FakeClient
+from tests.unit.daemon.agents import ROOT, FakePlacement, agent_on_fake_host
 
 INSTANCE = "3c1f5a9e-7b2d-4e8f-a6c0-1d9b8e7f6a5c"
 MIGRATION = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
 OTHER_HOSTS_CELL = "other-hosts-cell"
 SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
 RESOURCES = {"VCPU": 1, "MEMORY_MB": 512}
-
-
-class FakePlacement(FakeClient):
-    """Consumers' allocations (consumer -> provider -> class -> amount) on
-    a tree of providers with generations; counts the reads."""
-
-    keystone_url = None
-    url = "http://placement"
-
-    def __init__(self) -> None:
-        super().__init__({})
-        self.tree: list[dict] = []
-        self.tree_reads = 0
-        self.provider_reads: list[str] = []
-        self.consumer_reads: list[str] = []
-        self.refusal: PlacementError | None = None
-
-    def get_tree(self, root_uuid: str) -> list[dict]:
-        self.tree_reads += 1
-        return [dict(row) for row in self.tree]
-
-    def get_provider_allocations(self, uuid: str) -> dict[str, dict]:
-        if self.down:
-            raise PlacementUnavailable(self.url, "did not answer (down)")
-        if self.refusal is not None:
-            raise self.refusal
-        self.provider_reads.append(uuid)
-        return {consumer: {"resources": dict(on[uuid])} for consumer, on in self.held.items()
-                if uuid in on}
-
-    def get_consumer_allocations(self, consumer: str) -> dict:
-        self.consumer_reads.append(consumer)
-        return super().get_consumer_allocations(consumer)
-
-    def generation_moves(self, uuid: str) -> None:
-        row = next(row for row in self.tree if row["uuid"] == uuid)
-        row["generation"] += 1
 
 
 @pytest.fixture
@@ -76,8 +38,7 @@ def agent_for(tmp_path, placement: FakePlacement,
     agent = agent_on_fake_host(tmp_path, settings, client=placement)
     built = agent.build_model(agent.driver.get_host_inventory())
     agent.manager.tracker.set_pools(built.pools_by_uuid({}))
-    placement.tree = [{"uuid": p.uuid, "name": p.name, "parent_provider_uuid": p.parent_uuid,
-                       "generation": 1} for p in built.tree]
+    placement.has_tree(built.tree)
     return agent
 
 
