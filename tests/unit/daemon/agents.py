@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from oslo_config import cfg
+
+from compute_agent.cmd.common import load_config
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
 from compute_agent.daemon.composition import assemble, placement_sync
@@ -21,6 +24,20 @@ from tests.unit.placement.test_consumers import FakeClient
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}], "disk_gb": 10}
+
+
+def fake_agent_conf(tmp_path: Path) -> cfg.ConfigOpts:
+    """The checked config of an agent of host node1 on the fake driver,
+    its state under ``tmp_path``, Placement at an address nothing serves."""
+    host_file = tmp_path / "host.yaml"
+    host_file.write_text("numa_cells: [{id: 0, cpus: '0-3', memory_mb: 4096}]\n")
+    path = tmp_path / "agent.conf"
+    path.write_text(f"[DEFAULT]\nhost = node1\nstate_path = {tmp_path / 'state'}\n"
+                    f"compute_driver = fake\nreconcile_interval = 4\n"
+                    f"[fake]\nhost_file = {host_file}\n"
+                    "[placement]\nauth_type = placement_noauth2\n"
+                    "endpoint = http://127.0.0.1:1\n")
+    return load_config(["--config-file", str(path)], placement_required=True)
 
 
 class UnusedClient:

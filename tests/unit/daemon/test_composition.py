@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from compute_agent.cmd.common import load_config
 from compute_agent.daemon import composition
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.base import ForeignGuest
@@ -22,7 +21,7 @@ from compute_agent.store.queries import all_instances
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy, build_tree
 from compute_agent.tree.provider_tree import Provider
-from tests.unit.daemon.agents import HOST, ROOT, FakePlacement
+from tests.unit.daemon.agents import HOST, ROOT, FakePlacement, fake_agent_conf
 
 NOVA_GUEST = "0b6f8f3e-54a4-4b8e-a6a9-2f1e0b3d7d01"
 RESOURCES = {"VCPU": 2, "MEMORY_MB": 2048}
@@ -199,20 +198,8 @@ def test_a_host_whose_hypervisor_goes_away_is_not_adopted(tmp_path, driver, plac
 
 # --- the agent composed from the config ---------------------------------------
 
-def agent_conf(tmp_path: Path):
-    host_file = tmp_path / "host.yaml"
-    host_file.write_text("numa_cells: [{id: 0, cpus: '0-3', memory_mb: 4096}]\n")
-    path = tmp_path / "agent.conf"
-    path.write_text(f"[DEFAULT]\nhost = node1\nstate_path = {tmp_path / 'state'}\n"
-                    f"compute_driver = fake\nreconcile_interval = 4\n"
-                    f"[fake]\nhost_file = {host_file}\n"
-                    "[placement]\nauth_type = placement_noauth2\n"
-                    "endpoint = http://127.0.0.1:1\n")
-    return load_config(["--config-file", str(path)], placement_required=True)
-
-
 def test_the_config_composes_an_agent_for_a_new_host(tmp_path):
-    conf = agent_conf(tmp_path)
+    conf = fake_agent_conf(tmp_path)
     agent = composition.compose(conf)
     assert isinstance(agent, Agent) and isinstance(agent.driver, FakeDriver)
     compute_id = node_identity.load(conf.state_path)
@@ -230,7 +217,7 @@ def test_the_config_composes_an_agent_for_a_new_host(tmp_path):
 
 
 def test_a_reader_beside_no_agent_is_refused_before_anything_is_made(tmp_path):
-    conf = agent_conf(tmp_path)
+    conf = fake_agent_conf(tmp_path)
     with pytest.raises(StoreRefused, match="compute_id does not exist: the agent has not "
                                            "run on this host yet"):
         composition.compose(conf, holder=False)
@@ -238,7 +225,7 @@ def test_a_reader_beside_no_agent_is_refused_before_anything_is_made(tmp_path):
 
 
 def test_a_change_of_the_host_wakes_the_loop(tmp_path):
-    agent = composition.compose(agent_conf(tmp_path))
+    agent = composition.compose(fake_agent_conf(tmp_path))
     assert not agent._wake.is_set()
     agent.driver.set_host(HOST)
     assert agent._wake.is_set()
