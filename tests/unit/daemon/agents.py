@@ -19,16 +19,16 @@ from compute_agent.exception import PlacementError, PlacementUnavailable
 from compute_agent.metrics import Metrics
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy
-from compute_agent.tree.provider_tree import ProviderTree
+from compute_agent.tree.provider_tree import Provider, ProviderTree
 from tests.unit.placement.test_consumers import FakeClient
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
 HOST = {"numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}], "disk_gb": 10}
 
 
-def fake_agent_conf(tmp_path: Path) -> cfg.ConfigOpts:
-    """The checked config of an agent of host node1 on the fake driver,
-    its state under ``tmp_path``, Placement at an address nothing serves."""
+def fake_agent_conf_file(tmp_path: Path) -> Path:
+    """The config file of an agent of host node1 on the fake driver, its
+    state under ``tmp_path``, Placement at an address nothing serves."""
     host_file = tmp_path / "host.yaml"
     host_file.write_text("numa_cells: [{id: 0, cpus: '0-3', memory_mb: 4096}]\n")
     path = tmp_path / "agent.conf"
@@ -37,7 +37,13 @@ def fake_agent_conf(tmp_path: Path) -> cfg.ConfigOpts:
                     f"[fake]\nhost_file = {host_file}\n"
                     "[placement]\nauth_type = placement_noauth2\n"
                     "endpoint = http://127.0.0.1:1\n")
-    return load_config(["--config-file", str(path)], placement_required=True)
+    return path
+
+
+def fake_agent_conf(tmp_path: Path) -> cfg.ConfigOpts:
+    """fake_agent_conf_file's config, read and checked."""
+    return load_config(["--config-file", str(fake_agent_conf_file(tmp_path))],
+                       placement_required=True)
 
 
 class UnusedClient:
@@ -59,7 +65,8 @@ def agent_on_fake_host(state_dir: Path, settings: AgentSettings = AgentSettings(
 
 class FakePlacement(FakeClient):
     """Consumers' allocations (consumer -> provider -> class -> amount) on
-    a tree of providers with generations; counts the reads."""
+    a tree of providers with generations, inventories and traits; counts
+    the reads."""
 
     keystone_url = None
     url = "http://placement"
@@ -67,6 +74,7 @@ class FakePlacement(FakeClient):
     def __init__(self) -> None:
         super().__init__({})
         self.tree: list[dict] = []
+        self.providers: dict[str, Provider] = {}
         self.tree_reads = 0
         self.provider_reads: list[str] = []
         self.consumer_reads: list[str] = []
@@ -76,6 +84,18 @@ class FakePlacement(FakeClient):
         """Placement has ``tree``'s providers, at generation 1."""
         self.tree = [{"uuid": p.uuid, "name": p.name, "parent_provider_uuid": p.parent_uuid,
                       "generation": 1} for p in tree]
+        self.providers = {p.uuid: p for p in tree}
+
+    def _generation(self, uuid: str) -> int:
+        return next(row["generation"] for row in self.tree if row["uuid"] == uuid)
+
+    def get_inventories(self, uuid: str) -> tuple[int, dict]:
+        self._answers()
+        return self._generation(uuid), dict(self.providers[uuid].inventories)
+
+    def get_traits(self, uuid: str) -> tuple[int, frozenset[str]]:
+        self._answers()
+        return self._generation(uuid), self.providers[uuid].traits
 
     def _answers(self) -> None:
         if self.down:
