@@ -8,6 +8,7 @@ from oslo_config import cfg
 
 from compute_agent import config
 from compute_agent.cmd.config_check import names
+from compute_agent.exception import ConfigError
 from tests.unit.cmd.config_check.configs import conf_argv, refused
 
 
@@ -34,12 +35,18 @@ def test_a_misspelling_is_a_typing_slip_or_two_from_a_name_read(name, known):
     assert names.misspelling_of(name, read) == known
 
 
-def unknown(tmp_path, text: str) -> list[tuple[str, str | None, str | None]]:
-    """The names read as the check reads them, unchecked otherwise."""
+def read_unchecked(tmp_path, text: str) -> cfg.ConfigOpts:
+    """The config with ``text``, read as the check reads it, unchecked."""
     conf = cfg.ConfigOpts()
     config.register_opts(conf)
     conf(conf_argv(tmp_path, text + "[placement]\nauth_type = placement_noauth2\n"))
-    return [(u.where(), u.known, u.file) for u in names.unknown_names(conf)]
+    return conf
+
+
+def unknown(tmp_path, text: str) -> list[tuple[str, str | None, str | None]]:
+    """The names read as the check reads them, unchecked otherwise."""
+    return [(u.where(), u.known, u.file) for u in names.unknown_names(
+        read_unchecked(tmp_path, text))]
 
 
 def test_every_name_the_agent_reads_is_known(tmp_path):
@@ -80,3 +87,35 @@ def test_the_unknown_names_line_is_one_line_of_at_most_300_characters():
                for i in range(100)]
     line = names.unknown_names_line(unknown)
     assert len(line) == 300 and line.endswith("... (100 names in all)")
+
+
+@pytest.mark.parametrize("length,edits", [(3, 0), (4, 1), (9, 1), (10, 2), (30, 2)])
+def test_a_longer_name_may_be_misspelt_by_more_edits(length, edits):
+    assert names.typo_allowance(length) == edits
+
+
+def test_a_source_drivers_section_is_its_own_to_read(tmp_path):
+    """Options of [DEFAULT] config_source's sections that the agent does
+    not register are the source driver's: not ours to call unknown."""
+    assert unknown(tmp_path, "config_source = remote\n[remote]\ndriver = remote_file\n"
+                   "uri = http://config/agent.conf\nheaders = a:b\nnewer_knob = 1\n") == []
+
+
+def test_a_file_oslo_config_refused_has_no_names_to_judge(tmp_path):
+    path = tmp_path / "broken.conf"
+    path.write_text("an option before any section\n")
+    assert names.file_sections(str(path)) == {}
+    assert names.file_sections(str(tmp_path / "gone.conf")) == {}
+
+
+def test_names_of_another_version_are_one_warning_and_a_misspelling_a_refusal(tmp_path,
+                                                                              caplog):
+    conf = read_unchecked(tmp_path, "[newer]\nx = 1\n[older]\ny = 2\n")
+    names.check_names(conf)
+    path = tmp_path / "agent.conf"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == names.__name__] == [
+        ("WARNING", f"Not read by this version, ignored: {path}: [newer], [older]")]
+    conf = read_unchecked(tmp_path, "[newer]\nx = 1\n[pmemm]\nnamespaces = L:ns0\n")
+    with pytest.raises(ConfigError, match=r"\[pmemm\]: unknown section; did you mean"):
+        names.check_names(conf)

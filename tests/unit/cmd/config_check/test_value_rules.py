@@ -116,3 +116,36 @@ def test_a_ca_file_takes_a_pem_ca_and_refuses_a_key(tls_files):
     value_rules.certificate_authorities(tls_files["ca"])
     with pytest.raises(BadValue, match="no CA certificate OpenSSL can read"):
         value_rules.certificate_authorities(tls_files["key"])
+
+
+def host_conf(tmp_path, host: str) -> cfg.ConfigOpts:
+    """A config with [DEFAULT] host written as ``host``, read, unchecked."""
+    path = tmp_path / "agent.conf"
+    path.write_text(f"[DEFAULT]\nhost = {host}\n")
+    conf = cfg.ConfigOpts()
+    conf.register_opt(cfg.StrOpt("host"))
+    conf(["--config-file", str(path)])
+    return conf
+
+
+def test_a_long_value_quoted_by_the_reason_is_shown_once_and_cut(tmp_path):
+    long = "h" * 120
+    conf = host_conf(tmp_path, long)
+    option = options.Option("DEFAULT", cfg.StrOpt("host"))
+    line = str(value_rules.refusal(conf, option, f"{long!r} is not a host name"))
+    assert line == (f"[DEFAULT] host: the value is not a host name (value: '{'h' * 76}... "
+                    "(120 characters))")
+
+
+def test_a_long_reason_is_cut_to_keep_the_refusal_one_line_of_its_length(tmp_path):
+    conf = host_conf(tmp_path, "h1")
+    option = options.Option("DEFAULT", cfg.StrOpt("host"))
+    line = str(value_rules.refusal(conf, option, "because " * 100))
+    assert len(line) == value_rules.REFUSAL_LENGTH
+    assert line.startswith("[DEFAULT] host: because because ")
+    assert line.endswith("... (value: 'h1')")
+
+
+def test_a_substitution_of_an_option_nobody_has_is_refused_naming_it(tmp_path):
+    line = refused(tmp_path, "host = $no_such_option\n", placement_required=False)
+    assert line.startswith("[DEFAULT] host: ") and "no_such_option" in line

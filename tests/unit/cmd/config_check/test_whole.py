@@ -9,7 +9,9 @@ valid. The sweep runs in-process, on one config object reloaded per value,
 for speed; tests/functional/test_config_fail_fast.py runs real commands."""
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +137,49 @@ def test_a_client_certificate_that_does_not_load_is_refused(tmp_path, tls_files,
 
 def test_a_client_certificate_is_not_loaded_without_ssl(tmp_path, tls_files):
     load_config(conf_argv(tmp_path, rabbit_tls(tls_files, ssl=False, ssl_key_file="key")))
+
+
+def test_a_plugin_that_refuses_its_options_says_so_in_its_words(tmp_path):
+    line = refused(tmp_path, "[placement]\nauth_type = v3applicationcredential\n"
+                   "auth_url = http://k/v3\napplication_credential_secret = s\n")
+    assert line == ("[placement] auth_type: the plugin refuses its options: You must provide "
+                    "either an application credential ID or an application credential name "
+                    "and user. (value: 'v3applicationcredential')")
+
+
+def test_the_log_file_is_in_a_directory_the_agent_may_write(tmp_path, monkeypatch):
+    """Root writes anywhere, so the refusal is simulated."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert refused(tmp_path, f"log_file = {logs}\n", placement_required=False) == (
+        f"[DEFAULT] log_file: a directory, not a file (value: '{logs}')")
+    load_config(conf_argv(tmp_path, f"log_dir = {logs}\nlog_file = agent.log\n"))
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != logs
+                        and access(path, mode))
+    assert refused(tmp_path, f"log_dir = {logs}\nlog_file = agent.log\n",
+                   placement_required=False) == (
+        f"[DEFAULT] log_file: {logs} is not writable (value: 'agent.log')")
+
+
+def test_metrics_are_served_on_an_address_of_this_host(tmp_path):
+    line = refused(tmp_path, "[metrics]\nlisten = 192.0.2.1:9180\n", placement_required=False)
+    assert line == ("[metrics] listen: cannot serve metrics there: not an address of this "
+                    "host (value: '192.0.2.1:9180')")
+
+
+def test_a_metrics_port_in_use_refuses_the_daemon_only(tmp_path):
+    """Beside a running agent, its port is rightly in use: every command
+    but the daemon takes it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        conf = load_config(conf_argv(tmp_path, f"[metrics]\nlisten = 127.0.0.1:{port}\n"))
+        with pytest.raises(ConfigError) as refusal:
+            whole.metrics_port_free(conf)
+    assert str(refusal.value) == (f"[metrics] listen: cannot serve metrics there: address "
+                                  f"already in use (value: '127.0.0.1:{port}')")
 
 
 # --- the sweep over every option of the sample --------------------------------
