@@ -1,7 +1,8 @@
 """What every console script does alike (compute_agent/cmd/common.py): its
 own options before or after its subcommand, its --version, its errors (one
 line per line on stderr, or one JSON object on stdout), what the reading
-of its config logs, and a stdout a reader may close early. (The commands
+of its config logs, a stdout a reader may close early, and how long the
+command has run, counted against its --timeout. (The commands
 as subprocesses: tests/functional/test_cli.py.)"""
 from __future__ import annotations
 
@@ -191,3 +192,25 @@ def test_stdout_is_made_tolerant_once(monkeypatch):
     wrapped = sys.stdout
     common.tolerate_closed_stdout()
     assert isinstance(wrapped, common._ClosedPipeTolerant) and sys.stdout is wrapped
+
+
+# --- how long the command has run, counted against --timeout (process_age) ----
+
+# proc(5): pid (comm) state ppid ...; field 22 is starttime in clock ticks.
+# A command name with spaces and a parenthesis, as a process may name itself.
+STAT = ("4242 (compute-agent (ctl) x) S 1 4242 4242 0 -1 4194304 100 0 0 0 5 2 0 0 20 0 "
+        "3 0 {start} 50000000 3000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0")
+
+
+def test_the_age_is_the_boot_clock_less_the_start_time():
+    assert common.process_age(STAT.format(start=12_300), now=125.5, ticks_per_second=100) == 2.5
+
+
+def test_an_unreadable_stat_is_no_age():
+    assert common.process_age("garbage", now=125.5, ticks_per_second=100) == 0.0
+    assert common.process_age(STAT.format(start="x"), now=125.5, ticks_per_second=100) == 0.0
+
+
+def test_this_process_has_run_a_while_and_not_longer_than_the_machine():
+    age = common.process_age()
+    assert 0 < age < 10 ** 7
