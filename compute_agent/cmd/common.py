@@ -106,7 +106,7 @@ class _ConfigOpts(cfg.ConfigOpts):
     def _parse_config_files(self):
         # oslo.config's one step between building its parser (the options,
         # then the subcommands) and reading the command line with it; a
-        # private one, so tests/unit/cmd/test_cli.py would see it renamed.
+        # private one, so tests/unit/cmd/test_common.py would see it renamed.
         self._oparser.initialize_parser_arguments()
         self._args = command_options_first(self._oparser, self._args)
         return super()._parse_config_files()

@@ -2,7 +2,8 @@
 names carried over, [mdev_<type>] groups once the types are known, a
 config file that starts with a byte-order mark, and each config's own
 [placement] auth plugin options. (Each value's checks:
-tests/unit/cmd/test_config_check.py; the sample: test_sample_config.py.)"""
+tests/unit/cmd/config_check/test_value_rules.py; the sample:
+test_sample_config.py.)"""
 from __future__ import annotations
 
 from collections.abc import Callable

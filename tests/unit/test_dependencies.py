@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-
-from compute_agent.daemon import cycle_record
-from compute_agent.daemon.errors import RecordUnreadable
 from compute_agent.dependencies import (
     LINE_LIMIT,
     Dependencies,
@@ -79,17 +75,3 @@ def test_the_board_logs_once_each_way_over_many_cycles(caplog):
     states = board.snapshot()
     assert states[Dependency.PLACEMENT].total_failures == 5
     assert states[Dependency.LIBVIRT].health is Health.UP
-
-
-def test_a_record_reads_back_as_written(tmp_path):
-    board = Dependencies(clock=lambda: 7.0)
-    board.failed(Dependency.BROKER, "rabbit://127.0.0.1:5672/", "did not answer (y)")
-    record = cycle_record.CycleRecord(42, 10.0, 5.0, "z", board.snapshot())
-    path = tmp_path / cycle_record.FILENAME
-    cycle_record.write(path, record)
-    assert cycle_record.read(path) == record
-    assert path.stat().st_mode & 0o777 == 0o600
-    path.write_text("{}")
-    with pytest.raises(RecordUnreadable, match=str(path)):
-        cycle_record.read(path)
-    assert cycle_record.read(tmp_path / "absent") is None

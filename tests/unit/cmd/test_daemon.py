@@ -1,13 +1,231 @@
-"""The daemon's start and stop around a broker that is away
-(compute_agent/cmd/daemon.py)."""
+"""compute-agent's body (compute_agent/cmd/daemon.py): --once's run and its
+summary line, the start's refusals and their exit codes, and the stop's
+order and exit code, the servers' stop around a broker that is away. With
+an agent on the fake host; the RPC servers are the test's. (The daemon as
+a subprocess: tests/functional/test_daemon.py.)"""
 from __future__ import annotations
 
+import re
 import threading
 
-from compute_agent.cmd import daemon
-from compute_agent.cmd.daemon import RpcServers, stop_servers
-from compute_agent.rpc.server import CallsInFlight
+import pytest
 
+from compute_agent.cmd import daemon
+from compute_agent.cmd.daemon import RpcServers, once_summary, stop_servers
+from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.probes import Phase
+from compute_agent.daemon.reload_signal import ReloadSignal
+from compute_agent.daemon.service import Agent, CycleOutcome
+from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor, ThreadDeath
+from compute_agent.placement.sync import SyncResult
+from compute_agent.rpc.server import CallsInFlight
+from compute_agent.store import lock
+from compute_agent.tree.provider_tree import Provider, ProviderTree
+from tests.unit.daemon.agents import UnusedClient, agent_on_fake_host, fake_agent_conf_file
+
+
+def _provider(name: str) -> Provider:
+    return Provider(uuid=f"00000000-0000-0000-0000-{len(name):012d}", name=name)
+
+
+def test_once_summary_of_a_cycle_that_wrote():
+    tree = ProviderTree([_provider("h"), _provider("h_numa_0")])
+    outcome = CycleOutcome(True, result=SyncResult(writes=5, warnings=["w"], tree=tree))
+    assert once_summary(outcome, 9, 0.4321) == (
+        "cycle ok: 2 providers in Placement, 5 writes, 1 warnings, "
+        "9 Placement requests, 0.43 s")
+
+
+def test_once_summary_of_a_failed_cycle_gives_the_reason():
+    outcome = CycleOutcome(False, "Placement unavailable, cycle abandoned: refused")
+    assert once_summary(outcome, 1, 2.0) == (
+        "cycle failed (1 Placement requests, 2.00 s): "
+        "Placement unavailable, cycle abandoned: refused")
+
+
+# --- --once ---------------------------------------------------------------------
+
+class CountingClient(UnusedClient):
+    requests_sent = 3
+
+
+class DriverUse:
+    """What run_once does with the agent's driver."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.seen: list[str] = []
+        agent.driver.init_host = lambda: self.seen.append("init_host")
+        agent.driver.cleanup = lambda: self.seen.append("cleanup")
+
+
+@pytest.fixture
+def agent(tmp_path):
+    agent = agent_on_fake_host(tmp_path, client=CountingClient())
+    yield agent
+    agent.manager.tracker.store.close()
+
+
+def test_once_says_what_the_cycle_did_on_stdout(agent, capsys):
+    driver = DriverUse(agent)
+    agent.run_cycle = lambda: driver.seen.append("cycle") or CycleOutcome(
+        True, result=SyncResult(writes=2, tree=ProviderTree([_provider("h")])))
+    assert daemon.run_once(agent) == 0
+    assert driver.seen == ["init_host", "cycle", "cleanup"]
+    out, err = capsys.readouterr()
+    assert re.fullmatch(r"cycle ok: 1 providers in Placement, 2 writes, 0 warnings, "
+                        r"3 Placement requests, \d+\.\d\d s\n", out) and err == ""
+
+
+def test_once_says_why_the_cycle_failed_on_stderr_and_exits_1(agent, capsys):
+    agent.run_cycle = lambda: CycleOutcome(False, "Placement at http://p did not answer")
+    assert daemon.run_once(agent) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and re.fullmatch(r"compute-agent: cycle failed \(3 Placement requests, "
+                                      r"\d+\.\d\d s\): Placement at http://p did not answer\n",
+                                      err)
+
+
+def test_once_releases_the_driver_when_another_agent_is_found(agent):
+    driver = DriverUse(agent)
+
+    def another():
+        raise AnotherAgentServesHost("host h: another agent")
+
+    agent.run_cycle = another
+    with pytest.raises(AnotherAgentServesHost):
+        daemon.run_once(agent)
+    assert driver.seen == ["init_host", "cleanup"]
+
+
+# --- the start ------------------------------------------------------------------
+
+class Deliveries(ReloadSignal):
+    """A reload signal, not installed, that a SIGHUP reached early or not."""
+
+    def __init__(self, early: bool) -> None:
+        super().__init__()
+        self._early = early
+        self.agents: list[Agent] = []
+
+    def deliver_to(self, agent: Agent) -> bool:
+        self.agents.append(agent)
+        return super().deliver_to(agent)
+
+
+def test_a_bad_config_is_exit_2_before_anything(tmp_path, capsys):
+    path = fake_agent_conf_file(tmp_path)
+    path.write_text(path.read_text() + "[DEFAULT]\nupdate_interval = 0\n")
+    signal = Deliveries(early=False)
+    assert daemon.main(signal, ["--config-file", str(path), "--once"]) == 2
+    assert "error: [DEFAULT] update_interval: " in capsys.readouterr().err
+    assert signal.agents == [] and not (tmp_path / "state").exists()
+
+
+def test_a_state_directory_in_use_is_exit_2(tmp_path, capsys):
+    held = lock.acquire(str(tmp_path / "state"))
+    try:
+        assert daemon.main(Deliveries(early=False),
+                           ["--config-file", str(fake_agent_conf_file(tmp_path)),
+                            "--once"]) == 2
+    finally:
+        held.release()
+    assert "is in use by another agent" in capsys.readouterr().err
+
+
+def test_once_runs_one_cycle_of_the_agent_an_early_sighup_reached(tmp_path, monkeypatch,
+                                                                  capsys):
+    """Placement's check is the test's; the cycle meets no Placement."""
+    checked = []
+    monkeypatch.setattr(daemon, "check_one_agent_per_host",
+                        lambda conf, ask_the_bus: checked.append(ask_the_bus))
+    ran = []
+    monkeypatch.setattr(daemon, "run_once", lambda agent: ran.append(agent) or 1)
+    signal = Deliveries(early=True)
+    assert daemon.main(signal, ["--config-file", str(fake_agent_conf_file(tmp_path)),
+                                "--once"]) == 1
+    assert checked == [False]  # --once joins no queue: the bus is not asked
+    assert ran == signal.agents and len(ran) == 1
+    assert ran[0]._drop_cache.is_set()  # the first cycle reads Placement afresh
+    ran[0].manager.tracker.store.close()
+
+
+def test_another_agent_found_by_once_s_cycle_is_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(daemon, "check_one_agent_per_host", lambda conf, ask_the_bus: None)
+
+    def found(agent):
+        agent.manager.tracker.store.close()
+        raise AnotherAgentServesHost("host node1: another agent serves it")
+
+    monkeypatch.setattr(daemon, "run_once", found)
+    assert daemon.main(Deliveries(early=False),
+                       ["--config-file", str(fake_agent_conf_file(tmp_path)), "--once"]) == 2
+    assert capsys.readouterr().err.endswith("error: host node1: another agent serves it\n")
+
+
+# --- the stop -------------------------------------------------------------------
+
+class Stopped:
+    """An RPC server: records its part in the stop, and what the agent's
+    probes said then."""
+
+    def __init__(self, name: str, seen: list[str], agent: Agent) -> None:
+        self.name = name
+        self.seen = seen
+        self.agent = agent
+
+    def stop(self) -> None:
+        self.seen.append(f"{self.name} stop ({self.agent.phase.value})")
+
+    def wait(self) -> None:
+        self.seen.append(f"{self.name} wait")
+
+
+class WatchedSupervisor(Supervisor):
+    """Its timer, which ends the process, only recorded."""
+
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def exit_unless_stopped_in_time(self) -> None:
+        self.seen.append("exit timer")
+
+
+def stopping(agent: Agent, monkeypatch) -> tuple[WatchedSupervisor, list[str], RpcServers]:
+    seen: list[str] = []
+    monkeypatch.setattr(daemon, "notify", lambda state: seen.append(f"notify {state}"))
+    stop = agent.stop
+    agent.stop = lambda: (seen.append("agent stop"), stop())
+    return WatchedSupervisor(seen), seen, RpcServers(
+        Stopped("calls", seen, agent), Stopped("heartbeats", seen, agent), CallsInFlight())
+
+
+def test_a_stop_asked_for_stops_the_servers_then_the_agent(agent, monkeypatch):
+    supervisor, seen, servers = stopping(agent, monkeypatch)
+    assert daemon.stop(supervisor, agent, servers) == 0
+    # /readyz says stopping before the servers stop.
+    assert seen == ["notify STOPPING=1", f"calls stop ({Phase.STOPPING.value})",
+                    f"heartbeats stop ({Phase.STOPPING.value})", "calls wait",
+                    "heartbeats wait", "agent stop"]
+
+
+def test_a_stop_after_a_threads_death_is_bounded_and_exits_so(agent, monkeypatch):
+    supervisor, seen, servers = stopping(agent, monkeypatch)
+    supervisor.deaths.append(ThreadDeath("cleaner", "KeyError: 'x'"))
+    assert daemon.stop(supervisor, agent, servers) == EXIT_THREAD_DIED
+    assert seen[0] == "exit timer" and "notify STOPPING=1" not in seen
+    assert seen[-1] == "agent stop"
+
+
+def test_a_stop_after_a_refusal_exits_2_with_its_line(agent, monkeypatch, capsys):
+    supervisor, seen, servers = stopping(agent, monkeypatch)
+    supervisor.refuse("store /var/lib/compute-agent/state.db was removed")
+    assert daemon.stop(supervisor, agent, servers) == 2
+    assert capsys.readouterr().err.endswith(
+        "error: store /var/lib/compute-agent/state.db was removed\n")
+
+
+# --- the servers' stop, the broker away --------------------------------------
 
 class Listener:
     """An oslo.messaging server whose stop() returns only when ``gate``

@@ -2,6 +2,7 @@
 empty, not ours, damaged, a valid store and what it records."""
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -158,3 +159,12 @@ def test_the_schema_version_of_no_store_is_an_error_naming_it(tmp_path):
     path = tmp_path / "state.db"
     with pytest.raises(StoreError, match=f"^store {path}: OperationalError"):
         stored_schema_version(path)
+
+
+def test_a_store_the_agent_may_not_read_is_named(tmp_path, monkeypatch):
+    """Root reads any file, so the refusal is simulated."""
+    path = tmp_path / "state.db"
+    path.write_bytes(b"x")
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    with pytest.raises(StoreError, match=r"state.db: cannot be opened: permission denied"):
+        inspect_store(path)

@@ -1,12 +1,18 @@
-"""A generated sweep of invalid values over every option the sample config
-lists (ours, oslo.log's, oslo.messaging's, keystoneauth's): each is refused
-by the start-up check in one line naming its section, option and value, or
-the option is free-form (compute_agent.cmd.config_check.value_rules.FREE_FORM)
-and the value is valid. In-process, on one config object reloaded per value, for speed;
-tests/functional/test_config_fail_fast.py runs real commands."""
+"""The whole start-up check (compute_agent/cmd/config_check/whole.py): the
+rules on several options (the auth plugin and its options, the log file,
+config sources, a command-line option's value in a file), then a generated
+sweep of invalid values over every option the sample config lists (ours,
+oslo.log's, oslo.messaging's, keystoneauth's): each is refused in one line
+naming its section, option and value, or the option is free-form
+(compute_agent.cmd.config_check.value_rules.FREE_FORM) and the value is
+valid. The sweep runs in-process, on one config object reloaded per value,
+for speed; tests/functional/test_config_fail_fast.py runs real commands."""
 from __future__ import annotations
 
+import os
 import re
+import socket
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,9 +23,168 @@ from oslo_config import cfg
 from compute_agent.cmd.common import load_config
 from compute_agent.cmd.config_check import options, value_rules, whole
 from compute_agent.exception import ConfigError, shown
-from tests.unit.cmd.test_config_check import ABSENT, owned
+from tests.unit.cmd.config_check.configs import ABSENT, conf_argv, owned, refused
 
-TOP = Path(__file__).resolve().parents[3]
+
+def test_auth_type_is_required_only_where_placement_is_used(tmp_path):
+    assert refused(tmp_path, "").startswith("[placement] auth_type: missing")
+    load_config(conf_argv(tmp_path, ""), placement_required=False)
+
+
+def test_an_unknown_auth_plugin_is_one_line_listing_the_known_ones(tmp_path):
+    line = refused(tmp_path, "[placement]\nauth_type = nosuchplugin\n",
+                   placement_required=False)
+    assert "unknown auth plugin; known: admin_token," in line
+    assert "(value: 'nosuchplugin')" in line and len(line) < 270
+
+
+def test_a_misspelt_auth_plugin_is_named_with_the_one_it_misspells(tmp_path):
+    line = refused(tmp_path, "[placement]\nauth_type = pasword\n", placement_required=False)
+    assert "unknown auth plugin; did you mean password?; known: " in line
+
+
+@pytest.mark.parametrize("placement,missing", [
+    ("auth_type = placement_noauth2\n", "endpoint"),
+    ("auth_type = admin_token\ntoken = t\n", "endpoint"),
+    ("auth_type = none\n", "endpoint"),
+    ("auth_type = password\nusername = u\npassword = p\n", "auth_url"),
+    ("auth_type = password\nauth_url = http://k/v3\npassword = p\n", "username"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\n", "password"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\npassword = p\n"
+     "project_name = service\nproject_domain_name = Default\n", "user_domain_name"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\npassword = p\n"
+     "user_domain_name = Default\nproject_name = service\n", "project_domain_name"),
+    ("auth_type = password\nauth_url = http://k/v3\nusername = u\npassword = p\n"
+     "user_domain_name = Default\n", "project_name"),
+])
+def test_an_auth_plugin_s_missing_option_is_named(tmp_path, placement, missing):
+    line = refused(tmp_path, "[placement]\n" + placement)
+    assert line.startswith(f"[placement] {missing}: missing, and auth_type = ")
+
+
+def test_a_complete_keystone_password_config_passes(tmp_path):
+    load_config(conf_argv(tmp_path, "[placement]\nauth_type = password\n"
+                          "auth_url = http://k/v3\nusername = u\npassword = p\n"
+                          "default_domain_name = Default\nproject_name = service\n"),
+                placement_required=True)
+
+
+def test_auth_options_may_live_in_an_auth_section(tmp_path):
+    load_config(conf_argv(tmp_path, "[placement]\nauth_section = keystone\n"
+                          "[keystone]\nauth_type = placement_noauth2\n"
+                          "endpoint = http://127.0.0.1:1\n"), placement_required=True)
+    assert refused(tmp_path, "[placement]\nauth_section = nowhere\n").startswith(
+        "[placement] auth_section: no such section")
+
+
+def test_a_bad_value_of_a_command_line_option_in_a_file_names_it(tmp_path):
+    line = refused(tmp_path, "debug = maybe\n", placement_required=False)
+    assert line == "[DEFAULT] debug: Invalid Boolean (value: 'maybe')"
+
+
+def test_fuzz_bug_an_empty_value_of_a_command_line_option_in_a_file_names_it(tmp_path):
+    """Found by tests/reliability: oslo.config's message then ends in
+    "value: ", which did not match, so the command exited 1 with
+    oslo.config's own words instead of the one line and exit 2."""
+    line = refused(tmp_path, "debug =\n", placement_required=False)
+    assert line == "[DEFAULT] debug: Invalid Boolean (value: '')"
+
+
+@pytest.mark.parametrize("text,reason", [
+    (f"log_file = {ABSENT}/dir/agent.log\n", "[DEFAULT] log_file: no such directory"),
+    ("config_source = remote\n", "[DEFAULT] config_source: no section [remote]"),
+    ("compute_driver = fake\n[fake]\nhost_file =\n", "[fake] host_file: missing"),
+    ("[placement]\nversion = 1.0\nmax_version = 1.0\n", "[placement] version: give"),
+])
+def test_rules_over_several_options(tmp_path, text, reason):
+    assert refused(tmp_path, owned(text, tmp_path), placement_required=False).startswith(reason)
+
+
+def rabbit_tls(files: dict[str, str], ssl: bool = True, **named: str) -> str:
+    """[oslo_messaging_rabbit] with ``ssl`` and each of ``named``
+    (ssl_cert_file="cert": the file made as "cert")."""
+    return (f"[oslo_messaging_rabbit]\nssl = {ssl}\n"
+            + "".join(f"{option} = {files[made]}\n" for option, made in named.items()))
+
+
+def test_a_client_certificate_and_its_key_pass(tmp_path, tls_files):
+    load_config(conf_argv(tmp_path, rabbit_tls(tls_files, ssl_cert_file="cert",
+                                               ssl_key_file="key", ssl_ca_file="ca")))
+
+
+@pytest.mark.parametrize("named,reason", [
+    ({"ssl_key_file": "key"}, "[oslo_messaging_rabbit] ssl_key_file: a key without "
+     "ssl_cert_file, its certificate, is not used"),
+    ({"ssl_cert_file": "ca", "ssl_key_file": "key"}, "[oslo_messaging_rabbit] "
+     "ssl_key_file: not the key of ssl_cert_file's certificate"),
+    ({"ssl_cert_file": "cert"}, "[oslo_messaging_rabbit] ssl_cert_file: no certificate "
+     "and key OpenSSL can read here and in ssl_key_file"),
+    ({"ssl_cert_file": "cert", "ssl_key_file": "encrypted"}, "[oslo_messaging_rabbit] "
+     "ssl_key_file: an encrypted key: oslo.messaging gives no password for it"),
+])
+def test_a_client_certificate_that_does_not_load_is_refused(tmp_path, tls_files, named,
+                                                            reason):
+    """The driver loads the pair at each connection, and tried again for
+    ever when it did not load; an encrypted key made OpenSSL prompt on the
+    terminal."""
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(["openssl", "pkey", "-in", tls_files["key"], "-aes256", "-passout",
+                    "pass:secret", "-out", str(encrypted)], check=True, timeout=30)
+    files = {**tls_files, "encrypted": str(encrypted)}
+    assert refused(tmp_path, rabbit_tls(files, **named), placement_required=False
+                   ).startswith(reason)
+
+
+def test_a_client_certificate_is_not_loaded_without_ssl(tmp_path, tls_files):
+    load_config(conf_argv(tmp_path, rabbit_tls(tls_files, ssl=False, ssl_key_file="key")))
+
+
+def test_a_plugin_that_refuses_its_options_says_so_in_its_words(tmp_path):
+    line = refused(tmp_path, "[placement]\nauth_type = v3applicationcredential\n"
+                   "auth_url = http://k/v3\napplication_credential_secret = s\n")
+    assert line == ("[placement] auth_type: the plugin refuses its options: You must provide "
+                    "either an application credential ID or an application credential name "
+                    "and user. (value: 'v3applicationcredential')")
+
+
+def test_the_log_file_is_in_a_directory_the_agent_may_write(tmp_path, monkeypatch):
+    """Root writes anywhere, so the refusal is simulated."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert refused(tmp_path, f"log_file = {logs}\n", placement_required=False) == (
+        f"[DEFAULT] log_file: a directory, not a file (value: '{logs}')")
+    load_config(conf_argv(tmp_path, f"log_dir = {logs}\nlog_file = agent.log\n"))
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != logs
+                        and access(path, mode))
+    assert refused(tmp_path, f"log_dir = {logs}\nlog_file = agent.log\n",
+                   placement_required=False) == (
+        f"[DEFAULT] log_file: {logs} is not writable (value: 'agent.log')")
+
+
+def test_metrics_are_served_on_an_address_of_this_host(tmp_path):
+    line = refused(tmp_path, "[metrics]\nlisten = 192.0.2.1:9180\n", placement_required=False)
+    assert line == ("[metrics] listen: cannot serve metrics there: not an address of this "
+                    "host (value: '192.0.2.1:9180')")
+
+
+def test_a_metrics_port_in_use_refuses_the_daemon_only(tmp_path):
+    """Beside a running agent, its port is rightly in use: every command
+    but the daemon takes it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        conf = load_config(conf_argv(tmp_path, f"[metrics]\nlisten = 127.0.0.1:{port}\n"))
+        with pytest.raises(ConfigError) as refusal:
+            whole.metrics_port_free(conf)
+    assert str(refusal.value) == (f"[metrics] listen: cannot serve metrics there: address "
+                                  f"already in use (value: '127.0.0.1:{port}')")
+
+
+# --- the sweep over every option of the sample --------------------------------
+
+TOP = Path(__file__).resolve().parents[4]
 SAMPLE = TOP / "etc/compute-agent/compute-agent.conf.sample"
 
 # Invalid values for the options each rule checks.

@@ -1,0 +1,129 @@
+"""One agent per host, at start (compute_agent/daemon/one_agent_run.py): the
+facts the rules judge gathered from the state directory, Placement and the
+bus, with fakes for Placement and the bus; Placement's half left to the
+first cycle when it does not answer."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from compute_agent.daemon import one_agent_run
+from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.one_agent_run import PlacementCheck, check_one_agent_per_host
+from compute_agent.dependencies import Unknown
+from compute_agent.exception import PlacementUnavailable
+from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS
+from compute_agent.store import node_identity
+from compute_agent.store.store import STORE_FILE, Store
+from tests.unit.daemon.agents import ROOT, fake_agent_conf
+
+THEIRS = "0b6f3a52-7d0c-4f4e-8a55-3c2b1e9d7f10"
+
+
+class RootsNamed:
+    """Placement's roots by name, as get_roots_named answers; or down."""
+
+    def __init__(self, roots: dict[str, list[str]], down: bool = False) -> None:
+        self.roots = roots
+        self.down = down
+        self.asked: list[str] = []
+
+    def get_roots_named(self, name: str) -> list[str]:
+        self.asked.append(name)
+        if self.down:
+            raise PlacementUnavailable("http://127.0.0.1:1", "did not answer (refused)")
+        return self.roots.get(name, [])
+
+
+class Bus:
+    """What agent_serving answers: None (no agent), a report, or Unknown."""
+
+    def __init__(self, answer: dict | Unknown | None = None) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, float]] = []
+
+    def __call__(self, conf, host: str, deadline: float):
+        self.asked.append((host, deadline))
+        return self.answer
+
+
+@pytest.fixture
+def conf(tmp_path):
+    return fake_agent_conf(tmp_path)
+
+
+def answering(monkeypatch, placement: RootsNamed, bus: Bus) -> None:
+    monkeypatch.setattr(one_agent_run, "PlacementClient", lambda adapter: placement)
+    monkeypatch.setattr(one_agent_run, "agent_serving", bus)
+
+
+def test_placement_s_check_refuses_another_root_named_as_the_host():
+    check = PlacementCheck("node1", "/var/lib/compute-agent")
+    check.run(RootsNamed({"node1": [ROOT]}), ROOT)  # ours: no conflict
+    check.run(RootsNamed({}), None)  # none yet
+    with pytest.raises(AnotherAgentServesHost) as refused:
+        check.run(RootsNamed({"node1": [THEIRS]}), ROOT)
+    line = str(refused.value)
+    assert "host node1" in line and THEIRS in line and ROOT in line
+
+
+def test_a_host_no_other_agent_serves_starts_with_nothing_left_to_check(conf, monkeypatch):
+    placement, bus = RootsNamed({}), Bus(None)
+    answering(monkeypatch, placement, bus)
+    assert check_one_agent_per_host(conf, ask_the_bus=True) is None
+    assert placement.asked == ["node1"]
+    assert bus.asked == [("node1", one_agent_run.PROBE_DEADLINE_SECONDS)]
+    assert conf.placement.timeout == DEFAULT_TIMEOUT_SECONDS
+
+
+def test_another_root_in_placement_refuses_the_start(conf, monkeypatch):
+    answering(monkeypatch, RootsNamed({"node1": [THEIRS]}), Bus(None))
+    with pytest.raises(AnotherAgentServesHost, match=THEIRS):
+        check_one_agent_per_host(conf, ask_the_bus=True)
+
+
+def test_placement_away_leaves_its_check_to_the_first_cycle(conf, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger=one_agent_run.__name__)
+    answering(monkeypatch, RootsNamed({}, down=True), Bus(None))
+    pending = check_one_agent_per_host(conf, ask_the_bus=True)
+    assert pending == PlacementCheck("node1", conf.state_path)
+    assert [r.levelname for r in caplog.records if r.name == one_agent_run.__name__] == [
+        "DEBUG"]  # the first cycle says that Placement is away
+
+
+def test_an_agent_answering_on_the_bus_refuses_the_start(conf, monkeypatch):
+    answering(monkeypatch, RootsNamed({}),
+              Bus({"root_uuid": THEIRS, "state_path": "/srv/state", "machine": "clone-7"}))
+    with pytest.raises(AnotherAgentServesHost, match="on clone-7"):
+        check_one_agent_per_host(conf, ask_the_bus=True)
+
+
+def test_once_asks_no_bus(conf, monkeypatch):
+    bus = Bus({"root_uuid": THEIRS})
+    answering(monkeypatch, RootsNamed({}), bus)
+    assert check_one_agent_per_host(conf, ask_the_bus=False) is None
+    assert bus.asked == []
+
+
+def test_a_bus_that_cannot_be_asked_is_one_warning(conf, monkeypatch, caplog):
+    answering(monkeypatch, RootsNamed({}), Bus(Unknown("the broker did not answer")))
+    assert check_one_agent_per_host(conf, ask_the_bus=True) is None
+    assert [r.getMessage() for r in caplog.records if r.name == one_agent_run.__name__] == [
+        "Whether another agent serves host node1 was not asked on the bus: the broker "
+        "did not answer"]
+
+
+def test_the_state_directory_s_compute_id_is_ours(conf, monkeypatch):
+    node_identity.record(conf.state_path, THEIRS)
+    answering(monkeypatch, RootsNamed({"node1": [THEIRS]}), Bus(None))
+    assert check_one_agent_per_host(conf, ask_the_bus=False) is None
+
+
+def test_a_store_beside_a_lost_compute_id_names_our_root(conf, monkeypatch):
+    """The store's root is this host's, not another agent's: its own start
+    check asks for the compute_id back."""
+    Store(f"{conf.state_path}/{STORE_FILE}", THEIRS).close()
+    answering(monkeypatch, RootsNamed({"node1": [THEIRS]}), Bus(None))
+    assert check_one_agent_per_host(conf, ask_the_bus=False) is None
+    assert node_identity.load(conf.state_path) is None  # nothing written
