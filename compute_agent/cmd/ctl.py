@@ -520,7 +520,7 @@ def wait_while_answered(worker: threading.Thread, outstanding: OutstandingCalls,
 
 
 def broker_did_not_answer(seconds: float) -> str:
-    return (f"the message broker did not answer within {seconds:g}s: is it running, "
+    return (f"the message broker did not answer within {seconds:.3g}s: is it running, "
             "and is [DEFAULT] transport_url right? (see --debug)")
 
 
@@ -570,8 +570,16 @@ def run(argv: list[str], already_ran: float) -> int:
         try:
             # A broker that refuses this host for good (its TLS, the
             # credentials) is one line and exit 2, as for the daemon, not a
-            # wait of --timeout: the driver would try again and again.
-            broker.refuse_rejected_login(conf, min(conf.timeout, BROKER_LOGIN_SECONDS))
+            # wait of --timeout: the driver would try again and again. A
+            # wait on the broker to its watchdog; the calls then have what
+            # is left of --timeout.
+            started = time.monotonic()
+            login_timeout = min(conf.timeout, BROKER_LOGIN_SECONDS)
+            with api.outstanding.one(login_timeout):
+                broker.refuse_rejected_login(conf, login_timeout)
+            conf.set_override("timeout", max(conf.timeout - (time.monotonic() - started),
+                                             LEAST_TIMEOUT))
+            api.timeout = conf.timeout
             outcome["result"] = (command.call(api, args, conf) if command.conductor
                                  else command.call(api, args))
         except Exception as e:  # noqa: BLE001 - handed to the main thread
@@ -584,7 +592,7 @@ def run(argv: list[str], already_ran: float) -> int:
     if overdue is not None and overdue.call:
         return fail(broker_did_not_answer(overdue.seconds) + resume_hint(args), as_json)
     if overdue is not None:
-        return fail(f"Placement did not answer within {overdue.seconds:g}s: is it running, "
+        return fail(f"Placement did not answer within {overdue.seconds:.3g}s: is it running, "
                     "and is the [placement] section right? (see --debug)"
                     + resume_hint(args), as_json)
     api.close()
