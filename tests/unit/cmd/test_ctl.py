@@ -227,6 +227,25 @@ def test_a_broker_refusing_tls_is_exit_2_before_the_command_sends_anything(
     assert sent == []
 
 
+def test_bug_a_login_to_a_paused_broker_was_called_a_stuck_placement_read(
+        tmp_path, monkeypatch, capsys, clock, stuck):
+    """The start-up login (TLS and credentials checked) waited on a paused
+    broker with no call outstanding: the watchdog said "Placement did not
+    answer"."""
+    watched = WatchedCalls(clock)
+    monkeypatch.setattr(rpc_client, "OutstandingCalls", lambda: watched)
+
+    def paused(host, timeout):
+        watched.take(1.6)
+        stuck.wait(10)
+        return TimeoutError("timed out")
+
+    monkeypatch.setattr(broker, "login", paused)
+    assert run_ctl(tmp_path, monkeypatch, calls_of(0.1, 1), timeout=1) == 1
+    assert json.loads(capsys.readouterr().out)["error"].startswith(
+        "the message broker did not answer within 1.5s")
+
+
 # --- the answer, or the error, as the operator reads it ---------------------------
 
 def answering(result: object = None, error: Exception | None = None) -> ctl.Command:
