@@ -29,6 +29,14 @@ with warnings.catch_warnings():
     from oslo_messaging._tracing import client as _tracing
 
 TOPIC = "compute-agent"
+
+
+def server_queue(topic: str, server: str) -> str:
+    """The queue, and its routing key on the control exchange, of an RPC
+    server of ``topic`` on ``server``: oslo.messaging's rabbit driver's
+    name for it, which the agent's server keeps (rpc/host_server.py)."""
+    return f"{topic}.{server}"
+
 # The module our typed errors are named by on the wire. 0.3.0 and earlier
 # installed them as agent.exception, and their callers rebuild only that
 # name: for one release every agent sends that name (sent_as_before), and

@@ -22,7 +22,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compute_agent.cmd.daemon import STOP_POLL
 from compute_agent.tree.host_tree import TreeMode
 from tools.fleet_sim.hosts import Timing, write_agent_conf
 from tools.fleet_sim.placement import GunicornPlacement
@@ -106,10 +105,6 @@ def main() -> int:
     parser.add_argument("--allocation-refresh-interval", type=int,
                         default=Timing.allocation_refresh_interval,
                         help=f"the agents' (default {Timing.allocation_refresh_interval} s)")
-    parser.add_argument("--broker-poll", type=float, default=STOP_POLL,
-                        help="each agent's longest wait on the broker's socket, as "
-                             "compute_agent.messaging.bound_broker_waits sets it (default the "
-                             f"daemon's {STOP_POLL} s: each wait's end wakes a thread)")
     parser.add_argument("--scenarios", type=scenario_list, default=SCENARIOS,
                         help="comma-separated, of: " + ", ".join(SCENARIOS)
                         + " (default all; registration always runs)")
@@ -128,8 +123,6 @@ def main() -> int:
         parser.error(f"--hosts must be at least 1, not {args.hosts}")
     if "evacuation" in args.scenarios and args.hosts < 2:
         parser.error(f"--hosts must be at least 2 for the evacuation, not {args.hosts}")
-    if args.broker_poll <= 0:
-        parser.error(f"--broker-poll must be above 0, not {args.broker_poll}")
     if args.candidate_queries < 1:
         parser.error(f"--candidate-queries must be at least 1, not {args.candidate_queries}")
     # SIGTERM cleans up as an exception does: the database, the nodes.
@@ -171,7 +164,6 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
                    "update_jitter": timing.update_jitter,
                    "reconcile_interval": timing.reconcile_interval,
                    "allocation_refresh_interval": timing.allocation_refresh_interval,
-                   "broker_poll": args.broker_poll,
                    "worker_gil_switch_seconds": GIL_SWITCH_SECONDS,
                    "minutes": args.minutes, "scenarios": list(args.scenarios),
                    "max_allocation_candidates": args.max_allocation_candidates})
@@ -198,7 +190,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         confs = write_confs(TreeMode.NESTED)
         conf_path, conf = ctl_conf(root, placement.url, rabbit.url, timing.service_down_time)
         bus = BusClients(ComputeAgentAPI(conf, timeout=30), Heartbeat(conf))
-        fleet = ProcessFleet(confs, args.processes, root, args.broker_poll)
+        fleet = ProcessFleet(confs, args.processes, root)
         fleet.status()  # the workers have imported everything: their base
         result["agents_cpu_group"] = fleet.cpu_group and str(fleet.cpu_group.path)
 

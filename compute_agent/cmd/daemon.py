@@ -9,8 +9,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -39,23 +37,17 @@ from compute_agent.daemon.supervisor import (
 )
 from compute_agent.daemon.systemd import notify, watchdog_from_environment
 from compute_agent.exception import ConfigError
-from compute_agent.messaging import bound_broker_waits
-from compute_agent.rpc import broker, heartbeat, server
-from compute_agent.rpc.server import CallsInFlight
+from compute_agent.rpc import broker, host_server
+from compute_agent.rpc.host_server import HostServer
 from compute_agent.store import lock
 from compute_agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable, StoreError, StoreRefused
 
 LOG = logging.getLogger(__name__)
-# How long each of the two RPC listeners (the API's, the heartbeat's) may
-# take to see a stop (compute_agent.messaging.bound_broker_waits): SIGTERM stops an
-# idle daemon within about twice this. Unbounded, the listeners' waits on
-# the broker took up to 5 s each, one after the other.
-STOP_POLL = 0.5
 # A start that waits this long for the broker says so.
 BROKER_WAIT_NOTICE_SECONDS = 5.0
-# How long the RPC servers' stop may take before the daemon stops without
-# them: SIGTERM stops the daemon within 2 s whatever the broker does.
-SERVERS_STOP_SECONDS = 1.0
+# How long the RPC server's stop may take before the daemon stops without
+# it: SIGTERM stops the daemon within 2 s whatever the broker does.
+SERVER_STOP_SECONDS = 1.0
 
 PROG = "compute-agent"
 HELP = CommandHelp(
@@ -114,8 +106,6 @@ def main(reload_signal: ReloadSignal, argv=None) -> int:
     conf.log_opt_values(LOG, logging.DEBUG)
     # The broker's outage is the loop's one line each way (compute_agent/rpc/broker.py).
     broker.quiet_reconnect_lines()
-    broker.quiet_own_fanout_cancels()
-    bound_broker_waits(conf, STOP_POLL)
     # Before the agent, which tells its probes the threads it saw die.
     supervisor = Supervisor()
     try:
@@ -180,69 +170,49 @@ def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:
         agent.stop()
         return exit_store_error(e)
     try:
-        servers = start_servers(conf, agent, supervisor)
+        rpc = start_server(conf, agent, supervisor)
     except Exception as e:
         # The broker was down at the check above, and refuses the login now.
         if not broker.refuses_credentials(e):
             raise
         agent.stop()
         return exit_config_error(broker.credentials_refusal(conf))
-    if servers is None:
+    if rpc is None:
         # Stopped while the broker was awaited: no call was ever taken, and
         # the thread still waiting on the broker cannot be stopped.
         agent.stop()
         LOG.info("compute-agent stopped before it served RPC")
         exit_process(0)
+    if agent.broker_watch is not None:
+        agent.broker_watch.serving(rpc)
     # What start-up made (modules, config, the host's pools, the store's
     # rows) lives as long as the process: keep it out of the collector's
     # full passes, each of which would stall every call in flight (about
     # 40 ms for 70,000 objects on a 2-vCPU host).
     gc.freeze()
     if not supervisor.wake.is_set():
-        # Start-up reconciliation is done and RPC's queue is declared; not
+        # Start-up reconciliation is done and RPC's queues are declared; not
         # when a signal or a thread's death came during start-up.
         agent.move_to(Phase.SERVING)
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
-    return stop(supervisor, agent, servers)
+    return stop(supervisor, agent, rpc)
 
 
-@dataclass(frozen=True)
-class RpcServers:
-    """The two RPC servers, the API's and the heartbeat's, and the API
-    calls they serve now."""
-
-    calls: Any  # oslo.messaging's MessageHandlingServer
-    heartbeats: Any
-    in_flight: CallsInFlight
-
-    def stop(self) -> None:
-        """Each server's listener stopped, then its calls in flight
-        finished (oslo.messaging's stop() and wait())."""
-        for listener in (self.calls, self.heartbeats):
-            listener.stop()
-        for listener in (self.calls, self.heartbeats):
-            listener.wait()
-
-
-def start_servers(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor
-                  ) -> RpcServers | None:
-    """The RPC servers, started: the heartbeat's first, so that a host
-    serving claims is never taken for down. oslo.messaging waits for the
-    broker for as long as it is away; the wait is said after
-    BROKER_WAIT_NOTICE_SECONDS, and a stop request (SIGTERM) ends it: None
-    then. Raises what starting them raised."""
-    in_flight = CallsInFlight()
-    servers = RpcServers(server.make_server(conf, agent, in_flight),
-                         heartbeat.make_server(conf, agent), in_flight)
+def start_server(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor
+                 ) -> HostServer | None:
+    """The host's RPC server (compute_agent/rpc/host_server.py), started.
+    oslo.messaging waits for the broker for as long as it is away; the wait
+    is said after BROKER_WAIT_NOTICE_SECONDS, and a stop request (SIGTERM)
+    ends it: None then. Raises what starting it raised."""
+    rpc = host_server.make_server(conf, agent)
     started = threading.Event()
     failure: list[BaseException] = []
 
     def start() -> None:
         try:
-            servers.heartbeats.start()
-            servers.calls.start()
+            rpc.start()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             failure.append(e)
         finally:
@@ -259,36 +229,42 @@ def start_servers(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor
                         "(SIGTERM stops the wait)", broker.shown_hosts(conf))
     if failure:
         raise failure[0]
-    return servers
+    return rpc
 
 
-def stop_servers(servers: RpcServers) -> bool:
-    """Whether the servers stopped within SERVERS_STOP_SECONDS. A listener
-    whose connection is being made again (the broker away) sees its stop
-    only once the driver's attempt ends, up to rabbit_interval_max (30 s)
-    later: then the calls in flight are waited for, and the listener left
-    behind. It takes nothing more, and its replies could not be sent."""
-    stopping = threading.Thread(target=servers.stop, name="rpc-stop", daemon=True)
+def stop_server(rpc: HostServer) -> bool:
+    """Whether the server stopped, its calls in flight finished
+    (oslo.messaging's stop() and wait()), within SERVER_STOP_SECONDS. A
+    listener whose connection is being made again (the broker away) sees
+    its stop only once the driver's attempt ends, up to
+    rabbit_interval_max (30 s) later, and a dead one never: then the calls
+    in flight are waited for, and the listener left behind. It takes
+    nothing more, and its replies could not be sent."""
+
+    def stop_and_wait() -> None:
+        rpc.stop()
+        rpc.wait()
+
+    stopping = threading.Thread(target=stop_and_wait, name="rpc-stop", daemon=True)
     stopping.start()
-    stopping.join(SERVERS_STOP_SECONDS)
+    stopping.join(SERVER_STOP_SECONDS)
     if not stopping.is_alive():
         return True
-    LOG.warning("The RPC listeners did not stop within %g s (the message broker is "
-                "away): stopping without them once the %d calls in flight are done",
-                SERVERS_STOP_SECONDS, servers.in_flight.count)
-    servers.in_flight.wait_until_none()
+    LOG.warning("The RPC listener did not stop within %g s: stopping without it once "
+                "the %d calls in flight are done", SERVER_STOP_SECONDS, rpc.in_flight.count)
+    rpc.in_flight.wait_until_none()
     return False
 
 
-def stop(supervisor: Supervisor, agent: Agent, servers: RpcServers) -> int:
-    """Stop the RPC servers (oslo.messaging's), then the agent; the exit code."""
+def stop(supervisor: Supervisor, agent: Agent, rpc: HostServer) -> int:
+    """Stop the RPC server, then the agent; the exit code."""
     agent.move_to(Phase.STOPPING)
     if supervisor.deaths:
         supervisor.exit_unless_stopped_in_time()
     else:
         notify("STOPPING=1")
     # Calls in flight finish before the store closes.
-    stopped = stop_servers(servers)
+    stopped = stop_server(rpc)
     agent.stop()
     code = exit_code(supervisor)
     if not stopped:

@@ -32,7 +32,7 @@ from compute_agent.placement.allocations import AllocationView, tree_allocations
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
 from compute_agent.placement.consumers import Consumers
 from compute_agent.placement.sync import TreeSync
-from compute_agent.rpc import broker
+from compute_agent.rpc.host_server import ServerWatch
 from compute_agent.store import check, node_identity
 from compute_agent.store.adoption import plan_adoption
 from compute_agent.store.assignment_id import new_assignment_id
@@ -55,8 +55,9 @@ def load_driver(conf: cfg.ConfigOpts) -> ComputeDriver:
     return LibvirtDriver(conf)
 
 
-# The update loop asks the broker once a cycle (compute_agent/rpc/broker.py): a broker
-# that accepts no connection (a black hole) delays the cycle this long.
+# The update loop's login to a broker its RPC server lost
+# (compute_agent/rpc/host_server.py ServerWatch): a broker that accepts no
+# connection (a black hole) delays the cycle this long.
 BROKER_PROBE_TIMEOUT_SECONDS = 5
 
 
@@ -210,7 +211,7 @@ def placement_sync(client: PlacementClient, root_uuid: str, owned: Callable[[Pro
 def assemble(driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
              allocations: AllocationView, manager: ComputeManager, metrics: Metrics,
              settings: AgentSettings,
-             broker_watch: broker.BrokerWatch | None = None,
+             broker_watch: ServerWatch | None = None,
              placement_check: PlacementCheck | None = None,
              dead_threads: Callable[[], tuple[str, ...]] = tuple) -> Agent:
     """The agent around its host's driver, policy, Placement sync and
@@ -269,5 +270,5 @@ def compose(conf: cfg.ConfigOpts, holder: bool = True,
                              policy.device_specs)
     return assemble(driver, policy, sync, allocations, manager, metrics,
                     AgentSettings.from_conf(conf, holder),
-                    broker.BrokerWatch(conf, BROKER_PROBE_TIMEOUT_SECONDS),
+                    ServerWatch(conf, BROKER_PROBE_TIMEOUT_SECONDS),
                     placement_check, dead_threads)

@@ -40,6 +40,7 @@ from compute_agent.metrics import CycleResult, Metrics, ProviderCapacity, provid
 from compute_agent.placement.allocations import AllocationView
 from compute_agent.placement.sync import SyncResult, TreeSync
 from compute_agent.rpc import broker
+from compute_agent.rpc.host_server import ServerWatch
 from compute_agent.store.errors import StoreError
 from compute_agent.store.queries import placement_view, put_placement_view_sql
 from compute_agent.store.store import Store
@@ -123,7 +124,7 @@ class Agent:
                  reconciliation: Reconciliation, cleaner: Cleaner, vf_restore: VfRestore,
                  health: HealthWatch, dependencies: Dependencies, wake: threading.Event,
                  metrics: Metrics, settings: AgentSettings = AgentSettings(),
-                 broker_watch: broker.BrokerWatch | None = None,
+                 broker_watch: ServerWatch | None = None,
                  placement_check: PlacementCheck | None = None,
                  dead_threads: Callable[[], tuple[str, ...]] = tuple):
         self.driver = driver
@@ -169,7 +170,8 @@ class Agent:
                            + ((Dependency.KEYSTONE,) if sync.client.keystone_url else ())
                            + (Dependency.PLACEMENT,))
         self.recorder = cycle_record.Recorder(settings.record_path)
-        # Asked by the loop before each cycle; None: no broker to watch.
+        # Looked at by the loop before each cycle, once the daemon's RPC
+        # server serves; None: no broker to watch.
         self.broker_watch = broker_watch
         # Whether another agent serves this host, when the start could not
         # ask Placement: asked by the first cycle that reaches it.

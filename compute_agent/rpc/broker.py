@@ -4,28 +4,27 @@ closes.
 
 The driver reconnects on its own, each of its connections in a loop that
 logs every attempt (ERROR, every 1 to 30 s, for as long as the broker is
-away) and each success. oslo.messaging has no public hook for a
-connection's state: its callbacks are its consumers' own. So the agent's
-update loop asks the broker itself, once a cycle, on a connection of its
-own kept open (BrokerWatch: a round trip, a login again only when that
-fails), and says the one line each way (compute_agent/dependencies.py); the
-commands ask once, with a login (probe); the driver's lines about its
-reconnection loop are demoted to DEBUG by a filter on its logger, matched
-on their format strings. Should a release of the driver change those
-strings, its lines come back as they were: noise, never a missed outage,
-since the outage is seen by the probe.
+away) and each success. The agent's update loop looks at its RPC server's
+connection once a cycle (compute_agent/rpc/host_server.py ServerWatch) and
+says the one line each way (compute_agent/dependencies.py); the commands
+ask once, with a login (probe); the driver's lines about its reconnection
+loop are demoted to DEBUG by a filter on its logger, matched on their
+format strings. Should a release of the driver change those strings, its
+lines come back as they were: noise, never a missed outage, since the
+outage is seen by the watch.
 """
 from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import kombu
 from amqp import exceptions as amqp_exceptions
-from amqp import spec as amqp_spec
 from oslo_config import cfg
 
 from compute_agent.dependencies import Dependencies, Dependency, Probe, Unknown
@@ -61,7 +60,7 @@ NOT_TLS = "WRONG_VERSION_NUMBER"
 @dataclass(frozen=True)
 class BrokerTls:
     """``[oslo_messaging_rabbit] ssl*``, read once, for the connections the
-    agent makes itself (the probes, BrokerWatch, consumers): the TLS of
+    agent makes itself (the probes, the consumer counts): the TLS of
     oslo.messaging's rabbit driver's own connections, the same files,
     version and name check (its Connection._fetch_ssl_params), so that a
     probe says what the driver will meet."""
@@ -196,58 +195,6 @@ def first_login(hosts: list[RabbitHost],
         f"{h.shown} {why}" for h, why in zip(hosts, problems)))
 
 
-class BrokerWatch:
-    """The update loop's probe of the broker, once a cycle, on a connection
-    kept open between cycles: a round trip on it (a passive declare of the
-    exchange every virtual host has), and a new login, as ``probe`` does,
-    only when there is none or the round trip failed. A login each cycle
-    was a new TCP connection and AMQP handshake per host per cycle: at
-    1,000 hosts and 60 s cycles, 17 new connections a second on the broker,
-    which RabbitMQ pays for far more than for an idle connection; in a
-    1,000-host fleet run, a fifth of the agents' threads waited on
-    connection set-up (docs/scale.md)."""
-
-    def __init__(self, conf: cfg.ConfigOpts, timeout: float):
-        self._conf = conf
-        self._timeout = timeout
-        self._open: tuple[RabbitHost, kombu.Connection] | None = None
-
-    def probe(self) -> Probe | Unknown:
-        if self._open is not None:
-            host, connection = self._open
-            try:
-                round_trip(connection)
-                return Probe(Dependency.BROKER, f"rabbit://{host.shown}/")
-            except Exception:  # noqa: BLE001 - gone: a new login says why
-                self.close()
-        hosts = rabbit_hosts(self._conf)
-        if isinstance(hosts, Unknown):
-            return hosts
-        return first_login(hosts, self._login)
-
-    def _login(self, host: RabbitHost) -> Exception | None:
-        connection = host.connection(self._timeout)
-        try:
-            connect(connection)
-        except Exception as e:  # noqa: BLE001 - any failure is this probe's finding
-            connection.release()
-            return e
-        self._open = (host, connection)
-        return None
-
-    def close(self) -> None:
-        if self._open is not None:
-            _, connection = self._open
-            self._open = None
-            connection.release()
-
-
-def round_trip(connection: kombu.Connection) -> None:
-    """One request the broker must answer, on ``connection``: a passive
-    declare of ``amq.direct``, which AMQP 0-9-1 gives every virtual host."""
-    connection.default_channel.exchange_declare("amq.direct", "direct", passive=True)
-
-
 def consumers(conf: cfg.ConfigOpts, queue: str, timeout: float) -> int | Unknown:
     """How many consumers ``queue`` has now, 0 when it does not exist
     (a passive declare), asked of the first host of ``transport_url`` that
@@ -273,6 +220,34 @@ def consumers(conf: cfg.ConfigOpts, queue: str, timeout: float) -> int | Unknown
             connection.release()
         return count
     return Unknown("the broker " + "; ".join(problems))
+
+
+def close_client(conf: cfg.ConfigOpts, client: Any, timeout: float = 1.0) -> None:
+    """Close an RPC client's transport, and delete the reply queue it
+    declared, if it called: oslo.messaging leaves it to expire
+    (rabbit_transient_queues_ttl, 30 minutes), a queue of the caller's
+    for each command run, each check at an agent's start, and with
+    quorum transient queues a Raft group on every node. Deleted as the
+    caller's own user (it declared it); a broker that does not answer
+    leaves it to expire."""
+    driver = client.transport._driver
+    reply_queue = getattr(driver, "_reply_q", None)  # oslo.messaging's, once it called
+    client.transport.cleanup()
+    if reply_queue is None:
+        return
+    hosts = rabbit_hosts(conf)
+    if isinstance(hosts, Unknown):
+        return
+    for host in hosts:
+        connection = host.connection(timeout)
+        try:
+            connect(connection)
+            connection.channel().queue_delete(queue=reply_queue)
+            return
+        except Exception:  # noqa: BLE001 - the next host, or the queue expires
+            continue
+        finally:
+            connection.release()
 
 
 def observe(board: Dependencies, answer: Probe | Unknown) -> None:
@@ -419,32 +394,30 @@ class ReconnectLinesToDebug(LinesToDebug):
     matches = staticmethod(is_reconnect_line)
 
 
+_QUIET = threading.local()
+
+
+@contextmanager
+def driver_lines_quiet() -> Iterator[None]:
+    """The driver's lines, in this thread and for as long as this lasts,
+    at DEBUG: for a send whose failure the caller says itself (the update
+    loop's cast of its own heartbeat)."""
+    _QUIET.on = True
+    try:
+        yield
+    finally:
+        _QUIET.on = False
+
+
+def is_quieted_here(record: logging.LogRecord) -> bool:
+    return bool(getattr(_QUIET, "on", False))
+
+
+class QuietedLinesToDebug(LinesToDebug):
+    matches = staticmethod(is_quieted_here)
+
+
 def quiet_reconnect_lines() -> None:
-    """Install the filter (once) on the driver's logger."""
+    """Install the filters (once) on the driver's logger."""
     install_once(DRIVER_LOGGER, ReconnectLinesToDebug)
-
-
-# py-amqp's logger, and its line for a method that reaches a channel while
-# the channel closes.
-AMQP_LOGGER = "amqp"
-IGNORED_WHILE_CLOSING = "during closing channel"
-
-
-def is_own_fanout_cancel(record: logging.LogRecord) -> bool:
-    """The broker's Basic.Cancel for a fanout consumer of ours: an RPC
-    server's connection, as it closes, deletes its fanout queue with the
-    consumer still on it, then closes the channel; the broker's notice
-    that it cancelled that consumer comes in while the channel closes, and
-    py-amqp warns that it ignored it. The agent asked for it: no warning."""
-    return (isinstance(record.msg, str) and IGNORED_WHILE_CLOSING in record.msg
-            and isinstance(record.args, tuple) and bool(record.args)
-            and record.args[0] == amqp_spec.Basic.Cancel)
-
-
-class OwnFanoutCancelsToDebug(LinesToDebug):
-    matches = staticmethod(is_own_fanout_cancel)
-
-
-def quiet_own_fanout_cancels() -> None:
-    """Install the filter (once) on py-amqp's logger."""
-    install_once(AMQP_LOGGER, OwnFanoutCancelsToDebug)
+    install_once(DRIVER_LOGGER, QuietedLinesToDebug)

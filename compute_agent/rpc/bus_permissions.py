@@ -21,15 +21,12 @@ What the agent does on the bus, after oslo.messaging's rabbit driver
 ``_get_reply_q``; impl_rabbit.py ``declare_*_consumer``, ``direct_send``,
 ``topic_send``, ``RabbitDriver._get_reply_queue_name``):
 
-- Its two RPC servers (topics messaging.TOPIC and heartbeat.TOPIC) each
-  declare the control exchange (a topic exchange, ``[DEFAULT]
-  control_exchange``), a queue named after the topic that every agent
-  shares and one named ``<topic>.<host>``, each bound to the control
-  exchange by its own name; and a fanout exchange ``<topic>_fanout`` with
-  a queue of the agent's own bound to it: ``<topic>_fanout_<uuid>``, or
-  ``<topic>_fanout_<hostname>:<process>:<n>`` with ``use_queue_manager``,
-  or one stream ``<topic>_fanout`` every agent shares with
-  ``rabbit_stream_fanout``.
+- Its one RPC server (compute_agent/rpc/host_server.py) declares the
+  control exchange (a topic exchange, ``[DEFAULT] control_exchange``) and
+  the host's two queues, ``<topic>.<host>`` for topics messaging.TOPIC and
+  heartbeat.TOPIC, each bound to the control exchange by its own name.
+  (oslo.messaging's own servers also declared the topic's shared queue and
+  a fanout exchange and queue: the agent's does not.)
 - It answers a call on the default exchange (``amq.default`` to
   permissions) with the caller's reply queue as routing key.
 - It calls a host's heartbeat (the evacuation's fence, another host's; the
@@ -38,11 +35,13 @@ What the agent does on the bus, after oslo.messaging's rabbit driver
   exchange with routing key ``<topic>.<host>``, the answer on a reply
   queue of its own, ``reply_<uuid>``, or ``reply_<hostname>:<process>:<n>``
   with ``use_queue_manager``.
-- Passive declares (the broker probe's of ``amq.direct``, the count of a
+- Passive declares (the count of a
   heartbeat queue's consumers): RabbitMQ checks no permission for them.
 
-What such permissions cannot refuse (the default exchange reaches every
-queue, among others) is in docs/install.md, "A broker user per host".
+The default exchange, which the agent must write to for its answers,
+routes to any queue by its name: the agent drops a request that did not
+come through the control exchange (host_server.py). What such permissions
+cannot refuse is in docs/install.md, "A broker user per host".
 """
 from __future__ import annotations
 
@@ -53,13 +52,14 @@ from dataclasses import dataclass
 from oslo_config import cfg
 
 from compute_agent.messaging import TOPIC as AGENT_TOPIC
+from compute_agent.messaging import server_queue
 from compute_agent.rpc.heartbeat import TOPIC as HEARTBEAT_TOPIC
 
-# The topics the agent serves, each on a server of its own.
+# The topics the agent serves.
 SERVED_TOPICS = (AGENT_TOPIC, HEARTBEAT_TOPIC)
 # What permissions call the default exchange (AMQP's nameless one).
 DEFAULT_EXCHANGE = "amq.default"
-# uuid.uuid4().hex, which names reply and fanout queues by default.
+# uuid.uuid4().hex, which names reply queues by default.
 UUID_HEX = "[0-9a-f]{32}"
 # What the queue manager (use_queue_manager) appends to its hostname: the
 # process's name ([oslo_messaging_rabbit] processname, by default the
@@ -98,12 +98,6 @@ def anchored(names: Iterable[Names]) -> str:
     return "^(" + "|".join(n.pattern for n in names) + ")$"
 
 
-def _distinct(*groups: Iterable[Names]) -> tuple[Names, ...]:
-    """Each name once, in order (with stream fanout a queue is named as its
-    exchange)."""
-    return tuple(dict.fromkeys(n for group in groups for n in group))
-
-
 @dataclass(frozen=True)
 class QueueNaming:
     """The settings oslo.messaging's rabbit driver names queues and
@@ -111,13 +105,10 @@ class QueueNaming:
 
     control_exchange: str
     use_queue_manager: bool = False  # [oslo_messaging_rabbit] use_queue_manager
-    stream_fanout: bool = False  # [oslo_messaging_rabbit] rabbit_stream_fanout
 
 
 def queue_naming(conf: cfg.ConfigOpts) -> QueueNaming:
-    rabbit = conf.oslo_messaging_rabbit
-    return QueueNaming(conf.control_exchange, rabbit.use_queue_manager,
-                       rabbit.rabbit_stream_fanout)
+    return QueueNaming(conf.control_exchange, conf.oslo_messaging_rabbit.use_queue_manager)
 
 
 @dataclass(frozen=True)
@@ -148,26 +139,6 @@ class BusPermissions:
                 "topic": [t.as_dict() for t in self.topic]}
 
 
-def server_queue(topic: str, server: str) -> str:
-    """The queue, and its routing key, of an RPC server of ``topic`` on
-    ``server`` (amqpdriver's ``listen``, and ``_send`` to a server)."""
-    return f"{topic}.{server}"
-
-
-def fanout_exchange(topic: str) -> str:
-    return f"{topic}_fanout"
-
-
-def _fanout_queue(topic: str, host: str, naming: QueueNaming) -> Names:
-    """The queue of the agent's own bound to ``topic``'s fanout exchange."""
-    if naming.stream_fanout:
-        return Names.exactly(fanout_exchange(topic))
-    if naming.use_queue_manager:
-        return Names.prefixed(f"{fanout_exchange(topic)}_{host}", PROCESS_AND_COUNTER,
-                              ":<process>:<n>")
-    return Names.prefixed(f"{fanout_exchange(topic)}_", UUID_HEX, "<uuid>")
-
-
 def _reply_queue(host: str, naming: QueueNaming) -> Names:
     if naming.use_queue_manager:
         return Names.prefixed(f"reply_{host}", PROCESS_AND_COUNTER, ":<process>:<n>")
@@ -175,25 +146,19 @@ def _reply_queue(host: str, naming: QueueNaming) -> Names:
 
 
 def bus_permissions(host: str, naming: QueueNaming) -> BusPermissions:
-    """What ``host``'s agent may do on the bus: serve and bind its queues
-    (the topics' shared ones and its own), declare the exchanges they are
-    bound to, publish its answers and its calls of heartbeats (any host's)
-    and of its own agent, read its answers. With ``use_queue_manager`` its
-    queue manager's hostname ([oslo_messaging_rabbit] hostname) is
-    ``host``."""
-    shared = tuple(Names.exactly(t) for t in SERVED_TOPICS)
+    """What ``host``'s agent may do on the bus: serve and bind its two
+    queues, declare the control exchange they are bound to, publish its
+    answers and its calls of heartbeats (any host's) and of its own agent,
+    read its answers. With ``use_queue_manager`` its queue manager's
+    hostname ([oslo_messaging_rabbit] hostname) is ``host``."""
     own = tuple(Names.exactly(server_queue(t, host)) for t in SERVED_TOPICS)
-    fanout_exchanges = tuple(Names.exactly(fanout_exchange(t)) for t in SERVED_TOPICS)
-    fanout_queues = tuple(_fanout_queue(t, host, naming) for t in SERVED_TOPICS)
     reply = (_reply_queue(host, naming),)
     control = (Names.exactly(naming.control_exchange),)
     # The heartbeat's server queue of any host (its name but the host's).
     calls = (Names.prefixed(server_queue(HEARTBEAT_TOPIC, ""), ".+", "<any host>"),
              Names.exactly(server_queue(AGENT_TOPIC, host)))
     return BusPermissions(
-        configure=_distinct(shared, own, fanout_queues, reply, control, fanout_exchanges),
-        write=_distinct(shared, own, fanout_queues, control,
-                        (Names.exactly(DEFAULT_EXCHANGE),)),
-        read=_distinct(shared, own, fanout_queues, reply, control, fanout_exchanges),
-        topic=(TopicPermission(naming.control_exchange, write=calls,
-                               read=_distinct(shared, own)),))
+        configure=own + reply + control,
+        write=own + control + (Names.exactly(DEFAULT_EXCHANGE),),
+        read=own + reply + control,
+        topic=(TopicPermission(naming.control_exchange, write=calls, read=own),))

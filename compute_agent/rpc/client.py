@@ -22,6 +22,7 @@ from oslo_config import cfg
 
 from compute_agent.exception import VersionCapped
 from compute_agent.messaging import TOPIC, messaging, transport
+from compute_agent.rpc import broker
 from compute_agent.rpc.errors import NoAnswer
 from compute_agent.rpc.outstanding import OutstandingCalls
 from compute_agent.rpc.sending import SEND_RETRIES, BoundedSender, Notice
@@ -45,6 +46,7 @@ class ComputeAgentAPI:
         ``on_wait`` is told what a long call waits for (rpc/sending.py)."""
         self.timeout = timeout
         self.outstanding = outstanding or OutstandingCalls()
+        self._conf = conf
         self._sender = BoundedSender(conf, on_wait)
         self.client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
@@ -52,8 +54,9 @@ class ComputeAgentAPI:
             retry=SEND_RETRIES)
 
     def close(self) -> None:
-        """Close the connection to the broker."""
-        self.client.transport.cleanup()
+        """Close the connection to the broker; delete the reply queue, if
+        it called (rpc/broker.py close_client)."""
+        broker.close_client(self._conf, self.client)
 
     def can_send(self, version: str) -> bool:
         """Whether the version cap lets calls of API ``version`` go."""

@@ -3,10 +3,10 @@
 A host is **up** when its agent answers a heartbeat request within
 ``[DEFAULT] service_down_time`` seconds, and **down** when it has not
 answered for that long. The request is an RPC call to the host on a topic
-of its own (``compute-agent-heartbeat``), served by an RPC server of its
-own: its own queue and its own threads, never behind claims, rebuilds or
-Placement calls on the main topic, and it touches neither the store nor
-Placement. So a host that is merely slow (busy with 64 rebuilds, its
+of its own (``compute-agent-heartbeat``): its own queue and its own
+threads in the host's server (compute_agent/rpc/host_server.py), never
+behind claims, rebuilds or Placement calls on the main topic, and it
+touches neither the store nor Placement. So a host that is merely slow (busy with 64 rebuilds, its
 Placement far away) still answers in milliseconds, while a dead agent's
 request waits in its queue until the deadline passes.
 
@@ -25,6 +25,7 @@ import enum
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from oslo_config import cfg
 
 from compute_agent.dependencies import Unknown
 from compute_agent.exception import BrokerUnavailable, SourceHostUp
-from compute_agent.messaging import messaging, transport
+from compute_agent.messaging import messaging, server_queue, transport
 from compute_agent.rpc import broker
 from compute_agent.rpc.errors import BrokerUnreachable
 from compute_agent.rpc.outstanding import OutstandingCalls
@@ -91,6 +92,8 @@ class HeartbeatEndpoint:
         self._started_at = started_at
         self._state_path = state_path
         self._machine = socket.gethostname()
+        # Heartbeats served: the loop's watch of the server counts them.
+        self.served = 0
 
     @messaging.expose
     def report_alive(self, ctxt) -> dict:
@@ -99,20 +102,12 @@ class HeartbeatEndpoint:
         Also, for an agent that finds this one serving its host at start
         (compute_agent/daemon/one_agent.py): its root provider, state path and
         machine (older agents leave them out)."""
+        self.served += 1
         return {"host": self._agent.policy.host, "time": time.time(),
                 "started_at": self._started_at,
                 "instances": self._agent.manager.tracker.instance_count(),
                 "root_uuid": self._agent.policy.root_uuid, "state_path": self._state_path,
                 "machine": self._machine}
-
-
-def make_server(conf: cfg.ConfigOpts, agent: HeartbeatAgent) -> messaging.MessageHandlingServer:
-    """The heartbeat's own RPC server; start it before the main one, so a
-    host that serves claims is never taken for down."""
-    target = messaging.Target(topic=TOPIC, server=conf.host)
-    return messaging.get_rpc_server(transport(conf), target,
-                                    [HeartbeatEndpoint(agent, time.time(), conf.state_path)],
-                                    access_policy=messaging.ExplicitRPCAccessPolicy)
 
 
 def agent_serving(conf: cfg.ConfigOpts, host: str, deadline: float) -> dict | Unknown | None:
@@ -125,8 +120,7 @@ def agent_serving(conf: cfg.ConfigOpts, host: str, deadline: float) -> dict | Un
     broker keeps of an agent whose machine died, until it finds its
     connection gone. An error answered is an agent all the same."""
     started = time.monotonic()
-    # oslo.messaging's rabbit driver names a server's queue <topic>.<server>.
-    listening = broker.consumers(conf, f"{TOPIC}.{host}", deadline)
+    listening = broker.consumers(conf, server_queue(TOPIC, host), deadline)
     if isinstance(listening, Unknown):
         return listening
     if listening == 0:
@@ -146,8 +140,8 @@ def agent_serving(conf: cfg.ConfigOpts, host: str, deadline: float) -> dict | Un
     finally:
         # Closing waits out the reply listener's poll (40 to 200 ms): not
         # on the start's path.
-        threading.Thread(target=client.transport.cleanup, name="heartbeat-probe-close",
-                         daemon=True).start()
+        threading.Thread(target=broker.close_client, args=(conf, client),
+                         name="heartbeat-probe-close", daemon=True).start()
 
 
 class Heartbeat:
@@ -162,6 +156,7 @@ class Heartbeat:
                  on_wait: Notice | None = None):
         """``outstanding``: a watchdog's, which then sees these calls too;
         ``on_wait``: told what a long check waits for."""
+        self._conf = conf
         self.down_after = float(down_after or conf.service_down_time)
         self.outstanding = outstanding or OutstandingCalls()
         self._sender = BoundedSender(conf, on_wait)
@@ -170,7 +165,8 @@ class Heartbeat:
             timeout=self.down_after, retry=SEND_RETRIES)
 
     def close(self) -> None:
-        self._client.transport.cleanup()
+        """Close the connection; delete the reply queue, if it called."""
+        broker.close_client(self._conf, self._client)
 
     def check(self, host: str) -> Liveness:
         """Raises BrokerUnreachable when the question was not asked."""
@@ -198,17 +194,19 @@ class Heartbeat:
 
 
 class SourceFence:
-    """The evacuation destination's check that the source is down (its own
-    connection to the broker, opened at the first check), asked
+    """The evacuation destination's check that the source is down, asked
     once per source however many rebuilds arrive together: the first asks,
     the others wait for its answer. A down verdict stands for
     DOWN_VERDICT_SECONDS, so that an evacuation's hundred rebuilds wait
     out the deadline once, not once per ``down_after``; an up one is never
-    reused."""
+    reused. Each check has a client of its own (a connection to the broker
+    and a reply queue), closed after it, its reply queue deleted: a
+    destination keeps none between evacuations. ``heartbeats``: makes
+    that client (a test's own)."""
 
-    def __init__(self, conf: cfg.ConfigOpts) -> None:
-        self._conf = conf
-        self._heartbeat: Heartbeat | None = None  # made at the first check
+    def __init__(self, conf: cfg.ConfigOpts,
+                 heartbeats: Callable[[], Heartbeat] | None = None) -> None:
+        self._heartbeats = heartbeats or (lambda: Heartbeat(conf))
         self._lock = threading.Lock()
         self._asking: dict[str, threading.Lock] = {}
         self._down_at: dict[str, float] = {}
@@ -218,26 +216,23 @@ class SourceFence:
         BrokerUnavailable when the question could not be asked."""
         with self._lock:
             asking = self._asking.setdefault(host, threading.Lock())
-            if self._heartbeat is None:
-                self._heartbeat = Heartbeat(self._conf)
-            heartbeat = self._heartbeat
         with asking:
             seen = self._down_at.get(host)
             if seen is not None and time.monotonic() - seen < DOWN_VERDICT_SECONDS:
                 return
+            heartbeat = self._heartbeats()
             try:
                 found = heartbeat.check(host)
             except BrokerUnreachable:
                 raise BrokerUnavailable("", f"did not take the heartbeat question to {host} "
                                         f"within {heartbeat.down_after:g}s: whether it is "
                                         "down is unknown") from None
+            finally:
+                # Closing waits out the reply listener's poll: not on the
+                # rebuild's path.
+                threading.Thread(target=heartbeat.close, name="fence-close",
+                                 daemon=True).start()
             if found.up:
                 self._down_at.pop(host, None)
                 raise SourceHostUp(host, heartbeat.down_after)
             self._down_at[host] = time.monotonic()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._heartbeat is not None:
-                self._heartbeat.close()
-                self._heartbeat = None

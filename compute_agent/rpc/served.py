@@ -133,3 +133,20 @@ class HeartbeatAgent(Protocol):
 
     @property
     def manager(self) -> HeartbeatManager: ...
+
+
+class HostTracker(ServedTracker, HeartbeatTracker, Protocol):
+    """The tracker both endpoints of the host's server read."""
+
+
+class HostManager(ServedManager, HeartbeatManager, Protocol):
+    @property
+    def tracker(self) -> HostTracker: ...
+
+
+class HostAgent(ServedAgent, HeartbeatAgent, Protocol):
+    """What the host's one server (compute_agent/rpc/host_server.py) needs:
+    what both of its endpoints need."""
+
+    @property
+    def manager(self) -> HostManager: ...

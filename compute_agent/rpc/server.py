@@ -1,5 +1,6 @@
-"""The RPC server conductors call: topic ``compute-agent``, server = this
-host, oslo.messaging's default (threading) executor.
+"""The RPC API conductors call: topic ``compute-agent``, server = this
+host, served with the heartbeat by the host's one server
+(compute_agent/rpc/host_server.py).
 
 Each call is one method of ComputeAgentEndpoint, marked with the API
 version it appeared in; compute_agent/rpc/versions.py is the ledger of versions
@@ -27,11 +28,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 
-from oslo_config import cfg
-
 from compute_agent.claims.model import Assignment, AssignmentState, Migration
 from compute_agent.exception import AgentError, InternalError, InvalidRequest, StoreUnavailable
-from compute_agent.messaging import TOPIC, allow_deep_messages, messaging, sent_as_before, transport
+from compute_agent.messaging import messaging, sent_as_before
 from compute_agent.rpc import schemas, versions
 from compute_agent.rpc.heartbeat import SourceFence
 from compute_agent.rpc.served import ServedAgent
@@ -371,16 +370,3 @@ def warn_of_unserved_calls() -> None:
     dispatch_log = logging.getLogger(DISPATCH_LOGGER)
     if not any(isinstance(f, UnservedCallsAsWarnings) for f in dispatch_log.filters):
         dispatch_log.addFilter(UnservedCallsAsWarnings())
-
-
-def make_server(conf: cfg.ConfigOpts, agent: ServedAgent,
-                in_flight: CallsInFlight | None = None) -> messaging.MessageHandlingServer:
-    """The server; ``start()`` it beside the update loop, ``stop()`` and
-    ``wait()`` on the way out. ``in_flight`` counts the calls it serves."""
-    allow_deep_messages()
-    warn_of_unserved_calls()
-    target = messaging.Target(topic=TOPIC, server=conf.host)
-    fence = SourceFence(conf)
-    return messaging.get_rpc_server(
-        transport(conf), target, [ComputeAgentEndpoint(agent, fence, in_flight)],
-        access_policy=messaging.ExplicitRPCAccessPolicy)

@@ -38,6 +38,7 @@ from tests.functional.helpers import put_allocations
 from tests.functional.private_services import PrivateRabbitMQ
 from tests.functional.test_rpc import BIGGER, SPEC, AgentDaemon
 from tests.functional.test_status import rewrite
+from tests.waiting import wait_for
 
 PASSWORD = "its-own"
 DOWN_AFTER = 2
@@ -128,7 +129,7 @@ def test_builds_a_resize_the_fence_and_an_evacuation_pass_with_a_user_per_host(c
     a, b, api = cloud.a, cloud.b, cloud.api
     # On the host, as its user: its own agent, through RPC.
     device = command("manage", a.conf, "device", "list", "--json")
-    assert (device.returncode, json.loads(device.stdout)) == (0, []), device.stderr
+    assert (device.returncode, json.loads(device.stdout)) == (0, []), device.stdout + device.stderr
 
     # A resize from A to B, confirmed.
     moved = cloud.build(a)
@@ -194,17 +195,45 @@ def test_a_hosts_user_may_not_call_or_read_another_hosts_agent(cloud):
         assert refused(lambda: publish(f"{HEARTBEAT_TOPIC}.nobody")) == ""
 
 
-def test_the_default_exchange_still_reaches_another_hosts_queue(cloud):
-    """What the permissions cannot refuse (docs/install.md): the default
-    exchange, which a host's user must write to to answer its callers,
-    routes to any queue by its name. Here a queue of a host with no
-    agent, as the conductor declares it."""
-    queue = f"{TOPIC}.nobody"
-    with cloud.connection(None) as conductor, cloud.connection(cloud.a) as a:
-        conductor.channel().queue_declare(queue)
-        channel = a.channel()
-        channel.basic_publish(amqp.Message("{}"), exchange="", routing_key=queue)
-        channel.close()  # after the broker has taken the message
-        _, held, _ = conductor.channel().queue_declare(queue, passive=True)
-        conductor.channel().queue_delete(queue)
-    assert held == 1
+def cast_of(method: str, **args: object) -> dict:
+    """An RPC cast as oslo.messaging's rabbit driver puts it on the wire."""
+    message = {"method": method, "args": args, "version": "1.0",
+               "_unique_id": uuid.uuid4().hex}
+    return {"oslo.version": "2.0", "oslo.message": json.dumps(message)}
+
+
+def test_a_request_put_in_another_hosts_queue_by_the_default_exchange_is_dropped(cloud):
+    """The default exchange, which a host's user must write to to answer
+    its callers, routes to any queue by its name: A's user can put a build
+    in B's queue that way (the broker took it: 1 message held before this
+    release's agents). B's agent drops what did not come through the
+    control exchange; the same cast through it, the conductor's, builds."""
+    b = cloud.b
+    instance = str(uuid.uuid4())
+    # Its VCPU and memory only: the module's builds hold B's VFs.
+    wanted = {provider: {"resources": {rc: n for rc, n in held["resources"].items()
+                                       if rc in ("VCPU", "MEMORY_MB")}}
+              for provider, held in b.allocations().items()}
+    wanted = {p: held for p, held in wanted.items() if held["resources"]}
+    put_allocations(cloud.url, instance, wanted)
+    build = cast_of("build_instance", instance_uuid=instance, spec=SPEC, allocations=wanted)
+    with cloud.connection(cloud.a) as a:
+        kombu.Producer(a.channel()).publish(build, exchange="", routing_key=f"{TOPIC}.{b.name}",
+                                            serializer="json")
+    wait_for(lambda: "published to exchange ''" in b.log.read_text(), 30)
+    with pytest.raises(NoSuchInstance):
+        cloud.api.get_instance(b.name, instance)
+    with cloud.connection(None) as conductor:
+        kombu.Producer(conductor.channel()).publish(
+            build, exchange=cloud.control_exchange, routing_key=f"{TOPIC}.{b.name}",
+            serializer="json")
+    found = wait_for(lambda: answered(lambda: cloud.api.get_instance(b.name, instance)), 30)
+    assert found["uuid"] == instance
+    cloud.api.delete_instance(b.name, instance)
+
+
+def answered(call):
+    try:
+        return call()
+    except NoSuchInstance:
+        return None

@@ -301,7 +301,7 @@ def test_bug_ctl_hosts_blamed_placement_while_a_down_hosts_heartbeat_waited(
         once = subprocess.run([str(BIN / "compute-agent"), "--config-file", str(conf),
                                "--once"], capture_output=True, text=True, timeout=60)
         assert once.returncode == 0, once.stderr
-        done = ctl(conf, "--timeout", "1", "hosts", "--json")
+        done = ctl(conf, "--timeout", "5", "hosts", "--json")
     finally:
         own.stop()
     assert done.returncode == 0, done.stdout

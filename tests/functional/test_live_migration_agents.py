@@ -36,7 +36,7 @@ from compute_agent.drivers.libvirt.guest_xml import domain_name
 from compute_agent.exception import ClaimFailed, LiveMigrationFailed, LiveMigrationRefused
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
-from compute_agent.rpc import server as rpc
+from compute_agent.rpc import host_server
 from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.claims_world import host_dict, make_world, new_uuid, spec
 from tests.functional.helpers import (
@@ -82,7 +82,7 @@ class Host:
         self.agent = compose(self.conf)
         self.agent.driver.init_host()
         assert self.agent.run_cycle().ok
-        self.server = rpc.make_server(self.conf, self.agent)
+        self.server = host_server.make_server(self.conf, self.agent)
         self.server.start()
 
     def allocations(self, url: str) -> dict:

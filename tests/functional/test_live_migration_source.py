@@ -27,7 +27,7 @@ from compute_agent.drivers.fake import FakeDriver, FakeNetwork
 from compute_agent.placement.allocations import move_allocations
 from compute_agent.placement.auth import NoAuth2
 from compute_agent.placement.client import PlacementClient
-from compute_agent.rpc import server as rpc
+from compute_agent.rpc import host_server
 from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import placement_tree, put_allocations, write_conf
 
@@ -68,7 +68,7 @@ class Host:
             return report
         self.agent.reconcile = recorded
         self.agent.start()
-        self.server = rpc.make_server(self.conf, self.agent)
+        self.server = host_server.make_server(self.conf, self.agent)
         self.server.start()
 
     def stop(self) -> None:

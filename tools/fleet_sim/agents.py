@@ -14,13 +14,11 @@ from pathlib import Path
 import requests
 
 from compute_agent.cmd.common import load_config
-from compute_agent.cmd.daemon import STOP_POLL
 from compute_agent.daemon.composition import compose
 from compute_agent.daemon.one_agent_run import check_one_agent_per_host
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.service import Agent
-from compute_agent.messaging import bound_broker_waits
-from compute_agent.rpc import broker, heartbeat, server
+from compute_agent.rpc import broker, host_server
 from compute_agent.store import lock
 from compute_agent.tree.provider_tree import ProviderTree
 from tools.fleet_sim.placement import digest
@@ -43,15 +41,12 @@ def tree_digest(tree: ProviderTree) -> str:
 
 
 class FleetHost:
-    """One agent, started and stopped as the daemon does. ``broker_poll``:
-    how long each of its waits on the broker lasts (the daemon's
-    STOP_POLL unless a fleet run says otherwise: tools/fleet --broker-poll)."""
+    """One agent, started and stopped as the daemon does."""
 
-    def __init__(self, conf_path: Path, broker_poll: float = STOP_POLL):
+    def __init__(self, conf_path: Path):
         self.conf_path = conf_path
-        self.broker_poll = broker_poll
         self.agent: Agent | None = None
-        self._servers: list = []
+        self._server: host_server.HostServer | None = None
         self._lock: lock.StateLock | None = None
         self.expected = ""
         self.error = ""
@@ -60,7 +55,6 @@ class FleetHost:
 
     def start(self) -> None:
         conf = load_config(["--config-file", str(self.conf_path)], placement_required=True)
-        bound_broker_waits(conf, self.broker_poll)
         self.conf = conf
         self.name = conf.host
         self._lock = lock.acquire(conf.state_path)
@@ -68,9 +62,10 @@ class FleetHost:
         agent = compose(conf, placement_check=check)
         agent.start()
         self.agent = agent
-        self._servers = [heartbeat.make_server(conf, agent), server.make_server(conf, agent)]
-        for listener in self._servers:
-            listener.start()
+        self._server = host_server.make_server(conf, agent)
+        self._server.start()
+        if agent.broker_watch is not None:
+            agent.broker_watch.serving(self._server)
         agent.move_to(Phase.SERVING)
         self.expected = tree_digest(agent.build_model(agent.driver.get_host_inventory()).tree)
 
@@ -82,15 +77,14 @@ class FleetHost:
             self.error = f"{type(e).__name__}: {e}"
 
     def stop(self) -> None:
-        for listener in self._servers:
-            listener.stop()
-        for listener in self._servers:
-            listener.wait()
+        if self._server is not None:
+            self._server.stop()
+            self._server.wait()
             # The daemon's process ends here, and its connections with it;
             # an agent of the fleet lives on in its process: closed, or
-            # each restart would leave its servers' connections open.
-            listener.transport.cleanup()
-        self._servers = []
+            # each restart would leave its server's connections open.
+            self._server.transport.cleanup()
+            self._server = None
         if self.agent is not None:
             self.agent.stop()
             self.cycles_before += self.agent._cycles
@@ -107,7 +101,7 @@ class FleetHost:
                 "cycle_ok": agent._cycle_succeeded, "last_success_at": agent.recorder.last_success_at,
                 "cycles": self.cycles_before + agent._cycles,
                 "reconcile_interval": agent.settings.reconcile_interval,
-                "serving": all(s._started for s in self._servers) if self._servers else False,
+                "serving": self._server is not None and self._server._started,
                 "expected": self.expected, "error": self.error}
 
     def build_half(self, placement_url: str) -> int:
@@ -173,7 +167,6 @@ class Fleet:
 
     def start(self) -> None:
         broker.quiet_reconnect_lines()
-        broker.quiet_own_fanout_cancels()
         self._each(FleetHost.start_safely, self.starting_at_once)
 
     def stop(self) -> None:

@@ -75,16 +75,14 @@ class ProcessFleet:
     for as many machines, each with CPUs of its own, so here they take
     only what Placement, its database and the broker (whose cost the run
     measures) leave. At the same priority, 1,000 agents starting at once
-    starved Placement to 6 requests a second. ``broker_poll``: each
-    agent's longest wait on the broker (FleetHost)."""
+    starved Placement to 6 requests a second."""
 
-    def __init__(self, confs: list[Path], processes: int, log_dir: Path,
-                 broker_poll: float):
+    def __init__(self, confs: list[Path], processes: int, log_dir: Path):
         env = worktree_env()
         shares = [confs[i::processes] for i in range(processes)]
         self.procs = [subprocess.Popen(
             ["nice", "-n", str(AGENTS_NICENESS), sys.executable, "-m",
-             "tools.fleet_sim.worker", str(broker_poll), *map(str, share)],
+             "tools.fleet_sim.worker", *map(str, share)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             stderr=open(log_dir / f"worker-{i}.log", "a"))
             for i, share in enumerate(shares) if share]

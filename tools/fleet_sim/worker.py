@@ -1,7 +1,7 @@
 """One process of the fleet: its agents, driven by JSON lines on stdin,
 one JSON answer a line on stdout.
 
-    python -m tools.fleet_sim.worker BROKER_POLL CONF...
+    python -m tools.fleet_sim.worker CONF...
 
 Commands: {"cmd": "start"|"restart"} (answered at once; the work goes on
 in a thread: "wait" answers when it is done), "stop", "status",
@@ -27,19 +27,6 @@ def process_stats(base_rss: int) -> dict:
     cpu = me.cpu_times()
     return {"rss": me.memory_info().rss, "base_rss": base_rss, "threads": me.num_threads(),
             "fds": me.num_fds(), "cpu_seconds": cpu.user + cpu.system}
-
-
-def idle_executor_wakeups_every(seconds: float) -> None:
-    """oslo.messaging's RPC servers hand each call to a futurist thread
-    pool whose idle threads wake every second (ThreadWorker.MAX_IDLE_FOR)
-    to see whether they are to stop: two such threads an agent once it
-    has answered a call, 2,000 wakes a second at 1,000 agents. Each wake
-    is the host's own CPU, which a real host has to itself and this
-    machine shares among all its agents. They wake every ``seconds`` here,
-    as the agents' waits on the broker end (--broker-poll); a server's
-    stop waits that long for them."""
-    from futurist import _thread
-    _thread.ThreadWorker.MAX_IDLE_FOR = max(seconds, _thread.ThreadWorker.MAX_IDLE_FOR)
 
 
 # How long a thread of a worker holds the GIL while others wait for it
@@ -70,10 +57,8 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from tools.fleet_sim.agents import Fleet, FleetHost  # after logging: quiet imports
     base_rss = psutil.Process().memory_info().rss
-    broker_poll, *confs = argv
-    idle_executor_wakeups_every(float(broker_poll))
     gil_waits_of(GIL_SWITCH_SECONDS)
-    fleet = Fleet([FleetHost(Path(p), float(broker_poll)) for p in confs])
+    fleet = Fleet([FleetHost(Path(p)) for p in argv])
     job: threading.Thread | None = None
 
     def answer(value) -> None:

@@ -1,7 +1,7 @@
 """compute-agent's body (compute_agent/cmd/daemon.py): --once's run and its
 summary line, the start's refusals and their exit codes, and the stop's
-order and exit code, the servers' stop around a broker that is away. With
-an agent on the fake host; the RPC servers are the test's. (The daemon as
+order and exit code, the server's stop around a broker that is away. With
+an agent on the fake host; the RPC server is the test's. (The daemon as
 a subprocess: tests/functional/test_daemon.py.)"""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from compute_agent.cmd import daemon
-from compute_agent.cmd.daemon import RpcServers, once_summary, stop_servers
+from compute_agent.cmd.daemon import once_summary, stop_server
 from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.reload_signal import ReloadSignal
@@ -165,13 +165,14 @@ def test_another_agent_found_by_once_s_cycle_is_exit_2(tmp_path, monkeypatch, ca
 # --- the stop -------------------------------------------------------------------
 
 class Stopped:
-    """An RPC server: records its part in the stop, and what the agent's
-    probes said then."""
+    """The host's RPC server: records its part in the stop, and what the
+    agent's probes said then."""
 
     def __init__(self, name: str, seen: list[str], agent: Agent) -> None:
         self.name = name
         self.seen = seen
         self.agent = agent
+        self.in_flight = CallsInFlight()
 
     def stop(self) -> None:
         self.seen.append(f"{self.name} stop ({self.agent.phase.value})")
@@ -191,28 +192,26 @@ class WatchedSupervisor(Supervisor):
         self.seen.append("exit timer")
 
 
-def stopping(agent: Agent, monkeypatch) -> tuple[WatchedSupervisor, list[str], RpcServers]:
+def stopping(agent: Agent, monkeypatch) -> tuple[WatchedSupervisor, list[str], Stopped]:
     seen: list[str] = []
     monkeypatch.setattr(daemon, "notify", lambda state: seen.append(f"notify {state}"))
     stop = agent.stop
     agent.stop = lambda: (seen.append("agent stop"), stop())
-    return WatchedSupervisor(seen), seen, RpcServers(
-        Stopped("calls", seen, agent), Stopped("heartbeats", seen, agent), CallsInFlight())
+    return WatchedSupervisor(seen), seen, Stopped("server", seen, agent)
 
 
 def test_a_stop_asked_for_stops_the_servers_then_the_agent(agent, monkeypatch):
     supervisor, seen, servers = stopping(agent, monkeypatch)
-    assert daemon.stop(supervisor, agent, servers) == 0
-    # /readyz says stopping before the servers stop.
-    assert seen == ["notify STOPPING=1", f"calls stop ({Phase.STOPPING.value})",
-                    f"heartbeats stop ({Phase.STOPPING.value})", "calls wait",
-                    "heartbeats wait", "agent stop"]
+    assert daemon.stop(supervisor, agent, servers) == 0  # type: ignore[arg-type]
+    # /readyz says stopping before the server stops.
+    assert seen == ["notify STOPPING=1", f"server stop ({Phase.STOPPING.value})",
+                    "server wait", "agent stop"]
 
 
 def test_a_stop_after_a_threads_death_is_bounded_and_exits_so(agent, monkeypatch):
     supervisor, seen, servers = stopping(agent, monkeypatch)
     supervisor.deaths.append(ThreadDeath("cleaner", "KeyError: 'x'"))
-    assert daemon.stop(supervisor, agent, servers) == EXIT_THREAD_DIED
+    assert daemon.stop(supervisor, agent, servers) == EXIT_THREAD_DIED  # type: ignore[arg-type]
     assert seen[0] == "exit timer" and "notify STOPPING=1" not in seen
     assert seen[-1] == "agent stop"
 
@@ -220,19 +219,21 @@ def test_a_stop_after_a_threads_death_is_bounded_and_exits_so(agent, monkeypatch
 def test_a_stop_after_a_refusal_exits_2_with_its_line(agent, monkeypatch, capsys):
     supervisor, seen, servers = stopping(agent, monkeypatch)
     supervisor.refuse("store /var/lib/compute-agent/state.db was removed")
-    assert daemon.stop(supervisor, agent, servers) == 2
+    assert daemon.stop(supervisor, agent, servers) == 2  # type: ignore[arg-type]
     assert capsys.readouterr().err.endswith(
         "error: store /var/lib/compute-agent/state.db was removed\n")
 
 
-# --- the servers' stop, the broker away --------------------------------------
+# --- the server's stop, the broker away --------------------------------------
 
-class Listener:
-    """An oslo.messaging server whose stop() returns only when ``gate``
+class Server:
+    """The host's RPC server, whose stop() returns only when ``gate``
     opens: its listener's connection being made again."""
 
-    def __init__(self, gate: threading.Event | None = None) -> None:
+    def __init__(self, gate: threading.Event | None = None,
+                 in_flight: CallsInFlight | None = None) -> None:
         self.gate = gate
+        self.in_flight = in_flight or CallsInFlight()
         self.stopped = self.waited = False
 
     def stop(self) -> None:
@@ -244,17 +245,17 @@ class Listener:
         self.waited = True
 
 
-def test_servers_that_stop_are_stopped_and_waited_for(monkeypatch):
-    calls, heartbeats = Listener(), Listener()
-    assert stop_servers(RpcServers(calls, heartbeats, CallsInFlight()))
-    assert calls.stopped and calls.waited and heartbeats.stopped and heartbeats.waited
+def test_a_server_that_stops_is_stopped_and_waited_for():
+    server = Server()
+    assert stop_server(server)  # type: ignore[arg-type]
+    assert server.stopped and server.waited
 
 
 def test_a_listener_that_cannot_stop_is_left_once_the_calls_in_flight_are_done(monkeypatch):
     """SIGTERM while the broker was away took 3 s and more (up to the
     driver's 30 s back-off): the stop now waits for the calls being
     served, which the store must outlive, not for the listener."""
-    monkeypatch.setattr(daemon, "SERVERS_STOP_SECONDS", 0.01)
+    monkeypatch.setattr(daemon, "SERVER_STOP_SECONDS", 0.01)
     gate = threading.Event()
     in_flight = CallsInFlight()
     call_started, call_may_end = threading.Event(), threading.Event()
@@ -271,7 +272,7 @@ def test_a_listener_that_cannot_stop_is_left_once_the_calls_in_flight_are_done(m
     call_started.wait()
     threading.Timer(0.05, call_may_end.set).start()
     try:
-        assert stop_servers(RpcServers(Listener(gate), Listener(), in_flight)) is False
+        assert stop_server(Server(gate, in_flight)) is False  # type: ignore[arg-type]
         assert finished == ["call"] and in_flight.count == 0
     finally:
         gate.set()

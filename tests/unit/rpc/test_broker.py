@@ -11,7 +11,6 @@ import logging
 import ssl
 
 import pytest
-from amqp import spec as amqp_spec
 from amqp.exceptions import AccessRefused
 from oslo_config import cfg
 
@@ -101,34 +100,6 @@ def test_the_drivers_reconnection_lines_are_debug_when_its_logger_is(driver_log,
         emit(driver_log, level, template)
     assert [(r.levelname, r.msg) for r in caplog.records] == [
         ("DEBUG", template) for _, template in RECONNECT]
-
-
-# py-amqp 5's line (amqp/abstract_channel.py) for a method that reaches a
-# channel as it closes.
-IGNORED_WHILE_CLOSING = ("Received method %s during closing channel %s. "
-                         "This method will be ignored")
-
-
-@pytest.fixture
-def amqp_log(caplog):
-    logger = logging.getLogger(broker.AMQP_LOGGER)
-    broker.quiet_own_fanout_cancels()
-    broker.quiet_own_fanout_cancels()  # installed once only
-    installed = [f for f in logger.filters if isinstance(f, broker.OwnFanoutCancelsToDebug)]
-    assert len(installed) == 1
-    yield logger
-    logger.removeFilter(installed[0])
-
-
-def test_the_cancel_of_our_own_fanout_consumer_as_a_server_closes_is_no_warning(
-        amqp_log, caplog):
-    amqp_log.setLevel(logging.INFO)
-    amqp_log.warning(IGNORED_WHILE_CLOSING, amqp_spec.Basic.Cancel, 1)
-    # Any other method ignored while closing is still a warning.
-    amqp_log.warning(IGNORED_WHILE_CLOSING, amqp_spec.Basic.Deliver, 1)
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("WARNING", "Received method (60, 60) during closing channel 1. "
-                    "This method will be ignored")]
 
 
 @pytest.mark.parametrize("error, said", [

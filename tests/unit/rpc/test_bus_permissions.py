@@ -1,6 +1,6 @@
 """One host's RabbitMQ permissions (compute_agent/rpc/bus_permissions.py),
 held to what oslo.messaging's rabbit driver really does for the agent:
-its two RPC servers, its calls of a heartbeat and of its own agent, and its
+its RPC server, its calls of a heartbeat and of its own agent, and its
 answers, run on kombu's in-memory transport, each AMQP method it sends
 taken as RabbitMQ checks it. Then the names of other hosts, which the
 permissions must refuse. (On a real broker, with real users:
@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
 import string
 import types
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kombu.transport import memory, virtual
+from kombu.transport import virtual
 from oslo_concurrency import lockutils
 from oslo_config import cfg
+from oslo_messaging._drivers import amqpdriver
 
 from compute_agent import config
 from compute_agent.messaging import TOPIC
-from compute_agent.rpc import heartbeat
-from compute_agent.rpc import server as rpc_server
+from compute_agent.rpc import heartbeat, host_server
 from compute_agent.rpc.bus_permissions import (
     DEFAULT_EXCHANGE,
     QueueNaming,
@@ -37,7 +37,6 @@ from compute_agent.rpc.client import ComputeAgentAPI
 HOST = "h.1"  # a dot: a regular expression's metacharacter in a host name
 NAMINGS = {"default": QueueNaming("openstack"),
            "queue manager": QueueNaming("openstack", use_queue_manager=True),
-           "stream fanout": QueueNaming("openstack", stream_fanout=True),
            "own exchange": QueueNaming("cloud.rpc")}
 
 
@@ -118,13 +117,15 @@ class Recorder:
 
 
 @pytest.fixture
-def recorder(monkeypatch, tmp_path):
+def recorder(monkeypatch, tmp_path, memory_broker):
     """An empty in-memory broker whose every check is recorded. The queue
     manager's counter is kept under an oslo.concurrency lock, whose
     directory is oslo.concurrency's own global option."""
-    monkeypatch.setattr(memory.Channel, "queues", defaultdict(memory.Queue))
-    monkeypatch.setattr(memory.Transport, "global_state", virtual.BrokerState())
     lockutils.CONF.set_override("lock_path", str(tmp_path), group="oslo_concurrency")
+    # The queue manager tells a restart by its process group leader's
+    # start time, in /proc: a test worker's leader may be gone.
+    monkeypatch.setattr(amqpdriver.QManager, "_service_identity",
+                        staticmethod(lambda: (os.getpid(), 0)))
     found = Recorder()
     found.install(monkeypatch)
     yield found
@@ -147,9 +148,6 @@ def agent_conf(naming: QueueNaming, processname: str) -> cfg.ConfigOpts:
     # With the queue manager's counter a file of the test's own.
     rabbit = {"use_queue_manager": naming.use_queue_manager,
               "hostname": HOST, "processname": processname}
-    if naming.stream_fanout:  # which the driver takes only with these
-        rabbit |= {"rabbit_stream_fanout": True, "rabbit_transient_quorum_queue": True,
-                   "rabbit_qos_prefetch_count": 1}
     for name, value in rabbit.items():
         conf.set_override(name, value, group="oslo_messaging_rabbit")
     return conf
@@ -170,10 +168,8 @@ def agent_on_the_bus(conf: cfg.ConfigOpts) -> None:
     its own agent (compute-agent-manage device on the host), and answers
     both; it asks another host's heartbeat (the evacuation's fence),
     which nobody answers; it stops."""
-    agent = served_agent()
-    servers = [heartbeat.make_server(conf, agent), rpc_server.make_server(conf, agent)]
-    for server in servers:
-        server.start()
+    server = host_server.make_server(conf, served_agent())
+    server.start()
     beat = heartbeat.Heartbeat(conf, down_after=5)
     api = ComputeAgentAPI(conf, timeout=5)
     try:
@@ -183,10 +179,8 @@ def agent_on_the_bus(conf: cfg.ConfigOpts) -> None:
     finally:
         api.close()
         beat.close()
-        for server in servers:
-            server.stop()
-        for server in servers:
-            server.wait()
+        server.stop()
+        server.wait()
 
 
 @pytest.mark.parametrize("naming", NAMINGS.values(), ids=NAMINGS.keys())
@@ -201,15 +195,14 @@ def test_every_check_of_what_the_agent_does_on_the_bus_passes(recorder, naming, 
             ("topic write", f"{TOPIC}.{HOST}"), ("topic read", f"{TOPIC}.{HOST}"),
             ("read", f"{TOPIC}.{HOST}"), ("configure", naming.control_exchange)} <= made
     assert any(p == "read" and n.startswith("reply_") for p, n in made)
-    assert any(p == "read" and n.startswith(f"{TOPIC}_fanout") for p, n in made)
+    assert not any(n.startswith(f"{TOPIC}_fanout") for _, n in made)  # none declared
 
 
 def test_the_names_follow_the_config():
     conf = agent_conf(NAMINGS["queue manager"], "compute-agent")
     assert queue_naming(conf) == NAMINGS["queue manager"]
     conf.set_override("control_exchange", "cloud.rpc")
-    conf.set_override("rabbit_stream_fanout", True, group="oslo_messaging_rabbit")
-    assert queue_naming(conf) == QueueNaming("cloud.rpc", True, True)
+    assert queue_naming(conf) == QueueNaming("cloud.rpc", True)
 
 
 # Hosts whose names are HOST's but for one character, or HOST's with more
@@ -219,15 +212,13 @@ OTHERS = ["h.2", "hx1", "h.10", "h.1.x", "xh.1", "h", "h.1-x"]
 
 def another_hosts_own(other: str, exchange: str) -> list[Check]:
     """What only ``other``'s agent may do: declare, bind and read its
-    server queues, declare and read its reply queue and declare, bind and
-    read its fanout queues as the queue manager names them; call its
-    agent, and bind its server queues."""
-    bound = [f"{TOPIC}.{other}", f"compute-agent-heartbeat.{other}",
-             f"{TOPIC}_fanout_{other}:compute-agent:1"]
+    server queues, declare and read its reply queue as the queue manager
+    names it; call its agent, and bind its server queues."""
+    bound = [f"{TOPIC}.{other}", f"compute-agent-heartbeat.{other}"]
     return ([Check(p, q) for q in bound for p in ("configure", "write", "read")]
             + [Check(p, f"reply_{other}:compute-agent:1") for p in ("configure", "read")]
             + [Check("topic write", f"{TOPIC}.{other}", exchange)]
-            + [Check("topic read", q, exchange) for q in bound[:2]])
+            + [Check("topic read", q, exchange) for q in bound])
 
 
 @pytest.mark.parametrize("naming", NAMINGS.values(), ids=NAMINGS.keys())
@@ -256,7 +247,7 @@ def test_it_calls_no_agent_but_its_own_and_no_topic_every_agent_shares(naming):
     exchange = naming.control_exchange
     assert not allows(permissions, Check("topic write", TOPIC, exchange))
     assert not allows(permissions, Check("topic write", "compute-agent-heartbeat", exchange))
-    assert not allows(permissions, Check("write", f"{TOPIC}_fanout")) or naming.stream_fanout
+    assert not allows(permissions, Check("write", f"{TOPIC}_fanout"))
     assert not allows(permissions, Check("write", "openstack")) or exchange == "openstack"
     assert allows(permissions, Check("topic write", "compute-agent-heartbeat.h.2", exchange))
 

@@ -27,6 +27,10 @@ class Beats:
         self.gate = gate
         self.entered = threading.Event()
         self.asked: list[str] = []
+        self.closed = threading.Semaphore(0)  # released once per close
+
+    def close(self) -> None:
+        self.closed.release()
 
     def check(self, host: str):
         self.asked.append(host)
@@ -36,10 +40,8 @@ class Beats:
         return judge(host, {"host": host} if host in self.up else None, time.time())
 
 
-def fence_with(beats: Beats) -> SourceFence:
-    fence = SourceFence(conf=None)
-    fence._heartbeat = beats
-    return fence
+def fence_with(beats) -> SourceFence:
+    return SourceFence(conf=None, heartbeats=lambda: beats)
 
 
 def test_an_answer_is_up_and_silence_is_down():
@@ -55,6 +57,8 @@ def test_an_up_source_is_refused_every_time():
         with pytest.raises(SourceHostUp, match="src is up"):
             fence.require_down("src")
     assert beats.asked == ["src", "src"]  # an up verdict is never reused
+    # Each check's client closed after it: the destination keeps none.
+    assert beats.closed.acquire(timeout=10) and beats.closed.acquire(timeout=10)
 
 
 def test_many_rebuilds_of_one_down_source_wait_for_one_check():

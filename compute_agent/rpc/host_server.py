@@ -1,0 +1,262 @@
+"""The agent's one RPC server on the bus: both of its topics (the API's,
+``compute-agent.HOST``, and the heartbeat's, ``compute-agent-heartbeat.HOST``)
+consumed on one connection, its replies sent on another, the driver's pool.
+
+oslo.messaging's rabbit driver gives each RPC server a connection of its
+own and declares four queues for it: the shared topic queue, the host's,
+and a fanout queue named at random (deleted when it closes, a new name at
+each start). Two servers made 4 queues of a host's own, 3 to 4 connections
+with the broker probe, and every restart with quorum queues left Raft
+groups to delete. Nothing sends the agent a fanout or a call without a
+server: here only the two queues named after the host are declared, names
+that survive a restart.
+
+The heartbeat stays apart where it matters: its calls are dispatched by
+threads of their own (HEARTBEAT_THREADS), never queued behind the API's,
+so a host busy with 64 rebuilds still answers in milliseconds.
+
+A request must come through the control exchange (``openstack``), where the
+broker checks the publisher's topic permissions (compute-agent-manage
+bus-permissions): one published to the default exchange, which every agent
+may write to for its replies and which routes by queue name, is dropped
+with a warning. So one host's credentials cannot call another host's
+agent.
+
+Stopping: oslo.messaging's listener sees a stop only between two waits on
+the broker's socket, each up to 5 s (its ACK_REQUEUE_EVERY_SECONDS_MAX)
+while idle. The listener here wakes itself with a cast of report_alive to
+its own heartbeat queue: a stop takes milliseconds, with no frames spent
+while idle on shorter waits.
+
+This reaches into the rabbit driver beyond its public API (its listener
+and connection classes): tests/functional/test_host_server.py runs it on a
+real broker.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from oslo_config import cfg
+from oslo_messaging._drivers import amqpdriver
+from oslo_messaging._drivers import base as driver_base
+from oslo_messaging._drivers import common as driver_common
+from oslo_messaging.rpc import server as rpc_server
+
+from compute_agent.dependencies import Dependency, Probe, Unknown
+from compute_agent.exception import ConfigError
+from compute_agent.messaging import TOPIC, allow_deep_messages, messaging, server_queue, transport
+from compute_agent.rpc import broker, heartbeat
+from compute_agent.rpc.heartbeat import HeartbeatEndpoint
+from compute_agent.rpc.sending import SEND_RETRIES
+from compute_agent.rpc.served import HostAgent
+from compute_agent.rpc.server import CallsInFlight, ComputeAgentEndpoint, warn_of_unserved_calls
+
+LOG = logging.getLogger(__name__)
+# The heartbeat's calls are answered from memory: two threads keep them
+# apart from the API's without a pool of their own to size.
+HEARTBEAT_THREADS = 2
+# The methods served on the heartbeat's threads.
+HEARTBEAT_METHODS = frozenset({"report_alive"})
+
+
+def host_queues(host: str) -> tuple[str, str]:
+    """The two queues of a host's own: the API's and the heartbeat's."""
+    return server_queue(TOPIC, host), server_queue(heartbeat.TOPIC, host)
+
+
+def through_control_exchange(exchange: str | None, control_exchange: str) -> bool:
+    """Whether a request came through the control exchange, where the
+    broker checked its publisher's topic permissions."""
+    return exchange == control_exchange
+
+
+class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
+    """Both queues of the host on one connection; requests that did not
+    come through ``exchange`` dropped; ``wake`` called once a stop is
+    asked, so that the wait on the socket ends."""
+
+    def __init__(self, driver: Any, conn: Any, exchange: str, wake: Callable[[], None]):
+        super().__init__(driver, conn)
+        self._exchange = exchange
+        self._wake = wake
+
+    def __call__(self, message: Any) -> None:
+        delivered_by = message._raw_message.delivery_info.get("exchange")
+        if not through_control_exchange(delivered_by, self._exchange):
+            try:
+                message.acknowledge()
+            finally:
+                LOG.warning("Dropped a request for %s published to exchange %r, not %r: "
+                            "only the control exchange checks who may call this host",
+                            message._raw_message.delivery_info.get("routing_key"),
+                            delivered_by, self._exchange)
+            return
+        super().__call__(message)
+
+    def stop(self) -> None:
+        self._shutdown.set()
+        self.conn.stop_consuming()
+        try:
+            self._wake()
+        except Exception as e:  # noqa: BLE001 - the stop goes on without it
+            LOG.debug("The listener's wake-up was not sent: %s", e)
+        super().stop()
+
+
+class HostListenerAdapter(driver_base.PollStyleListenerAdapter):  # type: ignore[misc]
+    """oslo.messaging's thread that polls the listener; its cleanup, once
+    the server's calls are done (the server's wait()), also ends the
+    heartbeat's threads."""
+
+    def __init__(self, listener: HostListener, heartbeats: ThreadPoolExecutor) -> None:
+        super().__init__(listener, 1, None)
+        self._heartbeats = heartbeats
+
+    def cleanup(self) -> None:
+        self._heartbeats.shutdown(wait=True)
+        super().cleanup()
+
+
+class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
+    """oslo.messaging's RPC server with HostListener as its listener and a
+    pool of its own for the heartbeat's calls. ``in_flight``: the API
+    calls being served; ``heartbeat``: the heartbeat's endpoint."""
+
+    def __init__(self, transport: Any, target: Any, dispatcher: Any, executor: Any = None):
+        super().__init__(transport, target, dispatcher, executor)
+        [self.in_flight] = {e.in_flight for e in dispatcher.endpoints
+                            if isinstance(e, ComputeAgentEndpoint)}
+        [self.heartbeat] = [e for e in dispatcher.endpoints if isinstance(e, HeartbeatEndpoint)]
+        self._heartbeats: ThreadPoolExecutor | None = None
+        self._connection: Any = None  # the listener's, once started
+
+    def _create_listener(self) -> Any:
+        driver = self.transport._driver
+        if not isinstance(driver, amqpdriver.AMQPDriverBase):
+            raise ConfigError(f"[DEFAULT] transport_url: the agent serves RPC over rabbit "
+                              f"only (value: {type(driver).__name__})")
+        conn = driver._get_connection(driver_common.PURPOSE_LISTEN)
+        exchange = driver._get_exchange(self._target)
+        listener = HostListener(driver, conn, exchange, self.cast_own_heartbeat)
+        for queue in host_queues(self._target.server):
+            conn.declare_topic_consumer(exchange_name=exchange, topic=queue, callback=listener)
+        self._connection = conn
+        self._heartbeats = ThreadPoolExecutor(HEARTBEAT_THREADS,
+                                              thread_name_prefix="heartbeat-call")
+        return HostListenerAdapter(listener, self._heartbeats)
+
+    def _on_incoming(self, incoming: list[Any]) -> None:
+        if incoming[0].message.get("method") in HEARTBEAT_METHODS and self._heartbeats:
+            self._heartbeats.submit(self._process_incoming, incoming)
+            return
+        super()._on_incoming(incoming)
+
+    def connected_to(self) -> str | None:
+        """The broker the listener's connection is up to now, as a URL
+        without credentials; None while it is down (what the driver last
+        found: no round trip)."""
+        if self._connection is None:
+            return None
+        # The driver's pooled connection, its Connection, and kombu's.
+        kombu_connection = self._connection.connection.connection
+        if not kombu_connection.connected:
+            return None
+        return f"rabbit://{kombu_connection.hostname}:{kombu_connection.port}/"
+
+    def cast_own_heartbeat(self) -> None:
+        """A cast of report_alive to this host's heartbeat queue: it wakes
+        the listener that is being stopped, and shows the loop's watch
+        that RPC reaches this agent. Sent once, never retried (a broker
+        that is away cannot deliver it); raises what the send raised."""
+        client = messaging.get_rpc_client(
+            self.transport, messaging.Target(topic=heartbeat.TOPIC, version=heartbeat.VERSION,
+                                             server=self._target.server),
+            retry=SEND_RETRIES)
+        client.cast({}, "report_alive")
+
+
+def make_server(conf: cfg.ConfigOpts, agent: HostAgent) -> HostServer:
+    """The agent's server: the API's endpoint and the heartbeat's, for
+    ``conf.host``; ``start()`` it beside the update loop, ``stop()`` and
+    ``wait()`` on the way out."""
+    allow_deep_messages()
+    warn_of_unserved_calls()
+    endpoints = [ComputeAgentEndpoint(agent, heartbeat.SourceFence(conf), CallsInFlight()),
+                 HeartbeatEndpoint(agent, time.time(), conf.state_path)]
+    server: HostServer = messaging.get_rpc_server(
+        transport(conf), messaging.Target(topic=TOPIC, server=conf.host), endpoints,
+        access_policy=messaging.ExplicitRPCAccessPolicy, server_cls=HostServer)
+    return server
+
+
+class ServerWatch:
+    """The update loop's look at the broker, once a cycle, with no
+    connection of its own (a kept one was an agent's third connection and
+    its frames): the host server's listener connection as the driver last
+    found it, and the server's own heartbeat, cast to itself at the look
+    before, served since (any heartbeat served counts). A listener that is
+    connected and given nothing (its queue deleted, its consumer
+    cancelled) is deaf, and said to be. While the listener's connection is
+    down, a login says why (the broker's own finding, as the commands
+    get it); a broker that takes the login while the listener stays down
+    for a second look is said so, a shorter gap (a connection cut and made
+    again) is not an outage. Nothing is looked at before the server serves
+    (the start says it waits for the broker). ``timeout``: the login's."""
+
+    def __init__(self, conf: cfg.ConfigOpts, timeout: float) -> None:
+        self._conf = conf
+        self._timeout = timeout
+        self._server: HostServer | None = None
+        self._served_at_cast: int | None = None
+        self._down_looks = 0
+
+    def serving(self, server: HostServer) -> None:
+        """The server started: look at it from now on."""
+        self._server, self._served_at_cast, self._down_looks = server, None, 0
+
+    def probe(self) -> Probe | Unknown:
+        server = self._server
+        if server is None:
+            return Unknown("not serving RPC yet")
+        url = server.connected_to()
+        if url is None:
+            return self._listener_down()
+        self._down_looks = 0
+        served = server.heartbeat.served
+        deaf = self._served_at_cast is not None and served == self._served_at_cast
+        self._served_at_cast = served
+        try:
+            with broker.driver_lines_quiet():
+                server.cast_own_heartbeat()
+        except Exception as e:  # noqa: BLE001 - the broker's finding
+            self._served_at_cast = None
+            return Probe(Dependency.BROKER, url, f"did not take a message ({broker.problem(e)})")
+        return Probe(Dependency.BROKER, url, DEAF if deaf else None)
+
+    def _listener_down(self) -> Probe | Unknown:
+        self._served_at_cast = None
+        found = broker.probe(self._conf, self._timeout)
+        if isinstance(found, Unknown) or found.problem is not None:
+            self._down_looks = 0
+            return found
+        self._down_looks += 1
+        if self._down_looks < LOOKS_BEFORE_LISTENER_DOWN:
+            return found
+        return Probe(Dependency.BROKER, found.url, LISTENER_DOWN)
+
+    def close(self) -> None:
+        self._server = None
+
+
+# Looks in a row at a listener whose connection is down, the broker taking
+# logins, before the watch says so: a cut connection is made again within
+# a second or two.
+LOOKS_BEFORE_LISTENER_DOWN = 2
+LISTENER_DOWN = ("takes logins, but the RPC server's connection has been down since "
+                 "the last cycle: calls do not reach this agent")
+DEAF = ("delivered nothing to this agent's RPC server since the last cycle, its own "
+        "heartbeat included: calls do not reach it")

@@ -1,0 +1,138 @@
+"""The host's one RPC server (compute_agent/rpc/host_server.py) on kombu's
+in-memory broker: both topics on its two queues and nothing more, a
+request that did not come through the control exchange dropped, and the
+loop's watch of it. (On RabbitMQ: tests/functional/test_host_server.py.)"""
+from __future__ import annotations
+
+import json
+import logging
+import types
+import uuid
+
+import kombu
+import pytest
+from oslo_config import cfg
+
+from compute_agent import config
+from compute_agent.dependencies import Dependency, Probe, Unknown
+from compute_agent.messaging import TOPIC
+from compute_agent.rpc import broker, heartbeat, host_server
+from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.host_server import DEAF, LISTENER_DOWN, ServerWatch
+from tests.waiting import wait_for
+
+HOST = "h1"
+MEMORY = "kombu+memory:////"
+
+
+def memory_conf() -> cfg.ConfigOpts:
+    conf = cfg.ConfigOpts()
+    config.register_opts(conf)
+    conf([])
+    conf.set_override("host", HOST)
+    conf.set_override("transport_url", MEMORY)
+    return conf
+
+
+
+
+def served_agent() -> types.SimpleNamespace:
+    """What get_host_info and report_alive read of the agent."""
+    tracker = types.SimpleNamespace(instance_count=lambda: 0, snapshot=lambda: ({}, [], {}))
+    return types.SimpleNamespace(policy=types.SimpleNamespace(host=HOST, root_uuid="root"),
+                                 manager=types.SimpleNamespace(tracker=tracker), last_tree=[])
+
+
+@pytest.fixture
+def served(memory_broker):
+    conf = memory_conf()
+    agent = served_agent()
+    server = host_server.make_server(conf, agent)
+    server.start()
+    api = ComputeAgentAPI(conf, timeout=5)
+    yield types.SimpleNamespace(conf=conf, agent=agent, server=server, api=api,
+                                queues=memory_broker)
+    api.close()
+    server.stop()
+    server.wait()
+
+
+def test_both_topics_are_served_from_the_hosts_two_queues_and_no_other(served):
+    assert served.api.get_host_info(HOST)["host"] == HOST
+    beats = heartbeat.Heartbeat(served.conf, down_after=5)
+    try:
+        assert beats.check(HOST).report["instances"] == 0
+    finally:
+        beats.close()
+    # The callers' reply queues aside: no fanout queue, no shared one.
+    assert {q for q in served.queues if not q.startswith("reply_")} == set(
+        host_server.host_queues(HOST))
+
+
+def cast(exchange: str, routing_key: str, method: str, **args: object) -> None:
+    """An RPC cast as oslo.messaging's rabbit driver puts it on the wire."""
+    body = {"oslo.version": "2.0", "oslo.message": json.dumps(
+        {"method": method, "args": args, "version": "1.0", "_unique_id": uuid.uuid4().hex})}
+    with kombu.Connection("memory://") as connection:
+        kombu.Producer(connection.channel()).publish(body, exchange=exchange,
+                                                     routing_key=routing_key,
+                                                     serializer="json")
+
+
+def test_a_request_through_the_default_exchange_is_dropped(served, caplog):
+    """Every agent may write to the default exchange (its answers go
+    there), and it routes to any queue by name: one host's credentials
+    would reach every other host's agent."""
+    heartbeats = served.server.heartbeat
+    with caplog.at_level(logging.WARNING, logger="compute_agent.rpc.host_server"):
+        cast("", f"{TOPIC}.{HOST}", "report_alive")
+        wait_for(lambda: any("published to exchange ''" in r.getMessage()
+                             for r in caplog.records), 10)
+    assert heartbeats.served == 0
+    cast("openstack", f"{TOPIC}.{HOST}", "report_alive")
+    wait_for(lambda: heartbeats.served == 1, 10)
+
+
+def test_the_watch_sees_nothing_before_the_server_serves():
+    assert isinstance(ServerWatch(memory_conf(), 1).probe(), Unknown)
+
+
+def test_the_watch_finds_the_server_answering_its_own_heartbeat(served):
+    watch = ServerWatch(served.conf, 1)
+    watch.serving(served.server)
+    url = "rabbit://memory_driver:1234/"  # what oslo.messaging calls kombu's memory transport
+    for _ in range(3):
+        served_before = served.server.heartbeat.served
+        assert watch.probe() == Probe(Dependency.BROKER, url)
+        # Each look casts the server's own heartbeat, which it serves.
+        wait_for(lambda: served.server.heartbeat.served > served_before, 10)
+
+
+def test_the_watch_says_a_server_given_nothing_since_its_last_look_is_deaf(
+        served, monkeypatch):
+    watch = ServerWatch(served.conf, 1)
+    watch.serving(served.server)
+    sent: list[str] = []
+    # The server's own casts lost on the way (its queue deleted under it).
+    monkeypatch.setattr(served.server, "cast_own_heartbeat", lambda: sent.append("cast"))
+    assert watch.probe().problem is None
+    assert watch.probe().problem == DEAF
+    assert sent == ["cast", "cast"]
+
+
+def test_a_listener_down_is_said_by_a_login_or_after_a_second_look(served, monkeypatch):
+    """A connection cut and made again is no outage; a broker that does
+    not answer is said as the login finds it; one that takes logins while
+    the listener stays down, at the second look."""
+    watch = ServerWatch(served.conf, 1)
+    watch.serving(served.server)
+    monkeypatch.setattr(served.server, "connected_to", lambda: None)
+    url = "rabbit://127.0.0.1:5672/"
+    answer = Probe(Dependency.BROKER, url, "did not answer (connection refused)")
+    monkeypatch.setattr(broker, "probe", lambda conf, timeout: answer)
+    assert watch.probe() == answer
+    answer = Probe(Dependency.BROKER, url)
+    assert watch.probe().problem is None  # the broker back: a first look
+    assert watch.probe() == Probe(Dependency.BROKER, url, LISTENER_DOWN)
+    monkeypatch.setattr(served.server, "connected_to", lambda: url)
+    assert watch.probe().problem is None
