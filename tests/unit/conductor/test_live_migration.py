@@ -1,9 +1,12 @@
-"""Issue 14: a live migration whose source's answer is lost. The rule
-(which outcome the source's answer stands for, and what the conductor does
-about it) on its own, then the conductor helper driving recorders: it asks
-the source again instead of rolling back, leaves everything as it is when
-the source never says, and a rerun with the same migration uuid finishes
-the move."""
+"""The conductor's side of a live migration (compute_agent/conductor/
+live_migration.py), driving recorders for Placement and the agents: the
+order of its steps (the source told before the swap, RPC API 1.4) and of
+their rollback; then issue 14, a live migration whose source's answer is
+lost: the rule (which outcome the source's answer stands for, and what the
+conductor does about it) on its own, then the helper asking the source
+again instead of rolling back, leaving everything as it is when the source
+never says, and finishing the move when rerun with the same migration
+uuid."""
 from __future__ import annotations
 
 import pytest
@@ -29,8 +32,9 @@ from compute_agent.exception import (
     StoreUnavailable,
     VersionCapped,
 )
+from compute_agent.messaging import messaging
 from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
-from tests.unit.conductor.test_live_migration_source import DESTINATION_ALLOCATIONS, SWAP, Conductor, spec
+from tests.functional.claims_world import spec
 
 MIG = "mig"
 
@@ -102,6 +106,110 @@ def test_no_outcome_but_a_settled_or_stayed_one_ever_undoes_anything():
         for time_left in (True, False):
             assert next_step(outcome, time_left) is not NextStep.ROLL_BACK
 
+
+# --- the conductor's order ------------------------------------------------
+
+class Conductor:
+    """Placement's consumers and the agents' calls, in one journal."""
+
+    def __init__(self, fail: str | None = None, cap_14: bool = True,
+                 lost: str | None = None):
+        """``fail``: the method that answers a failure; ``lost``: the one
+        whose answer is lost (a timeout), its work maybe done."""
+        self.journal: list[str] = []
+        self.fail = fail
+        self.lost = lost
+        self.cap_14 = cap_14
+        self.consumers = {"inst": {"allocations": {"src-rp": {"resources": {"VGPU": 1}}},
+                                   "project_id": "p", "user_id": "u",
+                                   "consumer_generation": 1}}
+
+    # Placement
+    def get_consumer_allocations(self, consumer):
+        return self.consumers.get(consumer, {"allocations": {}})
+
+    def post_allocations(self, body):
+        for consumer, c in body.items():
+            self.consumers[consumer] = {**c, "consumer_generation": 1}
+        self.journal.append("placement: " + ", ".join(
+            f"{k}={sorted(v['allocations'])}" for k, v in sorted(body.items())))
+
+    # agents
+    def can_send(self, version):
+        return self.cap_14 or version != "1.4"
+
+    def __getattr__(self, method):
+        def call(host, *args, **kwargs):
+            self.journal.append(f"{host}: {method}")
+            if method == self.fail:
+                raise LiveMigrationFailed("inst", "mig", "failed", "it broke")
+            if method == self.lost:
+                raise messaging.MessagingTimeout("no reply")
+            # As the agents answer: the source's record, the source's
+            # migration, the destination's claim and its instance.
+            return {"state": {"check_can_live_migrate_source": "announced",
+                              "live_migrate": "migrated"}.get(method),
+                    "claimed": [], "migration_uri": "fake://b", "running": True}
+        return call
+
+
+def run(conductor: Conductor) -> list[str]:
+    try:
+        live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
+                              {"dst-rp": {"resources": {"VGPU": 1}}}, "mig")
+    except LiveMigrationFailed:
+        conductor.journal.append("raised")
+    return conductor.journal
+
+
+SWAP = "placement: inst=[], mig=['src-rp']"
+DESTINATION_ALLOCATIONS = "placement: inst=['dst-rp']"
+RETURNED = "placement: inst=['src-rp'], mig=[]"
+
+
+def test_the_conductor_tells_the_source_before_the_swap():
+    assert run(Conductor()) == [
+        "A: check_can_live_migrate_source", SWAP, DESTINATION_ALLOCATIONS,
+        "B: check_can_live_migrate_destination", "A: live_migrate",
+        "B: post_live_migration_at_destination", "placement: mig=[]"]
+
+
+def test_a_refused_source_leaves_nothing_to_undo():
+    assert run(Conductor(fail="check_can_live_migrate_source")) == [
+        "A: check_can_live_migrate_source", "raised"]
+
+
+def test_on_failure_the_allocations_return_before_the_source_ends_the_move():
+    """A source restarting between the two must find either the instance's
+    allocations on its providers or the move open, never neither."""
+    assert run(Conductor(fail="live_migrate"))[-4:] == [
+        "B: rollback_live_migration_at_destination", RETURNED,
+        "A: rollback_live_migration_at_source", "raised"]
+    refused = run(Conductor(fail="check_can_live_migrate_destination"))
+    assert refused[-3:] == [RETURNED, "A: rollback_live_migration_at_source", "raised"]
+    assert "B: rollback_live_migration_at_destination" not in refused
+
+
+def test_a_claim_whose_answer_is_lost_is_given_back_at_the_destination():
+    """The destination may have claimed before its answer was lost: asked
+    to give it back (a refusal, as above, claimed nothing)."""
+    conductor = Conductor(lost="check_can_live_migrate_destination")
+    with pytest.raises(messaging.MessagingTimeout):
+        live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
+                              {"dst-rp": {"resources": {"VGPU": 1}}}, "mig")
+    assert conductor.journal[-4:] == [
+        "B: check_can_live_migrate_destination",
+        "B: rollback_live_migration_at_destination", RETURNED,
+        "A: rollback_live_migration_at_source"]
+
+
+def test_a_conductor_capped_below_1_4_skips_the_source_steps():
+    journal = run(Conductor(fail="live_migrate", cap_14=False))
+    assert not [j for j in journal if "source" in j]
+    assert journal[0] == SWAP
+
+
+# --- a lost answer ----------------------------------------------------------
 
 class LossyConductor(Conductor):
     """The source answers live_migrate from ``answers``, one per call (an
