@@ -21,8 +21,13 @@ from compute_agent.heal import rules
 from compute_agent.heal.realign import DeviceIndex, Realignment
 from compute_agent.heal.run import align_store, consumer_from, run_heal
 from compute_agent.tree.host_tree import BuiltTree
-from compute_agent.tree.provider_tree import Inventory, ProviderTree, inventory
-from tests.unit.daemon.agents import ROOT, FakePlacement, agent_on_fake_host
+from compute_agent.tree.provider_tree import Inventory, inventory
+from tests.unit.daemon.agents import (
+    ROOT,
+    FakePlacement,
+    agent_on_fake_host,
+    placement_as_flat_mode_left_it,
+)
 
 INSTANCE = "3c1f5a9e-7b2d-4e8f-a6c0-1d9b8e7f6a5c"
 SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
@@ -109,14 +114,8 @@ class Host:
 def host(tmp_path):
     placement = ReshapingPlacement()
     agent = agent_on_fake_host(tmp_path, client=placement)
-    built = agent.build_model(agent.driver.get_host_inventory())
-    pools = built.pools_by_uuid({})
-    (cell,) = (p.uuid for p in built.tree if p.uuid != ROOT)
-    root = built.tree.get(ROOT)
-    placement.has_tree(ProviderTree([
-        dataclasses.replace(root, inventories={**root.inventories, "VCPU": inventory(4),
-                                               "MEMORY_MB": inventory(4096)}),
-        built.tree.get(cell)]))
+    cell = placement_as_flat_mode_left_it(agent, placement)
+    pools = agent.build_model(agent.driver.get_host_inventory()).pools_by_uuid({})
     # The instance as the flat mode claimed it: its rows and its
     # allocations on the root.
     tracker = agent.manager.tracker
