@@ -6,14 +6,24 @@ lost: the rule (which outcome the source's answer stands for, and what the
 conductor does about it) on its own, then the helper asking the source
 again instead of rolling back, leaving everything as it is when the source
 never says, and finishing the move when rerun with the same migration
-uuid."""
+uuid; a rerun the source refuses, and a claim whose rollback is not
+answered. Last, LiveMigrator on the Placement stand-in of placements.py:
+the source, the room on the target and a resumed move, its steps
+recorded."""
 from __future__ import annotations
+
+import logging
+import uuid as uuid_lib
+from dataclasses import dataclass
 
 import pytest
 from oslo_messaging import MessagingTimeout, RemoteError
 
 from compute_agent.claims.model import MigrationRole
+from compute_agent.conductor import live_migration
+from compute_agent.conductor.errors import LiveMigrationNotPossible
 from compute_agent.conductor.live_migration import (
+    LiveMigrator,
     MoveOutcome,
     NextStep,
     answer_lost,
@@ -35,6 +45,7 @@ from compute_agent.exception import (
 from compute_agent.messaging import messaging
 from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 from tests.functional.claims_world import spec
+from tests.unit.conductor.placements import Held, Placement
 
 MIG = "mig"
 
@@ -304,3 +315,258 @@ def test_a_source_that_says_the_guest_stayed_after_a_lost_answer_rolls_back():
     assert conductor.journal[-3:] == [
         "B: rollback_live_migration_at_destination",
         "placement: inst=['src-rp'], mig=[]", "A: rollback_live_migration_at_source"]
+
+
+# --- a rerun the source refuses, a claim that may stay ---------------------------
+
+class RolledBackAtSource(Conductor):
+    """A rerun of migration ``mig`` after a first run whose outcome was
+    unknown: the migration holds the source's allocations, the instance
+    the destination's, and the source refuses the move, rolled back there
+    or not. ``moves``: each host's state of the move in get_instance, None
+    when it has no such instance."""
+
+    def __init__(self, moves: dict[str, str | None]) -> None:
+        super().__init__()
+        self.moves = moves
+        self.consumers = {
+            consumer: {"allocations": {rp: {"resources": {"VGPU": 1}}}, "project_id": "p",
+                       "user_id": "u", "consumer_generation": 2}
+            for consumer, rp in (("inst", "dst-rp"), (MIG, "src-rp"))}
+
+    def check_can_live_migrate_source(self, host, migration, instance, destination):
+        self.journal.append(f"{host}: check_can_live_migrate_source")
+        raise InvalidRequest("migration_uuid", migration,
+                             "this live migration failed or was rolled back")
+
+    def get_instance(self, host, instance):
+        self.journal.append(f"{host}: get_instance")
+        if self.moves[host] is None:
+            raise NoSuchInstance(instance)
+        return {"migrations": [{"uuid": MIG, "state": self.moves[host]}]}
+
+
+def rerun(conductor: Conductor, migration: str | None = MIG) -> list[str]:
+    with pytest.raises(InvalidRequest, match="rolled back"):
+        live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
+                              {"dst-rp": {"resources": {"VGPU": 1}}}, migration)
+    return conductor.journal
+
+
+def test_a_rerun_of_a_move_the_source_rolled_back_undoes_what_the_first_run_left():
+    conductor = RolledBackAtSource({"A": "reverted", "B": "active"})
+    assert rerun(conductor) == [
+        "A: check_can_live_migrate_source", "A: get_instance", "B: get_instance",
+        "B: rollback_live_migration_at_destination", RETURNED]
+    assert allocations(conductor) == {"inst": ["src-rp"], MIG: []}
+
+
+def test_a_destination_that_never_claimed_the_rolled_back_move_is_not_asked_to_undo_it():
+    for at_destination in (None, "reverted"):
+        conductor = RolledBackAtSource({"A": "reverted", "B": at_destination})
+        assert rerun(conductor)[-2:] == ["B: get_instance", RETURNED]
+
+
+@pytest.mark.parametrize("migration, at_source, asked", [
+    # A first run's refusal left nothing anywhere: nobody is asked more.
+    (None, "reverted", ["A: check_can_live_migrate_source"]),
+    (MIG, "announced", ["A: check_can_live_migrate_source", "A: get_instance"]),
+])
+def test_a_refusal_of_a_first_run_or_of_a_move_not_rolled_back_undoes_nothing(
+        migration, at_source, asked):
+    conductor = RolledBackAtSource({"A": at_source, "B": "active"})
+    assert rerun(conductor, migration) == asked
+    assert allocations(conductor) == {"inst": ["dst-rp"], MIG: ["src-rp"]}
+
+
+class ClaimUnanswered(Conductor):
+    """The destination's answer to its claim is lost; so is, or is refused,
+    the rollback of that claim."""
+
+    def __init__(self, rollback_error: Exception) -> None:
+        super().__init__(lost="check_can_live_migrate_destination")
+        self.rollback_error = rollback_error
+
+    def rollback_live_migration_at_destination(self, host, migration, instance):
+        self.journal.append(f"{host}: rollback_live_migration_at_destination")
+        raise self.rollback_error
+
+
+@pytest.mark.parametrize("rollback_error, warned", [
+    (MessagingTimeout("no reply"), True),
+    # It never heard of the move: it claimed nothing, as good as given back.
+    (NoSuchInstance("inst"), False),
+])
+def test_a_claim_whose_rollback_is_not_answered_either_is_said_to_stay(
+        rollback_error, warned, caplog):
+    conductor = ClaimUnanswered(rollback_error)
+    with pytest.raises(MessagingTimeout):
+        live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
+                              {"dst-rp": {"resources": {"VGPU": 1}}}, MIG)
+    # The rest of the rollback goes on all the same.
+    assert conductor.journal[-3:] == ["B: rollback_live_migration_at_destination", RETURNED,
+                                      "A: rollback_live_migration_at_source"]
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == ([f"Live migration {MIG} of instance inst: the claim at B may stay until "
+                     "the migration is run again (MessagingTimeout)"] if warned else [])
+
+
+# --- LiveMigrator: the source, the destination's room, a resumed run -------------
+
+A, A_CELL, B, B_CELL = (str(uuid_lib.uuid4()) for _ in range(4))
+INSTANCE = str(uuid_lib.uuid4())
+HELD = {"VCPU": 2, "MEMORY_MB": 1024}
+SPEC = {"name": "web-1", "vcpus": 2, "memory_mb": 1024}
+
+
+def hosts_a_and_b() -> Placement:
+    """Hosts a and b, each a root with one NUMA cell; b has room; the
+    instance runs on a."""
+    placement = Placement(room=[B])
+    for name, root, cell in (("a", A, A_CELL), ("b", B, B_CELL)):
+        placement.add(root, name, None, frozenset({"COMPUTE_NODE"}))
+        placement.add(cell, f"{name}_numa_0", root, frozenset({"HW_NUMA_ROOT"}))
+    placement.consumers[INSTANCE] = Held({A_CELL: dict(HELD)})
+    return placement
+
+
+class Hosts:
+    """The agents' get_instance: ``has`` names the hosts that have the
+    instance (its spec)."""
+
+    def __init__(self, has: set[str]) -> None:
+        self.has = has
+        self.asked: list[str] = []
+
+    def get_instance(self, host: str, instance: str) -> dict:
+        self.asked.append(host)
+        if host not in self.has:
+            raise NoSuchInstance(instance)
+        return {"spec": dict(SPEC), "migrations": []}
+
+
+@dataclass
+class Migrator:
+    placement: Placement
+    hosts: Hosts
+    runs: list[tuple]  # live_migrate_instance's arguments, each run
+    migrator: LiveMigrator
+
+
+@pytest.fixture
+def lm(monkeypatch) -> Migrator:
+    """A LiveMigrator whose run of the steps (live_migrate_instance, tested
+    above) is recorded: the guest arrives at once, not running yet."""
+    placement, hosts, runs = hosts_a_and_b(), Hosts({"a"}), []
+
+    def steps(api, placement, instance, source, destination, spec, allocations,
+              migration):
+        runs.append((instance, source, destination, spec, allocations, migration))
+        return {"running": False}  # arrived, as the destination reports it
+
+    monkeypatch.setattr(live_migration, "live_migrate_instance", steps)
+    return Migrator(placement, hosts, runs, LiveMigrator(placement, hosts))
+
+
+def test_an_instance_moves_to_room_on_the_target_s_tree_with_its_spec(lm):
+    moved = lm.migrator.live_migrate(INSTANCE, "b")
+    [(instance, source, destination, spec, wanted, migration)] = lm.runs
+    assert (instance, source, destination, spec) == (INSTANCE, "a", "b", SPEC)
+    assert wanted == {B_CELL: {"resources": HELD}}
+    assert str(uuid_lib.UUID(migration)) == migration
+    assert moved == {"instance": INSTANCE, "source": "a", "destination": "b",
+                     "migration": migration, "running": False}
+    (asked,) = [r for r in lm.placement.requests if r.startswith("GET /allocation_c")]
+    assert f"in_tree_CELL0={B}" in asked
+    assert lm.hosts.asked == ["a"]
+
+
+@pytest.mark.parametrize("target, refusal", [
+    ("a", "--target: a is the instance's host already"),
+    ("c", "--target: c is no compute host in Placement"),
+])
+def test_a_target_that_cannot_take_it_is_refused_before_any_agent_is_asked(lm, target,
+                                                                           refusal):
+    with pytest.raises(LiveMigrationNotPossible, match=f"^{refusal}$"):
+        lm.migrator.live_migrate(INSTANCE, target)
+    assert lm.runs == [] and lm.hosts.asked == []
+
+
+def test_a_target_without_room_is_refused(lm):
+    lm.placement.room = []
+    with pytest.raises(LiveMigrationNotPossible, match=(
+            f"^--target: b has no room for instance {INSTANCE} with each device on its "
+            r"CPUs' NUMA cell \(allocation candidates\)$")):
+        lm.migrator.live_migrate(INSTANCE, "b")
+    assert lm.runs == []
+
+
+def test_a_candidate_not_wholly_on_the_target_s_tree_is_passed_over(lm, monkeypatch):
+    """With a sharing provider (a storage pool in an aggregate), a
+    candidate can reach beyond the tree asked for."""
+    shared = lm.placement.add(str(uuid_lib.uuid4()), "nfs-pool")
+    candidates = lm.placement.get_allocation_candidates
+
+    def with_a_sharing_provider(query):
+        found = candidates(query)
+        found["allocation_requests"].insert(0, {"allocations": {
+            B_CELL: {"resources": HELD}, shared: {"resources": {"DISK_GB": 10}}}})
+        found["provider_summaries"][shared] = {"root_provider_uuid": shared}
+        return found
+
+    monkeypatch.setattr(lm.placement, "get_allocation_candidates", with_a_sharing_provider)
+    lm.migrator.live_migrate(INSTANCE, "b")
+    [run] = lm.runs
+    assert run[4] == {B_CELL: {"resources": HELD}}
+
+
+def test_an_instance_placement_has_nowhere_or_on_two_hosts_is_refused(lm):
+    nowhere = str(uuid_lib.uuid4())
+    with pytest.raises(LiveMigrationNotPossible,
+                       match=f"^INSTANCE: {nowhere} holds no allocations in Placement$"):
+        lm.migrator.live_migrate(nowhere, "b")
+    lm.placement.consumers[INSTANCE].allocations[B_CELL] = {"VCPU": 1}
+    with pytest.raises(LiveMigrationNotPossible, match=(
+            f"^INSTANCE: {INSTANCE} holds allocations on 2 hosts: it is in a move "
+            "already$")):
+        lm.migrator.live_migrate(INSTANCE, "b")
+    assert lm.runs == []
+
+
+def left_unknown(lm: Migrator) -> str:
+    """What a run whose outcome was unknown left: the migration holds the
+    source's allocations, the instance the destination's."""
+    migration = str(uuid_lib.uuid4())
+    lm.placement.consumers[migration] = Held({A_CELL: dict(HELD)}, "MIGRATION")
+    lm.placement.consumers[INSTANCE] = Held({B_CELL: dict(HELD)})
+    return migration
+
+
+@pytest.mark.parametrize("has, spec_from", [({"a", "b"}, "a"), ({"b"}, "b")])
+def test_a_move_left_unknown_is_resumed_from_where_its_allocations_are(lm, has, spec_from):
+    """The source is where the migration holds allocations; the guest may
+    have left it, and its spec is then the destination's."""
+    migration = left_unknown(lm)
+    lm.hosts.has = has
+    moved = lm.migrator.live_migrate(INSTANCE, "b", migration)
+    assert lm.runs == [(INSTANCE, "a", "b", SPEC, {B_CELL: {"resources": HELD}}, migration)]
+    assert moved["migration"] == migration and moved["source"] == "a"
+    assert lm.hosts.asked[-1] == spec_from
+    # No new candidates: the destination's allocations are those written.
+    assert not [r for r in lm.placement.requests if r.startswith("GET /allocation_c")]
+
+
+def test_a_move_resumed_towards_its_own_source_is_refused(lm):
+    migration = left_unknown(lm)
+    with pytest.raises(LiveMigrationNotPossible, match=(
+            f"^--migration: {migration} moves instance {INSTANCE} away from a, not to "
+            "it$")):
+        lm.migrator.live_migrate(INSTANCE, "a", migration)
+    assert lm.runs == []
+
+
+def test_a_migration_uuid_that_holds_nothing_names_a_new_move(lm):
+    migration = str(uuid_lib.uuid4())
+    lm.migrator.live_migrate(INSTANCE, "b", migration)
+    [run] = lm.runs
+    assert run[1:3] == ("a", "b") and run[-1] == migration
