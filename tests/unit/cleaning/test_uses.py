@@ -1,53 +1,20 @@
 """One-time-use devices in the tracker and the store: a claim records its
 one-time-use devices used in its own commit, used they are never chosen,
-the record survives a restart (schema 7, migrated from 6), and the
-cleaner runs its command outside the tracker's lock."""
-import logging
+and the record survives a restart (schema 7, migrated from 6). (The
+cleaner that gives them back is test_run.py's.)"""
 import sqlite3
-import uuid
 
 import pytest
 
 from compute_agent.claims.choice import Pool, Slot
 from compute_agent.claims.model import DeviceUse, UseState
-from compute_agent.cleaning.run import Cleaner, run_command
 from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import ClaimFailed, InvalidRequest
 from compute_agent.store.queries import device_uses
 from compute_agent.store.schema import migrate, schema_version
 from compute_agent.store.store import Store
-from compute_agent.tree.device_spec import DeviceSpec
-from tests.unit.compute.trackers import tracker_on
-from tests.waiting import wait_for
-
-PF = "0b9b9f2e-5d55-4c1c-9b7e-6a2b1f0d3c44"
-GPU = "7d2b4f6e-1c3a-4e5b-8f9d-0a1b2c3d4e5f"
-VF0, VF1 = "0000:81:10.0", "0000:81:10.1"
-WHOLE = "0000:af:00.0"
-SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
-ONE_VF = {PF: {"resources": {"SRIOV_NET_VF": 1}}}
-THE_GPU = {GPU: {"resources": {"CUSTOM_GPU": 1}}}
-
-
-def pools(one_time_use: bool = True) -> dict:
-    once = frozenset({VF0, VF1}) if one_time_use else frozenset()
-    return {PF: {"SRIOV_NET_VF": Pool("cmp_0000:81:00.0", "SRIOV_NET_VF", DeviceKind.VF, 2,
-                                      (Slot(VF0), Slot(VF1)), one_time_use=once)},
-            GPU: {"CUSTOM_GPU": Pool("cmp_0000:AF:00.0", "CUSTOM_GPU", DeviceKind.PCI, 1,
-                                     (Slot(WHOLE),), one_time_use=frozenset({WHOLE}))}}
-
-
-@pytest.fixture
-def tracker(tmp_path):
-    with tracker_on(tmp_path, pools()) as t:
-        yield t
-
-
-def build(t: Tracker, allocations=ONE_VF) -> str:
-    instance = str(uuid.uuid4())
-    t.claim_build(instance, SPEC, allocations)
-    return instance
+from tests.unit.cleaning.devices import GPU, THE_GPU, VF0, VF1, WHOLE, build, pools
 
 
 def test_a_claim_records_its_one_time_use_device_used_in_its_commit(tracker):
@@ -144,73 +111,6 @@ def test_schema_7_adds_the_device_uses_to_a_schema_6_store(tmp_path):
         assert store.read(device_uses) == {VF0: DeviceUse(VF0)}
     finally:
         store.close()
-
-
-# --- the cleaner ---------------------------------------------------------------
-
-def spec(command=("clean",), timeout=5.0) -> DeviceSpec:
-    return DeviceSpec("{}", None, None, None, None, frozenset(), one_time_use=True,
-                      clean_command=command, clean_timeout=timeout)
-
-
-def cleaned_by(tracker, run, specs) -> Cleaner:
-    cleaner = Cleaner(tracker, lambda: None, run=run)
-    cleaner.set_specs(specs)
-    cleaner.start()
-    return cleaner
-
-
-def until_cleaned(tracker, cleaner, address: str) -> None:
-    """Until the cleaning of ``address`` that is due has ended."""
-    wait_for(lambda: address not in tracker.awaiting_cleaning()
-             and not cleaner.running(address), timeout=5, interval=0.01)
-
-
-def test_a_cleaning_that_succeeds_gives_the_device_back(tracker, caplog):
-    caplog.set_level(logging.INFO, "compute_agent.cleaning.run")
-    ran = []
-
-    def run(command, address, timeout):
-        # Outside the tracker's lock: a claim goes through meanwhile.
-        build(tracker, ONE_VF)
-        ran.append((command, address, timeout))
-        return "", "formatted\n"
-
-    tracker.release_instance(build(tracker, THE_GPU))
-    cleaner = cleaned_by(tracker, run, {WHOLE: spec(timeout=7)})
-    try:
-        until_cleaned(tracker, cleaner, WHOLE)
-        assert ran == [(("clean",), WHOLE, 7)]
-        assert all(u.address != WHOLE for u, _ in tracker.device_uses())
-        assert "formatted" in caplog.text
-    finally:
-        cleaner.stop()
-
-
-def test_a_cleaning_that_fails_keeps_the_device_out_with_its_reason(tracker, caplog):
-    tracker.release_instance(build(tracker, THE_GPU))
-    cleaner = cleaned_by(tracker, lambda c, a, t: ("exit status 2: no disk", ""),
-                         {WHOLE: spec()})
-    try:
-        until_cleaned(tracker, cleaner, WHOLE)
-        assert tracker.device_uses() == [
-            (DeviceUse(WHOLE, UseState.CLEANING_FAILED, "exit status 2: no disk"), False)]
-        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
-        assert len(warnings) == 1 and "exit status 2: no disk" in warnings[0].getMessage()
-        with pytest.raises(InvalidRequest, match="has no clean_command"):
-            cleaner.set_specs({WHOLE: spec(command=None)})
-            cleaner.clean_again(WHOLE)
-    finally:
-        cleaner.stop()
-
-
-def test_run_command_passes_the_address_and_bounds_the_time(tmp_path):
-    assert run_command(("echo",), WHOLE, 5) == ("", f"{WHOLE}\n")
-    assert run_command(("sh", "-c", "echo no such disk; exit 3", "sh"), WHOLE, 5) == (
-        "exit status 3: no such disk", "no such disk\n")
-    assert run_command(("sh", "-c", "sleep 5", "sh"), WHOLE, 0.2)[0] == "timed out after 0.2 s"
-    assert run_command((str(tmp_path / "missing"),), WHOLE, 5)[0].startswith(
-        f"cannot run {tmp_path / 'missing'}: ")
 
 
 def test_a_device_held_before_it_was_one_time_use_is_recorded_used(tracker):

@@ -3,8 +3,8 @@ between two host worlds on one fake network: the destination's claim, its
 incoming mdevs, its settling and its rollback; the source's migration, a
 failure that keeps the guest and its devices there, an outcome it cannot
 tell, and a migration resumed after a restart. (The source's announcement
-and its rollback are tests/unit/conductor/test_live_migration_source.py's,
-with the conductor's order of steps.)"""
+and its rollback are test_live_migration_source.py's; the conductor's
+order of steps is tests/unit/conductor/test_live_migration.py's.)"""
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,7 @@ cycle that reaches it) unless the test gives its own, such as
 FakePlacement, which keeps the allocations on a tree in memory."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from compute_agent.exception import PlacementError, PlacementUnavailable
 from compute_agent.metrics import Metrics
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy
-from compute_agent.tree.provider_tree import Provider, ProviderTree
+from compute_agent.tree.provider_tree import Provider, ProviderTree, inventory
 from tests.unit.placement.test_consumers import FakeClient
 
 ROOT = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
@@ -121,3 +122,17 @@ class FakePlacement(FakeClient):
     def generation_moves(self, uuid: str) -> None:
         row = next(row for row in self.tree if row["uuid"] == uuid)
         row["generation"] += 1
+
+
+def placement_as_flat_mode_left_it(agent: Agent, placement: FakePlacement) -> str:
+    """Placement has the agent's model, but for VCPU and MEMORY_MB, which
+    the root still carries too, as the flat mode left them (the model puts
+    them on the NUMA cell); returns the cell's uuid."""
+    built = agent.build_model(agent.driver.get_host_inventory())
+    (cell,) = (p.uuid for p in built.tree if p.uuid != ROOT)
+    root = built.tree.get(ROOT)
+    placement.has_tree(ProviderTree([
+        dataclasses.replace(root, inventories={**root.inventories, "VCPU": inventory(4),
+                                               "MEMORY_MB": inventory(4096)}),
+        built.tree.get(cell)]))
+    return cell

@@ -6,8 +6,6 @@ import uuid
 import pytest
 
 from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind
-from compute_agent.conductor.evacuation import lost_a_race
-from compute_agent.exception import GenerationConflict, PlacementError
 from compute_agent.moves.evacuation import (
     DestinationRecord,
     destination_record,
@@ -118,13 +116,3 @@ def test_what_the_destination_has_of_an_interrupted_evacuation():
     assert destination_record(view(True, (str(uuid.uuid4()), "confirmed")), m) \
         is DestinationRecord.OTHER
     assert destination_record(view(True), m) is DestinationRecord.OTHER
-
-
-def test_only_a_409_on_the_allocation_write_is_worth_fresh_candidates():
-    capacity = PlacementError("Placement answered 409 to POST /allocations: Unable to "
-                              "allocate inventory", 409, "placement.undefined_code")
-    assert lost_a_race(capacity)
-    assert lost_a_race(GenerationConflict("POST /allocations: consumer generation", 409,
-                                          "placement.concurrent_update"))
-    assert not lost_a_race(PlacementError("Placement answered 400 to POST "
-                                          "/allocations: bad", 400, None))

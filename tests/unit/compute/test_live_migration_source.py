@@ -1,23 +1,20 @@
 """The live migration's source pre-step (RPC API 1.4): the source records
 the move as announced before the conductor swaps the allocations, and ends
-it on rollback; and the conductor helper's order of steps. Hosts are
-claims worlds (fake driver, which passes the driver contract); the
-conductor's Placement and agents are recorders."""
+it on rollback; the endpoint refuses this host as the destination. Hosts
+are claims worlds (fake driver, which passes the driver contract). (The
+conductor's order of steps is tests/unit/conductor/test_live_migration.py's.)"""
 from __future__ import annotations
 
 import pytest
 
 from compute_agent.claims.model import MigrationRole, MigrationState, MoveKind
-from compute_agent.conductor.live_migration import live_migrate_instance
 from compute_agent.drivers.fake import FakeNetwork
 from compute_agent.exception import (
     InvalidRequest,
-    LiveMigrationFailed,
     LiveMigrationRefused,
     MoveInProgress,
     NoSuchInstance,
 )
-from compute_agent.messaging import messaging
 from tests.functional.claims_world import make_world, new_uuid, spec
 from tests.unit.rpc.calls import AgentWith, RecordingManager, Served
 
@@ -168,105 +165,3 @@ def test_the_endpoint_refuses_this_host_as_the_destination():
                                     instance_uuid=instance, destination_host="hostb")
     assert agent.manager.calls == [("check_can_live_migrate_source", migration,
                                     instance, "hostb")]
-
-
-# --- the conductor's order ------------------------------------------------
-
-class Conductor:
-    """Placement's consumers and the agents' calls, in one journal."""
-
-    def __init__(self, fail: str | None = None, cap_14: bool = True,
-                 lost: str | None = None):
-        """``fail``: the method that answers a failure; ``lost``: the one
-        whose answer is lost (a timeout), its work maybe done."""
-        self.journal: list[str] = []
-        self.fail = fail
-        self.lost = lost
-        self.cap_14 = cap_14
-        self.consumers = {"inst": {"allocations": {"src-rp": {"resources": {"VGPU": 1}}},
-                                   "project_id": "p", "user_id": "u",
-                                   "consumer_generation": 1}}
-
-    # Placement
-    def get_consumer_allocations(self, consumer):
-        return self.consumers.get(consumer, {"allocations": {}})
-
-    def post_allocations(self, body):
-        for consumer, c in body.items():
-            self.consumers[consumer] = {**c, "consumer_generation": 1}
-        self.journal.append("placement: " + ", ".join(
-            f"{k}={sorted(v['allocations'])}" for k, v in sorted(body.items())))
-
-    # agents
-    def can_send(self, version):
-        return self.cap_14 or version != "1.4"
-
-    def __getattr__(self, method):
-        def call(host, *args, **kwargs):
-            self.journal.append(f"{host}: {method}")
-            if method == self.fail:
-                raise LiveMigrationFailed("inst", "mig", "failed", "it broke")
-            if method == self.lost:
-                raise messaging.MessagingTimeout("no reply")
-            # As the agents answer: the source's record, the source's
-            # migration, the destination's claim and its instance.
-            return {"state": {"check_can_live_migrate_source": "announced",
-                              "live_migrate": "migrated"}.get(method),
-                    "claimed": [], "migration_uri": "fake://b", "running": True}
-        return call
-
-
-def run(conductor: Conductor) -> list[str]:
-    try:
-        live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
-                              {"dst-rp": {"resources": {"VGPU": 1}}}, "mig")
-    except LiveMigrationFailed:
-        conductor.journal.append("raised")
-    return conductor.journal
-
-
-SWAP = "placement: inst=[], mig=['src-rp']"
-DESTINATION_ALLOCATIONS = "placement: inst=['dst-rp']"
-RETURNED = "placement: inst=['src-rp'], mig=[]"
-
-
-def test_the_conductor_tells_the_source_before_the_swap():
-    assert run(Conductor()) == [
-        "A: check_can_live_migrate_source", SWAP, DESTINATION_ALLOCATIONS,
-        "B: check_can_live_migrate_destination", "A: live_migrate",
-        "B: post_live_migration_at_destination", "placement: mig=[]"]
-
-
-def test_a_refused_source_leaves_nothing_to_undo():
-    assert run(Conductor(fail="check_can_live_migrate_source")) == [
-        "A: check_can_live_migrate_source", "raised"]
-
-
-def test_on_failure_the_allocations_return_before_the_source_ends_the_move():
-    """A source restarting between the two must find either the instance's
-    allocations on its providers or the move open, never neither."""
-    assert run(Conductor(fail="live_migrate"))[-4:] == [
-        "B: rollback_live_migration_at_destination", RETURNED,
-        "A: rollback_live_migration_at_source", "raised"]
-    refused = run(Conductor(fail="check_can_live_migrate_destination"))
-    assert refused[-3:] == [RETURNED, "A: rollback_live_migration_at_source", "raised"]
-    assert "B: rollback_live_migration_at_destination" not in refused
-
-
-def test_a_claim_whose_answer_is_lost_is_given_back_at_the_destination():
-    """The destination may have claimed before its answer was lost: asked
-    to give it back (a refusal, as above, claimed nothing)."""
-    conductor = Conductor(lost="check_can_live_migrate_destination")
-    with pytest.raises(messaging.MessagingTimeout):
-        live_migrate_instance(conductor, conductor, "inst", "A", "B", spec(),
-                              {"dst-rp": {"resources": {"VGPU": 1}}}, "mig")
-    assert conductor.journal[-4:] == [
-        "B: check_can_live_migrate_destination",
-        "B: rollback_live_migration_at_destination", RETURNED,
-        "A: rollback_live_migration_at_source"]
-
-
-def test_a_conductor_capped_below_1_4_skips_the_source_steps():
-    journal = run(Conductor(fail="live_migrate", cap_14=False))
-    assert not [j for j in journal if "source" in j]
-    assert journal[0] == SWAP
