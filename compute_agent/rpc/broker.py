@@ -39,13 +39,15 @@ DRIVER_LOGGER = "oslo.messaging._drivers.impl_rabbit"
 # Pieces of the format strings (record.msg, before interpolation) of the
 # driver's lines about its reconnection loop: an attempt failed ("is
 # unreachable", "closed the connection", "Connection failed"), a
-# heartbeat found the connection broken, and a connection is back.
+# heartbeat found the connection broken, a connection's heartbeat thread
+# found it gone, and a connection is back.
 RECONNECT_LINES = (
     "is unreachable: %(err_str)s",
     "closed the connection. Check login credentials",
     "Connection failed: %s (retrying in",
     "A recoverable connection/channel error occurred, trying to reconnect",
     "Reconnected to AMQP server on",
+    "Unexpected error during heartbeat thread processing, retrying",
 )
 # OpenSSL's verification results (X509_V_ERR_HOSTNAME_MISMATCH,
 # X509_V_ERR_IP_ADDRESS_MISMATCH) for a certificate that is not valid for

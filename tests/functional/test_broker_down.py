@@ -24,7 +24,7 @@ from tests.waiting import wait_for
 
 BIN = Path(sys.executable).parent
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-3", "memory_mb": 4096}]}
-TIMEOUT = 6  # long enough for the notice, WAIT_NOTICE_SECONDS into a call
+TIMEOUT = 8  # long enough for the notice, WAIT_NOTICE_SECONDS into a call, on a loaded machine
 # The bound: --timeout, plus a second.
 CTL_BOUND = TIMEOUT + 1
 SIGTERM_BOUND = 2

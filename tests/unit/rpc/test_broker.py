@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import threading
 
 import pytest
 from amqp.exceptions import AccessRefused
@@ -57,6 +58,7 @@ RECONNECT = [
     ("INFO", "A recoverable connection/channel error occurred, trying to reconnect: %s"),
     ("INFO", "[%(connection_id)s] Reconnected to AMQP server on %(hostname)s:%(port)s via "
              "[%(transport)s] client with port %(client_port)s."),
+    ("WARNING", "Unexpected error during heartbeat thread processing, retrying..."),
 ]
 OTHERS = [
     ("ERROR", "Failed to publish message to topic '%(topic)s': %(err_str)s"),
@@ -76,7 +78,8 @@ def driver_log(caplog):
                 if isinstance(f, broker.ReconnectLinesToDebug)]) == 1
     yield logger
     logger.setLevel(level)
-    for f in [f for f in logger.filters if isinstance(f, broker.ReconnectLinesToDebug)]:
+    for f in [f for f in logger.filters
+              if isinstance(f, (broker.ReconnectLinesToDebug, broker.QuietedLinesToDebug))]:
         logger.removeFilter(f)
 
 
@@ -92,6 +95,20 @@ def test_the_drivers_reconnection_lines_are_dropped_at_info(driver_log, caplog):
     for level, template in RECONNECT + OTHERS:
         emit(driver_log, level, template)
     assert [(r.levelname, r.msg) for r in caplog.records] == OTHERS
+
+
+def test_the_drivers_lines_are_dropped_in_a_quieted_thread_only(driver_log, caplog):
+    """The update loop's cast of its own heartbeat says its failure itself:
+    the driver's lines about that send go, others' stay."""
+    driver_log.setLevel(logging.INFO)
+    elsewhere = threading.Thread(target=lambda: [emit(driver_log, *o) for o in OTHERS])
+    with broker.driver_lines_quiet():
+        for level, template in OTHERS:
+            emit(driver_log, level, template)
+        elsewhere.start()
+        elsewhere.join()
+    emit(driver_log, *OTHERS[0])
+    assert [(r.levelname, r.msg) for r in caplog.records] == OTHERS + OTHERS[:1]
 
 
 def test_the_drivers_reconnection_lines_are_debug_when_its_logger_is(driver_log, caplog):
