@@ -429,6 +429,13 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     # only when something is deprecated, so a bad value would go unseen.
     conf.register_opts(versionutils.deprecated_opts)
     messaging.register_opts(conf)
+    # oslo.messaging's queue manager (use_queue_manager) names this
+    # process's reply and fanout queues, and its counter file in /dev/shm,
+    # after [oslo_messaging_rabbit] hostname. Its default, the machine's
+    # name, is shared by every agent of a machine (several in tests and in
+    # tools/fleet, or two containers of one name), whose queues would then
+    # take one another's messages; this host's name is its agent's alone.
+    conf.set_default("hostname", "$host", group="oslo_messaging_rabbit")
 
 
 def _parse_with_byte_order_mark(parser: cfg.ConfigParser) -> None:
