@@ -192,3 +192,13 @@ def test_a_command_that_runs_once_names_its_reply_queue_at_random(queue_manager)
     names = {reply_queue_name(queue_manager) for _ in range(2)}
     assert len(names) == 2
     assert all(re.fullmatch(r"reply_[0-9a-f]{32}", n) for n in names), names
+
+
+def test_the_next_broker_after_a_lost_one_is_drawn_at_random_unless_told_otherwise():
+    """oslo.messaging's round-robin came back, at each attempt, to the one
+    node of three that was paused (tests/functional/test_broker_cluster.py):
+    the agent stayed deaf until that node resumed."""
+    conf = rabbit_conf()
+    assert conf.oslo_messaging_rabbit.kombu_failover_strategy == "shuffle"
+    conf.set_override("kombu_failover_strategy", "round-robin", group="oslo_messaging_rabbit")
+    assert conf.oslo_messaging_rabbit.kombu_failover_strategy == "round-robin"
