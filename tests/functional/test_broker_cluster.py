@@ -193,13 +193,20 @@ def in_placement(write: Callable[[], None]) -> None:
     it fails: the test's Placement, on SQLite, answers 500 (database is
     locked) now and then under the agents' writes, and a conductor asks
     again."""
+    refusals: list[str] = []
+
     def written() -> bool:
         try:
             write()
             return True
-        except AssertionError:
+        except AssertionError as e:
+            refusals.append(str(e))
             return False
-    wait_for(written, timeout=30, interval=0.5)
+    try:
+        wait_for(written, timeout=30, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"Placement refused {len(refusals)} times: "
+                             f"{refusals[0]} ... {refusals[-1]}") from None
 
 
 def build(api: ComputeAgentAPI, ledger: Ledger, url: str, host: str) -> None:
