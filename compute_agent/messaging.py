@@ -165,13 +165,14 @@ def lock_queue_names_in_state_path(conf: cfg.ConfigOpts) -> None:
 
 
 def name_reply_queues_at_random(conf: cfg.ConfigOpts) -> None:
-    """For a command that runs once (compute-agent-ctl, compute-agent-manage):
-    its reply queues take oslo.messaging's random names, whatever
+    """For compute-agent-ctl, which runs once and calls as the conductors
+    do: its reply queues take oslo.messaging's random names, whatever
     use_queue_manager says. The queue manager numbers names afresh in each
-    process group, so two commands run from two shells would both read
-    their answers from reply_<host>:<command>:1 and take each other's,
-    and commands run one after another from one script would each leave a
-    new name behind."""
+    process group, so two commands run from two shells both read their
+    answers from reply_<host>:compute-agent-ctl:1 and took each other's.
+    (compute-agent-manage device keeps the queue manager's names: it runs
+    on the host, as the host's broker user, whose permissions allow those
+    (compute_agent/rpc/bus_permissions.py).)"""
     conf.set_override("use_queue_manager", False, group="oslo_messaging_rabbit")
 
 

@@ -489,7 +489,7 @@ def device(conf: cfg.ConfigOpts) -> int:
     """Through the running agent, over RPC: nothing is read or written
     around its store."""
     from compute_agent.cmd.ctl import REPLY_POLL, first_line
-    from compute_agent.messaging import bound_broker_waits, name_reply_queues_at_random
+    from compute_agent.messaging import bound_broker_waits
     from compute_agent.rpc.client import ComputeAgentAPI
     from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 
@@ -503,7 +503,6 @@ def device(conf: cfg.ConfigOpts) -> int:
     if not conf.debug:  # the error is our one line; its retries are noise
         logging.getLogger("oslo.messaging").setLevel(logging.CRITICAL)
     bound_broker_waits(conf, REPLY_POLL)
-    name_reply_queues_at_random(conf)
     api = ComputeAgentAPI(conf, timeout=DEVICE_CALL_TIMEOUT_S)
     try:
         if action is DeviceAction.LIST:

@@ -184,7 +184,7 @@ def test_the_queue_manager_names_queues_after_this_host_unless_told_otherwise():
     assert conf.oslo_messaging_rabbit.hostname == "bus-name-7"
 
 
-def test_a_command_that_runs_once_names_its_reply_queue_at_random(queue_manager):
+def test_ctl_names_its_reply_queues_at_random(queue_manager):
     """The queue manager's names are one per process group: two ctl
     commands run from two shells would share one reply queue and take
     each other's answers."""

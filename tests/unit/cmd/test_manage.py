@@ -171,22 +171,6 @@ def agent_api(monkeypatch):
     return answers
 
 
-def test_device_names_its_reply_queue_at_random_with_the_queue_manager_on(
-        conf_file, monkeypatch):
-    """compute_agent/messaging.py name_reply_queues_at_random: device runs once."""
-    asked_with = []
-    answers = DeviceUses([])
-
-    def api(conf, timeout):
-        asked_with.append(conf.oslo_messaging_rabbit.use_queue_manager)
-        return answers
-    monkeypatch.setattr(rpc_client, "ComputeAgentAPI", api)
-    conf_file.write_text(conf_file.read_text()
-                         + "[oslo_messaging_rabbit]\nuse_queue_manager = true\n")
-    assert manage.device(device_conf(conf_file, "list")) == 0
-    assert asked_with == [False]
-
-
 def test_device_lists_the_uses_one_a_line(conf_file, agent_api, capsys):
     agent_api.listed = [[use("used"), {**use("used", cleaning=True), "address": "0000:b0:00.0"}]]
     assert manage.device(device_conf(conf_file, "list")) == 0
