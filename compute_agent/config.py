@@ -429,6 +429,20 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     # only when something is deprecated, so a bad value would go unseen.
     conf.register_opts(versionutils.deprecated_opts)
     messaging.register_opts(conf)
+    # oslo.messaging's queue manager (use_queue_manager) names this
+    # process's reply and fanout queues, and its counter file in /dev/shm,
+    # after [oslo_messaging_rabbit] hostname. Its default, the machine's
+    # name, is shared by every agent of a machine (several in tests and in
+    # tools/fleet, or two containers of one name), whose queues would then
+    # take one another's messages; this host's name is its agent's alone.
+    conf.set_default("hostname", "$host", group="oslo_messaging_rabbit")
+    # With several nodes in transport_url: the node a lost connection is
+    # made again to, drawn at random. With oslo.messaging's round-robin, an
+    # agent whose node of three hung (a frozen VM, a stopped process: its
+    # port still takes connections, nothing answers) tried that same node
+    # again at every attempt, and stayed deaf until it came back
+    # (tests/functional/test_broker_cluster.py).
+    conf.set_default("kombu_failover_strategy", "shuffle", group="oslo_messaging_rabbit")
 
 
 def _parse_with_byte_order_mark(parser: cfg.ConfigParser) -> None:

@@ -54,6 +54,9 @@ ALLOWED_EXMODS = [ERRORS_MODULE, ERRORS_MODULE_BEFORE]
 # refuses its depth with an answer. A thread's stack (8 MiB) holds that
 # depth of decoding several times over.
 DECODE_DEPTH = 10_000
+# Where, under the state directory, oslo.messaging's queue manager keeps
+# its lock (lock_queue_names_in_state_path).
+QUEUE_MANAGER_LOCKS = "oslo-locks"
 
 upgrade_opts = [
     cfg.StrOpt(
@@ -145,6 +148,35 @@ def _installed(top: str) -> bool:
     return spec is not None and spec.origin is not None
 
 
+def lock_queue_names_in_state_path(conf: cfg.ConfigOpts) -> None:
+    """With use_queue_manager, oslo.messaging numbers a process's reply and
+    fanout queues with a counter in /dev/shm/<hostname>_<processname>_qmanager,
+    under an external lock of oslo.concurrency's. That lock's directory is
+    read from oslo's global config only, which the agent (a config of its
+    own) never fills: every start failed, RequiredOptError for
+    [oslo_concurrency] lock_path. [oslo_messaging_rabbit] hostname is this
+    host's name (compute_agent/config.py), so the one process sharing that
+    counter is this host's agent: its lock goes in the state directory,
+    unless the process's global config names a lock_path (a conductor's own
+    service, say)."""
+    if conf.oslo_messaging_rabbit.use_queue_manager:
+        cfg.CONF.set_default("lock_path", os.path.join(conf.state_path, QUEUE_MANAGER_LOCKS),
+                             group="oslo_concurrency")
+
+
+def name_reply_queues_at_random(conf: cfg.ConfigOpts) -> None:
+    """For compute-agent-ctl, which runs once and calls as the conductors
+    do: its reply queues take oslo.messaging's random names, whatever
+    use_queue_manager says. The queue manager numbers names afresh in each
+    process group, so two commands run from two shells both read their
+    answers from reply_<host>:compute-agent-ctl:1 and took each other's.
+    (compute-agent-manage device keeps the queue manager's names: it runs
+    on the host, as the host's broker user, whose permissions allow those
+    (compute_agent/rpc/bus_permissions.py).)"""
+    conf.set_override("use_queue_manager", False, group="oslo_messaging_rabbit")
+
+
 def transport(conf: cfg.ConfigOpts):
     accept_errors_sent_as_before()
+    lock_queue_names_in_state_path(conf)
     return messaging.get_rpc_transport(conf, allowed_remote_exmods=ALLOWED_EXMODS)

@@ -60,7 +60,7 @@ from compute_agent.cmd.errors import SpecFileError
 from compute_agent.conductor.evacuation import DEFAULT_PARALLEL, Evacuator
 from compute_agent.conductor.live_migration import LiveMigrator
 from compute_agent.exception import AgentError, ConfigError
-from compute_agent.messaging import bound_broker_waits, messaging
+from compute_agent.messaging import bound_broker_waits, messaging, name_reply_queues_at_random
 from compute_agent.placement.client import PlacementClient, adapter_from_conf
 from compute_agent.rpc import broker
 from compute_agent.rpc import schemas as rpc_schemas
@@ -563,6 +563,7 @@ def run(argv: list[str], already_ran: float) -> int:
     # every wait below is of what is left.
     conf.set_override("timeout", max(asked - already_ran, LEAST_TIMEOUT))
     bound_broker_waits(conf, REPLY_POLL)
+    name_reply_queues_at_random(conf)
     api = ComputeAgentAPI(conf, timeout=conf.timeout, on_wait=tell_waiting)
     outcome: dict = {}
 

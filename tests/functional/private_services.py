@@ -5,13 +5,17 @@ tests and other users, so no test stops, restarts or reconfigures them.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pwd
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,3 +347,151 @@ class PrivateRabbitMQ:
         if self.pid_file.exists():
             self._ctl("stop", str(self.pid_file))
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def paused(node: PrivateRabbitMQ) -> Iterator[None]:
+    """The node's process stopped (SIGSTOP): its socket still takes
+    connections, in the kernel, and nothing answers on them."""
+    pid = int(node.pid_file.read_text())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+# What the nodes of a cluster add to a private node's config: a partition
+# heals by itself, the side with fewer clients restarting. A node paused
+# past net_ticktime and resumed healed within 2 s so; with pause_minority
+# it stayed cut off from the other two (3 minutes, until stopped), and
+# with RabbitMQ's default, ignore, a partition waits for a restart by hand.
+CLUSTER_CONF = "cluster_partition_handling = autoheal\n"
+# Each consumer of the default virtual host: the node its channel is on, and
+# its queue's name.
+CONSUMER_NODES = ("[{node(proplists:get_value(channel_pid, C)), "
+                  "element(4, proplists:get_value(queue_name, C))} "
+                  "|| C <- rabbit_amqqueue:consumers_all(<<\"/\">>)].")
+
+
+class PrivateRabbitCluster:
+    """Three private RabbitMQ nodes (PrivateRabbitMQ, each with its own
+    ports, directories and enabled-plugins file) joined in one cluster:
+    ``url`` names all three, as an operator's transport_url does. Started
+    as root, the nodes share the rabbitmq user's Erlang cookie.
+    ``stop(i)`` and ``start(i)`` take node i away whole (its Erlang VM
+    stopped) and bring it back, where it rejoins the cluster."""
+
+    SIZE = 3
+
+    def __init__(self, net_ticktime: int | None = None) -> None:
+        """``net_ticktime``: Erlang's, the seconds after which nodes take a
+        node that does not answer for down (60 by default), 1 to 1.25
+        times it: a node paused longer is a partition."""
+        self.nodes = [PrivateRabbitMQ() for _ in range(self.SIZE)]
+        rabbitmq = pwd.getpwnam("rabbitmq")
+        for node in self.nodes:
+            plugins = node.root / "enabled_plugins"
+            plugins.write_text("[].\n")
+            os.chown(plugins, rabbitmq.pw_uid, rabbitmq.pw_gid)
+            node.env["RABBITMQ_ENABLED_PLUGINS_FILE"] = str(plugins)
+            if net_ticktime is not None:
+                node.env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] = (
+                    f"-kernel net_ticktime {net_ticktime}")
+            with open(node.root / "rabbitmq.conf", "a") as config:
+                config.write(CLUSTER_CONF)
+        self.url = "rabbit://" + ",".join(f"guest:guest@127.0.0.1:{node.port}"
+                                          for node in self.nodes) + "/"
+
+    def start_all(self) -> PrivateRabbitCluster:
+        """Each node started (together: a first start can take a minute on
+        a loaded machine), then the second and third joined to the first."""
+        with ThreadPoolExecutor(self.SIZE) as starting:
+            list(starting.map(PrivateRabbitMQ.start, self.nodes))
+        first = self.nodes[0].node
+        for node in self.nodes[1:]:
+            node.stop_app()
+            # It says on stderr, as errors, what it did not find of the
+            # node it joins while it joins: captured.
+            subprocess.run(["rabbitmqctl", "-q", "-n", node.node, "join_cluster", first],
+                           check=True, capture_output=True, timeout=120)
+            node.start_app()
+        return self
+
+    def stop(self, index: int) -> None:
+        """Node ``index`` stopped whole, its data kept (waits until its
+        process is gone)."""
+        node = self.nodes[index]
+        node._ctl("stop", str(node.pid_file))
+        # Else the start's wait would read the stopped process's pid.
+        node.pid_file.unlink(missing_ok=True)
+
+    def start(self, index: int) -> None:
+        """Node ``index`` started again: it rejoins the cluster."""
+        self.nodes[index].start()
+
+    def _ask(self, index: int, *args: str, tool: str = "rabbitmqctl") -> list | dict | None:
+        """What node ``index`` answers to ``args`` (JSON), None when it does
+        not answer."""
+        done = subprocess.run([tool, "-q", "-n", self.nodes[index].node, *args,
+                               "--formatter", "json"], capture_output=True, text=True,
+                              timeout=120)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def _ask_any(self, *args: str) -> list | dict:
+        """What the first node that answers says to ``args``."""
+        for index in range(self.SIZE):
+            answer = self._ask(index, *args)
+            if answer is not None:
+                return answer
+        raise RuntimeError(f"no node of the cluster answers {' '.join(args)}")
+
+    def running(self) -> list[int]:
+        """The nodes the cluster counts as running; none when a node finds
+        itself cut off from another (a partition)."""
+        status = self._ask_any("cluster_status")
+        if status["partitions"]:
+            return []
+        return sorted(self.index_of(name) for name in status["running_nodes"])
+
+    def index_of(self, node_name: str) -> int:
+        return next(i for i, node in enumerate(self.nodes) if node.node == node_name)
+
+    def queues(self) -> dict[str, dict]:
+        """Every queue, by name: its type, leader and members (node names)."""
+        return {q["name"]: q for q in self._ask_any("list_queues", "name", "type", "leader",
+                                                    "members", "consumers")}
+
+    def leader(self, queue: str) -> int:
+        """The node that leads quorum queue ``queue``."""
+        return self.index_of(self.queues()[queue]["leader"])
+
+    def consumer_nodes(self, queue: str) -> list[int]:
+        """The nodes ``queue``'s consumers are connected to. The command line
+        shows a process by a number it gives each node, different at each
+        call, so the node asks Erlang itself."""
+        for node in self.nodes:
+            done = subprocess.run(["rabbitmqctl", "-q", "-n", node.node, "eval",
+                                   CONSUMER_NODES], capture_output=True, text=True, timeout=120)
+            if done.returncode == 0:
+                return sorted({self.index_of(name) for name, of in re.findall(
+                    r"\{'([^']+)',\s*<<\"([^\"]*)\">>\}", done.stdout) if of == queue})
+        raise RuntimeError("no node of the cluster lists its consumers")
+
+    def move_leader(self, queue: str, away_from: int) -> None:
+        """Quorum queue ``queue`` led by another node than ``away_from``: that
+        node's member removed (a new leader is elected) and added back."""
+        node = self.nodes[away_from].node
+        for change in ("delete_member", "add_member"):
+            subprocess.run(["rabbitmq-queues", "-q", "-n", self.nodes[(away_from + 1)
+                                                                      % self.SIZE].node,
+                            change, queue, node], check=True, timeout=120,
+                           stdout=subprocess.DEVNULL)
+
+    def delete_queue(self, queue: str) -> None:
+        self._ask_any("delete_queue", queue)
+
+    def close(self) -> None:
+        """Every node stopped, its directory removed."""
+        with ThreadPoolExecutor(self.SIZE) as closing:
+            list(closing.map(PrivateRabbitMQ.close, self.nodes))

@@ -5,21 +5,18 @@ within 2 s whatever its wait on the broker."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from compute_agent.testing.local_placement import free_port
 from tests.functional.helpers import write_conf
-from tests.functional.private_services import PrivateRabbitMQ
+from tests.functional.private_services import PrivateRabbitMQ, paused
 from tests.waiting import wait_for
 
 BIN = Path(sys.executable).parent
@@ -72,18 +69,6 @@ def test_ctl_ends_within_its_timeout_and_says_what_it_waits_for_when_no_broker_a
                    for line in lines), (args, lines)
         said = done.stdout if "--json" in args else lines[-1]
         assert f"the message broker did not answer within {TIMEOUT}s" in said, (args, said)
-
-
-@contextmanager
-def paused(node: PrivateRabbitMQ) -> Iterator[None]:
-    """The node's process stopped (SIGSTOP): its socket still takes
-    connections, in the kernel, and nothing answers on them."""
-    pid = int(node.pid_file.read_text())
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def test_ctl_ends_within_its_timeout_when_the_broker_is_paused(

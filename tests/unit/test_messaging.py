@@ -3,15 +3,24 @@ stops, and a transport closes, soon after it is asked; the agent's errors
 keep their types on the wire across the rename of ``agent``."""
 from __future__ import annotations
 
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 from oslo_config import cfg
 
 from compute_agent import config
 from compute_agent.exception import InvalidRequest, NoSuchInstance
 from compute_agent.messaging import (
     ALLOWED_EXMODS,
+    QUEUE_MANAGER_LOCKS,
     accept_errors_sent_as_before,
     bound_broker_waits,
+    name_reply_queues_at_random,
     sent_as_before,
+    transport,
 )
 
 
@@ -109,3 +118,87 @@ def test_another_module_named_on_the_wire_is_not_rebuilt():
     error = rebuilt({"module": "agent.config", "class": "Opt", "message": "m", "tb": [],
                      "args": [], "kwargs": {}})
     assert type(error).__name__ == "RemoteError"
+
+
+# --- oslo.messaging's queue manager (use_queue_manager) -------------------
+
+@pytest.fixture
+def queue_manager(tmp_path: Path) -> Iterator[cfg.ConfigOpts]:
+    """A config with use_queue_manager, a host of its own and a state
+    directory; after the test, the queue manager's counter in /dev/shm is
+    removed and oslo's global lock_path is as it was."""
+    conf = rabbit_conf(use_queue_manager=True)
+    conf.set_override("host", f"qm-{uuid.uuid4().hex[:8]}")
+    conf.set_override("state_path", str(tmp_path / "state"))
+    conf.set_override("transport_url", "rabbit://guest:guest@127.0.0.1:1/")
+    try:
+        yield conf
+    finally:
+        rabbit = conf.oslo_messaging_rabbit
+        Path(f"/dev/shm/{rabbit.hostname}_{rabbit.processname}_qmanager").unlink(missing_ok=True)
+        cfg.CONF.clear_default("lock_path", group="oslo_concurrency")
+
+
+def reply_queue_name(conf: cfg.ConfigOpts) -> str:
+    """The name oslo.messaging gives a new reply queue of a transport made
+    from ``conf`` (made without connecting to the broker)."""
+    name: str = transport(conf)._driver._get_reply_queue_name()
+    return name
+
+
+def test_bug_the_queue_manager_numbered_queues_only_with_a_lock_path_the_agent_never_sets(
+        queue_manager):
+    """Was: every start with use_queue_manager failed, RequiredOptError for
+    [oslo_concurrency] lock_path: oslo.concurrency reads that option from
+    oslo's global config, which the agent (with a config of its own) never
+    fills."""
+    rabbit = queue_manager.oslo_messaging_rabbit
+    first = reply_queue_name(queue_manager)
+    assert first == f"reply_{queue_manager.host}:{rabbit.processname}:1"
+    assert reply_queue_name(queue_manager) == f"reply_{queue_manager.host}:{rabbit.processname}:2"
+    locks = Path(queue_manager.state_path) / QUEUE_MANAGER_LOCKS
+    assert [p.name for p in locks.iterdir()] == [
+        f"oslo_read_shm_{queue_manager.host}_{rabbit.processname}"]
+
+
+def test_a_lock_path_the_process_set_itself_is_kept(queue_manager, tmp_path):
+    """A conductor that calls agents from a service of its own, whose
+    config gives oslo.concurrency its lock_path."""
+    cfg.CONF.set_override("lock_path", str(tmp_path / "conductor"), group="oslo_concurrency")
+    try:
+        reply_queue_name(queue_manager)
+    finally:
+        cfg.CONF.clear_override("lock_path", group="oslo_concurrency")
+    assert (tmp_path / "conductor").is_dir()
+    assert not (Path(queue_manager.state_path) / QUEUE_MANAGER_LOCKS).exists()
+
+
+def test_the_queue_manager_names_queues_after_this_host_unless_told_otherwise():
+    """Its default, the machine's name, is shared by every agent of a
+    machine (several in tests and in tools/fleet), whose queues would take
+    one another's messages."""
+    conf = rabbit_conf()
+    conf.set_override("host", "compute-7")
+    assert conf.oslo_messaging_rabbit.hostname == "compute-7"
+    conf.set_override("hostname", "bus-name-7", group="oslo_messaging_rabbit")
+    assert conf.oslo_messaging_rabbit.hostname == "bus-name-7"
+
+
+def test_ctl_names_its_reply_queues_at_random(queue_manager):
+    """The queue manager's names are one per process group: two ctl
+    commands run from two shells would share one reply queue and take
+    each other's answers."""
+    name_reply_queues_at_random(queue_manager)
+    names = {reply_queue_name(queue_manager) for _ in range(2)}
+    assert len(names) == 2
+    assert all(re.fullmatch(r"reply_[0-9a-f]{32}", n) for n in names), names
+
+
+def test_the_next_broker_after_a_lost_one_is_drawn_at_random_unless_told_otherwise():
+    """oslo.messaging's round-robin came back, at each attempt, to the one
+    node of three that was paused (tests/functional/test_broker_cluster.py):
+    the agent stayed deaf until that node resumed."""
+    conf = rabbit_conf()
+    assert conf.oslo_messaging_rabbit.kombu_failover_strategy == "shuffle"
+    conf.set_override("kombu_failover_strategy", "round-robin", group="oslo_messaging_rabbit")
+    assert conf.oslo_messaging_rabbit.kombu_failover_strategy == "round-robin"

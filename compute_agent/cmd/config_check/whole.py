@@ -159,6 +159,40 @@ def compute_driver_needs(conf: cfg.ConfigOpts) -> None:
                       "missing, and compute_driver = fake needs it")
 
 
+RABBIT = "oslo_messaging_rabbit"
+
+
+def rabbit_queue_kinds(conf: cfg.ConfigOpts) -> None:
+    """The queue options oslo.messaging or RabbitMQ refuse together, found
+    here rather than at the first connection: oslo.messaging's refusals
+    there (RuntimeError) come from a thread that retries; RabbitMQ's
+    (PRECONDITION_FAILED) from the declaration of a queue."""
+    rabbit = conf[RABBIT]
+
+    def refused(name: str, reason: str) -> ConfigError:
+        return refusal(conf, _option(conf, RABBIT, name), reason, rabbit[name])
+
+    if rabbit.rabbit_stream_fanout:
+        # oslo.messaging's own two conditions for stream fanout.
+        if rabbit.rabbit_qos_prefetch_count <= 0:
+            raise refused("rabbit_qos_prefetch_count", "must be more than 0 with "
+                          "rabbit_stream_fanout = true (a stream's consumer needs a prefetch)")
+        if not rabbit.rabbit_transient_quorum_queue:
+            raise refused("rabbit_transient_quorum_queue",
+                          "must be true with rabbit_stream_fanout = true")
+    quorum = [name for name in ("rabbit_quorum_queue", "rabbit_transient_quorum_queue")
+              if rabbit[name]]
+    if quorum and rabbit.rabbit_ha_queues:
+        raise refused("rabbit_ha_queues", f"must be false with {quorum[0]} = true: a queue "
+                      "is quorum or mirrored (HA), not both")
+    if rabbit.rabbit_quorum_queue and rabbit.amqp_auto_delete:
+        raise refused("amqp_auto_delete", "must be false with rabbit_quorum_queue = true: "
+                      "RabbitMQ refuses a quorum queue that deletes itself")
+    if rabbit.rpc_conn_pool_size < rabbit.conn_pool_min_size:
+        raise refused("rpc_conn_pool_size", "must be at least conn_pool_min_size "
+                      f"({rabbit.conn_pool_min_size})")
+
+
 def log_destination(conf: cfg.ConfigOpts) -> None:
     """The log file's directory is there: oslo.log creates the file, not
     the directories above it."""
@@ -298,6 +332,6 @@ def check_config(conf: cfg.ConfigOpts, placement_required: bool) -> None:
     for option in registered_options(conf):
         check_option(conf, option)
     for rule in (auth_plugin_options, adapter_versions, auth_plugin_loads,
-                 compute_driver_needs, log_destination, config_sources,
+                 compute_driver_needs, rabbit_queue_kinds, log_destination, config_sources,
                  metrics_address_local, rabbit_client_certificate, policy_rules):
         rule(conf)

@@ -163,10 +163,12 @@ def placement_read_of(seconds: float, then: threading.Event) -> ctl.Command:
 
 
 def run_ctl(tmp_path, monkeypatch, command: ctl.Command, timeout: float,
-            argv: tuple[str, ...] = ("hosts", "--json")) -> int:
-    """ctl with ``command`` in the place of the one ``argv`` names."""
+            argv: tuple[str, ...] = ("hosts", "--json"), more_config: str = "") -> int:
+    """ctl with ``command`` in the place of the one ``argv`` names;
+    ``more_config`` after its config's [DEFAULT]."""
     conf = tmp_path / "ctl.conf"
-    conf.write_text("[DEFAULT]\ntransport_url = rabbit://guest:guest@127.0.0.1:1/\n")
+    conf.write_text("[DEFAULT]\ntransport_url = rabbit://guest:guest@127.0.0.1:1/\n"
+                    + more_config)
     monkeypatch.setitem(ctl.COMMANDS, argv[0], command)
     monkeypatch.setattr(ctl, "BROKER_GRACE", 0.5)
     return ctl.main(["--config-file", str(conf), "--timeout", str(timeout), *argv])
@@ -372,3 +374,14 @@ def test_a_spec_file_that_is_not_the_format_is_named_with_what_is_wrong(tmp_path
 def test_an_agents_error_is_read_by_its_first_line():
     assert ctl.first_line(AgentError("refused\n  File ...")) == "refused"
     assert ctl.first_line(AgentError("")) == "AgentError"
+
+
+def test_ctl_names_its_reply_queue_at_random_with_the_queue_manager_on(
+        tmp_path, monkeypatch, capsys):
+    """compute_agent/messaging.py name_reply_queues_at_random: ctl runs once."""
+    def call(api, args, conf):
+        return {"use_queue_manager": conf.oslo_messaging_rabbit.use_queue_manager}
+    assert run_ctl(tmp_path, monkeypatch, ctl.Command("test", call, conductor=True),
+                   timeout=5, more_config="[oslo_messaging_rabbit]\nuse_queue_manager = true\n"
+                   ) == 0
+    assert json.loads(capsys.readouterr().out) == {"use_queue_manager": False}

@@ -90,14 +90,42 @@ def test_fuzz_bug_an_empty_value_of_a_command_line_option_in_a_file_names_it(tmp
     assert line == "[DEFAULT] debug: Invalid Boolean (value: '')"
 
 
+RABBIT = "[oslo_messaging_rabbit]\n"
+
+
 @pytest.mark.parametrize("text,reason", [
     (f"log_file = {ABSENT}/dir/agent.log\n", "[DEFAULT] log_file: no such directory"),
     ("config_source = remote\n", "[DEFAULT] config_source: no section [remote]"),
     ("compute_driver = fake\n[fake]\nhost_file =\n", "[fake] host_file: missing"),
     ("[placement]\nversion = 1.0\nmax_version = 1.0\n", "[placement] version: give"),
+    (f"{RABBIT}rabbit_stream_fanout = true\nrabbit_transient_quorum_queue = true\n",
+     "[oslo_messaging_rabbit] rabbit_qos_prefetch_count: must be more than 0 with "
+     "rabbit_stream_fanout = true (a stream's consumer needs a prefetch) (value: 0)"),
+    (f"{RABBIT}rabbit_stream_fanout = true\nrabbit_qos_prefetch_count = 10\n",
+     "[oslo_messaging_rabbit] rabbit_transient_quorum_queue: must be true with "
+     "rabbit_stream_fanout = true (value: False)"),
+    (f"{RABBIT}rabbit_transient_quorum_queue = true\nrabbit_ha_queues = true\n",
+     "[oslo_messaging_rabbit] rabbit_ha_queues: must be false with "
+     "rabbit_transient_quorum_queue = true: a queue is quorum or mirrored (HA), not both "
+     "(value: 'true')"),
+    (f"{RABBIT}rabbit_quorum_queue = true\namqp_auto_delete = true\n",
+     "[oslo_messaging_rabbit] amqp_auto_delete: must be false with rabbit_quorum_queue = "
+     "true: RabbitMQ refuses a quorum queue that deletes itself (value: 'true')"),
+    (f"{RABBIT}conn_pool_min_size = 5\nrpc_conn_pool_size = 4\n",
+     "[oslo_messaging_rabbit] rpc_conn_pool_size: must be at least conn_pool_min_size (5) "
+     "(value: '4')"),
 ])
 def test_rules_over_several_options(tmp_path, text, reason):
     assert refused(tmp_path, owned(text, tmp_path), placement_required=False).startswith(reason)
+
+
+def test_the_quorum_settings_operators_use_pass(tmp_path):
+    """docs/operations.md's recommended [oslo_messaging_rabbit] for a cluster."""
+    load_config(conf_argv(tmp_path, f"{RABBIT}rabbit_quorum_queue = true\n"
+                          "rabbit_transient_quorum_queue = true\n"
+                          "rabbit_stream_fanout = true\nrabbit_qos_prefetch_count = 10\n"
+                          "use_queue_manager = true\nheartbeat_timeout_threshold = 15\n"),
+                placement_required=False)
 
 
 def rabbit_tls(files: dict[str, str], ssl: bool = True, **named: str) -> str:
