@@ -110,7 +110,8 @@ def private_rabbitmq():
 # tools/test --upgrade) install earlier versions and run for minutes; the
 # fleet tests (tests/fleet, tools/test --fleet) run a dozen agents at once.
 LONG_JOBS = {"upgrade": "upgrades from earlier versions",
-             "fleet": "a small fleet of agents on one Placement"}
+             "fleet": "a small fleet of agents on one Placement",
+             "cluster": "agents on a cluster of three RabbitMQ nodes"}
 TESTS = Path(__file__).resolve().parent
 
 
