@@ -229,13 +229,27 @@ class ServerWatch:
         served = server.heartbeat.served
         deaf = self._served_at_cast is not None and served == self._served_at_cast
         self._served_at_cast = served
-        try:
-            with broker.driver_lines_quiet():
-                server.cast_own_heartbeat()
-        except Exception as e:  # noqa: BLE001 - the broker's finding
+        failure = self._cast(server)
+        if failure is not None:
             self._served_at_cast = None
-            return Probe(Dependency.BROKER, url, f"did not take a message ({broker.problem(e)})")
+            return Probe(Dependency.BROKER, url,
+                         f"did not take a message ({broker.problem(failure)})")
         return Probe(Dependency.BROKER, url, DEAF if deaf else None)
+
+    @staticmethod
+    def _cast(server: HostServer) -> Exception | None:
+        """The cast, sent again once: the first send after the broker's
+        return meets the connection it closed, which the driver then
+        makes again. The second failure, or None."""
+        failure: Exception | None = None
+        for _ in range(CAST_ATTEMPTS):
+            try:
+                with broker.driver_lines_quiet():
+                    server.cast_own_heartbeat()
+                return None
+            except Exception as e:  # noqa: BLE001 - the broker's finding
+                failure = e
+        return failure
 
     def _listener_down(self) -> Probe | Unknown:
         self._served_at_cast = None
@@ -252,6 +266,8 @@ class ServerWatch:
         self._server = None
 
 
+# Sends of the watch's cast before it says the broker did not take it.
+CAST_ATTEMPTS = 2
 # Looks in a row at a listener whose connection is down, the broker taking
 # logins, before the watch says so: a cut connection is made again within
 # a second or two.

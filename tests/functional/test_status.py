@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -251,10 +252,11 @@ def test_keystone_refusing_is_said_as_keystone_once_each_way(tmp_path, placement
             said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO
                     and any(word in r.getMessage() for word in (
                         "Keystone", "Placement at", "did not answer", "Unauthorized"))]
-            assert said == [
+            # The outage's length in whole seconds: 0, or 1 on a loaded machine.
+            assert [re.sub(r", \d s$", ", N s", line) for line in said] == [
                 f"Keystone at {keystone.auth_url} refused the credentials (401): check "
                 "[placement] username, password and domains",
-                f"Keystone at {keystone.auth_url} is back after 3 failed cycles, 0 s"]
+                f"Keystone at {keystone.auth_url} is back after 3 failed cycles, N s"]
             assert all(len(line) <= 160 for line in said)
             text = caplog.text
             assert "s3cret-pw" not in text
