@@ -592,7 +592,9 @@ def run(argv: list[str], already_ran: float) -> int:
 
     worker = threading.Thread(target=call, name=CALL_THREAD, daemon=True)
     worker.start()
-    overdue = wait_while_answered(worker, api.outstanding, conf.timeout + BROKER_GRACE)
+    # Between calls (a Placement read, a live migration's wait between polls)
+    # the operator's --timeout, not what was left of it at the start.
+    overdue = wait_while_answered(worker, api.outstanding, asked + BROKER_GRACE)
     error = outcome.get("error")
     # Said in the operator's own --timeout: the watchdog's allowance past
     # it (BROKER_GRACE, the start-up spent) is ours.
