@@ -133,6 +133,11 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         [self.heartbeat] = [e for e in dispatcher.endpoints if isinstance(e, HeartbeatEndpoint)]
         self._heartbeats: ThreadPoolExecutor | None = None
         self._connection: Any = None  # the listener's, once started
+        # The client of its own heartbeat's casts, made once.
+        self._own_heartbeat = messaging.get_rpc_client(
+            transport, messaging.Target(topic=heartbeat.TOPIC, version=heartbeat.VERSION,
+                                        server=target.server),
+            retry=SEND_RETRIES)
 
     def _create_listener(self) -> Any:
         driver = self.transport._driver
@@ -172,11 +177,7 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         the listener that is being stopped, and shows the loop's watch
         that RPC reaches this agent. Sent once, never retried (a broker
         that is away cannot deliver it); raises what the send raised."""
-        client = messaging.get_rpc_client(
-            self.transport, messaging.Target(topic=heartbeat.TOPIC, version=heartbeat.VERSION,
-                                             server=self._target.server),
-            retry=SEND_RETRIES)
-        client.cast({}, "report_alive")
+        self._own_heartbeat.cast({}, "report_alive")
 
 
 def make_server(conf: cfg.ConfigOpts, agent: HostAgent) -> HostServer:
