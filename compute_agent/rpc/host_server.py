@@ -205,7 +205,8 @@ class ServerWatch:
     down, a login says why (the broker's own finding, as the commands
     get it); a broker that takes the login while the listener stays down
     for a second look is said so, a shorter gap (a connection cut and made
-    again) is not an outage. Nothing is looked at before the server serves
+    again) is not an outage, nor the broker's return before the listener's.
+    Nothing is looked at before the server serves
     (the start says it waits for the broker). ``timeout``: the login's."""
 
     def __init__(self, conf: cfg.ConfigOpts, timeout: float) -> None:
@@ -260,7 +261,9 @@ class ServerWatch:
             return found
         self._down_looks += 1
         if self._down_looks < LOOKS_BEFORE_LISTENER_DOWN:
-            return found
+            # Neither up nor down: a broker back from an outage is back
+            # once the listener is, said once, not before it.
+            return Unknown("the RPC server's connection is being made again")
         return Probe(Dependency.BROKER, found.url, LISTENER_DOWN)
 
     def close(self) -> None:

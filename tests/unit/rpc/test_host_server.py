@@ -14,7 +14,7 @@ import pytest
 from oslo_config import cfg
 
 from compute_agent import config
-from compute_agent.dependencies import Dependency, Probe, Unknown
+from compute_agent.dependencies import Dependencies, Dependency, Probe, Unknown
 from compute_agent.messaging import TOPIC
 from compute_agent.rpc import broker, heartbeat, host_server
 from compute_agent.rpc.client import ComputeAgentAPI
@@ -132,7 +132,30 @@ def test_a_listener_down_is_said_by_a_login_or_after_a_second_look(served, monke
     monkeypatch.setattr(broker, "probe", lambda conf, timeout: answer)
     assert watch.probe() == answer
     answer = Probe(Dependency.BROKER, url)
-    assert watch.probe().problem is None  # the broker back: a first look
+    assert isinstance(watch.probe(), Unknown)  # the broker back: a first look
     assert watch.probe() == Probe(Dependency.BROKER, url, LISTENER_DOWN)
     monkeypatch.setattr(served.server, "connected_to", lambda: url)
     assert watch.probe().problem is None
+
+
+def test_bug_the_brokers_return_was_said_twice_when_the_listener_came_back_later(
+        served, monkeypatch, caplog):
+    """The broker took logins again a cycle before the server's listener
+    had its connection back: 'is back', 'takes logins, but ...', 'is back'
+    again. One line down, one back."""
+    board = Dependencies()
+    watch = ServerWatch(served.conf, 1)
+    watch.serving(served.server)
+    url = "rabbit://127.0.0.1:5672/"
+    monkeypatch.setattr(served.server, "connected_to", lambda: None)
+    monkeypatch.setattr(broker, "probe", lambda conf, timeout: Probe(
+        Dependency.BROKER, url, "did not answer (connection refused)"))
+    broker.observe(board, watch.probe())
+    monkeypatch.setattr(broker, "probe", lambda conf, timeout: Probe(Dependency.BROKER, url))
+    with caplog.at_level(logging.INFO, logger="compute_agent.dependencies"):
+        broker.observe(board, watch.probe())  # logins taken, the listener not back yet
+        broker.observe(board, watch.probe())  # and still not: said so
+        monkeypatch.setattr(served.server, "connected_to", lambda: url)
+        broker.observe(board, watch.probe())
+    assert [r.getMessage() for r in caplog.records if "is back" in r.getMessage()] == [
+        f"the message broker at {url} is back after 2 failed cycles, 0 s"]
