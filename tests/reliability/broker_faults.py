@@ -104,10 +104,10 @@ def remove_allocations(url: str, consumer: str) -> None:
     assert resp.status_code in (204, 404), resp.text
 
 
-def placement_retried(write: Callable[[], None], timeout: float = 1) -> None:
+def placement_retried(write: Callable[[], None], timeout: float = 10) -> None:
     """A conductor's write to Placement, retried for ``timeout`` seconds:
     the test Placement, on SQLite, answers 500 "database is locked" now and
-    then under concurrent writers."""
+    then under concurrent writers, for longer when the machine is loaded."""
     refused: list[AssertionError] = []
 
     def written() -> bool:
