@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CASES = ("placement_loop", "reconcile_loop", "libvirt_discovery", "claims", "rpc", "heal",
          "device_health", "live_migration", "evacuation", "stop", "guest_holdings",
-         "store_check", "store_migration", "hotplug", "reboot_restore")
+         "store_check", "store_migration", "hotplug", "reboot_restore", "gpu_candidates")
 
 
 def main() -> int:
