@@ -120,6 +120,29 @@ def test_the_watch_says_a_server_given_nothing_since_its_last_look_is_deaf(
     assert sent == ["cast", "cast"]
 
 
+def unbind(queue: str) -> None:
+    """``queue``'s binding to the control exchange removed: nothing routes
+    to it, and its consumer is told nothing (as RabbitMQ loses a binding)."""
+    with kombu.Connection("memory://") as connection:
+        connection.channel().queue_unbind(queue, exchange="openstack", routing_key=queue)
+
+
+def test_a_deaf_server_has_its_queues_declared_again_and_serves(served):
+    for queue in host_server.host_queues(HOST):
+        unbind(queue)
+    watch = ServerWatch(served.conf, 1)
+    watch.serving(served.server)
+    assert watch.probe().problem is None  # its cast is lost
+    heartbeats = served.server.heartbeat
+    lost = heartbeats.served
+    assert watch.probe().problem == DEAF
+    # Declared anew in the listener's thread, which then casts to itself:
+    # the first look after finds it served, not the second (a cycle later).
+    wait_for(lambda: heartbeats.served > lost, 20)
+    assert watch.probe().problem is None
+    assert served.api.get_host_info(HOST)["host"] == HOST
+
+
 def test_a_listener_down_is_said_by_a_login_or_after_a_second_look(served, monkeypatch):
     """A connection cut and made again is no outage; a broker that does
     not answer is said as the login finds it; one that takes logins while
