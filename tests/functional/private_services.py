@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import kombu
 import libvirt
 
 from compute_agent.testing.local_placement import free_port
@@ -323,6 +324,22 @@ class PrivateRabbitMQ:
     def close_all_connections(self) -> None:
         """Cut every client's connection; the broker stays up."""
         self._ctl("close_all_connections", "cut by a test")
+
+    def queue_types(self) -> dict[str, str]:
+        """Each queue's type (classic, quorum, stream), by its name."""
+        listed = subprocess.run(["rabbitmqctl", "-q", "-n", self.node, "list_queues", "name",
+                                 "type", "--formatter", "json"], check=True, timeout=120,
+                                capture_output=True, text=True).stdout
+        return {q["name"]: q["type"] for q in json.loads(listed)}
+
+    def delete_queue(self, queue: str) -> None:
+        self._ctl("delete_queue", queue)
+
+    def amqp(self) -> kombu.Connection:
+        """A connection of the test's own to this node, as guest: for what
+        rabbitmqctl does not do (delete an exchange, remove a binding)."""
+        return kombu.Connection(hostname="127.0.0.1", port=self.port, userid="guest",
+                                password="guest")
 
     def add_user(self, user: str, password: str, vhost: str = "/") -> str:
         """A user with no permission yet on ``vhost``; its transport URL."""
