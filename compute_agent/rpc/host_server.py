@@ -23,12 +23,13 @@ with a warning. So one host's credentials cannot call another host's
 agent.
 
 Deaf: a listener that is connected and given nothing (its queues'
-bindings gone, its consumers lost on the broker's side without a word)
-is seen by the update loop's watch (ServerWatch), which has the
-listener's own thread cancel its consumers and declare the queues, their
-bindings and consumers again. oslo.messaging mends the other cases
-itself: a queue deleted under it cancels its consumer, and the driver
-makes its connection again and declares its queues.
+bindings gone, its consumers lost on the broker's side without a word,
+its node hung with its socket still open) is seen by the update loop's
+watch (ServerWatch), which has the listener's own thread drop its
+connection: the driver makes it again, to the next node, and declares
+the queues, their bindings and consumers, as after a node lost.
+oslo.messaging mends a queue deleted under it itself: the broker
+cancels its consumer, and the driver makes its connection again.
 
 Stopping: oslo.messaging's listener sees a stop only between two waits on
 the broker's socket, each up to 5 s (its ACK_REQUEUE_EVERY_SECONDS_MAX)
@@ -43,6 +44,7 @@ real broker.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -86,7 +88,7 @@ class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
     """``queues`` (the host's) consumed on one connection; requests that
     did not come through ``exchange`` dropped. ``wake`` casts to the
     host's own heartbeat queue: once a stop is asked, so that the wait on
-    the socket ends, and once the queues are declared anew, so that the
+    the socket ends, and once connected again (connect_again), so that the
     watch finds the listener served."""
 
     def __init__(self, driver: Any, conn: Any, exchange: str, queues: tuple[str, ...],
@@ -95,6 +97,7 @@ class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
         self._exchange = exchange
         self._queues = queues
         self._wake = wake
+        self._connect_again = threading.Event()
 
     def declare(self) -> None:
         """Each queue, its binding to the exchange and its consumer."""
@@ -102,21 +105,37 @@ class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
             self.conn.declare_topic_consumer(exchange_name=self._exchange, topic=queue,
                                              callback=self)
 
-    def declare_again(self) -> None:
-        """Cancel the consumers and ``declare`` anew, in the thread that
-        polls the connection (the driver's connection is not for two
-        threads), at its next look at the broker: within
-        ACK_REQUEUE_EVERY_SECONDS_MAX while idle."""
-        self._message_operations_handler.do(self._declare_anew)
+    def connect_again(self) -> None:
+        """Drop the connection and make it again, to the next host of
+        transport_url, with the queues, their bindings and consumers
+        declared anew (the driver's way after a node is lost), then
+        ``wake``: in the thread that polls the connection (the driver's
+        connection is not for two threads), at its next look at the broker,
+        within ACK_REQUEUE_EVERY_SECONDS_MAX while idle. Asked again before
+        that, once."""
+        if not self._connect_again.is_set():
+            self._connect_again.set()
+            self._message_operations_handler.do(self._connect_anew)
 
-    def _declare_anew(self) -> None:
+    def _connect_anew(self) -> None:
+        self._connect_again.clear()
+        # The driver's connection (the pool's context holds it) and kombu's
+        # in it, closed without a word to the broker: a node that hangs
+        # would not answer one.
+        driver_connection = self.conn.connection
+        with driver_connection._connection_lock:
+            driver_connection.connection.collect()
         try:
-            self.conn.reset()
-            self.declare()
-            self._wake()
+            # The driver finds its connection closed, makes it again, and
+            # declares its consumers on it.
+            self.conn.consume(timeout=amqpdriver.ACK_REQUEUE_EVERY_SECONDS_MIN)
+        except driver_common.Timeout:
+            pass  # connected again, and nothing came in that short wait
         except Exception as e:  # noqa: BLE001 - the watch's next look asks again
-            LOG.warning("The RPC server's queues could not be declared again: %s",
+            LOG.warning("The RPC server's connection could not be made again: %s",
                         broker.problem(e))
+            return
+        self._wake()
 
     def __call__(self, message: Any) -> None:
         delivered_by = message._raw_message.delivery_info.get("exchange")
@@ -208,11 +227,12 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
             return None
         return f"rabbit://{kombu_connection.hostname}:{kombu_connection.port}/"
 
-    def declare_queues_again(self) -> None:
-        """The listener's queues, bindings and consumers declared anew
-        (HostListener.declare_again), for a listener found deaf."""
+    def connect_again(self) -> None:
+        """The listener's connection made again, its queues, bindings and
+        consumers declared anew (HostListener.connect_again), for a
+        listener found deaf."""
         if self._listener is not None:
-            self._listener.declare_again()
+            self._listener.connect_again()
 
     def cast_own_heartbeat(self) -> None:
         """A cast of report_alive to this host's heartbeat queue: it wakes
@@ -243,7 +263,7 @@ class ServerWatch:
     found it, and the server's own heartbeat, cast to itself at the look
     before, served since (any heartbeat served counts). A listener that is
     connected and given nothing (its queues' bindings gone, its consumers
-    lost) is deaf, said to be, and has its queues declared again. While
+    lost, its node hung) is deaf, said to be, and connected again. While
     the listener's connection is down, a login says why (the broker's own
     finding, as the commands get it); a broker that takes the login while
     the listener stays down for a second look is said so, a shorter gap (a
@@ -280,7 +300,7 @@ class ServerWatch:
             return Probe(Dependency.BROKER, url,
                          f"did not take a message ({broker.problem(failure)})")
         if deaf:
-            server.declare_queues_again()
+            server.connect_again()
         return Probe(Dependency.BROKER, url, DEAF if deaf else None)
 
     @staticmethod
@@ -323,5 +343,5 @@ CAST_ATTEMPTS = 2
 LOOKS_BEFORE_LISTENER_DOWN = 2
 LISTENER_DOWN = ("takes logins, but the RPC server's connection has been down since "
                  "the last cycle: calls do not reach this agent")
-DEAF = ("delivered nothing to this agent's RPC server since the last cycle, its own "
-        "heartbeat included: calls do not reach it; its queues are being declared again")
+DEAF = ("delivered this agent nothing since the last cycle, not even its own heartbeat: "
+        "connecting again")
