@@ -441,7 +441,7 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     # agent whose node of three hung (a frozen VM, a stopped process: its
     # port still takes connections, nothing answers) tried that same node
     # again at every attempt, and stayed deaf until it came back
-    # (tests/functional/test_broker_cluster.py).
+    # (tests/cluster/test_broker_cluster.py).
     conf.set_default("kombu_failover_strategy", "shuffle", group="oslo_messaging_rabbit")
 
 

@@ -39,7 +39,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
@@ -186,16 +187,24 @@ class Command:
 POLL_TIMEOUT = 2.0
 
 
-def _evacuator(api, conf, parallel: int = DEFAULT_PARALLEL) -> Evacuator:
+@contextmanager
+def _evacuator(api, conf, parallel: int = DEFAULT_PARALLEL) -> Iterator[Evacuator]:
     """A host that has not answered within --timeout is shown down when
     --timeout is shorter than service_down_time: the command ends within
     its timeout. An evacuation's destination asks the source again, with
-    service_down_time, before it rebuilds anything."""
-    return Evacuator(PlacementClient(adapter_from_conf(conf)), api,
-                     Heartbeat(conf, min(conf.service_down_time, conf.timeout),
-                               outstanding=api.outstanding, on_wait=tell_waiting),
-                     ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT),
-                                     outstanding=api.outstanding), parallel)
+    service_down_time, before it rebuilds anything. Its heartbeat's and
+    progress's clients closed after, their reply queues deleted (were left
+    for oslo.messaging's 30 minutes)."""
+    heartbeat = Heartbeat(conf, min(conf.service_down_time, conf.timeout),
+                          outstanding=api.outstanding, on_wait=tell_waiting)
+    poll = ComputeAgentAPI(conf, timeout=min(conf.timeout, POLL_TIMEOUT),
+                           outstanding=api.outstanding)
+    try:
+        yield Evacuator(PlacementClient(adapter_from_conf(conf)), api, heartbeat, poll,
+                        parallel)
+    finally:
+        heartbeat.close()
+        poll.close()
 
 
 def _when(epoch: float | None) -> str:
@@ -250,7 +259,8 @@ def migration_uuid(text: str) -> str:
 
 
 def _hosts(api, a, conf):
-    return _evacuator(api, conf).hosts()
+    with _evacuator(api, conf) as evacuator:
+        return evacuator.hosts()
 
 
 def _evacuate(api, a, conf):
@@ -259,8 +269,9 @@ def _evacuate(api, a, conf):
             print_output(_outcome_line(asdict(o)))
     # Leave the main thread's deadline room to print what was reached.
     deadline = time.monotonic() + max(conf.timeout - 1, 0.1)
-    return _evacuator(api, conf, a.parallel).evacuate(a.agent_host, a.target, a.force,
-                                                      progress, deadline).as_dict()
+    with _evacuator(api, conf, a.parallel) as evacuator:
+        return evacuator.evacuate(a.agent_host, a.target, a.force, progress,
+                                  deadline).as_dict()
 
 
 # --- the conductor's commands: live-migrate ------------------------------------

@@ -172,11 +172,11 @@ def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:
     try:
         rpc = start_server(conf, agent, supervisor)
     except Exception as e:
-        # The broker was down at the check above, and refuses the login now.
-        if not broker.refuses_credentials(e):
+        refusal = server_refusal(conf, e)
+        if refusal is None:
             raise
         agent.stop()
-        return exit_config_error(broker.credentials_refusal(conf))
+        return exit_config_error(refusal)
     if rpc is None:
         # Stopped while the broker was awaited: no call was ever taken, and
         # the thread still waiting on the broker cannot be stopped.
@@ -200,6 +200,16 @@ def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:
     return stop(supervisor, agent, rpc)
 
 
+def server_refusal(conf: cfg.ConfigOpts, error: Exception) -> ConfigError | None:
+    """The one line for what the broker refused the RPC server's start for
+    good, None for another failure: the login (the broker was down at the
+    start's check, and refuses it now), or the host's queues, which it
+    holds with another type or arguments than the config asks."""
+    if broker.refuses_credentials(error):
+        return broker.credentials_refusal(conf)
+    return broker.declare_refusal(conf, error)
+
+
 def start_server(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor
                  ) -> HostServer | None:
     """The host's RPC server (compute_agent/rpc/host_server.py), started.
@@ -212,7 +222,9 @@ def start_server(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor
 
     def start() -> None:
         try:
-            rpc.start()
+            # A declare the driver gives up is raised here, and said once.
+            with broker.driver_lines_quiet(*broker.GIVE_UP_LINES):
+                rpc.start()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             failure.append(e)
         finally:

@@ -16,6 +16,7 @@ outage is seen by the watch.
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 import threading
 from collections.abc import Callable, Iterator
@@ -367,6 +368,126 @@ def refuse_rejected_login(conf: cfg.ConfigOpts, timeout: float) -> None:
         raise credentials_refusal(conf)
 
 
+# RabbitMQ's refusal of a declare that differs from what it holds (its
+# rabbit_misc:assert_args_equivalence, worded so since RabbitMQ 2): the
+# argument, the queue or exchange, then each side's value: 'true', none, or
+# "the value 'quorum' of type 'longstr'".
+INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']*)' "
+    r"in vhost '[^']*': received (?P<asked>.+?) but current is (?P<held>.+?)\s*$")
+ARGUMENT_VALUE = re.compile(r"(?:the value )?'(?P<value>[^']*)'(?: of type '\w+')?")
+# The [oslo_messaging_rabbit] option that asks each argument of a quorum
+# queue (durable and x-queue-type: inequivalent_queue_option).
+QUORUM_ARGUMENT_OPTIONS = {"x-delivery-limit": "rabbit_quorum_delivery_limit",
+                           "x-max-in-memory-length": "rabbit_quorum_max_memory_length",
+                           "x-max-in-memory-bytes": "rabbit_quorum_max_memory_bytes"}
+
+
+@dataclass(frozen=True)
+class Inequivalent:
+    """A queue or exchange the broker holds with another value of
+    ``argument`` than a declare asked; None for an argument not set."""
+
+    kind: str  # "queue" or "exchange"
+    name: str
+    argument: str
+    held: str | None
+    asked: str | None
+
+
+def argument_value(text: str) -> str | None:
+    """A value as RabbitMQ's refusal words it; None for none."""
+    found = ARGUMENT_VALUE.fullmatch(text.strip())
+    return found.group("value") if found else None
+
+
+def inequivalent(error: BaseException) -> Inequivalent | None:
+    """The refusal among ``error`` and the errors it was raised from:
+    of a queue rather than an exchange (oslo.messaging, refused a durable
+    queue, declares its exchange again not durable, which the broker
+    refuses in turn); None when there is none."""
+    found: list[Inequivalent] = []
+    seen: BaseException | None = error
+    while seen is not None and len(found) < 10:
+        match = INEQUIVALENT.search(str(seen))
+        if match:
+            found.append(Inequivalent(match["kind"], match["name"], match["argument"],
+                                      argument_value(match["held"]),
+                                      argument_value(match["asked"])))
+        seen = seen.__cause__ or seen.__context__
+    queues = [f for f in found if f.kind == "queue"]
+    return next(iter(queues or found), None)
+
+
+def queue_held(found: Inequivalent) -> str:
+    """What the broker holds, as its refusal tells it."""
+    if found.argument == "x-queue-type":
+        return f"as {found.held or 'classic'}"
+    if found.argument == "durable":
+        # A quorum queue is always durable.
+        return ("as classic, not durable" if found.held == "false" else
+                "as durable (quorum or classic)")
+    return f"with {found.argument} {found.held or 'unset'}"
+
+
+def queue_asked(conf: cfg.ConfigOpts, found: Inequivalent) -> str:
+    rabbit = conf.oslo_messaging_rabbit
+    if found.argument not in ("x-queue-type", "durable"):
+        return f"{found.argument} {found.asked or 'unset'}"
+    if rabbit.rabbit_quorum_queue:
+        return "quorum"
+    return f"classic, {'durable' if rabbit.amqp_durable_queues else 'not durable'}"
+
+
+def inequivalent_queue_option(conf: cfg.ConfigOpts, argument: str) -> str:
+    """The option that asks ``argument`` of the agent's queues, or none."""
+    rabbit = conf.oslo_messaging_rabbit
+    if argument == "x-queue-type" or (argument == "durable" and rabbit.rabbit_quorum_queue):
+        return "rabbit_quorum_queue"
+    if argument == "durable":
+        return "amqp_durable_queues"
+    return QUORUM_ARGUMENT_OPTIONS.get(argument, "")
+
+
+def exchange_refusal(conf: cfg.ConfigOpts, found: Inequivalent) -> ConfigError:
+    """The control exchange held durable and asked not, or the reverse:
+    rabbit_quorum_queue or amqp_durable_queues make it durable."""
+    rabbit = conf.oslo_messaging_rabbit
+    asked_durable = found.asked == "true"
+    option = ("rabbit_quorum_queue" if rabbit.rabbit_quorum_queue
+              else "amqp_durable_queues")
+    durable = {True: "durable", False: "not durable"}
+    return ConfigError(
+        f"[oslo_messaging_rabbit] {option}: the broker has exchange {found.name!r} "
+        f"{durable[not asked_durable]}; this config asks for it {durable[asked_durable]} "
+        f"(value: {getattr(rabbit, option)}). Every agent and conductor shares it: set them "
+        "all alike; to change it, delete it (rabbitmqadmin) with all of them stopped")
+
+
+def declare_refusal(conf: cfg.ConfigOpts, error: BaseException) -> ConfigError | None:
+    """The one line for a broker that refused to declare the agent's
+    queues (compute-agent.HOST, compute-agent-heartbeat.HOST) or the
+    control exchange as the config asks, for it holds them otherwise;
+    None for another error. A queue's type and arguments never change
+    once declared: the remedy is to delete it, and a stopped agent's
+    queues hold nothing of value (the calls in them have their callers'
+    timeouts). The exchange is every agent's and conductor's: the remedy
+    is to ask it as they do, or to change it for them all."""
+    found = inequivalent(error)
+    if found is None:
+        return None
+    rabbit = conf.oslo_messaging_rabbit
+    if found.kind == "exchange":
+        return exchange_refusal(conf, found)
+    option = inequivalent_queue_option(conf, found.argument)
+    value = f" (value: {getattr(rabbit, option)})" if option else ""
+    return ConfigError(
+        f"[oslo_messaging_rabbit]{' ' + option if option else ''}: the broker has queue "
+        f"{found.name!r} {queue_held(found)}; this config asks for {queue_asked(conf, found)}"
+        f"{value}. A stopped agent's queues hold nothing of value: delete its two "
+        "(rabbitmqctl delete_queue), then start it")
+
+
 def is_reconnect_line(record: logging.LogRecord) -> bool:
     return isinstance(record.msg, str) and any(p in record.msg for p in RECONNECT_LINES)
 
@@ -399,20 +520,30 @@ class ReconnectLinesToDebug(LinesToDebug):
 _QUIET = threading.local()
 
 
+# The driver's lines as it gives up a declare, whose error it raises:
+# the consumer's, and its retry loop's (a message formatted beforehand).
+GIVE_UP_LINES = ("Failed to declare consumer for topic", "Unable to connect to AMQP server on")
+
+
 @contextmanager
-def driver_lines_quiet() -> Iterator[None]:
+def driver_lines_quiet(*pieces: str) -> Iterator[None]:
     """The driver's lines, in this thread and for as long as this lasts,
-    at DEBUG: for a send whose failure the caller says itself (the update
-    loop's cast of its own heartbeat)."""
-    _QUIET.on = True
+    at DEBUG: those whose format string holds one of ``pieces``, or all.
+    For a send whose failure the caller says itself (the update loop's
+    cast of its own heartbeat), and for the RPC server's start, whose
+    declare refused is said once (GIVE_UP_LINES)."""
+    _QUIET.pieces = pieces
     try:
         yield
     finally:
-        _QUIET.on = False
+        _QUIET.pieces = None
 
 
 def is_quieted_here(record: logging.LogRecord) -> bool:
-    return bool(getattr(_QUIET, "on", False))
+    pieces = getattr(_QUIET, "pieces", None)
+    if pieces is None:
+        return False
+    return not pieces or (isinstance(record.msg, str) and any(p in record.msg for p in pieces))
 
 
 class QuietedLinesToDebug(LinesToDebug):

@@ -11,7 +11,9 @@ before it is sent, with VersionCapped. A call that gets no answer within
 its timeout raises oslo.messaging's MessagingTimeout (NoAnswer, naming the
 host), also while the broker cannot be reached (BrokerUnreachable): the
 call may or may not have been done, and every call is safe to retry with
-the same uuids.
+the same uuids. A client whose reply queue was lost has it declared again
+after such a call (compute_agent/rpc/replies.py): the next call is
+answered.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from compute_agent.messaging import TOPIC, messaging, transport
 from compute_agent.rpc import broker
 from compute_agent.rpc.errors import NoAnswer
 from compute_agent.rpc.outstanding import OutstandingCalls
+from compute_agent.rpc.replies import ReplyQueue
 from compute_agent.rpc.sending import SEND_RETRIES, BoundedSender, Notice
 from compute_agent.rpc.versions import OLDEST, VERSION
 
@@ -52,6 +55,7 @@ class ComputeAgentAPI:
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
             version_cap=conf.upgrade_levels.compute_agent or VERSION, timeout=timeout,
             retry=SEND_RETRIES)
+        self._replies = ReplyQueue(conf, self.client)
 
     def close(self) -> None:
         """Close the connection to the broker; delete the reply queue, if
@@ -79,6 +83,8 @@ class ComputeAgentAPI:
             try:
                 return prepared.call({}, method, **payload)
             except messaging.MessagingTimeout:
+                # The answer may have been dropped for want of a reply queue.
+                self._replies.mend_in_background()
                 raise NoAnswer(host, method, timeout) from None
         return self._sender.call(host, method, timeout, send)
 

@@ -37,6 +37,7 @@ from compute_agent.messaging import messaging, server_queue, transport
 from compute_agent.rpc import broker
 from compute_agent.rpc.errors import BrokerUnreachable
 from compute_agent.rpc.outstanding import OutstandingCalls
+from compute_agent.rpc.replies import ReplyQueue
 from compute_agent.rpc.sending import SEND_RETRIES, BoundedSender, Notice
 from compute_agent.rpc.served import HeartbeatAgent
 
@@ -163,10 +164,17 @@ class Heartbeat:
         self._client = messaging.get_rpc_client(
             transport(conf), messaging.Target(topic=TOPIC, version=VERSION),
             timeout=self.down_after, retry=SEND_RETRIES)
+        self._replies = ReplyQueue(conf, self._client)
 
     def close(self) -> None:
         """Close the connection; delete the reply queue, if it called."""
         broker.close_client(self._conf, self._client)
+
+    def answers_lost(self) -> bool:
+        """Whether answers to this client's questions are dropped now (its
+        reply queue lost: compute_agent/rpc/replies.py): silence is then
+        no verdict."""
+        return self._replies.lost()
 
     def check(self, host: str) -> Liveness:
         """Raises BrokerUnreachable when the question was not asked."""
@@ -213,7 +221,8 @@ class SourceFence:
 
     def require_down(self, host: str) -> None:
         """Return when ``host`` is down; raise SourceHostUp when it answers,
-        BrokerUnavailable when the question could not be asked."""
+        BrokerUnavailable when the question could not be asked, or its
+        answer could not come back (Heartbeat.answers_lost)."""
         with self._lock:
             asking = self._asking.setdefault(host, threading.Lock())
         with asking:
@@ -223,6 +232,8 @@ class SourceFence:
             heartbeat = self._heartbeats()
             try:
                 found = heartbeat.check(host)
+                # Asked before the client closes, which deletes the queue.
+                deaf = not found.up and heartbeat.answers_lost()
             except BrokerUnreachable:
                 raise BrokerUnavailable("", f"did not take the heartbeat question to {host} "
                                         f"within {heartbeat.down_after:g}s: whether it is "
@@ -235,4 +246,8 @@ class SourceFence:
             if found.up:
                 self._down_at.pop(host, None)
                 raise SourceHostUp(host, heartbeat.down_after)
+            if deaf:
+                raise BrokerUnavailable("", f"dropped the answers to the heartbeat question "
+                                        f"to {host} (its reply queue lost): whether it is "
+                                        "down is unknown")
             self._down_at[host] = time.monotonic()

@@ -22,6 +22,15 @@ may write to for its replies and which routes by queue name, is dropped
 with a warning. So one host's credentials cannot call another host's
 agent.
 
+Deaf: a listener that is connected and given nothing (its queues'
+bindings gone, its consumers lost on the broker's side without a word,
+its node hung with its socket still open) is seen by the update loop's
+watch (ServerWatch), which has the listener's own thread drop its
+connection: the driver makes it again, to the next node, and declares
+the queues, their bindings and consumers, as after a node lost.
+oslo.messaging mends a queue deleted under it itself: the broker
+cancels its consumer, and the driver makes its connection again.
+
 Stopping: oslo.messaging's listener sees a stop only between two waits on
 the broker's socket, each up to 5 s (its ACK_REQUEUE_EVERY_SECONDS_MAX)
 while idle. The listener here wakes itself with a cast of report_alive to
@@ -35,6 +44,7 @@ real broker.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,14 +85,57 @@ def through_control_exchange(exchange: str | None, control_exchange: str) -> boo
 
 
 class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
-    """Both queues of the host on one connection; requests that did not
-    come through ``exchange`` dropped; ``wake`` called once a stop is
-    asked, so that the wait on the socket ends."""
+    """``queues`` (the host's) consumed on one connection; requests that
+    did not come through ``exchange`` dropped. ``wake`` casts to the
+    host's own heartbeat queue: once a stop is asked, so that the wait on
+    the socket ends, and once connected again (connect_again), so that the
+    watch finds the listener served."""
 
-    def __init__(self, driver: Any, conn: Any, exchange: str, wake: Callable[[], None]):
+    def __init__(self, driver: Any, conn: Any, exchange: str, queues: tuple[str, ...],
+                 wake: Callable[[], None]):
         super().__init__(driver, conn)
         self._exchange = exchange
+        self._queues = queues
         self._wake = wake
+        self._connect_again = threading.Event()
+
+    def declare(self) -> None:
+        """Each queue, its binding to the exchange and its consumer."""
+        for queue in self._queues:
+            self.conn.declare_topic_consumer(exchange_name=self._exchange, topic=queue,
+                                             callback=self)
+
+    def connect_again(self) -> None:
+        """Drop the connection and make it again, to the next host of
+        transport_url, with the queues, their bindings and consumers
+        declared anew (the driver's way after a node is lost), then
+        ``wake``: in the thread that polls the connection (the driver's
+        connection is not for two threads), at its next look at the broker,
+        within ACK_REQUEUE_EVERY_SECONDS_MAX while idle. Asked again before
+        that, once."""
+        if not self._connect_again.is_set():
+            self._connect_again.set()
+            self._message_operations_handler.do(self._connect_anew)
+
+    def _connect_anew(self) -> None:
+        self._connect_again.clear()
+        # The driver's connection (the pool's context holds it) and kombu's
+        # in it, closed without a word to the broker: a node that hangs
+        # would not answer one.
+        driver_connection = self.conn.connection
+        with driver_connection._connection_lock:
+            driver_connection.connection.collect()
+        try:
+            # The driver finds its connection closed, makes it again, and
+            # declares its consumers on it.
+            self.conn.consume(timeout=amqpdriver.ACK_REQUEUE_EVERY_SECONDS_MIN)
+        except driver_common.Timeout:
+            pass  # connected again, and nothing came in that short wait
+        except Exception as e:  # noqa: BLE001 - the watch's next look asks again
+            LOG.warning("The RPC server's connection could not be made again: %s",
+                        broker.problem(e))
+            return
+        self._wake()
 
     def __call__(self, message: Any) -> None:
         delivered_by = message._raw_message.delivery_info.get("exchange")
@@ -133,6 +186,7 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         [self.heartbeat] = [e for e in dispatcher.endpoints if isinstance(e, HeartbeatEndpoint)]
         self._heartbeats: ThreadPoolExecutor | None = None
         self._connection: Any = None  # the listener's, once started
+        self._listener: HostListener | None = None
         # The client of its own heartbeat's casts, made once.
         self._own_heartbeat = messaging.get_rpc_client(
             transport, messaging.Target(topic=heartbeat.TOPIC, version=heartbeat.VERSION,
@@ -146,9 +200,10 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
                               f"only (value: {type(driver).__name__})")
         conn = driver._get_connection(driver_common.PURPOSE_LISTEN)
         exchange = driver._get_exchange(self._target)
-        listener = HostListener(driver, conn, exchange, self.cast_own_heartbeat)
-        for queue in host_queues(self._target.server):
-            conn.declare_topic_consumer(exchange_name=exchange, topic=queue, callback=listener)
+        listener = HostListener(driver, conn, exchange, host_queues(self._target.server),
+                                self.cast_own_heartbeat)
+        listener.declare()
+        self._listener = listener
         self._connection = conn
         self._heartbeats = ThreadPoolExecutor(HEARTBEAT_THREADS,
                                               thread_name_prefix="heartbeat-call")
@@ -171,6 +226,13 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         if not kombu_connection.connected:
             return None
         return f"rabbit://{kombu_connection.hostname}:{kombu_connection.port}/"
+
+    def connect_again(self) -> None:
+        """The listener's connection made again, its queues, bindings and
+        consumers declared anew (HostListener.connect_again), for a
+        listener found deaf."""
+        if self._listener is not None:
+            self._listener.connect_again()
 
     def cast_own_heartbeat(self) -> None:
         """A cast of report_alive to this host's heartbeat queue: it wakes
@@ -200,14 +262,15 @@ class ServerWatch:
     its frames): the host server's listener connection as the driver last
     found it, and the server's own heartbeat, cast to itself at the look
     before, served since (any heartbeat served counts). A listener that is
-    connected and given nothing (its queue deleted, its consumer
-    cancelled) is deaf, and said to be. While the listener's connection is
-    down, a login says why (the broker's own finding, as the commands
-    get it); a broker that takes the login while the listener stays down
-    for a second look is said so, a shorter gap (a connection cut and made
-    again) is not an outage, nor the broker's return before the listener's.
-    Nothing is looked at before the server serves
-    (the start says it waits for the broker). ``timeout``: the login's."""
+    connected and given nothing (its queues' bindings gone, its consumers
+    lost, its node hung) is deaf, said to be, and connected again. While
+    the listener's connection is down, a login says why (the broker's own
+    finding, as the commands get it); a broker that takes the login while
+    the listener stays down for a second look is said so, a shorter gap (a
+    connection cut and made again) is not an outage, nor the broker's
+    return before the listener's. Nothing is looked at before the server
+    serves (the start says it waits for the broker). ``timeout``: the
+    login's."""
 
     def __init__(self, conf: cfg.ConfigOpts, timeout: float) -> None:
         self._conf = conf
@@ -236,6 +299,8 @@ class ServerWatch:
             self._served_at_cast = None
             return Probe(Dependency.BROKER, url,
                          f"did not take a message ({broker.problem(failure)})")
+        if deaf:
+            server.connect_again()
         return Probe(Dependency.BROKER, url, DEAF if deaf else None)
 
     @staticmethod
@@ -278,5 +343,5 @@ CAST_ATTEMPTS = 2
 LOOKS_BEFORE_LISTENER_DOWN = 2
 LISTENER_DOWN = ("takes logins, but the RPC server's connection has been down since "
                  "the last cycle: calls do not reach this agent")
-DEAF = ("delivered nothing to this agent's RPC server since the last cycle, its own "
-        "heartbeat included: calls do not reach it")
+DEAF = ("delivered this agent nothing since the last cycle, not even its own heartbeat: "
+        "connecting again")

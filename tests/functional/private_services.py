@@ -14,12 +14,13 @@ import signal
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import kombu
 import libvirt
 
 from compute_agent.testing.local_placement import free_port
@@ -324,6 +325,22 @@ class PrivateRabbitMQ:
         """Cut every client's connection; the broker stays up."""
         self._ctl("close_all_connections", "cut by a test")
 
+    def queue_types(self) -> dict[str, str]:
+        """Each queue's type (classic, quorum, stream), by its name."""
+        listed = subprocess.run(["rabbitmqctl", "-q", "-n", self.node, "list_queues", "name",
+                                 "type", "--formatter", "json"], check=True, timeout=120,
+                                capture_output=True, text=True).stdout
+        return {q["name"]: q["type"] for q in json.loads(listed)}
+
+    def delete_queue(self, queue: str) -> None:
+        self._ctl("delete_queue", queue)
+
+    def amqp(self) -> kombu.Connection:
+        """A connection of the test's own to this node, as guest: for what
+        rabbitmqctl does not do (delete an exchange, remove a binding)."""
+        return kombu.Connection(hostname="127.0.0.1", port=self.port, userid="guest",
+                                password="guest")
+
     def add_user(self, user: str, password: str, vhost: str = "/") -> str:
         """A user with no permission yet on ``vhost``; its transport URL."""
         self._ctl("add_user", user, password)
@@ -400,8 +417,12 @@ class PrivateRabbitCluster:
                     f"-kernel net_ticktime {net_ticktime}")
             with open(node.root / "rabbitmq.conf", "a") as config:
                 config.write(CLUSTER_CONF)
-        self.url = "rabbit://" + ",".join(f"guest:guest@127.0.0.1:{node.port}"
-                                          for node in self.nodes) + "/"
+        self.url = self.url_of(range(self.SIZE))
+
+    def url_of(self, indexes: Iterable[int]) -> str:
+        """The transport URL that names nodes ``indexes``."""
+        return "rabbit://" + ",".join(f"guest:guest@127.0.0.1:{self.nodes[i].port}"
+                                      for i in indexes) + "/"
 
     def start_all(self) -> PrivateRabbitCluster:
         """Each node started (together: a first start can take a minute on
@@ -490,6 +511,18 @@ class PrivateRabbitCluster:
 
     def delete_queue(self, queue: str) -> None:
         self._ask_any("delete_queue", queue)
+
+    def unbind(self, queue: str, exchange: str) -> None:
+        """``queue``'s binding to ``exchange`` (by its own name) removed,
+        through the first node that runs: nothing routes to it any more,
+        and its consumers are told nothing."""
+        with self.nodes[self.running()[0]].amqp() as connection:
+            connection.channel().queue_unbind(queue, exchange=exchange, routing_key=queue)
+
+    def log(self, index: int) -> str:
+        """Node ``index``'s log."""
+        node = self.nodes[index]
+        return (node.root / "log" / f"{node.node}.log").read_text()
 
     def close(self) -> None:
         """Every node stopped, its directory removed."""

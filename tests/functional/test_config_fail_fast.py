@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from compute_agent.rpc.host_server import host_queues
 from tests.functional.helpers import assert_refused, wait_for, write_conf
 from tests.functional.private_services import PrivateRabbitMQ
+from tests.functional.test_daemon import start_daemon
 
 TOP = Path(__file__).resolve().parents[2]
 HOST = {"disk_gb": 50, "numa_cells": [{"id": 0, "cpus": "0-7", "memory_mb": 4096}]}
@@ -328,3 +330,59 @@ def test_bug_a_broker_that_comes_back_refusing_the_credentials_is_exit_2_in_one_
         "refused the credentials of user 'guest': correct the user or password in "
         "transport_url, or the broker's users"), stderr
     assert "not-the-password" not in stderr
+
+
+def test_bug_a_queue_left_of_another_type_is_exit_2_in_one_line_naming_it(tmp_path):
+    """The host's classic queues and the control exchange, left by the
+    agent that ran before rabbit_quorum_queue was turned on: RabbitMQ
+    refuses, for good, to declare them quorum and durable (PRECONDITION_FAILED,
+    inequivalent arg). Was a traceback and exit 1, which systemd restarts,
+    and the broker refuses again. Deleted as each line says, they are
+    declared quorum and durable."""
+    node = PrivateRabbitMQ().start()
+    log = tmp_path / "agent.log"
+
+    def refused() -> str:
+        """The one error line of a start on ``conf``."""
+        done = run("compute_agent.cmd.agent", conf)
+        errors = [line for line in done.stderr.splitlines() if " ERROR " in line
+                  or "Traceback" in line or "error:" in line]
+        assert done.returncode == 2 and len(errors) == 1, done.stderr
+        return errors[0]
+
+    try:
+        conf = conf_with(tmp_path, f"[DEFAULT]\ntransport_url = {node.url}\n")
+        serve_once(conf, log)
+        queues = host_queues("failfast")
+        assert {q: node.queue_types()[q] for q in queues} == dict.fromkeys(queues, "classic")
+        conf.write_text(conf.read_text() + "[oslo_messaging_rabbit]\nrabbit_quorum_queue = true\n")
+        assert refused().endswith(
+            "[oslo_messaging_rabbit] rabbit_quorum_queue: the broker has queue "
+            "'compute-agent.failfast' as classic; this config asks for quorum (value: True). "
+            "A stopped agent's queues hold nothing of value: delete its two (rabbitmqctl "
+            "delete_queue), then start it")
+        for queue in queues:
+            node.delete_queue(queue)
+        assert refused().endswith(
+            "[oslo_messaging_rabbit] rabbit_quorum_queue: the broker has exchange 'openstack' "
+            "not durable; this config asks for it durable (value: True). Every agent and "
+            "conductor shares it: set them all alike; to change it, delete it (rabbitmqadmin) "
+            "with all of them stopped")
+        with node.amqp() as connection:
+            connection.channel().exchange_delete("openstack")
+        serve_once(conf, log)
+        assert {q: node.queue_types()[q] for q in queues} == dict.fromkeys(queues, "quorum")
+    finally:
+        node.close()
+
+
+def serve_once(conf: Path, log: Path) -> None:
+    """The daemon on ``conf`` started, serving RPC, and stopped."""
+    daemon = start_daemon(conf, log)  # its log begins afresh
+    try:
+        wait_for(lambda: "running as host" in log.read_text() or daemon.poll() is not None,
+                 120)
+        assert daemon.poll() is None, log.read_text()
+    finally:
+        daemon.terminate()
+        daemon.wait(60)

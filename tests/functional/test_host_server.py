@@ -63,8 +63,11 @@ def test_an_agent_holds_two_queues_and_two_connections_and_is_quiet_while_idle(
         # A caller's call, answered: the agent's reply connection is open.
         done = ctl(conf, "host-info", host)
         assert done.returncode == 0, done.stderr
-        # The command's reply queue was deleted as it closed: not left for
-        # 30 minutes.
+        # Its heartbeat's too (hosts asks each host's heartbeat).
+        done = ctl(conf, "--timeout", "5", "hosts")
+        assert done.returncode == 0, done.stderr
+        # The commands' reply queues were deleted as they closed: not left
+        # for 30 minutes.
         assert queues(private_rabbitmq) == set(host_queues(host))
         assert len(rows(private_rabbitmq, "list_connections", "name")) == 2
         started, before = time.monotonic(), frames_received(private_rabbitmq)

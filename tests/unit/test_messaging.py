@@ -196,7 +196,7 @@ def test_ctl_names_its_reply_queues_at_random(queue_manager):
 
 def test_the_next_broker_after_a_lost_one_is_drawn_at_random_unless_told_otherwise():
     """oslo.messaging's round-robin came back, at each attempt, to the one
-    node of three that was paused (tests/functional/test_broker_cluster.py):
+    node of three that was paused (tests/cluster/test_broker_cluster.py):
     the agent stayed deaf until that node resumed."""
     conf = rabbit_conf()
     assert conf.oslo_messaging_rabbit.kombu_failover_strategy == "shuffle"

@@ -12,7 +12,7 @@ import ssl
 import threading
 
 import pytest
-from amqp.exceptions import AccessRefused
+from amqp.exceptions import AccessRefused, PreconditionFailed
 from oslo_config import cfg
 
 from compute_agent.dependencies import Dependencies, Dependency, Health, Probe, Unknown
@@ -299,3 +299,104 @@ def test_of_several_hosts_one_that_takes_the_login_lets_the_start_go_on(errors, 
                                                                          monkeypatch):
     conf = tls_conf(TWO_HOSTS, ssl=True, ssl_ca_file="/etc/ca.pem")
     assert refused_login(conf, monkeypatch, errors) == line
+
+
+# --- a queue the broker holds otherwise than the config asks -------------------
+
+DELETE = (". A stopped agent's queues hold nothing of value: delete its two (rabbitmqctl "
+          "delete_queue), then start it")
+QUORUM = "the value 'quorum' of type 'longstr'"
+
+
+def refused(argument: str, received: str, current: str, kind: str = "queue",
+            name: str = "compute-agent.h1") -> PreconditionFailed:
+    """RabbitMQ's refusal (3.10) of a declare, as py-amqp raises it."""
+    method = "Queue.declare" if kind == "queue" else "Exchange.declare"
+    return PreconditionFailed(f"{method}: (406) PRECONDITION_FAILED - inequivalent arg "
+                              f"'{argument}' for {kind} '{name}' in vhost '/': received "
+                              f"{received} but current is {current}")
+
+
+def given_up(*errors: Exception) -> Exception:
+    """oslo.messaging's error once it gave a declare up, raised while
+    handling ``errors[0]``, raised while handling ``errors[1]``..."""
+    outer = messaging.MessageDeliveryFailure(
+        f"Unable to connect to AMQP server on h:1 after inf tries: {errors[0]}")
+    for error, inner in zip((outer, *errors), errors):
+        error.__context__ = inner
+    return outer
+
+
+@pytest.mark.parametrize("rabbit, error, said", [
+    # A classic queue left from before rabbit_quorum_queue, durable or not.
+    ({"rabbit_quorum_queue": True}, refused("x-queue-type", QUORUM, "none"),
+     "[oslo_messaging_rabbit] rabbit_quorum_queue: the broker has queue 'compute-agent.h1' "
+     "as classic; this config asks for quorum (value: True)"),
+    ({"rabbit_quorum_queue": True}, refused("durable", "'true'", "'false'"),
+     "[oslo_messaging_rabbit] rabbit_quorum_queue: the broker has queue 'compute-agent.h1' "
+     "as classic, not durable; this config asks for quorum (value: True)"),
+    # rabbit_quorum_queue turned off again.
+    ({"amqp_durable_queues": True}, refused("x-queue-type", "none", QUORUM),
+     "[oslo_messaging_rabbit] rabbit_quorum_queue: the broker has queue 'compute-agent.h1' "
+     "as quorum; this config asks for classic, durable (value: False)"),
+    ({}, refused("durable", "'false'", "'true'"),
+     "[oslo_messaging_rabbit] amqp_durable_queues: the broker has queue 'compute-agent.h1' "
+     "as durable (quorum or classic); this config asks for classic, not durable "
+     "(value: False)"),
+    ({"rabbit_quorum_queue": True},
+     refused("x-delivery-limit", "none", "the value '5' of type 'signedint'"),
+     "[oslo_messaging_rabbit] rabbit_quorum_delivery_limit: the broker has queue "
+     "'compute-agent.h1' with x-delivery-limit 5; this config asks for x-delivery-limit "
+     "unset (value: 0)"),
+])
+def test_a_queue_held_otherwise_is_one_line_naming_it_its_type_and_the_type_asked(
+        rabbit, error, said):
+    assert str(broker.declare_refusal(rabbit_conf(**rabbit), given_up(error))) == (
+        said + DELETE)
+
+
+def test_the_queues_refusal_is_said_not_the_exchanges_the_driver_met_after_it():
+    """Refused a durable queue, oslo.messaging declares it again not
+    durable, its exchange first, which the broker refuses in turn."""
+    error = given_up(refused("durable", "'false'", "'true'", "exchange", "openstack"),
+                     refused("durable", "'true'", "'false'"))
+    line = broker.declare_refusal(rabbit_conf(rabbit_quorum_queue=True), error)
+    assert "has queue 'compute-agent.h1' as classic, not durable;" in str(line)
+
+
+@pytest.mark.parametrize("rabbit, held, said", [
+    # rabbit_quorum_queue turned on where every service declared it not durable.
+    ({"rabbit_quorum_queue": True}, "'false'",
+     "[oslo_messaging_rabbit] rabbit_quorum_queue: the broker has exchange 'openstack' not "
+     "durable; this config asks for it durable (value: True). "),
+    # And turned off again.
+    ({}, "'true'",
+     "[oslo_messaging_rabbit] amqp_durable_queues: the broker has exchange 'openstack' "
+     "durable; this config asks for it not durable (value: False). "),
+])
+def test_the_control_exchange_held_otherwise_is_every_services_to_change(rabbit, held, said):
+    asked = "'true'" if held == "'false'" else "'false'"
+    error = given_up(*[refused("durable", asked, held, "exchange", "openstack")] * 2)
+    assert str(broker.declare_refusal(rabbit_conf(**rabbit), error)) == (
+        said + "Every agent and conductor shares it: set them all alike; to change it, "
+        "delete it (rabbitmqadmin) with all of them stopped")
+
+
+def test_other_failures_to_start_are_no_declare_refusal():
+    error = messaging.MessageDeliveryFailure("Unable to connect to AMQP server on h:1 after "
+                                             "inf tries: [Errno 111] Connection refused")
+    assert broker.declare_refusal(rabbit_conf(), error) is None
+
+
+def test_the_drivers_lines_named_are_dropped_in_a_quieted_thread_the_others_kept(
+        driver_log, caplog):
+    """The RPC server's start: the lines of a declare the driver gives up,
+    whose error the start says itself."""
+    driver_log.setLevel(logging.INFO)
+    declare_given_up = [("ERROR", "Failed to declare consumer for topic '%(topic)s': "
+                                  "%(err_str)s"), OTHERS[1]]
+    kept = [OTHERS[0], OTHERS[2]]
+    with broker.driver_lines_quiet(*broker.GIVE_UP_LINES):
+        for level, template in declare_given_up + kept:
+            emit(driver_log, level, template)
+    assert [(r.levelname, r.msg) for r in caplog.records] == kept

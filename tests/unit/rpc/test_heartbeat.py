@@ -22,15 +22,20 @@ class Beats:
 
     down_after = 2.0
 
-    def __init__(self, up: set[str], gate: threading.Event | None = None):
+    def __init__(self, up: set[str], gate: threading.Event | None = None,
+                 answers_lost: bool = False):
         self.up = up
         self.gate = gate
+        self.lost = answers_lost
         self.entered = threading.Event()
         self.asked: list[str] = []
         self.closed = threading.Semaphore(0)  # released once per close
 
     def close(self) -> None:
         self.closed.release()
+
+    def answers_lost(self) -> bool:
+        return self.lost
 
     def check(self, host: str):
         self.asked.append(host)
@@ -78,6 +83,17 @@ def test_many_rebuilds_of_one_down_source_wait_for_one_check():
     assert beats.asked == ["src"]
     fence.require_down("other")
     assert beats.asked == ["src", "other"]
+
+
+def test_silence_while_the_answers_were_dropped_is_no_verdict():
+    """The fence's reply queue lost (deleted, and the driver never told):
+    an up source's answer was dropped, so silence is not down. Was: down,
+    and an instance the source still runs rebuilt elsewhere."""
+    fence = fence_with(Beats(up=set(), answers_lost=True))
+    with pytest.raises(BrokerUnavailable, match="reply queue lost"):
+        fence.require_down("src")
+    fence = fence_with(Beats(up=set()))
+    fence.require_down("src")
 
 
 class SleepingClock(FakeClock):

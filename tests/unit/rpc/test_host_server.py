@@ -120,6 +120,41 @@ def test_the_watch_says_a_server_given_nothing_since_its_last_look_is_deaf(
     assert sent == ["cast", "cast"]
 
 
+def unbind(queue: str) -> None:
+    """``queue``'s binding to the control exchange removed: nothing routes
+    to it, and its consumer is told nothing (as RabbitMQ loses a binding)."""
+    with kombu.Connection("memory://") as connection:
+        connection.channel().queue_unbind(queue, exchange="openstack", routing_key=queue)
+
+
+def test_a_deaf_server_connects_again_with_its_queues_declared_anew_and_serves(served):
+    for queue in host_server.host_queues(HOST):
+        unbind(queue)
+    watch = ServerWatch(served.conf, 1)
+    watch.serving(served.server)
+    assert watch.probe().problem is None  # its cast is lost
+    heartbeats = served.server.heartbeat
+    lost = heartbeats.served
+    assert watch.probe().problem == DEAF
+    # Connected again in the listener's thread, which then casts to itself:
+    # the first look after finds it served, not the second (a cycle later).
+    wait_for(lambda: heartbeats.served > lost, 20)
+    assert watch.probe().problem is None
+    assert served.api.get_host_info(HOST)["host"] == HOST
+
+
+def test_a_connection_asked_again_before_it_is_made_is_asked_once(served):
+    """Made again behind a node that hangs, a connection takes its timeout:
+    one asked at each deaf look (each cycle) piled up behind it."""
+    pending = served.server._listener._message_operations_handler._tasks
+    for _ in range(5):
+        served.server.connect_again()
+    assert pending.qsize() <= 1
+    wait_for(lambda: served.server.heartbeat.served == 1, 20)  # made, and cast to itself
+    served.server.connect_again()
+    wait_for(lambda: served.server.heartbeat.served == 2, 20)
+
+
 def test_a_listener_down_is_said_by_a_login_or_after_a_second_look(served, monkeypatch):
     """A connection cut and made again is no outage; a broker that does
     not answer is said as the login finds it; one that takes logins while
