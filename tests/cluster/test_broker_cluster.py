@@ -36,17 +36,14 @@ from compute_agent.cmd.common import load_config
 from compute_agent.messaging import messaging
 from compute_agent.rpc.client import ComputeAgentAPI
 from tests.functional.helpers import get, put_allocations, unallocate, used, write_conf
-from tests.functional.private_services import PrivateRabbitCluster
+from tests.functional.private_services import (
+    CLUSTER_HEARTBEAT_TIMEOUT_THRESHOLD,
+    CLUSTER_RABBIT_OPTIONS,
+    PrivateRabbitCluster,
+)
 from tests.functional.test_daemon import HOST, run, start_daemon
 from tests.waiting import wait_for
 
-# docs/operations.md's recommended [oslo_messaging_rabbit] for a cluster
-# (kombu_failover_strategy = shuffle is the agent's default).
-HEARTBEAT_TIMEOUT_THRESHOLD = 15
-RABBIT = {"rabbit_quorum_queue": "true", "rabbit_transient_quorum_queue": "true",
-          "rabbit_stream_fanout": "true", "rabbit_qos_prefetch_count": "10",
-          "use_queue_manager": "true",
-          "heartbeat_timeout_threshold": str(HEARTBEAT_TIMEOUT_THRESHOLD)}
 # Short, so that the evacuation fence's question to a paused agent ends soon.
 SERVICE_DOWN_TIME = 5
 SPEC = {"name": "bus", "vcpus": 1, "memory_mb": 64}
@@ -75,7 +72,7 @@ PARTITION_SECONDS = 60
 # heartbeats stop, 3 to 4 times heartbeat_timeout_threshold (seen: 30 s at
 # 10, 175 s at oslo.messaging's 60), then connects to another: served
 # again 37 s into the pause at 10, 64 s at 15.
-HUNG_NODE_BOUND = 4 * HEARTBEAT_TIMEOUT_THRESHOLD + RECOVERY_BOUND
+HUNG_NODE_BOUND = 4 * CLUSTER_HEARTBEAT_TIMEOUT_THRESHOLD + RECOVERY_BOUND
 
 
 @dataclass
@@ -131,7 +128,7 @@ def agents(cluster, placement, tmp_path_factory) -> Iterator[list[ClusterAgent]]
                           DEFAULT={"transport_url": cluster.url,
                                    "service_down_time": SERVICE_DOWN_TIME},
                           fake={"state_file": str(root / name / "hypervisor.json")},
-                          oslo_messaging_rabbit=RABBIT)
+                          oslo_messaging_rabbit=CLUSTER_RABBIT_OPTIONS)
         made.append(ClusterAgent(name, root / name, conf))
     try:
         for agent in made:
