@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import requests
@@ -21,7 +21,7 @@ from compute_agent.placement.client import PlacementClient, adapter_from_conf
 from compute_agent.rpc.heartbeat import Heartbeat
 from compute_agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import DEVICE_CLASSES_PREFIX, HEADERS
-from tools.fleet_sim.hosts import VF_CLASS
+from tools.fleet_sim.hosts import VF_CLASS, rabbit_section
 from tools.fleet_sim.run import percentile, worktree_env
 
 # The flavor the scheduler places: its CPUs and memory, one VF, one vGPU.
@@ -29,13 +29,17 @@ FLAVOR_COMPUTE = "VCPU:2,MEMORY_MB:2048"
 
 
 def ctl_conf(directory: Path, placement_url: str, transport_url: str,
-             service_down_time: int):
+             service_down_time: int, rabbit: Mapping[str, str] | None = None):
     """An operator's config for compute-agent-ctl and the conductor, on
-    the fleet's Placement and broker: its path, and it loaded."""
+    the fleet's Placement and broker, with the agents' [oslo_messaging_rabbit]
+    options ``rabbit``: its path, and it loaded. Its state directory is
+    where the queue manager (use_queue_manager) keeps its lock."""
     path = directory / "ctl.conf"
     path.write_text(f"[DEFAULT]\ntransport_url = {transport_url}\n"
                     f"service_down_time = {service_down_time}\n"
-                    f"[placement]\nauth_type = placement_noauth2\nendpoint = {placement_url}\n")
+                    f"state_path = {directory / 'ctl-state'}\n"
+                    f"[placement]\nauth_type = placement_noauth2\nendpoint = {placement_url}\n"
+                    + rabbit_section(rabbit or {}))
     return path, load_config(["--config-file", str(path)])
 
 
