@@ -1,12 +1,13 @@
 """A fleet of real agents on one Placement (several gunicorn workers on a
-MariaDB database of its own) and one RabbitMQ node of its own: the figures
+MariaDB database of its own) and a RabbitMQ of its own (one node, or a
+cluster of three with quorum queues: --broker-nodes): the figures
 of registration, idle cycles, a restart of every agent at once, a
 Placement outage and a broker restart, counted at Placement's side
 (gunicorn's access log); compute-agent-ctl hosts, the scheduler's
 allocation candidates in each tree mode and an evacuation
 (tools/fleet_sim/scenarios.py). docs/scale.md gives the figures of this machine.
 
-    tools/fleet --hosts N [--minutes M] [--scenarios A,B] [--json]
+    tools/fleet --hosts N [--broker-nodes 1|3] [--minutes M] [--scenarios A,B] [--json]
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compute_agent.tree.host_tree import TreeMode
+from tools.fleet_sim.broker import BROKER_NODES, FleetBroker, agents_frames_received
 from tools.fleet_sim.hosts import Timing, write_agent_conf
 from tools.fleet_sim.placement import GunicornPlacement
 from tools.fleet_sim.run import (
@@ -55,23 +57,6 @@ def progress(quiet: bool):
     return say
 
 
-def rabbitmqctl_rows(node: str, *what: str) -> list[str]:
-    out = subprocess.run(["rabbitmqctl", "-q", "-n", node, *what, "--no-table-headers"],
-                         capture_output=True, text=True, timeout=120)
-    return [line for line in out.stdout.splitlines() if line.strip()]
-
-
-def broker_counts(node: str) -> dict:
-    return {"broker_queues": len(rabbitmqctl_rows(node, "list_queues")),
-            "broker_connections": len(rabbitmqctl_rows(node, "list_connections"))}
-
-
-def broker_frames_received(node: str) -> int:
-    """The frames the broker has received on its open connections (their
-    recv_cnt): an idle connection's are its heartbeats."""
-    return sum(int(row) for row in rabbitmqctl_rows(node, "list_connections", "recv_cnt"))
-
-
 def scenario_list(text: str) -> tuple[str, ...]:
     """--scenarios: names of SCENARIOS, comma-separated."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
@@ -90,6 +75,10 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=3,
                         help="each idle window (default 3)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--broker-nodes", type=int, choices=BROKER_NODES, default=1,
+                        help="RabbitMQ nodes: 1 (default), or a cluster of 3 whose agents "
+                             "and callers use quorum queues, stream fanout and the queue "
+                             "manager (docs/scale.md)")
     parser.add_argument("--processes", type=int, default=4,
                         help="processes the agents are spread over (default 4)")
     parser.add_argument("--placement-workers", type=int, default=4,
@@ -151,14 +140,17 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
     even by SIGKILL, leaves what it measured)."""
     from compute_agent.rpc.client import ComputeAgentAPI
     from compute_agent.rpc.heartbeat import Heartbeat
-    from tests.functional.private_services import PrivateRabbitMQ
 
     host_, port = args.mysql.rsplit(":", 1)
-    say(f"starting a RabbitMQ node and Placement ({args.placement_workers} workers, "
-        f"MariaDB at {args.mysql}) in {root}; the figures so far in {root / RESULT_FILE}")
-    rabbit = PrivateRabbitMQ().start()
+    say(f"starting RabbitMQ ({args.broker_nodes} nodes) and Placement "
+        f"({args.placement_workers} workers, MariaDB at {args.mysql}) in {root}; "
+        f"the figures so far in {root / RESULT_FILE}")
+    broker = FleetBroker(args.broker_nodes)
     placement = fleet = None
+    run_started = time.monotonic()
     result.update({"hosts": args.hosts, "processes": args.processes,
+                   "broker_nodes": args.broker_nodes,
+                   "broker_rabbit_options": dict(broker.rabbit_options),
                    "placement_workers": args.placement_workers,
                    "update_interval": timing.update_interval,
                    "update_jitter": timing.update_jitter,
@@ -176,6 +168,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         say(f"{what} done")
 
     try:
+        broker.start()
         placement = GunicornPlacement(
             root / "placement", args.placement_workers, host_, int(port),
             max_allocation_candidates=args.max_allocation_candidates)
@@ -184,11 +177,13 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
 
         def write_confs(mode: TreeMode) -> list[Path]:
             return [write_agent_conf(root / "hosts" / f"fleet-{i:05d}", f"fleet-{i:05d}", i,
-                                     placement.url, rabbit.url, timing, mode)
+                                     placement.url, broker.url, timing, mode,
+                                     broker.rabbit_options)
                     for i in range(args.hosts)]
 
         confs = write_confs(TreeMode.NESTED)
-        conf_path, conf = ctl_conf(root, placement.url, rabbit.url, timing.service_down_time)
+        conf_path, conf = ctl_conf(root, placement.url, broker.url, timing.service_down_time,
+                                   broker.rabbit_options)
         bus = BusClients(ComputeAgentAPI(conf, timeout=30), Heartbeat(conf))
         fleet = ProcessFleet(confs, args.processes, root)
         fleet.status()  # the workers have imported everything: their base
@@ -231,13 +226,21 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         result["register_requests_per_host"] = round(requests / args.hosts, 2)
         done("registration")
 
+        def agents_frames() -> int:
+            return agents_frames_received(broker.connections(), os.getpid())
+
+        def broker_figures() -> dict:
+            """The broker's queues and connections, and the agents' per host:
+            without the run's own callers (this process's)."""
+            return broker.counts(os.getpid()).as_dict(args.hosts)
+
         def idle(name: str) -> dict:
             say(f"{name}: {args.minutes} minutes")
             (before, processes_before), mark = fleet.status(), log.mark()
-            frames, started = broker_frames_received(rabbit.node), time.monotonic()
+            frames, started = agents_frames(), time.monotonic()
             time.sleep(args.minutes * 60)
             after, processes_after = fleet.status()
-            frames = broker_frames_received(rabbit.node) - frames
+            frames = agents_frames() - frames
             seconds = time.monotonic() - started
             cost = idle_cost(before, after, scenario(name, mark))
             return {**cost.as_dict(), "agent_cpu_ms_per_host_cycle": agent_cpu_ms_per_host_cycle(
@@ -282,7 +285,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             result["idle"] = idle("idle")
             result["idle_requests_per_host_cycle"] = result["idle"]["per_host_cycle"]
         result.update(processes_figures(fleet.status()[1], args.hosts))
-        result.update(broker_counts(rabbit.node))
+        result.update(broker_figures())
         done("idle")
 
         if selected & {"idle_with_instances", "evacuation"}:
@@ -320,15 +323,12 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         if "broker_restart" in selected:
             say("broker restart")
 
-            def restart_broker() -> None:
-                rabbit.stop_app()
-                rabbit.start_app()
-            _, waited, _ = until_in_step("broker_restart", restart_broker,
+            _, waited, _ = until_in_step("broker_restart", broker.restart,
                                          "broker_restart_late", since_act=False)
             result["broker_restart_recovery_seconds"] = waited
             result.update({f"after_{k}": v for k, v in
                            processes_figures(fleet.status()[1], args.hosts).items()})
-            result.update({f"after_{k}": v for k, v in broker_counts(rabbit.node).items()})
+            result.update({f"after_{k}": v for k, v in broker_figures().items()})
             done("broker_restart")
 
         if "evacuation" in selected:
@@ -350,13 +350,14 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
     finally:
         result["placement_peak_rps"] = max([s["peak_rps"] or 0 for s in scenarios.values()],
                                            default=None)
+        result["run_seconds"] = round(time.monotonic() - run_started)
         write_result(root, result)
         say("cleaning up")
         if fleet is not None:
             fleet.close()
         if placement is not None:
             placement.close()
-        rabbit.close()
+        broker.close()
 
 
 def write_result(root: Path, result: dict) -> None:

@@ -42,17 +42,15 @@ from compute_agent.rpc.client import ComputeAgentAPI
 from compute_agent.rpc.errors import NoAnswer
 from compute_agent.rpc.host_server import DEAF, host_queues
 from tests.functional.helpers import get, put_allocations, unallocate, used, write_conf
-from tests.functional.private_services import PrivateRabbitCluster, paused
+from tests.functional.private_services import (
+    CLUSTER_HEARTBEAT_TIMEOUT_THRESHOLD,
+    CLUSTER_RABBIT_OPTIONS,
+    PrivateRabbitCluster,
+    paused,
+)
 from tests.functional.test_daemon import HOST, run, start_daemon
 from tests.waiting import wait_for
 
-# docs/operations.md's recommended [oslo_messaging_rabbit] for a cluster
-# (kombu_failover_strategy = shuffle is the agent's default).
-HEARTBEAT_TIMEOUT_THRESHOLD = 15
-RABBIT = {"rabbit_quorum_queue": "true", "rabbit_transient_quorum_queue": "true",
-          "rabbit_stream_fanout": "true", "rabbit_qos_prefetch_count": "10",
-          "use_queue_manager": "true",
-          "heartbeat_timeout_threshold": str(HEARTBEAT_TIMEOUT_THRESHOLD)}
 # The evacuation fence's wait for an answer: long enough for the test to
 # find and delete the fence's reply queue while its question is in flight.
 SERVICE_DOWN_TIME = 15
@@ -85,7 +83,7 @@ PARTITION_SECONDS = 2 * NET_TICKTIME
 # oslo.messaging's 60), then connects to another: calls answered again 37
 # s into the pause at 10; at 15, by the agents 23 to 61 s, by a caller 28
 # to 66 s.
-HUNG_NODE_BOUND = 4 * HEARTBEAT_TIMEOUT_THRESHOLD + RECOVERY_BOUND
+HUNG_NODE_BOUND = 4 * CLUSTER_HEARTBEAT_TIMEOUT_THRESHOLD + RECOVERY_BOUND
 
 
 @dataclass
@@ -141,7 +139,7 @@ def agents(cluster, placement, tmp_path_factory) -> Iterator[list[ClusterAgent]]
                           DEFAULT={"transport_url": cluster.url,
                                    "service_down_time": SERVICE_DOWN_TIME},
                           fake={"state_file": str(root / name / "hypervisor.json")},
-                          oslo_messaging_rabbit=RABBIT)
+                          oslo_messaging_rabbit=CLUSTER_RABBIT_OPTIONS)
         made.append(ClusterAgent(name, root / name, conf))
     try:
         for agent in made:

@@ -384,6 +384,17 @@ def paused(node: PrivateRabbitMQ) -> Iterator[None]:
 # it stayed cut off from the other two (3 minutes, until stopped), and
 # with RabbitMQ's default, ignore, a partition waits for a restart by hand.
 CLUSTER_CONF = "cluster_partition_handling = autoheal\n"
+# docs/operations.md's recommended [oslo_messaging_rabbit] for agents on a
+# cluster (kombu_failover_strategy = shuffle is the agent's default), as
+# the cluster tests and tools/fleet --broker-nodes 3 configure them. The
+# heartbeat threshold is what bounds the time an agent whose node hangs
+# stays on it: 3 to 4 times as long (tests/cluster).
+CLUSTER_HEARTBEAT_TIMEOUT_THRESHOLD = 15
+CLUSTER_RABBIT_OPTIONS = {
+    "rabbit_quorum_queue": "true", "rabbit_transient_quorum_queue": "true",
+    "rabbit_stream_fanout": "true", "rabbit_qos_prefetch_count": "10",
+    "use_queue_manager": "true",
+    "heartbeat_timeout_threshold": str(CLUSTER_HEARTBEAT_TIMEOUT_THRESHOLD)}
 # Each consumer of the default virtual host: the node its channel is on, and
 # its queue's name.
 CONSUMER_NODES = ("[{node(proplists:get_value(channel_pid, C)), "

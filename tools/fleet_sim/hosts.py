@@ -2,6 +2,7 @@
 agent's config file."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +58,21 @@ class Timing:
     service_down_time: int = 20
 
 
+def rabbit_section(options: Mapping[str, str]) -> str:
+    """``options`` as a config file's [oslo_messaging_rabbit] section; none
+    without options."""
+    if not options:
+        return ""
+    return "[oslo_messaging_rabbit]\n" + "".join(f"{k} = {v}\n" for k, v in options.items())
+
+
 def write_agent_conf(directory: Path, host: str, index: int, placement_url: str,
                      transport_url: str, timing: Timing,
-                     tree_mode: TreeMode = TreeMode.NESTED) -> Path:
+                     tree_mode: TreeMode = TreeMode.NESTED,
+                     rabbit: Mapping[str, str] | None = None) -> Path:
     """The config of the fleet's agent ``index``, named ``host``, with its
-    state and fake host under ``directory``."""
+    state and fake host under ``directory``; ``rabbit``: its
+    [oslo_messaging_rabbit] options."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "host.yaml").write_text(yaml.safe_dump(host_shape(index)))
     conf = directory / "agent.conf"
@@ -95,5 +106,5 @@ namespaces = {PMEM_LABEL}:ns0|ns1
 [placement]
 auth_type = placement_noauth2
 endpoint = {placement_url}
-""")
+""" + rabbit_section(rabbit or {}))
     return conf

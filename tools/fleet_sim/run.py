@@ -75,7 +75,11 @@ class ProcessFleet:
     for as many machines, each with CPUs of its own, so here they take
     only what Placement, its database and the broker (whose cost the run
     measures) leave. At the same priority, 1,000 agents starting at once
-    starved Placement to 6 requests a second."""
+    starved Placement to 6 requests a second. Each process leads a session
+    of its own, as a daemon does: with use_queue_manager, oslo.messaging
+    reads its process group leader's start time for each reply queue's
+    name, and in the run's group, whose leader (the shell that started
+    the run) may have exited, every one failed."""
 
     def __init__(self, confs: list[Path], processes: int, log_dir: Path):
         env = worktree_env()
@@ -84,7 +88,7 @@ class ProcessFleet:
             ["nice", "-n", str(AGENTS_NICENESS), sys.executable, "-m",
              "tools.fleet_sim.worker", *map(str, share)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-            stderr=open(log_dir / f"worker-{i}.log", "a"))
+            stderr=open(log_dir / f"worker-{i}.log", "a"), start_new_session=True)
             for i, share in enumerate(shares) if share]
         self.cpu_group = AgentsCpuGroup.make(f"fleet-{os.getpid()}")
         if self.cpu_group is not None:

@@ -9,19 +9,20 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import requests
 
 from compute_agent.cmd.common import load_config
 from compute_agent.conductor.evacuation import Evacuator
+from compute_agent.messaging import name_reply_queues_at_random
 from compute_agent.placement.allocations import tree_allocations
 from compute_agent.placement.client import PlacementClient, adapter_from_conf
 from compute_agent.rpc.heartbeat import Heartbeat
 from compute_agent.tree.host_tree import TreeMode
 from tools.fleet_sim.agents import DEVICE_CLASSES_PREFIX, HEADERS
-from tools.fleet_sim.hosts import VF_CLASS
+from tools.fleet_sim.hosts import VF_CLASS, rabbit_section
 from tools.fleet_sim.run import percentile, worktree_env
 
 # The flavor the scheduler places: its CPUs and memory, one VF, one vGPU.
@@ -29,14 +30,23 @@ FLAVOR_COMPUTE = "VCPU:2,MEMORY_MB:2048"
 
 
 def ctl_conf(directory: Path, placement_url: str, transport_url: str,
-             service_down_time: int):
+             service_down_time: int, rabbit: Mapping[str, str] | None = None):
     """An operator's config for compute-agent-ctl and the conductor, on
-    the fleet's Placement and broker: its path, and it loaded."""
+    the fleet's Placement and broker, with the agents' [oslo_messaging_rabbit]
+    options ``rabbit``: its path, and it loaded for the run's own callers.
+    Those name their reply queues at random, as compute-agent-ctl does,
+    whatever use_queue_manager says: the queue manager reads the start
+    time of its process's group leader (/proc/PGID/stat), and a run
+    started from a shell that has since exited (nohup, a script's
+    background job) failed every call with FileNotFoundError."""
     path = directory / "ctl.conf"
     path.write_text(f"[DEFAULT]\ntransport_url = {transport_url}\n"
                     f"service_down_time = {service_down_time}\n"
-                    f"[placement]\nauth_type = placement_noauth2\nendpoint = {placement_url}\n")
-    return path, load_config(["--config-file", str(path)])
+                    f"[placement]\nauth_type = placement_noauth2\nendpoint = {placement_url}\n"
+                    + rabbit_section(rabbit or {}))
+    conf = load_config(["--config-file", str(path)])
+    name_reply_queues_at_random(conf)
+    return path, conf
 
 
 def ctl_hosts(conf_path: Path, hosts: list[str], timeout: float = 600) -> dict:
