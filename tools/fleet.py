@@ -142,7 +142,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
     from compute_agent.rpc.heartbeat import Heartbeat
 
     host_, port = args.mysql.rsplit(":", 1)
-    say(f"starting RabbitMQ ({args.broker_nodes} nodes) and Placement "
+    say(f"starting RabbitMQ (nodes: {args.broker_nodes}) and Placement "
         f"({args.placement_workers} workers, MariaDB at {args.mysql}) in {root}; "
         f"the figures so far in {root / RESULT_FILE}")
     broker = FleetBroker(args.broker_nodes)
