@@ -218,11 +218,15 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
     def connected_to(self) -> str | None:
         """The broker the listener's connection is up to now, as a URL
         without credentials; None while it is down (what the driver last
-        found: no round trip)."""
+        found: no round trip), and once the server has stopped."""
         if self._connection is None:
             return None
-        # The driver's pooled connection, its Connection, and kombu's.
-        kombu_connection = self._connection.connection.connection
+        # The driver's pooled connection, its Connection (None once the
+        # stopped listener gave it back), and kombu's.
+        driver_connection = self._connection.connection
+        if driver_connection is None:
+            return None
+        kombu_connection = driver_connection.connection
         if not kombu_connection.connected:
             return None
         return f"rabbit://{kombu_connection.hostname}:{kombu_connection.port}/"

@@ -194,3 +194,16 @@ def test_bug_the_brokers_return_was_said_twice_when_the_listener_came_back_later
         broker.observe(board, watch.probe())
     assert [r.getMessage() for r in caplog.records if "is back" in r.getMessage()] == [
         f"the message broker at {url} is back after 2 failed cycles, 0 s"]
+
+
+def test_a_stopped_server_is_connected_to_nothing(memory_broker):
+    """The loop may look between the server's stop and its own (the
+    daemon stops the server first): the listener's connection, given back
+    to the driver, is no broker, and the look does not raise (it ended the
+    update loop's thread, seen at the end of a fleet run)."""
+    server = host_server.make_server(memory_conf(), served_agent())
+    server.start()
+    assert server.connected_to() == "rabbit://memory_driver:1234/"
+    server.stop()
+    server.wait()
+    assert server.connected_to() is None
