@@ -366,17 +366,26 @@ def test_agents_serve_on_quorum_queues_that_a_restart_reuses(
     said("counts", **audit(conductor, ledger, placement.url, agents))
 
 
+def stopped_and_started(cluster: PrivateRabbitCluster, node: int, conductor: ComputeAgentAPI,
+                        ledger: Ledger, placement_url: str, hosts: list[str]
+                        ) -> tuple[float, float]:
+    """``node`` stopped, then started again, under the load: the seconds
+    until every host serves after each."""
+    with load(conductor, ledger, placement_url, hosts):
+        started = time.monotonic()
+        cluster.stop(node)
+        stopped = serving_again(conductor, ledger, placement_url, hosts, started)
+        started = time.monotonic()
+        cluster.start(node)
+        back = serving_again(conductor, ledger, placement_url, hosts, started)
+    return stopped, back
+
+
 def test_the_node_an_agents_rpc_server_is_connected_to_stopped_and_started(
         cluster, agents, conductor, ledger, placement):
     hosts = [agent.name for agent in agents]
     [node] = cluster.consumer_nodes(f"compute-agent.{agents[0].name}")
-    with load(conductor, ledger, placement.url, hosts):
-        started = time.monotonic()
-        cluster.stop(node)
-        stopped = serving_again(conductor, ledger, placement.url, hosts, started)
-        started = time.monotonic()
-        cluster.start(node)
-        back = serving_again(conductor, ledger, placement.url, hosts, started)
+    stopped, back = stopped_and_started(cluster, node, conductor, ledger, placement.url, hosts)
     assert cluster.running() == [0, 1, 2]
     said("node of an RPC server stopped", serving_after_stop_s=stopped,
          serving_after_start_s=back)
@@ -395,13 +404,7 @@ def test_the_leader_of_an_agents_queue_stopped_and_started(
         cluster.move_leader(queue, away_from=consumer)
     leader = cluster.leader(queue)
     assert leader != consumer
-    with load(conductor, ledger, placement.url, hosts):
-        started = time.monotonic()
-        cluster.stop(leader)
-        stopped = serving_again(conductor, ledger, placement.url, hosts, started)
-        started = time.monotonic()
-        cluster.start(leader)
-        back = serving_again(conductor, ledger, placement.url, hosts, started)
+    stopped, back = stopped_and_started(cluster, leader, conductor, ledger, placement.url, hosts)
     assert cluster.running() == [0, 1, 2]
     said("leader stopped", serving_after_stop_s=stopped, serving_after_start_s=back)
     said("counts", **audit(conductor, ledger, placement.url, agents))
