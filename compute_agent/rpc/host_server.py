@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeGuard
 
 from oslo_config import cfg
 from oslo_messaging._drivers import amqpdriver
@@ -301,6 +301,12 @@ class ServerWatch:
         failure = self._cast(server)
         if failure is not None:
             self._served_at_cast = None
+            # The listener may not have seen its connection end yet: a
+            # broker that is gone is said as a login finds it, the same
+            # line whichever the watch saw first.
+            found = broker.probe(self._conf, self._timeout)
+            if not login_taken(found):
+                return found
             return Probe(Dependency.BROKER, url,
                          f"did not take a message ({broker.problem(failure)})")
         if deaf:
@@ -325,18 +331,24 @@ class ServerWatch:
     def _listener_down(self) -> Probe | Unknown:
         self._served_at_cast = None
         found = broker.probe(self._conf, self._timeout)
-        if isinstance(found, Unknown) or found.problem is not None:
-            self._down_looks = 0
-            return found
-        self._down_looks += 1
-        if self._down_looks < LOOKS_BEFORE_LISTENER_DOWN:
-            # Neither up nor down: a broker back from an outage is back
-            # once the listener is, said once, not before it.
-            return Unknown("the RPC server's connection is being made again")
-        return Probe(Dependency.BROKER, found.url, LISTENER_DOWN)
+        if login_taken(found):
+            self._down_looks += 1
+            if self._down_looks < LOOKS_BEFORE_LISTENER_DOWN:
+                # Neither up nor down: a broker back from an outage is
+                # back once the listener is, said once, not before it.
+                return Unknown("the RPC server's connection is being made again")
+            return Probe(Dependency.BROKER, found.url, LISTENER_DOWN)
+        self._down_looks = 0
+        return found
 
     def close(self) -> None:
         self._server = None
+
+
+def login_taken(found: Probe | Unknown) -> TypeGuard[Probe]:
+    """Whether a login to the broker (broker.probe) was taken: not
+    refused, not unanswered, and tried (the transport can be asked)."""
+    return isinstance(found, Probe) and found.problem is None
 
 
 # Sends of the watch's cast before it says the broker did not take it.

@@ -207,3 +207,24 @@ def test_a_stopped_server_is_connected_to_nothing(memory_broker):
     server.stop()
     server.wait()
     assert server.connected_to() is None
+
+
+def test_bug_a_broker_gone_before_the_listener_saw_it_was_said_as_a_cast_not_taken(
+        served, monkeypatch):
+    """The broker stopped; the listener's connection not yet seen to end,
+    the watch's cast failed first: 'did not take a message', where a
+    listener that had seen it said 'did not answer (connection refused)'.
+    The same line either way: the login's."""
+    watch = ServerWatch(served.conf, 1)
+    watch.serving(served.server)
+
+    def refused() -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.setattr(served.server, "cast_own_heartbeat", refused)
+    url = "rabbit://127.0.0.1:5672/"
+    gone = Probe(Dependency.BROKER, url, "did not answer (connection refused)")
+    monkeypatch.setattr(broker, "probe", lambda conf, timeout: gone)
+    assert watch.probe() == gone
+    # A broker that takes logins and not the cast is said so.
+    monkeypatch.setattr(broker, "probe", lambda conf, timeout: Probe(Dependency.BROKER, url))
+    assert watch.probe().problem.startswith("did not take a message")
