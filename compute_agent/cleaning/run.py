@@ -87,6 +87,9 @@ class Cleaner:
         self._specs: Mapping[str, DeviceSpec] = {}
         self._running: set[str] = set()
         self._waiting_told: set[str] = set()
+        # Cleaned, but their end not written (the store failed): cleaned
+        # again at the next start or an operator's ask, not at every wake.
+        self._unrecorded: set[str] = set()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -126,6 +129,7 @@ class Cleaner:
                                      "[pci] device_spec; once cleaned by hand, "
                                      "release it")
             self._tracker.clean_again(address)
+            self._unrecorded.discard(address)
         self.wake()
 
     def give_back(self, address: str) -> None:
@@ -152,7 +156,7 @@ class Cleaner:
             self._waiting_told &= set(due)
             for address in due:
                 spec = self._specs.get(address)
-                if address in self._running or spec is None:
+                if address in self._running or address in self._unrecorded or spec is None:
                     continue
                 if spec.clean_command is None:
                     if address not in self._waiting_told:
@@ -172,6 +176,8 @@ class Cleaner:
         except InvalidRequest as e:
             LOG.info("Device %s: its cleaning's end not recorded: %s", address, e)
         except StoreError as e:
+            with self._lock:
+                self._unrecorded.add(address)
             LOG.warning("Device %s: its cleaning's end not recorded, it runs again "
                         "at the next start: %s", address, e)
         except Exception:  # a cleaning must not take the agent down

@@ -2,6 +2,7 @@
 device's cleaning command runs outside the tracker's lock, and its end is
 recorded: the device given back, or kept out with the reason."""
 import logging
+import time
 import threading
 
 import pytest
@@ -206,15 +207,19 @@ def test_the_update_loop_is_woken_by_a_use_and_by_each_cleaning_s_end(tracker):
 
 def test_a_cleaning_whose_end_cannot_be_written_runs_again_at_the_next_start(
         tracker, caplog, monkeypatch):
+    """Was: it ran again at every wake of the cleaner (a disk formatted
+    again and again while the store failed), and a wake between the
+    cleaning's end and its telling told the loop it still ran."""
     def store_fails(address: str) -> None:
         raise StoreError("store /var/lib/compute-agent/state.db: disk I/O error")
 
     monkeypatch.setattr(tracker, "give_back_device", store_fails)
     tracker.release_instance(build(tracker, THE_GPU))
     ends: list[bool] = []
+    ran: list[str] = []
     # Made after the release, so that only the cleaning's end wakes the loop.
     cleaner = Cleaner(tracker, lambda: ends.append(cleaner.running(WHOLE)),
-                      run=lambda c, a, t: ("", ""))
+                      run=lambda c, a, t: ran.append(a) or ("", ""))
     cleaner.set_specs({WHOLE: spec()})
     cleaner.start()
     try:
@@ -222,8 +227,22 @@ def test_a_cleaning_whose_end_cannot_be_written_runs_again_at_the_next_start(
         assert ends[0] is False  # told once the cleaning no longer runs
         assert "runs again at the next start: store /var/lib" in caplog.text
         assert tracker.awaiting_cleaning() == [WHOLE]  # still used, on disk
+        for _ in range(3):
+            cleaner.wake()
+        time.sleep(0.2)
+        assert ran == [WHOLE]  # not again before the next start
+        cleaner.clean_again(WHOLE)  # but at once when an operator asks
+        wait_for(lambda: len(ran) == 2, timeout=5, interval=0.01)
+        wait_for(lambda: not cleaner.running(WHOLE), timeout=5, interval=0.01)
     finally:
         cleaner.stop()
+    again = Cleaner(tracker, lambda: None, run=lambda c, a, t: ran.append(a) or ("", ""))
+    again.set_specs({WHOLE: spec()})
+    again.start()  # the next start
+    try:
+        wait_for(lambda: len(ran) == 3, timeout=5, interval=0.01)
+    finally:
+        again.stop()
 
 
 def test_a_cleaning_that_breaks_takes_neither_the_cleaner_nor_other_devices_down(
