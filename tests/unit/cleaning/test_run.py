@@ -2,8 +2,8 @@
 device's cleaning command runs outside the tracker's lock, and its end is
 recorded: the device given back, or kept out with the reason."""
 import logging
-import time
 import threading
+import time
 
 import pytest
 
