@@ -181,7 +181,8 @@ class Conductor:
                 with self.ledger.lock:
                     self.ledger.timeouts[type(e).__name__] += 1
                     if took > CALL_TIMEOUT + 2:
-                        self.ledger.slow_failures.append(f"{method} failed after {took:.1f} s")
+                        self.ledger.slow_failures.append(
+                            f"{method} failed after {took:.1f} s: {e}")
                 return None
             with self.ledger.lock:
                 self.ledger.calls += 1

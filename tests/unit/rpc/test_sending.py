@@ -3,13 +3,14 @@ it waits for (compute_agent/rpc/sending.py)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from compute_agent.dependencies import Dependency, Probe
 from compute_agent.messaging import messaging
 from compute_agent.rpc import sending
-from compute_agent.rpc.errors import BrokerUnreachable
+from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
 from compute_agent.rpc.sending import BoundedSender, Waiting, WaitingFor
 from tests.unit.clocks import SleepingClock
 
@@ -150,3 +151,28 @@ def test_a_send_not_taken_is_sent_again_after_a_pause_waiting_what_is_left(monke
     assert broker.probed == [10, 9.5]
     assert clock.slept == [sending.RESEND_PAUSE_SECONDS] * 2
     assert attempts == [9.5, 9.0]
+
+
+def test_bug_a_send_that_outlasts_its_timeout_is_not_waited_for(broker_up):
+    """Was: a 3 s call failed after 5.5 s while its broker stopped (the
+    send waited where oslo.messaging's timeout does not reach)."""
+    sender = BoundedSender(None)
+    release = threading.Event()
+    started = time.monotonic()
+    try:
+        with pytest.raises(NoAnswer, match="build_instance to h1: no answer within 0.6s"):
+            sender.call("h1", "build_instance", 0.6, lambda seconds: release.wait())
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert took < 0.6 + sending.SEND_OVERRUN_SECONDS + 0.5, took
+
+
+def test_a_sends_error_is_raised_in_the_callers_thread(broker_up):
+    sender = BoundedSender(None)
+
+    def send(seconds: float) -> str:
+        raise KeyError("the agent's answer")
+
+    with pytest.raises(KeyError, match="the agent's answer"):
+        sender.call("h1", "get_host_info", 5, send)
