@@ -7,8 +7,11 @@ here sends once (no reconnection attempts: the driver's back-off would
 sleep a second or more between them), and again after a pause, while its
 timeout lasts. A client's first call opens the connection its answers
 come back on, with no bound on its attempts: until then each call asks
-the broker first (compute_agent/rpc/broker.py). A send that outlasts its
-timeout is not waited for (SEND_OVERRUN_SECONDS). A call that waits longer
+the broker first (compute_agent/rpc/broker.py). A send is waited for to
+its end, even past the call's timeout (a connection made again to a
+broker that takes TCP but not yet AMQP waits out kombu's 5 s connect
+timeout): a send given up could reach the agent after the caller's retry
+and what followed it (a build after its delete). A call that waits longer
 than WAIT_NOTICE_SECONDS says what it waits for, once, to whoever asked
 (``on_wait``: compute-agent-ctl's stderr)."""
 from __future__ import annotations
@@ -28,19 +31,13 @@ from oslo_config import cfg
 from compute_agent.dependencies import Probe, describe
 from compute_agent.messaging import messaging
 from compute_agent.rpc import broker
-from compute_agent.rpc.errors import BrokerDown, BrokerUnreachable, NoAnswer
+from compute_agent.rpc.errors import BrokerDown, BrokerUnreachable
 
 # The retries oslo.messaging makes of one send: none (see above).
 SEND_RETRIES = 0
 RESEND_PAUSE_SECONDS = 0.5
 # A wait this long is told while it lasts.
 WAIT_NOTICE_SECONDS = 3.0
-# How long past its timeout a send is waited for before the call ends
-# without it: oslo.messaging's own timeout comes first, unless the send
-# waits where that timeout does not reach (a connection made again to a
-# broker that takes TCP but not yet AMQP waits out kombu's 5 s connect
-# timeout; 5.5 s for a 3 s call was seen while a broker stopped).
-SEND_OVERRUN_SECONDS = 0.5
 
 # What a send that did not reach the broker raises: oslo.messaging's error
 # once its attempts are spent, kombu's when the driver had no connection to
@@ -109,9 +106,7 @@ class BoundedSender:
                         lambda: Waiting(WaitingFor.ANSWER, host, method,
                                         deadline - self._clock())):
                     try:
-                        return self._send_within(
-                            host, method, timeout,
-                            max(deadline - self._clock(), RESEND_PAUSE_SECONDS), send)
+                        return send(max(deadline - self._clock(), RESEND_PAUSE_SECONDS))
                     finally:
                         self._answers_connected = True
             except NOT_SENT as e:
@@ -123,29 +118,6 @@ class BoundedSender:
                 if self._clock() - started >= WAIT_NOTICE_SECONDS:
                     notice.tell(Waiting(WaitingFor.BROKER, host, method, left, str(e)))
             self._sleep(min(RESEND_PAUSE_SECONDS, max(left, 0)))
-
-    def _send_within(self, host: str, method: str, timeout: float, seconds: float,
-                     send: Callable[[float], Answer]) -> Answer:
-        """``send(seconds)`` in a thread of its own, waited for ``seconds``
-        and SEND_OVERRUN_SECONDS: past that, NoAnswer (the broker may have
-        taken it), the thread left to end by itself."""
-        answers: list[Answer] = []
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                answers.append(send(seconds))
-            except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
-                errors.append(e)
-
-        thread = threading.Thread(target=run, name=f"send-{method}", daemon=True)
-        thread.start()
-        thread.join(seconds + SEND_OVERRUN_SECONDS)
-        if errors:
-            raise errors[0]
-        if not answers:
-            raise NoAnswer(host, method, timeout)
-        return answers[0]
 
     def _broker_answers(self, timeout: float) -> None:
         answer = broker.probe(self._conf, timeout)

@@ -10,7 +10,7 @@ import pytest
 from compute_agent.dependencies import Dependency, Probe
 from compute_agent.messaging import messaging
 from compute_agent.rpc import sending
-from compute_agent.rpc.errors import BrokerUnreachable, NoAnswer
+from compute_agent.rpc.errors import BrokerUnreachable
 from compute_agent.rpc.sending import BoundedSender, Waiting, WaitingFor
 from tests.unit.clocks import SleepingClock
 
@@ -153,26 +153,16 @@ def test_a_send_not_taken_is_sent_again_after_a_pause_waiting_what_is_left(monke
     assert attempts == [9.5, 9.0]
 
 
-def test_bug_a_send_that_outlasts_its_timeout_is_not_waited_for(broker_up):
-    """Was: a 3 s call failed after 5.5 s while its broker stopped (the
-    send waited where oslo.messaging's timeout does not reach)."""
-    sender = BoundedSender(None)
-    release = threading.Event()
-    started = time.monotonic()
-    try:
-        with pytest.raises(NoAnswer, match="build_instance to h1: no answer within 0.6s"):
-            sender.call("h1", "build_instance", 0.6, lambda seconds: release.wait())
-        took = time.monotonic() - started
-    finally:
-        release.set()
-    assert took < 0.6 + sending.SEND_OVERRUN_SECONDS + 0.5, took
-
-
-def test_a_sends_error_is_raised_in_the_callers_thread(broker_up):
+def test_bug_a_send_given_up_at_its_timeout_built_after_its_delete(broker_up):
+    """A send that outlasts the call's timeout is waited for, its outcome
+    the call's. Given up (a 3 s call ended at 3.5 s, its send left in a
+    thread), its publish reached the agent after the caller's retry, and
+    the delete after it: the instance was built again, deleted for the
+    caller."""
     sender = BoundedSender(None)
 
-    def send(seconds: float) -> str:
-        raise KeyError("the agent's answer")
+    def slow_send(seconds: float) -> str:
+        time.sleep(seconds + 0.7)  # as kombu's connect timeout, past the call's
+        return "built"
 
-    with pytest.raises(KeyError, match="the agent's answer"):
-        sender.call("h1", "get_host_info", 5, send)
+    assert sender.call("h1", "build_instance", 0.3, slow_send) == "built"
