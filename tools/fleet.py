@@ -24,7 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compute_agent.tree.host_tree import TreeMode
-from tools.fleet_sim.broker import BROKER_NODES, FleetBroker, agents_frames_received
+from tools.fleet_sim.broker import (
+    BROKER_NODES,
+    FleetBroker,
+    agents_frames_received,
+    frames_in_window,
+)
 from tools.fleet_sim.hosts import Timing, write_agent_conf
 from tools.fleet_sim.placement import GunicornPlacement
 from tools.fleet_sim.run import (
@@ -226,7 +231,7 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
         result["register_requests_per_host"] = round(requests / args.hosts, 2)
         done("registration")
 
-        def agents_frames() -> int:
+        def agents_frames() -> dict[str, int]:
             return agents_frames_received(broker.connections(), os.getpid())
 
         def broker_figures() -> dict:
@@ -240,12 +245,13 @@ def run(args, timing: Timing, root: Path, say, result: dict) -> None:
             frames, started = agents_frames(), time.monotonic()
             time.sleep(args.minutes * 60)
             after, processes_after = fleet.status()
-            frames = agents_frames() - frames
+            window = frames_in_window(frames, agents_frames())
             seconds = time.monotonic() - started
             cost = idle_cost(before, after, scenario(name, mark))
             return {**cost.as_dict(), "agent_cpu_ms_per_host_cycle": agent_cpu_ms_per_host_cycle(
                 processes_before, processes_after, cost.host_cycles),
-                "broker_frames_per_host_second": round(frames / args.hosts / seconds, 2)}
+                "broker_frames_per_host_second": round(window.frames / args.hosts / seconds, 2),
+                "broker_connections_lost": window.connections_lost}
 
         def settle() -> None:
             """One reconciliation period: the start's or the builds' reads done."""

@@ -92,10 +92,30 @@ def broker_counts(queues: list[str], connections: list[Connection],
                         len(connections) - len(runs))
 
 
-def agents_frames_received(connections: list[Connection], run_pid: int) -> int:
-    """The frames the broker has received on the agents' open connections
-    (those process ``run_pid`` did not open)."""
-    return sum(c.frames_received for c in connections if not c.opened_by(run_pid))
+def agents_frames_received(connections: list[Connection], run_pid: int) -> dict[str, int]:
+    """The frames the broker has received on each of the agents' open
+    connections (those process ``run_pid`` did not open), by the
+    connection's pid."""
+    return {c.pid: c.frames_received for c in connections if not c.opened_by(run_pid)}
+
+
+@dataclass(frozen=True)
+class FramesInWindow:
+    """The agents' frames between two looks at the broker."""
+
+    frames: int
+    # Connections of the first look gone at the second: their frames after
+    # the first look are not counted (the broker no longer lists them).
+    connections_lost: int
+
+
+def frames_in_window(before: dict[str, int], after: dict[str, int]) -> FramesInWindow:
+    """A connection's count is since it opened: one open at both looks
+    counts its difference, one opened between counts all of its own. The
+    sum of the two looks' totals went negative (-0.14 a host and second)
+    when connections closed and opened again in the window."""
+    frames = sum(count - before.get(pid, 0) for pid, count in after.items())
+    return FramesInWindow(frames, len(before.keys() - after.keys()))
 
 
 class FleetBroker:

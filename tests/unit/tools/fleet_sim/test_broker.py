@@ -5,8 +5,10 @@ from __future__ import annotations
 from tools.fleet_sim.broker import (
     BrokerCounts,
     Connection,
+    FramesInWindow,
     agents_frames_received,
     broker_counts,
+    frames_in_window,
     pairs,
     parse_connections,
 )
@@ -74,4 +76,11 @@ def test_the_per_host_figures_are_the_agents_share_over_the_hosts():
 def test_the_agents_frames_leave_out_the_runs_connections():
     assert agents_frames_received([connection("<a>", 17, frames=30),
                                    connection("<b>", 18, frames=12),
-                                   connection("<c>", RUN_PID, frames=500)], RUN_PID) == 42
+                                   connection("<c>", RUN_PID, frames=500)], RUN_PID) == {
+        "<a>": 30, "<b>": 12}
+
+
+def test_bug_the_frames_went_negative_when_connections_were_made_again_in_the_window():
+    before = {"<a>": 30, "<b>": 400}
+    after = {"<a>": 42, "<d>": 5}  # <b> closed, <d> opened between the looks
+    assert frames_in_window(before, after) == FramesInWindow(frames=12 + 5, connections_lost=1)
