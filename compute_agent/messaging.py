@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import sys
@@ -11,6 +12,8 @@ import warnings
 from oslo_config import cfg
 
 from compute_agent import exception
+
+LOG = logging.getLogger(__name__)
 
 # oslo.messaging imports oslo.service, which imports eventlet, whose green
 # DNS resolver (dnspython) only serves eventlet's green threads: the agent
@@ -164,6 +167,23 @@ def lock_queue_names_in_state_path(conf: cfg.ConfigOpts) -> None:
                              group="oslo_concurrency")
 
 
+def lead_a_process_group_when_its_leader_is_gone(conf: cfg.ConfigOpts) -> None:
+    """With use_queue_manager, oslo.messaging reads the start time of the
+    process group's leader (/proc/PGID/stat) each time it names a queue:
+    in a process whose leader has exited (started with ``nohup ... &``
+    from a script that has ended) every call failed, FileNotFoundError.
+    Such a process has no terminal to share signals with: it leads a
+    group of its own. One under systemd, or in a shell's foreground, is
+    left as it is."""
+    if not conf.oslo_messaging_rabbit.use_queue_manager:
+        return
+    leader = os.getpgrp()
+    if leader and not os.path.exists(f"/proc/{leader}"):
+        os.setpgid(0, 0)
+        LOG.info("Process group %d's leader has exited: this process leads a group of its "
+                 "own, for oslo.messaging's queue manager reads its leader", leader)
+
+
 def name_reply_queues_at_random(conf: cfg.ConfigOpts) -> None:
     """For compute-agent-ctl, which runs once and calls as the conductors
     do: its reply queues take oslo.messaging's random names, whatever
@@ -179,4 +199,5 @@ def name_reply_queues_at_random(conf: cfg.ConfigOpts) -> None:
 def transport(conf: cfg.ConfigOpts):
     accept_errors_sent_as_before()
     lock_queue_names_in_state_path(conf)
+    lead_a_process_group_when_its_leader_is_gone(conf)
     return messaging.get_rpc_transport(conf, allowed_remote_exmods=ALLOWED_EXMODS)

@@ -3,7 +3,9 @@ stops, and a transport closes, soon after it is asked; the agent's errors
 keep their types on the wire across the rename of ``agent``."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,6 +173,33 @@ def test_a_lock_path_the_process_set_itself_is_kept(queue_manager, tmp_path):
         cfg.CONF.clear_override("lock_path", group="oslo_concurrency")
     assert (tmp_path / "conductor").is_dir()
     assert not (Path(queue_manager.state_path) / QUEUE_MANAGER_LOCKS).exists()
+
+
+def test_bug_every_call_failed_once_the_process_groups_leader_had_exited(
+        queue_manager, monkeypatch):
+    """Was: FileNotFoundError for /proc/PGID/stat in every call of a
+    process started in the background by a script that had ended (seen in
+    a CI run started with ``&``)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    group = {"leader": gone.pid}
+    monkeypatch.setattr(os, "getpgrp", lambda: group["leader"])
+
+    def setpgid(pid: int, pgid: int) -> None:
+        assert (pid, pgid) == (0, 0)
+        group["leader"] = os.getpid()
+
+    monkeypatch.setattr(os, "setpgid", setpgid)
+    rabbit = queue_manager.oslo_messaging_rabbit
+    assert reply_queue_name(queue_manager) == f"reply_{queue_manager.host}:{rabbit.processname}:1"
+    assert group["leader"] == os.getpid()
+
+
+def test_a_process_whose_group_leader_lives_stays_in_its_group(queue_manager, monkeypatch):
+    """Under systemd, or in a shell's foreground (where Ctrl-C reaches the
+    group)."""
+    monkeypatch.setattr(os, "setpgid", lambda pid, pgid: pytest.fail("left its group"))
+    reply_queue_name(queue_manager)
 
 
 def test_the_queue_manager_names_queues_after_this_host_unless_told_otherwise():
