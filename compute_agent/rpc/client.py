@@ -24,7 +24,6 @@ from oslo_config import cfg
 
 from compute_agent.exception import VersionCapped
 from compute_agent.messaging import TOPIC, messaging, transport
-from compute_agent.rpc import broker
 from compute_agent.rpc.errors import NoAnswer
 from compute_agent.rpc.outstanding import OutstandingCalls
 from compute_agent.rpc.replies import ReplyQueue
@@ -60,7 +59,7 @@ class ComputeAgentAPI:
     def close(self) -> None:
         """Close the connection to the broker; delete the reply queue, if
         it called (rpc/broker.py close_client)."""
-        broker.close_client(self._conf, self.client)
+        self._replies.close()
 
     def can_send(self, version: str) -> bool:
         """Whether the version cap lets calls of API ``version`` go."""

@@ -168,7 +168,7 @@ class Heartbeat:
 
     def close(self) -> None:
         """Close the connection; delete the reply queue, if it called."""
-        broker.close_client(self._conf, self._client)
+        self._replies.close()
 
     def answers_lost(self) -> bool:
         """Whether answers to this client's questions are dropped now (its

@@ -52,7 +52,10 @@ def cut(context: Any) -> None:
     transport = getattr(context.connection.connection.connection, "transport", None)
     sock = getattr(transport, "sock", None)
     if sock is not None:
-        sock.shutdown(socket.SHUT_RDWR)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed meanwhile: cut already
+            pass
 
 
 class ReplyQueue:
@@ -65,6 +68,7 @@ class ReplyQueue:
         self._client = client
         self._timeout = timeout
         self._mending = threading.Lock()
+        self._closed = threading.Event()
 
     @property
     def _driver(self) -> Any:
@@ -90,17 +94,27 @@ class ReplyQueue:
         if not self._mending.acquire(blocking=False):
             return
         try:
-            if not self.lost():
+            name = getattr(self._driver, "_reply_q", None)
+            connection = getattr(self._driver, "_reply_q_conn", None)
+            if name is None or connection is None or not self.lost() or self._closed.is_set():
                 return
             LOG.warning("The reply queue %s has no consumer: answers to this client are "
-                        "dropped; connecting again, which declares it anew",
-                        self._driver._reply_q)
-            cut(self._driver._reply_q_conn)
+                        "dropped; connecting again, which declares it anew", name)
+            cut(connection)
             deadline = time.monotonic() + MADE_AGAIN_SECONDS
-            while self.lost() and time.monotonic() < deadline:
+            while (not self._closed.is_set() and self.lost()
+                   and time.monotonic() < deadline):
                 time.sleep(MADE_AGAIN_LOOK_SECONDS)
         finally:
             self._mending.release()
+
+    def close(self) -> None:
+        """The client closed, and its reply queue deleted
+        (broker.close_client): no mend goes on after, which would take the
+        deleted queue for lost (a ctl command that timed out said so, and
+        a mend's thread failed on the closed driver's connection)."""
+        self._closed.set()
+        broker.close_client(self._conf, self._client)
 
     def mend_in_background(self) -> None:
         """``mend`` in a thread of its own: the caller's timeout is not

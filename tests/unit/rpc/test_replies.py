@@ -91,3 +91,40 @@ def test_a_call_that_got_no_answer_has_the_reply_queue_mended(memory_broker, mon
         assert mended.wait(10)
     finally:
         api.close()
+
+
+def test_bug_a_client_closed_under_a_mend_was_taken_for_a_lost_reply_queue(cuts, monkeypatch):
+    """Was: compute-agent-ctl's call timed out, its mend started in the
+    background, and the command closed its client while the mend asked
+    the broker, deleting its reply queue: the mend found the queue gone,
+    said 'The reply queue None has no consumer' and failed on the closed
+    driver's connection (a traceback on ctl's stderr)."""
+    the_client = client()
+    replies_ = ReplyQueue(None, the_client)
+    closes: list[object] = []
+
+    def close_client(conf, c) -> None:
+        closes.append(c)
+        driver = c.transport._driver
+        driver._reply_q = driver._reply_q_conn = None  # as oslo.messaging's cleanup leaves it
+
+    def consumers(conf, queue, timeout) -> int:
+        replies_.close()  # the command ends while the broker is asked
+        return 0  # the queue deleted as the client closed
+
+    monkeypatch.setattr(broker, "close_client", close_client)
+    monkeypatch.setattr(broker, "consumers", consumers)
+    replies_.mend()
+    assert closes == [the_client] and cuts == []
+
+
+def test_a_mend_under_way_stops_waiting_when_the_client_closes(broker_says, cuts, monkeypatch):
+    monkeypatch.setattr(broker, "close_client", lambda conf, c: None)
+    broker_says.append(0)
+    replies_ = ReplyQueue(None, client())
+    mending = threading.Thread(target=replies_.mend)
+    mending.start()
+    wait_for(lambda: cuts, 10)
+    replies_.close()
+    mending.join(5)
+    assert not mending.is_alive()
