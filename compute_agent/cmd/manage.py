@@ -29,6 +29,13 @@
         refuses a store behind the host's record of its commits). Says
         what it accepts. Exit 2 when there is no sound store to accept or
         the agent runs.
+    compute-agent-manage --config-file F rename-host NEW
+        With the agent stopped, after the host was renamed on purpose and
+        [DEFAULT] host set to NEW: record NEW as the host the state
+        directory belongs to (compute_agent/store/renaming.py); the next
+        start renames the root provider in Placement. Exit 1 when NEW is
+        not [DEFAULT] host, 2 when there is no sound store or the agent
+        runs.
     compute-agent-manage --config-file F heal [--dry-run] [--json] [--yes]
         With the agent stopped: move the allocations a change of model left
         on old providers, and end every reserved-until-healed hold, in one
@@ -118,6 +125,7 @@ from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable, StoreError
 from compute_agent.store.inspection import inspect_store
 from compute_agent.store.rebuild import RebuiltStore, RowSource, plan_rebuild
+from compute_agent.store.renaming import rename_host
 from compute_agent.store.schema import SCHEMA_VERSION
 from compute_agent.store.store import STORE_FILE, create_filled
 from compute_agent.tree.host_tree import build_tree
@@ -181,6 +189,11 @@ def add_parsers(subparsers) -> None:
     mode.add_argument("--yes", action="store_true", help="Write it.")
     add("accept-store", "Take the store as it is for this host's latest (an older "
         "copy put back on purpose), the agent stopped; say what is accepted.")
+    rename = add("rename-host", "Record NEW, [DEFAULT] host, as the host the state "
+                 "directory belongs to, after a rename on purpose (the agent stopped); "
+                 "the next start renames the root provider in Placement.")
+    rename.add_argument("new_host", metavar="NEW", help="The host's new name, as its "
+                        "[DEFAULT] host now says.")
     heal = add("heal", "Move the allocations a change of model left on old "
                "providers to the current ones, in one reshape (the agent stopped).")
     heal.add_argument("--dry-run", action="store_true",
@@ -333,6 +346,18 @@ def accept(conf: cfg.ConfigOpts) -> int:
     lock.acquire(conf.state_path)
     accepted = accept_store(Path(conf.state_path) / STORE_FILE)
     print_output(accepted.describe())
+    return 0
+
+
+def rename(conf: cfg.ConfigOpts) -> int:
+    """Holding the state directory (the agent must be stopped); NEW must
+    be what the config already says, so that the next start serves it."""
+    new = conf.command.new_host
+    if new != conf.host:
+        raise AgentError(f"rename-host {new}: [DEFAULT] host is {conf.host} in the "
+                         f"config; set it to {new} there first, nothing was written")
+    lock.acquire(conf.state_path)
+    print_output(rename_host(Path(conf.state_path) / STORE_FILE, new).describe())
     return 0
 
 
@@ -614,6 +639,8 @@ def main(argv=None) -> int:
             return rebuild_store(conf)
         if conf.command.name == "accept-store":
             return accept(conf)
+        if conf.command.name == "rename-host":
+            return rename(conf)
         if conf.command.name == "heal":
             return heal(conf)
         if conf.command.name == "device":

@@ -11,7 +11,7 @@ from pathlib import Path
 from compute_agent.store.check import StoreFacts, StoreFile
 from compute_agent.store.connection import connect, damaged, named_error, unreadable_error, wal_path
 from compute_agent.store.errors import StoreError
-from compute_agent.store.schema import IN_USE, ROOT_UUID, schema_version, stored_sequence
+from compute_agent.store.schema import HOST, IN_USE, ROOT_UUID, schema_version, stored_sequence
 from compute_agent.store.sequence import read_recorded, record_path
 
 
@@ -92,6 +92,7 @@ def _inspect(conn: sqlite3.Connection, path: Path, wal_there: bool) -> StoreFact
     return StoreFacts(str(path), StoreFile.VALID,
                       wal_lost=meta.get(IN_USE) == "open" and not wal_there,
                       root_uuid=meta.get(ROOT_UUID),
+                      host=meta.get(HOST),
                       sequence=stored_sequence(meta),
                       recorded=read_recorded(record),
                       record_path=str(record))

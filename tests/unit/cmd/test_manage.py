@@ -29,6 +29,7 @@ from compute_agent.rpc import client as rpc_client
 from compute_agent.rpc.errors import NoAnswer
 from compute_agent.store import lock, node_identity
 from compute_agent.store.errors import StoreError
+from compute_agent.store.inspection import inspect_store
 from compute_agent.store.queries import all_instances
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy, build_tree
@@ -429,6 +430,42 @@ def test_a_state_directory_in_use_is_a_store_error_and_exit_2(tmp_path, agent_co
     finally:
         held.release()
     assert "is in use by another agent" in capsys.readouterr().err
+
+
+def rename_host(agent_conf: Path, new: str) -> int:
+    return manage.main(["--config-file", str(agent_conf), "rename-host", new])
+
+
+def test_rename_host_records_the_configured_name(tmp_path, agent_conf, capsys):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    assert rename_host(agent_conf, "node1") == 0
+    assert capsys.readouterr().out == (
+        f"store {path} now belongs to host node1 (it belonged to host node0); the next "
+        "start renames its root provider in Placement to node1\n")
+    assert inspect_store(path).host == "node1"
+
+
+def test_rename_host_to_another_name_than_the_config_s_writes_nothing(tmp_path, agent_conf,
+                                                                      capsys):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    assert rename_host(agent_conf, "node2") == 1
+    assert ("rename-host node2: [DEFAULT] host is node1 in the config; set it to node2 "
+            "there first, nothing was written") in capsys.readouterr().err
+    assert inspect_store(path).host == "node0"
+
+
+def test_rename_host_beside_a_running_agent_is_exit_2(tmp_path, agent_conf, capsys):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    held = lock.acquire(str(state(tmp_path)))
+    try:
+        assert rename_host(agent_conf, "node1") == 2
+    finally:
+        held.release()
+    assert "is in use by another agent" in capsys.readouterr().err
+    assert inspect_store(path).host == "node0"
 
 
 def test_no_store_to_accept_is_exit_2(tmp_path, agent_conf, capsys):

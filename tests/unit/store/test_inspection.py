@@ -58,6 +58,16 @@ def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
     facts = inspect_store(path)
     assert facts.file is StoreFile.VALID and not facts.wal_lost
     assert facts.root_uuid == ROOT_UUID
+    assert facts.host is None  # as a store from before the host name's record
+
+
+def test_a_store_records_the_host_name_it_was_first_opened_for(tmp_path):
+    path = tmp_path / "state.db"
+    Store(path, ROOT_UUID, host="node1").close()
+    assert inspect_store(path).host == "node1"
+    Store(path, ROOT_UUID, host="node2").close()  # the start refuses it before
+    Store(path, ROOT_UUID).close()
+    assert inspect_store(path).host == "node1"
 
 
 def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
