@@ -39,8 +39,7 @@ from compute_agent.exception import DependencyUnavailable, PlacementError
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
 from compute_agent.rpc.heartbeat import agent_serving
 from compute_agent.store import node_identity
-from compute_agent.store.check import StoreFile
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.inspection import inspect_store, stored_host
 from compute_agent.store.store import STORE_FILE
 
 LOG = logging.getLogger(__name__)
@@ -100,15 +99,13 @@ def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
     be asked, else None. ``ask_the_bus``: the daemon, which joins the
     host's queues (``--once`` does not)."""
     compute_id = node_identity.load(conf.state_path)
-    store = inspect_store(Path(conf.state_path) / STORE_FILE)
-    # Anything else (missing, empty, corrupt) holds no name; a store that
-    # is not sound is compute_agent/store/check.py's to refuse.
-    store_there = store.file is StoreFile.VALID
-    learns_name = learns_from_placement(store.host, store_there, compute_id)
+    path = Path(conf.state_path) / STORE_FILE
+    stored = stored_host(path)
+    learns_name = learns_from_placement(stored.name, stored.store_there, compute_id)
     if not learns_name:
         refuse_state_of_another_host(conf.host, conf.state_path,
-                                     owner_of_state(store.host, store_there, None))
-    store_root = None if compute_id is not None else store.root_uuid
+                                     owner_of_state(stored.name, stored.store_there, None))
+    store_root = None if compute_id is not None else inspect_store(path).root_uuid
     me = ThisAgent(conf.host, conf.state_path, compute_id, store_root)
     conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
     check = PlacementCheck(me.host, me.state_path, learns_name)

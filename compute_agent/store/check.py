@@ -54,9 +54,6 @@ class StoreFacts:
     # write-ahead log, which held every write since, is gone.
     wal_lost: bool = False
     root_uuid: str | None = None  # the root provider it was created for
-    # The host name it belongs to (compute_agent/daemon/renamed_host.py);
-    # None in a store from before the record.
-    host: str | None = None
     # Its commit sequence; None in a store from before the sequence.
     sequence: int | None = None
     # The host's record of the sequence (compute_agent/store/sequence.py), and

@@ -13,7 +13,7 @@ from pathlib import Path
 from compute_agent.store.check import StoreFile, one_line
 from compute_agent.store.connection import connect, named_error
 from compute_agent.store.errors import StoreError
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.inspection import inspect_store, stored_host
 from compute_agent.store.schema import HOST
 
 
@@ -41,6 +41,7 @@ def rename_host(path: Path, name: str) -> Renaming:
         detail = f" ({one_line(facts.detail)})" if facts.detail else ""
         raise StoreError(f"store {path} is {facts.file.value}{detail}: there is no "
                          "store to rename; the next start takes [DEFAULT] host")
+    previous = stored_host(path).name
     try:
         conn = connect(path)
         try:
@@ -49,4 +50,4 @@ def rename_host(path: Path, name: str) -> Renaming:
             conn.close()
     except sqlite3.Error as e:
         raise named_error(path, e) from None
-    return Renaming(path, facts.host, name)
+    return Renaming(path, previous, name)

@@ -21,7 +21,7 @@ from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor, Thread
 from compute_agent.placement.sync import SyncResult
 from compute_agent.rpc.server import CallsInFlight
 from compute_agent.store import lock
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.inspection import stored_host
 from compute_agent.store.store import STORE_FILE
 from compute_agent.tree.provider_tree import Provider, ProviderTree
 from tests.unit.daemon.agents import UnusedClient, agent_on_fake_host, fake_agent_conf_file
@@ -167,7 +167,7 @@ def test_the_store_records_the_host_name_unless_placement_is_still_to_tell_it(
     assert daemon.main(Deliveries(early=False), ["--config-file", str(conf_file),
                                                  "--once"]) == 0
     ran[0].manager.tracker.store.close()
-    assert inspect_store(tmp_path / "state" / STORE_FILE).host == recorded
+    assert stored_host(tmp_path / "state" / STORE_FILE).name == recorded
 
 
 def test_another_agent_found_by_once_s_cycle_is_exit_2(tmp_path, monkeypatch, capsys):

@@ -29,7 +29,7 @@ from compute_agent.rpc import client as rpc_client
 from compute_agent.rpc.errors import NoAnswer
 from compute_agent.store import lock, node_identity
 from compute_agent.store.errors import StoreError
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.inspection import stored_host
 from compute_agent.store.queries import all_instances
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy, build_tree
@@ -443,7 +443,7 @@ def test_rename_host_records_the_configured_name(tmp_path, agent_conf, capsys):
     assert capsys.readouterr().out == (
         f"store {path} now belongs to host node1 (it belonged to host node0); the next "
         "start renames its root provider in Placement to node1\n")
-    assert inspect_store(path).host == "node1"
+    assert stored_host(path).name == "node1"
 
 
 def test_rename_host_to_another_name_than_the_config_s_writes_nothing(tmp_path, agent_conf,
@@ -453,7 +453,7 @@ def test_rename_host_to_another_name_than_the_config_s_writes_nothing(tmp_path, 
     assert rename_host(agent_conf, "node2") == 1
     assert ("rename-host node2: [DEFAULT] host is node1 in the config; set it to node2 "
             "there first, nothing was written") in capsys.readouterr().err
-    assert inspect_store(path).host == "node0"
+    assert stored_host(path).name == "node0"
 
 
 def test_rename_host_beside_a_running_agent_is_exit_2(tmp_path, agent_conf, capsys):
@@ -465,7 +465,7 @@ def test_rename_host_beside_a_running_agent_is_exit_2(tmp_path, agent_conf, caps
     finally:
         held.release()
     assert "is in use by another agent" in capsys.readouterr().err
-    assert inspect_store(path).host == "node0"
+    assert stored_host(path).name == "node0"
 
 
 def test_no_store_to_accept_is_exit_2(tmp_path, agent_conf, capsys):

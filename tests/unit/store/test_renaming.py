@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from compute_agent.store.errors import StoreError
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.inspection import inspect_store, stored_host
 from compute_agent.store.renaming import Renaming, rename_host
 from compute_agent.store.store import Store
 from tests.unit.store.stores import ROOT_UUID
@@ -19,8 +19,8 @@ def test_rename_host_records_the_new_name_and_says_what_it_was(tmp_path):
         f"store {path} now belongs to host node1.example.com (it belonged to host "
         "node1); the next start renames its root provider in Placement to "
         "node1.example.com")
+    assert stored_host(path).name == "node1.example.com"
     facts = inspect_store(path)
-    assert facts.host == "node1.example.com"
     assert (facts.root_uuid, facts.sequence) == (ROOT_UUID, 0)  # nothing else changed
 
 
@@ -29,7 +29,7 @@ def test_rename_host_names_an_older_store_that_recorded_none(tmp_path):
     Store(path, ROOT_UUID).close()
     renamed = rename_host(path, "node2")
     assert renamed.previous is None and "it recorded no host name" in renamed.describe()
-    assert inspect_store(path).host == "node2"
+    assert stored_host(path).name == "node2"
 
 
 def test_rename_host_refuses_when_there_is_no_store(tmp_path):
