@@ -19,7 +19,11 @@ the root is then only the name the next cycle brings to the recorded one:
 ``compute-agent-manage rename-host`` records a new name on purpose, and the
 start after it renames the root.
 
-The facts are gathered by compute_agent/daemon/one_agent_run.py.
+A rename on purpose (``rename-host``) is refused while another agent
+serves either name (``served_elsewhere``).
+
+The facts are gathered by compute_agent/daemon/one_agent_run.py, and
+rename-host's by compute_agent/cmd/manage.py.
 """
 from __future__ import annotations
 
@@ -78,3 +82,22 @@ def state_of_another_host(configured: str, state_path: str, owner: StateOwner) -
     return (f"[DEFAULT] host is {configured}, but state path {state_path} belongs to "
             f"host {owner.name} ({owner.source.value}): nothing was renamed; "
             + RENAME_HINT.format(configured=configured))
+
+
+def served_elsewhere(new: str, old: str | None, compute_id: str | None,
+                     new_roots: frozenset[str], answered: frozenset[str]) -> str | None:
+    """Why ``rename-host new`` is refused, or None. ``old``: the name the
+    store records (None: none); ``new_roots``: the UUIDs of Placement's
+    root providers named ``new``; ``answered``: the names an agent answers
+    the heartbeat for. This host's agent is stopped (rename-host holds the
+    state directory), so any answer is another agent's: a clone of this
+    machine still serving the old name would take the renamed root back."""
+    others = sorted(new_roots - {compute_id})
+    if others:
+        return (f"rename-host {new}: another agent serves host {new}: Placement's root "
+                f"provider {others[0]} has that name; nothing was written")
+    for name in (new, old):
+        if name in answered:
+            return (f"rename-host {new}: another agent serves host {name}: it answers on "
+                    "the bus (a clone of this machine?); nothing was written")
+    return None

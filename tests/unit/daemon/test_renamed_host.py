@@ -7,6 +7,7 @@ from compute_agent.daemon.renamed_host import (
     StateOwner,
     learns_from_placement,
     owner_of_state,
+    served_elsewhere,
     state_of_another_host,
 )
 
@@ -69,3 +70,28 @@ def test_only_an_older_store_beside_its_root_asks_placement_its_name():
     assert not learns_from_placement("node1", True, ROOT)  # recorded
     assert not learns_from_placement(None, False, ROOT)  # no store: configured
     assert not learns_from_placement(None, True, None)  # compute_id lost: refused
+
+
+THEIRS = "0b6f3a52-7d0c-4f4e-8a55-3c2b1e9d7f10"
+
+
+def test_a_rename_no_other_agent_serves_is_allowed():
+    assert served_elsewhere("node2", "node1", ROOT, frozenset(), frozenset()) is None
+    # The root already carries the new name: ours.
+    assert served_elsewhere("node2", "node1", ROOT, frozenset({ROOT}), frozenset()) is None
+
+
+def test_a_rename_to_a_name_another_root_has_is_refused():
+    line = served_elsewhere("node2", "node1", ROOT, frozenset({THEIRS}), frozenset())
+    assert line == (f"rename-host node2: another agent serves host node2: Placement's root "
+                    f"provider {THEIRS} has that name; nothing was written")
+
+
+def test_a_rename_while_an_agent_answers_for_either_name_is_refused():
+    """A clone of this machine still serving the old name would take the
+    renamed root back at its next cycle."""
+    for name in ("node1", "node2"):
+        line = served_elsewhere("node2", "node1", ROOT, frozenset(), frozenset({name}))
+        assert line == (f"rename-host node2: another agent serves host {name}: it answers "
+                        "on the bus (a clone of this machine?); nothing was written")
+    assert served_elsewhere("node2", None, ROOT, frozenset(), frozenset({"node3"})) is None
