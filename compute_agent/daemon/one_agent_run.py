@@ -78,15 +78,16 @@ class PlacementCheck:
                          else next((p["name"] for p in client.get_providers(uuid=compute_id)),
                                    None))
             owner = owner_of_state(None, True, root_name)
-            refuse_state_of_another_host(self.host, self.state_path, owner)
+            refuse_state_of_another_host(self.host, self.state_path, compute_id, owner)
             LOG.info("State path %s records no host name: it belongs to host %s (%s)",
                      self.state_path, self.host, owner.source.value)
 
 
-def refuse_state_of_another_host(host: str, state_path: str, owner: StateOwner) -> None:
+def refuse_state_of_another_host(host: str, state_path: str, compute_id: str | None,
+                                 owner: StateOwner) -> None:
     """Raises StateOfAnotherHost when the state directory is another host
     name's."""
-    refused = state_of_another_host(host, state_path, owner)
+    refused = state_of_another_host(host, state_path, compute_id, owner)
     if refused:
         raise StateOfAnotherHost(refused)
 
@@ -103,7 +104,7 @@ def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
     stored = stored_host(path)
     learns_name = learns_from_placement(stored.name, stored.store_there, compute_id)
     if not learns_name:
-        refuse_state_of_another_host(conf.host, conf.state_path,
+        refuse_state_of_another_host(conf.host, conf.state_path, compute_id,
                                      owner_of_state(stored.name, stored.store_there, None))
     store_root = None if compute_id is not None else inspect_store(path).root_uuid
     me = ThisAgent(conf.host, conf.state_path, compute_id, store_root)

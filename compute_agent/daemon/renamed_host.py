@@ -6,7 +6,8 @@ provider and go on, so two machines cloned from one image with a baked
 state directory would take one tree in turns, and a short name changed to
 an FQDN would move every record without a word. nova refuses a compute
 node whose UUID belongs to another host name; so does the agent (exit 2,
-one line naming ``[DEFAULT] host``, both names and the state path), before
+one line naming ``[DEFAULT] host``, both names, the root provider's UUID
+and the state path), before
 anything is written.
 
 What is compared is the host name the store records (``owner_of_state``)
@@ -74,13 +75,16 @@ def owner_of_state(recorded: str | None, store_there: bool,
     return StateOwner(None, NameSource.CONFIGURED)
 
 
-def state_of_another_host(configured: str, state_path: str, owner: StateOwner) -> str | None:
-    """The refusal line when the state directory belongs to another host
-    name than ``configured`` ([DEFAULT] host), or None."""
+def state_of_another_host(configured: str, state_path: str, compute_id: str | None,
+                          owner: StateOwner) -> str | None:
+    """The refusal line when the state directory (its root provider
+    ``compute_id``, None: none) belongs to another host name than
+    ``configured`` ([DEFAULT] host), or None."""
     if owner.name is None or owner.name == configured:
         return None
-    return (f"[DEFAULT] host is {configured}, but state path {state_path} belongs to "
-            f"host {owner.name} ({owner.source.value}): nothing was renamed; "
+    root = "" if compute_id is None else f" (root provider {compute_id})"
+    return (f"[DEFAULT] host is {configured}, but state path {state_path}{root} belongs "
+            f"to host {owner.name} ({owner.source.value}): nothing was renamed; "
             + RENAME_HINT.format(configured=configured))
 
 

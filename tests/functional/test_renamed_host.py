@@ -49,8 +49,9 @@ def test_a_renamed_host_is_refused_until_renamed_on_purpose(tmp_path, placement)
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1, refused.stderr
     assert lines[0].startswith(
-        f"compute-agent: error: [DEFAULT] host is {new}, but state path {state} belongs "
-        f"to host {old} (its store's record): nothing was renamed;"), lines[0]
+        f"compute-agent: error: [DEFAULT] host is {new}, but state path {state} (root "
+        f"provider {root}) belongs to host {old} (its store's record): nothing was "
+        "renamed;"), lines[0]
     assert f"run 'compute-agent-manage rename-host {new}'" in lines[0]
     assert placement_tree(url, root) == before  # nothing renamed, no generation moved
 

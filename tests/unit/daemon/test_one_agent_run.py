@@ -151,8 +151,8 @@ def test_a_store_of_another_host_name_refuses_the_start_before_placement(conf, m
     with pytest.raises(StateOfAnotherHost) as refused:
         check_one_agent_per_host(conf, ask_the_bus=True)
     assert str(refused.value).startswith(
-        f"[DEFAULT] host is node1, but state path {conf.state_path} belongs to host "
-        "node0 (its store's record): nothing was renamed")
+        f"[DEFAULT] host is node1, but state path {conf.state_path} (root provider "
+        f"{ROOT}) belongs to host node0 (its store's record): nothing was renamed")
     assert placement.asked == []
 
 

@@ -20,11 +20,11 @@ def test_bug_a_renamed_start_was_taken_silently():
     under the same state directory, the agent renamed its root provider
     and went on."""
     owner = owner_of_state("bar-ren-a", True, None)
-    line = state_of_another_host("bar-ren-b", STATE, owner)
+    line = state_of_another_host("bar-ren-b", STATE, ROOT, owner)
     assert line is not None
     assert line == (
-        f"[DEFAULT] host is bar-ren-b, but state path {STATE} belongs to host "
-        "bar-ren-a (its store's record): nothing was renamed; a cloned VM image or "
+        f"[DEFAULT] host is bar-ren-b, but state path {STATE} (root provider {ROOT}) "
+        "belongs to host bar-ren-a (its store's record): nothing was renamed; a cloned VM image or "
         "a changed [DEFAULT] host is the usual cause; if the host was renamed on "
         "purpose, stop the agent and run 'compute-agent-manage rename-host bar-ren-b'")
     assert "\n" not in line
@@ -32,29 +32,35 @@ def test_bug_a_renamed_start_was_taken_silently():
 
 def test_a_short_name_changed_to_its_fqdn_is_another_name():
     owner = owner_of_state("node1", True, None)
-    assert state_of_another_host("node1.example.com", STATE, owner) is not None
+    assert state_of_another_host("node1.example.com", STATE, ROOT, owner) is not None
+
+
+def test_a_state_directory_without_compute_id_is_named_without_a_root():
+    line = state_of_another_host("node2", STATE, None, owner_of_state("node1", True, None))
+    assert line is not None and line.startswith(
+        f"[DEFAULT] host is node2, but state path {STATE} belongs to host node1 ")
 
 
 def test_the_store_s_record_is_the_name_whatever_placement_says():
     """Placement's name for the root differing from both is the name the
     next cycle renames to the recorded one (a rename-host on purpose)."""
     assert owner_of_state("node1", True, "node0") == StateOwner("node1", NameSource.STORE)
-    assert state_of_another_host("node1", STATE, owner_of_state("node1", True, "node0")) is None
+    assert state_of_another_host("node1", STATE, ROOT, owner_of_state("node1", True, "node0")) is None
 
 
 def test_an_older_store_belongs_to_its_root_s_name_in_placement():
     owner = owner_of_state(None, True, "node0")
     assert owner == StateOwner("node0", NameSource.PLACEMENT)
-    line = state_of_another_host("node1", STATE, owner)
+    line = state_of_another_host("node1", STATE, ROOT, owner)
     assert line is not None and "belongs to host node0 (its root provider's name in " \
         "Placement)" in line
-    assert state_of_another_host("node0", STATE, owner) is None
+    assert state_of_another_host("node0", STATE, ROOT, owner) is None
 
 
 def test_an_older_store_whose_root_placement_lacks_takes_the_configured_name():
     owner = owner_of_state(None, True, None)
     assert owner == StateOwner(None, NameSource.CONFIGURED)
-    assert state_of_another_host("node1", STATE, owner) is None
+    assert state_of_another_host("node1", STATE, ROOT, owner) is None
 
 
 def test_no_store_of_ours_takes_the_configured_name_whatever_the_root_is_named():
@@ -62,7 +68,7 @@ def test_no_store_of_ours_takes_the_configured_name_whatever_the_root_is_named()
     hostname, which may be the FQDN of [DEFAULT] host; it is adopted."""
     owner = owner_of_state(None, False, "node1.example.com")
     assert owner == StateOwner(None, NameSource.CONFIGURED)
-    assert state_of_another_host("node1", STATE, owner) is None
+    assert state_of_another_host("node1", STATE, ROOT, owner) is None
 
 
 def test_only_an_older_store_beside_its_root_asks_placement_its_name():
