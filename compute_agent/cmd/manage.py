@@ -29,6 +29,14 @@
         refuses a store behind the host's record of its commits). Says
         what it accepts. Exit 2 when there is no sound store to accept or
         the agent runs.
+    compute-agent-manage --config-file F rename-host NEW
+        With the agent stopped, after the host was renamed on purpose and
+        [DEFAULT] host set to NEW: record NEW as the host the state
+        directory belongs to (compute_agent/store/renaming.py); the next
+        start renames the root provider in Placement. Exit 1 when NEW is
+        not [DEFAULT] host, or another agent serves NEW or the old name
+        (Placement's roots, the bus; what cannot be asked refuses), 2 when
+        there is no sound store or the agent runs.
     compute-agent-manage --config-file F heal [--dry-run] [--json] [--yes]
         With the agent stopped: move the allocations a change of model left
         on old providers, and end every reserved-until-healed hold, in one
@@ -92,6 +100,8 @@ from compute_agent.cmd.errors import BadValue
 from compute_agent.common.pci_address import canonical_address
 from compute_agent.compute.reconcile import Report
 from compute_agent.daemon.composition import compose, load_driver
+from compute_agent.daemon.one_agent_run import PROBE_DEADLINE_SECONDS
+from compute_agent.daemon.renamed_host import served_elsewhere
 from compute_agent.daemon.service import Agent
 from compute_agent.dependencies import Unknown
 from compute_agent.drivers.errors import DriverUnavailable
@@ -111,13 +121,15 @@ from compute_agent.rpc.bus_permissions import (
     bus_permissions,
     queue_naming,
 )
+from compute_agent.rpc.heartbeat import agent_serving
 from compute_agent.store import lock, node_identity
 from compute_agent.store.acceptance import accept_store
 from compute_agent.store.assignment_id import new_assignment_id
 from compute_agent.store.check import StoreFile
 from compute_agent.store.errors import RebuildRefused, StateDirectoryInUse, StateDirectoryUnusable, StoreError
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.inspection import inspect_store, stored_host
 from compute_agent.store.rebuild import RebuiltStore, RowSource, plan_rebuild
+from compute_agent.store.renaming import rename_host
 from compute_agent.store.schema import SCHEMA_VERSION
 from compute_agent.store.store import STORE_FILE, create_filled
 from compute_agent.tree.host_tree import build_tree
@@ -181,6 +193,11 @@ def add_parsers(subparsers) -> None:
     mode.add_argument("--yes", action="store_true", help="Write it.")
     add("accept-store", "Take the store as it is for this host's latest (an older "
         "copy put back on purpose), the agent stopped; say what is accepted.")
+    rename = add("rename-host", "Record NEW, [DEFAULT] host, as the host the state "
+                 "directory belongs to, after a rename on purpose (the agent stopped); "
+                 "the next start renames the root provider in Placement.")
+    rename.add_argument("new_host", metavar="NEW", help="The host's new name, as its "
+                        "[DEFAULT] host now says.")
     heal = add("heal", "Move the allocations a change of model left on old "
                "providers to the current ones, in one reshape (the agent stopped).")
     heal.add_argument("--dry-run", action="store_true",
@@ -333,6 +350,35 @@ def accept(conf: cfg.ConfigOpts) -> int:
     lock.acquire(conf.state_path)
     accepted = accept_store(Path(conf.state_path) / STORE_FILE)
     print_output(accepted.describe())
+    return 0
+
+
+def rename(conf: cfg.ConfigOpts) -> int:
+    """Holding the state directory (the agent must be stopped); NEW must
+    be what the config already says, so that the next start serves it,
+    and no other agent may serve NEW or the old name (Placement's roots,
+    the bus): what cannot be asked refuses."""
+    new = conf.command.new_host
+    if new != conf.host:
+        raise AgentError(f"rename-host {new}: [DEFAULT] host is {conf.host} in the "
+                         f"config; set it to {new} there first, nothing was written")
+    lock.acquire(conf.state_path)
+    path = Path(conf.state_path) / STORE_FILE
+    old = stored_host(path).name
+    new_roots = frozenset(PlacementClient(adapter_from_conf(conf)).get_roots_named(new))
+    answered = set()
+    for name in sorted({new, old} - {None}):
+        answer = agent_serving(conf, name, PROBE_DEADLINE_SECONDS)
+        if isinstance(answer, Unknown):
+            raise AgentError(f"rename-host {new}: whether another agent serves host {name} "
+                             f"cannot be told: {answer.why}; nothing was written")
+        if answer is not None:
+            answered.add(name)
+    refused = served_elsewhere(new, old, node_identity.load(conf.state_path), new_roots,
+                               frozenset(answered))
+    if refused:
+        raise AgentError(refused)
+    print_output(rename_host(path, new).describe())
     return 0
 
 
@@ -614,6 +660,8 @@ def main(argv=None) -> int:
             return rebuild_store(conf)
         if conf.command.name == "accept-store":
             return accept(conf)
+        if conf.command.name == "rename-host":
+            return rename(conf)
         if conf.command.name == "heal":
             return heal(conf)
         if conf.command.name == "device":

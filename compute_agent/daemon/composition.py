@@ -73,6 +73,10 @@ class HostAtStart:
     compute_id_existed: bool
     driver: ComputeDriver
     client: PlacementClient
+    # The host name the store records as its own (compute_agent/daemon/renamed_host.py):
+    # [DEFAULT] host, once the start found the state directory is its;
+    # None when that was not checked, or Placement is still to be asked.
+    name: str | None = None
 
 
 @dataclass
@@ -194,7 +198,7 @@ def open_store(host: HostAtStart, holder: bool = True, policy: TreePolicy | None
         adopt(host, reading.foreign, reading.allocations, policy)
     if not holder:
         return Store(path, read_only=True)
-    return Store(path, root_uuid)
+    return Store(path, root_uuid, host=host.name)
 
 
 def placement_sync(client: PlacementClient, root_uuid: str, owned: Callable[[Provider], bool],
@@ -237,7 +241,8 @@ def assemble(driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
 
 def compose(conf: cfg.ConfigOpts, holder: bool = True,
             placement_check: PlacementCheck | None = None,
-            dead_threads: Callable[[], tuple[str, ...]] = tuple) -> Agent:
+            dead_threads: Callable[[], tuple[str, ...]] = tuple,
+            host_name: str | None = None) -> Agent:
     """The agent the config describes. Raises ConfigError for a bad value,
     StoreRefused when the store is not to be served from (check).
     Asks the hypervisor and Placement only when the store is missing or
@@ -245,7 +250,9 @@ def compose(conf: cfg.ConfigOpts, holder: bool = True,
     (compute_agent/store/lock.py), and may write there; otherwise it only
     reads. ``placement_check``: Placement's half of the one-agent check,
     when the start could not ask it; ``dead_threads``: the daemon's
-    threads that died, for the probes."""
+    threads that died, for the probes; ``host_name``: the host name the
+    start found the state directory belongs to, which the store records
+    (None: not checked, nothing recorded)."""
     conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
     compute_id = node_identity.load(conf.state_path)
     if compute_id is None and not holder:
@@ -264,7 +271,8 @@ def compose(conf: cfg.ConfigOpts, holder: bool = True,
         client, root_uuid, lambda p: p.name == host or p.name.startswith(host + "_"),
         conf.allocation_refresh_interval)
     store = open_store(HostAtStart(Path(conf.state_path) / STORE_FILE, root_uuid,
-                                   compute_id is not None, driver, client), holder, policy)
+                                   compute_id is not None, driver, client, host_name),
+                       holder, policy)
     manager = ComputeManager(Tracker(store, driver.boot_id(), metrics), driver,
                              conf.devices.remove_released_mdevs,
                              policy.device_specs)

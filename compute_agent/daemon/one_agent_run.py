@@ -8,6 +8,10 @@ be asked, the agent starts all the same and its first cycle that reaches
 Placement asks (``PlacementCheck`` on the Agent): a conflict found then
 stops the daemon the same way. The daemon then asks the bus, once, for at
 most PROBE_DEADLINE_SECONDS (compute_agent/rpc/heartbeat.py's agent_serving).
+
+The host name the state directory belongs to (compute_agent/daemon/renamed_host.py)
+is checked first, from the store; a store from before its record learns
+it from Placement with the same check.
 """
 from __future__ import annotations
 
@@ -17,19 +21,25 @@ from pathlib import Path
 
 from oslo_config import cfg
 
-from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.errors import AnotherAgentServesHost, StateOfAnotherHost
 from compute_agent.daemon.one_agent import (
     AnsweringAgent,
     ThisAgent,
     agent_answering_for_host,
     root_of_another_agent,
 )
+from compute_agent.daemon.renamed_host import (
+    StateOwner,
+    learns_from_placement,
+    owner_of_state,
+    state_of_another_host,
+)
 from compute_agent.dependencies import Unknown
 from compute_agent.exception import DependencyUnavailable, PlacementError
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
 from compute_agent.rpc.heartbeat import agent_serving
 from compute_agent.store import node_identity
-from compute_agent.store.inspection import inspect_store
+from compute_agent.store.inspection import inspect_store, stored_host
 from compute_agent.store.store import STORE_FILE
 
 LOG = logging.getLogger(__name__)
@@ -47,17 +57,39 @@ class PlacementCheck:
 
     host: str
     state_path: str
+    # The store records no host name (a store from before the record):
+    # its root's name in Placement is the name it belongs to.
+    learns_name: bool = False
 
     def run(self, client: PlacementClient, compute_id: str | None,
             store_root: str | None = None) -> None:
-        """One request. ``compute_id``: the state path's now (None: none
+        """One request, two when the name is learnt and the root is not
+        named as the host. ``compute_id``: the state path's now (None: none
         yet), ``store_root`` as ThisAgent's. Raises AnotherAgentServesHost
-        with the line, or the client's errors when Placement cannot be
-        asked."""
+        (StateOfAnotherHost) with the line, or the client's errors when
+        Placement cannot be asked."""
         me = ThisAgent(self.host, self.state_path, compute_id, store_root)
-        refused = root_of_another_agent(me, frozenset(client.get_roots_named(self.host)))
+        roots = frozenset(client.get_roots_named(self.host))
+        refused = root_of_another_agent(me, roots)
         if refused:
             raise AnotherAgentServesHost(refused)
+        if self.learns_name and compute_id is not None:
+            root_name = (self.host if compute_id in roots
+                         else next((p["name"] for p in client.get_providers(uuid=compute_id)),
+                                   None))
+            owner = owner_of_state(None, True, root_name)
+            refuse_state_of_another_host(self.host, self.state_path, compute_id, owner)
+            LOG.info("State path %s records no host name: it belongs to host %s (%s)",
+                     self.state_path, self.host, owner.source.value)
+
+
+def refuse_state_of_another_host(host: str, state_path: str, compute_id: str | None,
+                                 owner: StateOwner) -> None:
+    """Raises StateOfAnotherHost when the state directory is another host
+    name's."""
+    refused = state_of_another_host(host, state_path, compute_id, owner)
+    if refused:
+        raise StateOfAnotherHost(refused)
 
 
 def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
@@ -68,11 +100,16 @@ def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
     be asked, else None. ``ask_the_bus``: the daemon, which joins the
     host's queues (``--once`` does not)."""
     compute_id = node_identity.load(conf.state_path)
-    store_root = (None if compute_id is not None
-                  else inspect_store(Path(conf.state_path) / STORE_FILE).root_uuid)
+    path = Path(conf.state_path) / STORE_FILE
+    stored = stored_host(path)
+    learns_name = learns_from_placement(stored.name, stored.store_there, compute_id)
+    if not learns_name:
+        refuse_state_of_another_host(conf.host, conf.state_path, compute_id,
+                                     owner_of_state(stored.name, stored.store_there, None))
+    store_root = None if compute_id is not None else inspect_store(path).root_uuid
     me = ThisAgent(conf.host, conf.state_path, compute_id, store_root)
     conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
-    check = PlacementCheck(me.host, me.state_path)
+    check = PlacementCheck(me.host, me.state_path, learns_name)
     pending: PlacementCheck | None = None
     try:
         check.run(PlacementClient(adapter_from_conf(conf)), me.compute_id, me.store_root)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from compute_agent.store.check import StoreFacts, StoreFile
 from compute_agent.store.connection import connect, damaged, named_error, unreadable_error, wal_path
 from compute_agent.store.errors import StoreError
-from compute_agent.store.schema import IN_USE, ROOT_UUID, schema_version, stored_sequence
+from compute_agent.store.schema import HOST, IN_USE, ROOT_UUID, schema_version, stored_sequence
 from compute_agent.store.sequence import read_recorded, record_path
 
 
@@ -29,12 +30,8 @@ def inspect_store(path: Path) -> StoreFacts:
     size = info.st_size
     if size == 0 and not wal_there:
         return StoreFacts(str(path), StoreFile.EMPTY)
-    # Without a write-ahead log the file is all there is: read it as
-    # immutable, or SQLite would make an empty log, and the next start
-    # would no longer see the log as lost.
-    uri = f"file:{path}?mode=ro" + ("" if wal_there else "&immutable=1")
     try:
-        conn = sqlite3.connect(uri, uri=True)
+        conn = sqlite3.connect(_read_only_uri(path, wal_there), uri=True)
         try:
             return _inspect(conn, path, wal_there)
         finally:
@@ -45,6 +42,47 @@ def inspect_store(path: Path) -> StoreFacts:
         return StoreFacts(str(path), StoreFile.CORRUPT, f"{type(e).__name__}: {e}")
     except ValueError as e:  # a meta value that is not what we wrote
         return StoreFacts(str(path), StoreFile.CORRUPT, str(e))
+
+
+def _read_only_uri(path: Path, wal_there: bool) -> str:
+    # Without a write-ahead log the file is all there is: read it as
+    # immutable, or SQLite would make an empty log, and the next start
+    # would no longer see the log as lost.
+    return f"file:{path}?mode=ro" + ("" if wal_there else "&immutable=1")
+
+
+@dataclass(frozen=True)
+class StoredHost:
+    """The host name a store records (compute_agent/daemon/renamed_host.py)."""
+
+    # Something is at the path: a store of ours, or one inspect_store
+    # will judge; not a missing or zero-byte file.
+    store_there: bool
+    name: str | None = None  # None: none recorded (a store from before), or unreadable
+
+
+def stored_host(path: Path) -> StoredHost:
+    """The host name the store at ``path`` records, read as inspect_store
+    reads, writing nothing, and without checking the store whole (the
+    start's store check does, next). Call it holding the state
+    directory's lock."""
+    wal_there = wal_path(path).exists()
+    try:
+        if path.stat().st_size == 0 and not wal_there:
+            return StoredHost(False)
+    except FileNotFoundError:
+        return StoredHost(False)
+    except OSError:
+        return StoredHost(True)  # the store check names what is wrong
+    try:
+        conn = sqlite3.connect(_read_only_uri(path, wal_there), uri=True)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key=?", (HOST,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return StoredHost(True)  # no meta table, or not a database: judged next
+    return StoredHost(True, None if row is None else str(row[0]))
 
 
 def stored_schema_version(path: Path) -> int:

@@ -13,6 +13,9 @@ SCHEMA_VERSION = 7
 # Meta keys the agent that holds the state directory writes (Store opened
 # with ``root_uuid``). Plain meta rows: the table is there since v1.
 ROOT_UUID = "root_uuid"  # the root provider the store was created for
+# The [DEFAULT] host the store belongs to (compute_agent/daemon/renamed_host.py);
+# absent in a store from before it, which learns it once.
+HOST = "host"
 # "open" from the moment the holder opened the store (checkpointed into
 # the database file itself) until it closed it; "closed" after.
 IN_USE = "in_use"

@@ -34,6 +34,7 @@ from compute_agent.store.holding import Holding
 from compute_agent.store.queries import insert_assignments_sql, put_instance_sql
 from compute_agent.store.schema import (
     COMMIT_SEQUENCE,
+    HOST,
     IN_USE,
     ROOT_UUID,
     SCHEMA_VERSION,
@@ -53,12 +54,13 @@ STORE_FILE = "state.db"
 
 class Store:
     def __init__(self, path: str | Path, root_uuid: str | None = None,
-                 read_only: bool = False):
+                 read_only: bool = False, host: str | None = None):
         """Open (creating if need be) the store at ``path``. The agent that
         holds the state directory passes ``root_uuid``: the store then
-        records it, marks itself in use until ``close`` (inspect_store
-        reads both at the next start) and guards every commit
-        (``Holding``). Any other process opens it ``read_only``: it
+        records it, and ``host`` (the host name the start found the state
+        directory belongs to; None: not known yet), marks itself in use
+        until ``close`` (inspect_store reads them at the next start) and
+        guards every commit (``Holding``). Any other process opens it ``read_only``: it
         creates, migrates and writes nothing; a store of an older schema
         (upgrade-check's, before the new agent's start) is then read through
         a copy in memory migrated to this version's."""
@@ -94,7 +96,7 @@ class Store:
             else:
                 migrate(self._writer)
             if root_uuid is not None:  # self._holder
-                self.holding = self._mark_in_use(root_uuid)
+                self.holding = self._mark_in_use(root_uuid, host)
         except sqlite3.Error as e:
             self._writer.close()
             self._close_fd()
@@ -110,8 +112,8 @@ class Store:
         if read_only:
             self._commits.close()  # every write is refused, naming the store
 
-    def _mark_in_use(self, root_uuid: str) -> Holding:
-        """Record the root (first time only) and that the store is open,
+    def _mark_in_use(self, root_uuid: str, host: str | None) -> Holding:
+        """Record the root and the host name (first time only) and that the store is open,
         then checkpoint: the mark must be in the database file itself, so
         that a write-ahead log lost later is seen as lost. The host's
         record of the commit sequence is made to hold the store's before
@@ -127,6 +129,8 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)", (ROOT_UUID, root_uuid))
+        if host is not None:
+            conn.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)", (HOST, host))
         conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'open')", (IN_USE,))
         conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                      (COMMIT_SEQUENCE, str(sequence)))

@@ -13,6 +13,7 @@ import pytest
 from compute_agent.cmd import daemon
 from compute_agent.cmd.daemon import once_summary, stop_server
 from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.one_agent_run import PlacementCheck
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.reload_signal import ReloadSignal
 from compute_agent.daemon.service import Agent, CycleOutcome
@@ -20,6 +21,8 @@ from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor, Thread
 from compute_agent.placement.sync import SyncResult
 from compute_agent.rpc.server import CallsInFlight
 from compute_agent.store import lock
+from compute_agent.store.inspection import stored_host
+from compute_agent.store.store import STORE_FILE
 from compute_agent.tree.provider_tree import Provider, ProviderTree
 from tests.unit.daemon.agents import UnusedClient, agent_on_fake_host, fake_agent_conf_file
 
@@ -147,6 +150,24 @@ def test_once_runs_one_cycle_of_the_agent_an_early_sighup_reached(tmp_path, monk
     assert ran == signal.agents and len(ran) == 1
     assert ran[0]._drop_cache.is_set()  # the first cycle reads Placement afresh
     ran[0].manager.tracker.store.close()
+
+
+@pytest.mark.parametrize("learning, recorded", [(False, "node1"), (True, None)])
+def test_the_store_records_the_host_name_unless_placement_is_still_to_tell_it(
+        tmp_path, monkeypatch, learning, recorded):
+    """An older store whose root Placement could not be asked about at
+    the start records no name: the first cycle that reaches Placement
+    checks it, and the next start records it."""
+    conf_file = fake_agent_conf_file(tmp_path)
+    pending = PlacementCheck("node1", str(tmp_path / "state"), learns_name=True)
+    monkeypatch.setattr(daemon, "check_one_agent_per_host",
+                        lambda conf, ask_the_bus: pending if learning else None)
+    ran = []
+    monkeypatch.setattr(daemon, "run_once", lambda agent: ran.append(agent) or 0)
+    assert daemon.main(Deliveries(early=False), ["--config-file", str(conf_file),
+                                                 "--once"]) == 0
+    ran[0].manager.tracker.store.close()
+    assert stored_host(tmp_path / "state" / STORE_FILE).name == recorded
 
 
 def test_another_agent_found_by_once_s_cycle_is_exit_2(tmp_path, monkeypatch, capsys):

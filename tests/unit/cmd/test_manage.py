@@ -23,12 +23,14 @@ from compute_agent.cmd.manage import (
     device_use_line,
     print_bus_permissions,
 )
+from compute_agent.dependencies import Unknown
 from compute_agent.drivers.fake import FakeDriver
 from compute_agent.exception import AgentError, ConfigError, shown
 from compute_agent.rpc import client as rpc_client
 from compute_agent.rpc.errors import NoAnswer
 from compute_agent.store import lock, node_identity
 from compute_agent.store.errors import StoreError
+from compute_agent.store.inspection import stored_host
 from compute_agent.store.queries import all_instances
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy, build_tree
@@ -429,6 +431,94 @@ def test_a_state_directory_in_use_is_a_store_error_and_exit_2(tmp_path, agent_co
     finally:
         held.release()
     assert "is in use by another agent" in capsys.readouterr().err
+
+
+def rename_host(agent_conf: Path, new: str) -> int:
+    return manage.main(["--config-file", str(agent_conf), "rename-host", new])
+
+
+class NamesServed:
+    """Placement's roots by name and the bus's answers by host, as
+    rename-host asks them."""
+
+    def __init__(self, roots: dict[str, list[str]] | None = None,
+                 answers: dict[str, dict | Unknown] | None = None) -> None:
+        self.roots = roots or {}
+        self.answers = answers or {}
+        self.asked: list[str] = []
+
+    def get_roots_named(self, name: str) -> list[str]:
+        self.asked.append(f"placement {name}")
+        return self.roots.get(name, [])
+
+    def agent_serving(self, conf, host: str, deadline: float):
+        self.asked.append(f"bus {host}")
+        return self.answers.get(host)
+
+
+@pytest.fixture
+def served(monkeypatch) -> NamesServed:
+    names = NamesServed()
+    monkeypatch.setattr(manage, "PlacementClient", lambda adapter: names)
+    monkeypatch.setattr(manage, "agent_serving", names.agent_serving)
+    return names
+
+
+def test_rename_host_records_the_configured_name(tmp_path, agent_conf, capsys, served):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    node_identity.record(str(state(tmp_path)), ROOT)
+    served.roots["node1"] = [ROOT]  # ours: renamed already, say
+    assert rename_host(agent_conf, "node1") == 0
+    assert served.asked == ["placement node1", "bus node0", "bus node1"]
+    assert capsys.readouterr().out == (
+        f"store {path} now belongs to host node1 (it belonged to host node0); the next "
+        "start renames its root provider in Placement to node1\n")
+    assert stored_host(path).name == "node1"
+
+
+def test_rename_host_to_another_name_than_the_config_s_writes_nothing(tmp_path, agent_conf,
+                                                                      capsys):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    assert rename_host(agent_conf, "node2") == 1
+    assert ("rename-host node2: [DEFAULT] host is node1 in the config; set it to node2 "
+            "there first, nothing was written") in capsys.readouterr().err
+    assert stored_host(path).name == "node0"
+
+
+def test_rename_host_while_a_clone_serves_the_old_name_writes_nothing(
+        tmp_path, agent_conf, capsys, served):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    served.answers["node0"] = {"root_uuid": ROOT}
+    assert rename_host(agent_conf, "node1") == 1
+    assert ("rename-host node1: another agent serves host node0: it answers on the bus "
+            "(a clone of this machine?); nothing was written") in capsys.readouterr().err
+    assert stored_host(path).name == "node0"
+
+
+def test_rename_host_when_the_bus_cannot_be_asked_writes_nothing(tmp_path, agent_conf,
+                                                                   capsys, served):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    served.answers["node0"] = Unknown("the broker did not answer")
+    assert rename_host(agent_conf, "node1") == 1
+    assert ("rename-host node1: whether another agent serves host node0 cannot be told: "
+            "the broker did not answer; nothing was written") in capsys.readouterr().err
+    assert stored_host(path).name == "node0"
+
+
+def test_rename_host_beside_a_running_agent_is_exit_2(tmp_path, agent_conf, capsys):
+    path = state(tmp_path) / STORE_FILE
+    Store(path, ROOT, host="node0").close()
+    held = lock.acquire(str(state(tmp_path)))
+    try:
+        assert rename_host(agent_conf, "node1") == 2
+    finally:
+        held.release()
+    assert "is in use by another agent" in capsys.readouterr().err
+    assert stored_host(path).name == "node0"
 
 
 def test_no_store_to_accept_is_exit_2(tmp_path, agent_conf, capsys):

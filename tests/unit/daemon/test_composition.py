@@ -17,6 +17,7 @@ from compute_agent.drivers.fake import FakeDriver
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS
 from compute_agent.store import node_identity
 from compute_agent.store.errors import StoreRefused
+from compute_agent.store.inspection import stored_host
 from compute_agent.store.queries import all_instances
 from compute_agent.store.store import STORE_FILE, Store
 from compute_agent.tree.host_tree import TreePolicy, build_tree
@@ -214,6 +215,18 @@ def test_the_config_composes_an_agent_for_a_new_host(tmp_path):
     again = composition.compose(conf, holder=False)
     assert again.manager.tracker.store.read_only and again.settings.record_path is None
     again.manager.tracker.store.close()
+
+
+def test_the_store_records_the_host_name_only_the_start_checked(tmp_path):
+    """The daemon's start passes the name its check found the state
+    directory's (compute_agent/daemon/one_agent_run.py); nothing else
+    records one."""
+    conf = fake_agent_conf(tmp_path)
+    composition.compose(conf).stop()
+    path = Path(conf.state_path) / STORE_FILE
+    assert stored_host(path).name is None
+    composition.compose(conf, host_name="node1").stop()
+    assert stored_host(path).name == "node1"
 
 
 def test_a_reader_beside_no_agent_is_refused_before_anything_is_made(tmp_path):

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from compute_agent.daemon import one_agent_run
-from compute_agent.daemon.errors import AnotherAgentServesHost
+from compute_agent.daemon.errors import AnotherAgentServesHost, StateOfAnotherHost
 from compute_agent.daemon.one_agent_run import PlacementCheck, check_one_agent_per_host
 from compute_agent.dependencies import Unknown
 from compute_agent.exception import PlacementUnavailable
@@ -34,6 +34,11 @@ class RootsNamed:
         if self.down:
             raise PlacementUnavailable("http://127.0.0.1:1", "did not answer (refused)")
         return self.roots.get(name, [])
+
+    def get_providers(self, uuid: str) -> list[dict]:
+        self.asked.append(uuid)
+        return [{"uuid": uuid, "name": name} for name, uuids in self.roots.items()
+                if uuid in uuids]
 
 
 class Bus:
@@ -127,3 +132,78 @@ def test_a_store_beside_a_lost_compute_id_names_our_root(conf, monkeypatch):
     answering(monkeypatch, RootsNamed({"node1": [THEIRS]}), Bus(None))
     assert check_one_agent_per_host(conf, ask_the_bus=False) is None
     assert node_identity.load(conf.state_path) is None  # nothing written
+
+
+# --- the host name the state directory belongs to (renamed_host) ---------------
+
+
+def older_store(conf) -> None:
+    """A store from before the host name's record, beside its compute_id."""
+    node_identity.record(conf.state_path, ROOT)
+    Store(f"{conf.state_path}/{STORE_FILE}", ROOT).close()
+
+
+def test_a_store_of_another_host_name_refuses_the_start_before_placement(conf, monkeypatch):
+    node_identity.record(conf.state_path, ROOT)
+    Store(f"{conf.state_path}/{STORE_FILE}", ROOT, host="node0").close()
+    placement = RootsNamed({"node0": [ROOT]})
+    answering(monkeypatch, placement, Bus(None))
+    with pytest.raises(StateOfAnotherHost) as refused:
+        check_one_agent_per_host(conf, ask_the_bus=True)
+    assert str(refused.value).startswith(
+        f"[DEFAULT] host is node1, but state path {conf.state_path} (root provider "
+        f"{ROOT}) belongs to host node0 (its store's record): nothing was renamed")
+    assert placement.asked == []
+
+
+def test_a_store_of_this_host_name_asks_placement_nothing_more(conf, monkeypatch):
+    node_identity.record(conf.state_path, ROOT)
+    Store(f"{conf.state_path}/{STORE_FILE}", ROOT, host="node1").close()
+    placement = RootsNamed({"node0": [ROOT]})  # renamed on purpose: the cycle renames it
+    answering(monkeypatch, placement, Bus(None))
+    assert check_one_agent_per_host(conf, ask_the_bus=False) is None
+    assert placement.asked == ["node1"]
+
+
+def test_an_older_store_learns_its_name_from_its_root_named_as_the_host(conf, monkeypatch,
+                                                                         caplog):
+    caplog.set_level(logging.INFO, logger=one_agent_run.__name__)
+    older_store(conf)
+    placement = RootsNamed({"node1": [ROOT]})
+    answering(monkeypatch, placement, Bus(None))
+    assert check_one_agent_per_host(conf, ask_the_bus=False) is None
+    assert placement.asked == ["node1"]  # the check by name told the root's name
+    assert [r.getMessage() for r in caplog.records if r.name == one_agent_run.__name__] == [
+        f"State path {conf.state_path} records no host name: it belongs to host node1 "
+        "(its root provider's name in Placement)"]
+
+
+def test_an_older_store_whose_root_placement_names_otherwise_refuses_the_start(
+        conf, monkeypatch):
+    older_store(conf)
+    placement = RootsNamed({"node0": [ROOT]})
+    answering(monkeypatch, placement, Bus(None))
+    with pytest.raises(StateOfAnotherHost, match="belongs to host node0 .its root "
+                                                 "provider's name in Placement.: nothing"):
+        check_one_agent_per_host(conf, ask_the_bus=False)
+    assert placement.asked == ["node1", ROOT]
+
+
+def test_an_older_store_whose_root_placement_lacks_takes_the_configured_name(
+        conf, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger=one_agent_run.__name__)
+    older_store(conf)
+    answering(monkeypatch, RootsNamed({}), Bus(None))
+    assert check_one_agent_per_host(conf, ask_the_bus=False) is None
+    assert "belongs to host node1 ([DEFAULT] host, nothing having recorded a name before)" \
+        in caplog.text
+
+
+def test_an_older_store_s_name_is_learnt_at_the_first_cycle_placement_answers(
+        conf, monkeypatch):
+    older_store(conf)
+    answering(monkeypatch, RootsNamed({}, down=True), Bus(None))
+    pending = check_one_agent_per_host(conf, ask_the_bus=False)
+    assert pending == PlacementCheck("node1", conf.state_path, learns_name=True)
+    with pytest.raises(StateOfAnotherHost, match="belongs to host node0"):
+        pending.run(RootsNamed({"node0": [ROOT]}), ROOT)

@@ -10,7 +10,7 @@ import pytest
 
 from compute_agent.store.check import StoreFile, StoreVerdict, judge
 from compute_agent.store.errors import StoreError
-from compute_agent.store.inspection import inspect_store, stored_schema_version
+from compute_agent.store.inspection import StoredHost, inspect_store, stored_host, stored_schema_version
 from compute_agent.store.schema import COMMIT_SEQUENCE, SCHEMA_VERSION, migrate
 from compute_agent.store.sequence import record_path
 from compute_agent.store.store import Store
@@ -58,6 +58,36 @@ def test_a_store_closed_cleanly_is_valid_and_records_its_root(tmp_path):
     facts = inspect_store(path)
     assert facts.file is StoreFile.VALID and not facts.wal_lost
     assert facts.root_uuid == ROOT_UUID
+
+
+def test_a_store_records_the_host_name_it_was_first_opened_for(tmp_path):
+    path = tmp_path / "state.db"
+    Store(path, ROOT_UUID).close()
+    assert stored_host(path) == StoredHost(True, None)  # as a store from before the record
+    Store(path, ROOT_UUID, host="node1").close()
+    assert stored_host(path) == StoredHost(True, "node1")
+    Store(path, ROOT_UUID, host="node2").close()  # the start refuses it before
+    Store(path, ROOT_UUID).close()
+    assert stored_host(path) == StoredHost(True, "node1")
+
+
+def test_no_store_records_no_host_and_one_to_judge_is_there(tmp_path):
+    path = tmp_path / "state.db"
+    assert stored_host(path) == StoredHost(False)
+    path.write_bytes(b"")
+    assert stored_host(path) == StoredHost(False)
+    path.write_bytes(b"not a database at all" * 100)
+    assert stored_host(path) == StoredHost(True)  # the store check refuses it, next
+    assert not Path(f"{path}-wal").exists()
+
+
+def test_reading_the_host_of_a_store_whose_log_was_lost_makes_no_log(tmp_path):
+    path = tmp_path / "state.db"
+    crash_after_a_write(path)
+    Path(f"{path}-wal").unlink()
+    assert stored_host(path).store_there
+    assert not Path(f"{path}-wal").exists()
+    assert inspect_store(path).wal_lost
 
 
 def test_a_crashed_store_with_its_log_is_valid_and_without_it_is_not(tmp_path):
