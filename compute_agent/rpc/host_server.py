@@ -61,9 +61,10 @@ from compute_agent.exception import ConfigError
 from compute_agent.messaging import TOPIC, allow_deep_messages, messaging, server_queue, transport
 from compute_agent.rpc import broker, heartbeat
 from compute_agent.rpc.heartbeat import HeartbeatEndpoint
+from compute_agent.rpc.in_flight import CallsInFlight, call_of
 from compute_agent.rpc.sending import SEND_RETRIES
 from compute_agent.rpc.served import HostAgent
-from compute_agent.rpc.server import CallsInFlight, ComputeAgentEndpoint, warn_of_unserved_calls
+from compute_agent.rpc.server import ComputeAgentEndpoint, warn_of_unserved_calls
 
 LOG = logging.getLogger(__name__)
 # The heartbeat's calls are answered from memory: two threads keep them
@@ -177,12 +178,18 @@ class HostListenerAdapter(driver_base.PollStyleListenerAdapter):  # type: ignore
 class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
     """oslo.messaging's RPC server with HostListener as its listener and a
     pool of its own for the heartbeat's calls. ``in_flight``: the API
-    calls being served; ``heartbeat``: the heartbeat's endpoint."""
+    calls being served, from the listener's hand-over to their reply;
+    ``heartbeat``: the heartbeat's endpoint.
+
+    Once the daemon's stop closes ``in_flight``, an API call is not
+    served: its request is left unacknowledged, and the broker gives it
+    back to the host's queue when the listener's connection closes at the
+    exit, for the next start. The heartbeat is still served while the
+    calls taken finish: a host that drains is up (docs/operations.md)."""
 
     def __init__(self, transport: Any, target: Any, dispatcher: Any, executor: Any = None):
         super().__init__(transport, target, dispatcher, executor)
-        [self.in_flight] = {e.in_flight for e in dispatcher.endpoints
-                            if isinstance(e, ComputeAgentEndpoint)}
+        self.in_flight = CallsInFlight()
         [self.heartbeat] = [e for e in dispatcher.endpoints if isinstance(e, HeartbeatEndpoint)]
         self._heartbeats: ThreadPoolExecutor | None = None
         self._connection: Any = None  # the listener's, once started
@@ -213,7 +220,21 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         if incoming[0].message.get("method") in HEARTBEAT_METHODS and self._heartbeats:
             self._heartbeats.submit(self._process_incoming, incoming)
             return
-        super()._on_incoming(incoming)
+        # Taken here, in the listener's thread, before the call's own
+        # thread starts: the stop never finds none in flight while one is
+        # being handed on.
+        ticket = self.in_flight.take(call_of(incoming[0].message))
+        if ticket is None:
+            LOG.debug("Stopping: request %s left for the next start",
+                      incoming[0].message.get("method"))
+            return
+        self._work_executor.submit(self._process_and_count, incoming, ticket)
+
+    def _process_and_count(self, incoming: list[Any], ticket: int) -> None:
+        try:
+            self._process_incoming(incoming)  # its reply sent
+        finally:
+            self.in_flight.done(ticket)
 
     def connected_to(self) -> str | None:
         """The broker the listener's connection is up to now, as a URL
@@ -252,7 +273,7 @@ def make_server(conf: cfg.ConfigOpts, agent: HostAgent) -> HostServer:
     ``wait()`` on the way out."""
     allow_deep_messages()
     warn_of_unserved_calls()
-    endpoints = [ComputeAgentEndpoint(agent, heartbeat.SourceFence(conf), CallsInFlight()),
+    endpoints = [ComputeAgentEndpoint(agent, heartbeat.SourceFence(conf)),
                  HeartbeatEndpoint(agent, time.time(), conf.state_path)]
     server: HostServer = messaging.get_rpc_server(
         transport(conf), messaging.Target(topic=TOPIC, server=conf.host), endpoints,
