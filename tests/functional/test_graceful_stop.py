@@ -82,6 +82,11 @@ HOLD_POINTS = {
     "resize_instance": "compute_agent.drivers.libvirt.driver:LibvirtDriver.power_off",
     # The move's devices claimed, the guest not yet on them.
     "finish_resize": "compute_agent.compute.host:Host.run_with_store_devices",
+    # The guest checked, the move about to be announced.
+    "check_can_live_migrate_source":
+        "compute_agent.compute.tracker:Tracker.announce_move_source",
+    # The move known here, its claim about to be made.
+    "check_can_live_migrate_destination": "compute_agent.compute.tracker:Tracker.claim_move",
 }
 # A bound the held calls outlive.
 SHORT_BOUND = 3
@@ -274,5 +279,34 @@ def test_a_move_step_in_flight_at_sigterm_is_answered_then_exit_0(world, method)
         assert answer["uuid"] == instance and answer["running"] is True
     else:
         assert answer["migration_uuid"] == migration
+    assert agent.proc.wait(60) == 0
+    assert " cut by " not in agent.text()
+
+
+def cpus_and_memory(agent: AgentDaemon) -> dict:
+    """SPEC's allocations without devices: a VF not marked
+    live_migratable would be refused."""
+    return {agent.provider("numa_1"): {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}}
+
+
+@pytest.mark.parametrize("method", ["check_can_live_migrate_source",
+                                    "check_can_live_migrate_destination"])
+def test_a_live_migration_step_in_flight_at_sigterm_is_answered_then_exit_0(world, method):
+    agent, api, heartbeat, placement = world
+    agent.start_holding(api, HOLD_POINTS[method])
+    instance, migration = str(uuid.uuid4()), str(uuid.uuid4())
+    allocations = cpus_and_memory(agent)
+    put_allocations(placement.url, instance, allocations)
+    if method == "check_can_live_migrate_source":
+        api.build_instance(agent.name, instance, SPEC, allocations)
+        answered = InFlight(lambda: api.check_can_live_migrate_source(
+            agent.name, migration, instance, "elsewhere"))
+    else:  # this host the destination; the source is not asked
+        answered = InFlight(lambda: api.check_can_live_migrate_destination(
+            agent.name, migration, instance, SPEC, allocations))
+    sigterm_while_held(agent)
+    assert heartbeat.check(agent.name).up
+    agent.go.touch()
+    assert answered.outcome(60)["migration_uuid"] == migration
     assert agent.proc.wait(60) == 0
     assert " cut by " not in agent.text()
