@@ -93,11 +93,12 @@ class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
     watch finds the listener served."""
 
     def __init__(self, driver: Any, conn: Any, exchange: str, queues: tuple[str, ...],
-                 wake: Callable[[], None]):
+                 wake: Callable[[], None], in_flight: CallsInFlight):
         super().__init__(driver, conn)
         self._exchange = exchange
         self._queues = queues
         self._wake = wake
+        self._in_flight = in_flight
         self._connect_again = threading.Event()
 
     def declare(self) -> None:
@@ -149,7 +150,25 @@ class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
                             message._raw_message.delivery_info.get("routing_key"),
                             delivered_by, self._exchange)
             return
-        super().__call__(message)
+        if message.get("method") in HEARTBEAT_METHODS:
+            super().__call__(message)
+            return
+        # Taken here, before oslo.messaging acknowledges the request (in
+        # super().__call__): one the stop closed the door on is left
+        # unacknowledged, and the broker gives it back to the host's queue
+        # when this connection closes, for the next start.
+        ticket = self._in_flight.take(call_of(message))
+        if ticket is None:
+            LOG.debug("Stopping: request %s left for the next start", message.get("method"))
+            return
+        taken = len(self.incoming)
+        try:
+            super().__call__(message)
+        finally:
+            if len(self.incoming) > taken:
+                self.incoming[-1].in_flight_ticket = ticket
+            else:  # not handed on: a duplicate, or its acknowledgement failed
+                self._in_flight.done(ticket)
 
     def stop(self) -> None:
         self._shutdown.set()
@@ -182,9 +201,9 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
     ``heartbeat``: the heartbeat's endpoint.
 
     Once the daemon's stop closes ``in_flight``, an API call is not
-    served: its request is left unacknowledged, and the broker gives it
-    back to the host's queue when the listener's connection closes at the
-    exit, for the next start. The heartbeat is still served while the
+    served: its request is left unacknowledged by the listener, and the
+    broker gives it back to the host's queue when the listener's
+    connection closes at the exit, for the next start. The heartbeat is still served while the
     calls taken finish: a host that drains is up (docs/operations.md)."""
 
     def __init__(self, transport: Any, target: Any, dispatcher: Any, executor: Any = None):
@@ -208,7 +227,7 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         conn = driver._get_connection(driver_common.PURPOSE_LISTEN)
         exchange = driver._get_exchange(self._target)
         listener = HostListener(driver, conn, exchange, host_queues(self._target.server),
-                                self.cast_own_heartbeat)
+                                self.cast_own_heartbeat, self.in_flight)
         listener.declare()
         self._listener = listener
         self._connection = conn
@@ -220,15 +239,11 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         if incoming[0].message.get("method") in HEARTBEAT_METHODS and self._heartbeats:
             self._heartbeats.submit(self._process_incoming, incoming)
             return
-        # Taken here, in the listener's thread, before the call's own
-        # thread starts: the stop never finds none in flight while one is
-        # being handed on.
-        ticket = self.in_flight.take(call_of(incoming[0].message))
-        if ticket is None:
-            LOG.debug("Stopping: request %s left for the next start",
-                      incoming[0].message.get("method"))
-            return
-        self._work_executor.submit(self._process_and_count, incoming, ticket)
+        # Taken by the listener (HostListener.__call__) before its thread
+        # starts: the stop never finds none in flight while one is being
+        # handed on.
+        self._work_executor.submit(self._process_and_count, incoming,
+                                   incoming[0].in_flight_ticket)
 
     def _process_and_count(self, incoming: list[Any], ticket: int) -> None:
         try:

@@ -224,7 +224,8 @@ def test_a_call_longer_than_the_bound_is_cut_and_the_next_start_rolls_it_back(
         sigterm_while_held(agent)
         started = time.monotonic()
         assert agent.proc.wait(30) == 0
-        assert SHORT_BOUND <= time.monotonic() - started < SHORT_BOUND + 2
+        # Exited at the bound (the drain began before ``started``).
+        assert time.monotonic() - started < SHORT_BOUND + 2
         assert (f"Call build_instance of instance {instance} cut by "
                 f"graceful_shutdown_timeout ({SHORT_BOUND} s)") in agent.text()
         # The next start finds the claim with no guest: rolled back.
