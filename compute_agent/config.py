@@ -134,6 +134,20 @@ default_opts = [
         "milliseconds; an evacuation's destination refuses to rebuild the "
         "instances of a source that answers.",
     ),
+    cfg.IntOpt(
+        "graceful_shutdown_timeout",
+        default=60,
+        min=1,
+        max=3600,
+        help="Seconds a stop (SIGTERM) waits for the RPC calls in flight to "
+        "finish and be answered, after it stops taking new ones, before the "
+        "agent exits all the same (oslo.service's option of that name, "
+        "without its 0 for an endless wait). A call cut by it is resumed or "
+        "rolled back by the next start, as after a kill. Keep it below the "
+        "systemd unit's TimeoutStopSec (90 in "
+        "etc/systemd/compute-agent.service), which kills the agent past it: "
+        "the agent cannot read the unit's value.",
+    ),
     cfg.StrOpt(
         "owner_trait",
         default="OWNER_NOVA",

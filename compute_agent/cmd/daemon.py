@@ -39,14 +39,16 @@ from compute_agent.daemon.systemd import notify, watchdog_from_environment
 from compute_agent.exception import ConfigError
 from compute_agent.rpc import broker, host_server
 from compute_agent.rpc.host_server import HostServer
+from compute_agent.rpc.in_flight import Call
 from compute_agent.store import lock
 from compute_agent.store.errors import StateDirectoryInUse, StateDirectoryUnusable, StoreError, StoreRefused
 
 LOG = logging.getLogger(__name__)
 # A start that waits this long for the broker says so.
 BROKER_WAIT_NOTICE_SECONDS = 5.0
-# How long the RPC server's stop may take before the daemon stops without
-# it: SIGTERM stops the daemon within 2 s whatever the broker does.
+# How long the RPC server's stop may take, once its calls in flight are
+# answered, before the daemon stops without it: an idle daemon stops
+# within 2 s of SIGTERM whatever the broker does.
 SERVER_STOP_SECONDS = 1.0
 
 PROG = "compute-agent"
@@ -201,7 +203,7 @@ def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:
         notify("READY=1")
         LOG.info("compute-agent running as host %s", conf.host)
     supervisor.wait()
-    return stop(supervisor, agent, rpc)
+    return stop(supervisor, agent, rpc, conf.graceful_shutdown_timeout)
 
 
 def server_refusal(conf: cfg.ConfigOpts, error: Exception) -> ConfigError | None:
@@ -248,14 +250,27 @@ def start_server(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor
     return rpc
 
 
+def drain(rpc: HostServer, bound: float) -> tuple[Call, ...]:
+    """The graceful stop's first step: no API call taken from now on (the
+    heartbeat still answered), and those taken waited for until answered,
+    ``bound`` seconds at most; the calls the bound cut, each said."""
+    count = rpc.in_flight.close()
+    LOG.info("stopping: %d calls in flight, waiting up to %g s", count, bound)
+    cut = rpc.in_flight.wait(bound)
+    for call in cut:
+        LOG.warning("Call %s of instance %s cut by graceful_shutdown_timeout (%g s): "
+                    "the next start resumes or rolls it back", call.method,
+                    call.instance_uuid or "-", bound)
+    return cut
+
+
 def stop_server(rpc: HostServer) -> bool:
-    """Whether the server stopped, its calls in flight finished
-    (oslo.messaging's stop() and wait()), within SERVER_STOP_SECONDS. A
-    listener whose connection is being made again (the broker away) sees
-    its stop only once the driver's attempt ends, up to
-    rabbit_interval_max (30 s) later, and a dead one never: then the calls
-    in flight are waited for, and the listener left behind. It takes
-    nothing more, and its replies could not be sent."""
+    """Whether the server stopped (oslo.messaging's stop() and wait()),
+    its calls in flight answered already (drain), within
+    SERVER_STOP_SECONDS. A listener whose connection is being made again
+    (the broker away) sees its stop only once the driver's attempt ends,
+    up to rabbit_interval_max (30 s) later, and a dead one never: it is
+    left behind, and takes nothing more."""
 
     def stop_and_wait() -> None:
         rpc.stop()
@@ -266,20 +281,26 @@ def stop_server(rpc: HostServer) -> bool:
     stopping.join(SERVER_STOP_SECONDS)
     if not stopping.is_alive():
         return True
-    LOG.warning("The RPC listener did not stop within %g s: stopping without it once "
-                "the %d calls in flight are done", SERVER_STOP_SECONDS, rpc.in_flight.count)
-    rpc.in_flight.wait_until_none()
+    LOG.warning("The RPC listener did not stop within %g s: stopping without it",
+                SERVER_STOP_SECONDS)
     return False
 
 
-def stop(supervisor: Supervisor, agent: Agent, rpc: HostServer) -> int:
-    """Stop the RPC server, then the agent; the exit code."""
+def stop(supervisor: Supervisor, agent: Agent, rpc: HostServer, drain_bound: float) -> int:
+    """Take no more calls, answer those in flight within ``drain_bound``
+    seconds, stop the RPC server, then the agent; the exit code."""
     agent.move_to(Phase.STOPPING)
     if supervisor.deaths:
         supervisor.exit_unless_stopped_in_time()
     else:
         notify("STOPPING=1")
     # Calls in flight finish before the store closes.
+    if drain(rpc, drain_bound):
+        # A call cut: its thread still runs, and the store must not close
+        # under it. The process ends as after a kill, which the store's
+        # records survive: the next start resumes or rolls back each
+        # call it finds open (docs/operations.md#signals).
+        exit_process(exit_code(supervisor))
     stopped = stop_server(rpc)
     agent.stop()
     code = exit_code(supervisor)

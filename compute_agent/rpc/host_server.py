@@ -61,9 +61,10 @@ from compute_agent.exception import ConfigError
 from compute_agent.messaging import TOPIC, allow_deep_messages, messaging, server_queue, transport
 from compute_agent.rpc import broker, heartbeat
 from compute_agent.rpc.heartbeat import HeartbeatEndpoint
+from compute_agent.rpc.in_flight import CallsInFlight, call_of
 from compute_agent.rpc.sending import SEND_RETRIES
 from compute_agent.rpc.served import HostAgent
-from compute_agent.rpc.server import CallsInFlight, ComputeAgentEndpoint, warn_of_unserved_calls
+from compute_agent.rpc.server import ComputeAgentEndpoint, warn_of_unserved_calls
 
 LOG = logging.getLogger(__name__)
 # The heartbeat's calls are answered from memory: two threads keep them
@@ -92,11 +93,12 @@ class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
     watch finds the listener served."""
 
     def __init__(self, driver: Any, conn: Any, exchange: str, queues: tuple[str, ...],
-                 wake: Callable[[], None]):
+                 wake: Callable[[], None], in_flight: CallsInFlight):
         super().__init__(driver, conn)
         self._exchange = exchange
         self._queues = queues
         self._wake = wake
+        self._in_flight = in_flight
         self._connect_again = threading.Event()
 
     def declare(self) -> None:
@@ -148,7 +150,25 @@ class HostListener(amqpdriver.RpcAMQPListener):  # type: ignore[misc]
                             message._raw_message.delivery_info.get("routing_key"),
                             delivered_by, self._exchange)
             return
-        super().__call__(message)
+        if message.get("method") in HEARTBEAT_METHODS:
+            super().__call__(message)
+            return
+        # Taken here, before oslo.messaging acknowledges the request (in
+        # super().__call__): one the stop closed the door on is left
+        # unacknowledged, and the broker gives it back to the host's queue
+        # when this connection closes, for the next start.
+        ticket = self._in_flight.take(call_of(message))
+        if ticket is None:
+            LOG.debug("Stopping: request %s left for the next start", message.get("method"))
+            return
+        taken = len(self.incoming)
+        try:
+            super().__call__(message)
+        finally:
+            if len(self.incoming) > taken:
+                self.incoming[-1].in_flight_ticket = ticket
+            else:  # not handed on: a duplicate, or its acknowledgement failed
+                self._in_flight.done(ticket)
 
     def stop(self) -> None:
         self._shutdown.set()
@@ -177,12 +197,18 @@ class HostListenerAdapter(driver_base.PollStyleListenerAdapter):  # type: ignore
 class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
     """oslo.messaging's RPC server with HostListener as its listener and a
     pool of its own for the heartbeat's calls. ``in_flight``: the API
-    calls being served; ``heartbeat``: the heartbeat's endpoint."""
+    calls being served, from the listener's hand-over to their reply;
+    ``heartbeat``: the heartbeat's endpoint.
+
+    Once the daemon's stop closes ``in_flight``, an API call is not
+    served: its request is left unacknowledged by the listener, and the
+    broker gives it back to the host's queue when the listener's
+    connection closes at the exit, for the next start. The heartbeat is still served while the
+    calls taken finish: a host that drains is up (docs/operations.md)."""
 
     def __init__(self, transport: Any, target: Any, dispatcher: Any, executor: Any = None):
         super().__init__(transport, target, dispatcher, executor)
-        [self.in_flight] = {e.in_flight for e in dispatcher.endpoints
-                            if isinstance(e, ComputeAgentEndpoint)}
+        self.in_flight = CallsInFlight()
         [self.heartbeat] = [e for e in dispatcher.endpoints if isinstance(e, HeartbeatEndpoint)]
         self._heartbeats: ThreadPoolExecutor | None = None
         self._connection: Any = None  # the listener's, once started
@@ -201,7 +227,7 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         conn = driver._get_connection(driver_common.PURPOSE_LISTEN)
         exchange = driver._get_exchange(self._target)
         listener = HostListener(driver, conn, exchange, host_queues(self._target.server),
-                                self.cast_own_heartbeat)
+                                self.cast_own_heartbeat, self.in_flight)
         listener.declare()
         self._listener = listener
         self._connection = conn
@@ -213,7 +239,17 @@ class HostServer(rpc_server.RPCServer):  # type: ignore[misc]
         if incoming[0].message.get("method") in HEARTBEAT_METHODS and self._heartbeats:
             self._heartbeats.submit(self._process_incoming, incoming)
             return
-        super()._on_incoming(incoming)
+        # Taken by the listener (HostListener.__call__) before its thread
+        # starts: the stop never finds none in flight while one is being
+        # handed on.
+        self._work_executor.submit(self._process_and_count, incoming,
+                                   incoming[0].in_flight_ticket)
+
+    def _process_and_count(self, incoming: list[Any], ticket: int) -> None:
+        try:
+            self._process_incoming(incoming)  # its reply sent
+        finally:
+            self.in_flight.done(ticket)
 
     def connected_to(self) -> str | None:
         """The broker the listener's connection is up to now, as a URL
@@ -252,7 +288,7 @@ def make_server(conf: cfg.ConfigOpts, agent: HostAgent) -> HostServer:
     ``wait()`` on the way out."""
     allow_deep_messages()
     warn_of_unserved_calls()
-    endpoints = [ComputeAgentEndpoint(agent, heartbeat.SourceFence(conf), CallsInFlight()),
+    endpoints = [ComputeAgentEndpoint(agent, heartbeat.SourceFence(conf)),
                  HeartbeatEndpoint(agent, time.time(), conf.state_path)]
     server: HostServer = messaging.get_rpc_server(
         transport(conf), messaging.Target(topic=TOPIC, server=conf.host), endpoints,

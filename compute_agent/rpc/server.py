@@ -24,8 +24,7 @@ import functools
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from enum import Enum
 
 from compute_agent.claims.model import Assignment, AssignmentState, Migration
@@ -66,8 +65,7 @@ def rpc_method(since: str, schema: dict) -> Callable[[Callable], Callable]:
             try:
                 arguments = schemas.checked(checker, payload)
                 LOG.debug("RPC %s", name)
-                with self.in_flight.one():
-                    return method(self, ctxt, **arguments)
+                return method(self, ctxt, **arguments)
             # Before AgentError: StoreError is one, but not one a caller
             # can rebuild (compute_agent.store.errors is not on the wire).
             except (StoreError, sqlite3.Error) as e:
@@ -85,35 +83,6 @@ def rpc_method(since: str, schema: dict) -> Callable[[Callable], Callable]:
         return served
 
     return serve_as_call
-
-
-class CallsInFlight:
-    """The calls being served now. The daemon's stop waits for them before
-    the store closes, also when the listener that took them cannot be
-    stopped (its connection being made again while the broker is away)."""
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._changed = threading.Condition()
-
-    @contextmanager
-    def one(self) -> Iterator[None]:
-        with self._changed:
-            self._count += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._count -= 1
-                self._changed.notify_all()
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-    def wait_until_none(self) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: self._count == 0)
 
 
 class InstanceState(str, Enum):
@@ -141,12 +110,10 @@ def listed_instances(instances: dict[str, dict], live: list[Assignment],
 class ComputeAgentEndpoint:
     target = messaging.Target(version=VERSION)
 
-    def __init__(self, agent: ServedAgent, fence: SourceFence | None = None,
-                 in_flight: CallsInFlight | None = None):
+    def __init__(self, agent: ServedAgent, fence: SourceFence | None = None):
         self._agent = agent
         # An evacuation's source must be down; None: not asked.
         self._fence = fence
-        self.in_flight = in_flight or CallsInFlight()
 
     # --- views ----------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """compute-agent's body (compute_agent/cmd/daemon.py): --once's run and its
 summary line, the start's refusals and their exit codes, and the stop's
-order and exit code, the server's stop around a broker that is away. With
+order and exit code, the drain of the calls in flight and its bound,
+the server's stop around a broker that is away. With
 an agent on the fake host; the RPC server is the test's. (The daemon as
 a subprocess: tests/functional/test_daemon.py.)"""
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 import pytest
 
 from compute_agent.cmd import daemon
-from compute_agent.cmd.daemon import once_summary, stop_server
+from compute_agent.cmd.daemon import drain, once_summary, stop_server
 from compute_agent.daemon.errors import AnotherAgentServesHost
 from compute_agent.daemon.one_agent_run import PlacementCheck
 from compute_agent.daemon.probes import Phase
@@ -19,7 +20,7 @@ from compute_agent.daemon.reload_signal import ReloadSignal
 from compute_agent.daemon.service import Agent, CycleOutcome
 from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor, ThreadDeath
 from compute_agent.placement.sync import SyncResult
-from compute_agent.rpc.server import CallsInFlight
+from compute_agent.rpc.in_flight import Call, CallsInFlight
 from compute_agent.store import lock
 from compute_agent.store.inspection import stored_host
 from compute_agent.store.store import STORE_FILE
@@ -221,18 +222,44 @@ def stopping(agent: Agent, monkeypatch) -> tuple[WatchedSupervisor, list[str], S
     return WatchedSupervisor(seen), seen, Stopped("server", seen, agent)
 
 
+# The drain's bound in these tests: no call is in flight, none is waited for.
+BOUND = 60
+
+
 def test_a_stop_asked_for_stops_the_servers_then_the_agent(agent, monkeypatch):
     supervisor, seen, servers = stopping(agent, monkeypatch)
-    assert daemon.stop(supervisor, agent, servers) == 0  # type: ignore[arg-type]
+    assert daemon.stop(supervisor, agent, servers, BOUND) == 0  # type: ignore[arg-type]
     # /readyz says stopping before the server stops.
     assert seen == ["notify STOPPING=1", f"server stop ({Phase.STOPPING.value})",
                     "server wait", "agent stop"]
+    # No call taken once the stop began.
+    assert servers.in_flight.take(Call("build_instance", "i-1")) is None
+
+
+def test_a_stop_that_cuts_a_call_exits_as_after_a_kill_the_store_left_open(
+        agent, monkeypatch):
+    """The cut call's thread still runs: the store must not close under
+    it, nor the server's stop wait for it."""
+    supervisor, seen, servers = stopping(agent, monkeypatch)
+    servers.in_flight.take(Call("finish_resize", "i-1"))
+
+    class Exited(Exception):
+        pass
+
+    def exit_process(code: int) -> None:
+        seen.append(f"exit {code}")
+        raise Exited
+
+    monkeypatch.setattr(daemon, "exit_process", exit_process)
+    with pytest.raises(Exited):
+        daemon.stop(supervisor, agent, servers, 0.01)  # type: ignore[arg-type]
+    assert seen == ["notify STOPPING=1", "exit 0"]
 
 
 def test_a_stop_after_a_threads_death_is_bounded_and_exits_so(agent, monkeypatch):
     supervisor, seen, servers = stopping(agent, monkeypatch)
     supervisor.deaths.append(ThreadDeath("cleaner", "KeyError: 'x'"))
-    assert daemon.stop(supervisor, agent, servers) == EXIT_THREAD_DIED  # type: ignore[arg-type]
+    assert daemon.stop(supervisor, agent, servers, BOUND) == EXIT_THREAD_DIED  # type: ignore[arg-type]
     assert seen[0] == "exit timer" and "notify STOPPING=1" not in seen
     assert seen[-1] == "agent stop"
 
@@ -240,9 +267,60 @@ def test_a_stop_after_a_threads_death_is_bounded_and_exits_so(agent, monkeypatch
 def test_a_stop_after_a_refusal_exits_2_with_its_line(agent, monkeypatch, capsys):
     supervisor, seen, servers = stopping(agent, monkeypatch)
     supervisor.refuse("store /var/lib/compute-agent/state.db was removed")
-    assert daemon.stop(supervisor, agent, servers) == 2  # type: ignore[arg-type]
+    assert daemon.stop(supervisor, agent, servers, BOUND) == 2  # type: ignore[arg-type]
     assert capsys.readouterr().err.endswith(
         "error: store /var/lib/compute-agent/state.db was removed\n")
+
+
+# --- the drain: calls in flight answered, within the bound -------------------
+
+class Draining:
+    """The host's RPC server, as the drain sees it."""
+
+    def __init__(self) -> None:
+        self.in_flight = CallsInFlight()
+
+
+def test_a_drain_with_no_call_in_flight_says_so_and_ends_at_once(caplog):
+    caplog.set_level("INFO", logger=daemon.LOG.name)
+    # A bound that would hold the test for an hour if waited out.
+    assert drain(Draining(), 3600) == ()  # type: ignore[arg-type]
+    assert "stopping: 0 calls in flight, waiting up to 3600 s" in caplog.messages
+
+
+def test_a_drain_waits_for_the_call_in_flight_to_be_answered(monkeypatch, caplog):
+    server = Draining()
+    ticket = server.in_flight.take(Call("build_instance", "i-1"))
+    assert ticket is not None
+    said: list[str] = []
+    answering: list[threading.Thread] = []
+
+    def says_then_call_answered(line: str, *args: object) -> None:
+        # The call ends once the drain has begun: an event, not a timer.
+        said.append(line % args)
+        answering.append(threading.Thread(target=server.in_flight.done, args=(ticket,)))
+        answering[0].start()
+
+    monkeypatch.setattr(daemon.LOG, "info", says_then_call_answered)
+    assert drain(server, 3600) == ()  # type: ignore[arg-type]
+    answering[0].join()
+    assert said == ["stopping: 1 calls in flight, waiting up to 3600 s"]
+    assert server.in_flight.count == 0
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_drain_cuts_the_calls_past_its_bound_and_names_each(caplog):
+    server = Draining()
+    server.in_flight.take(Call("prep_resize", "i-1"))
+    server.in_flight.take(Call("get_host_info", None))
+    assert drain(server, 0.01) == (  # type: ignore[arg-type]
+        Call("prep_resize", "i-1"), Call("get_host_info", None))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "Call prep_resize of instance i-1 cut by graceful_shutdown_timeout (0.01 s): "
+        "the next start resumes or rolls it back",
+        "Call get_host_info of instance - cut by graceful_shutdown_timeout (0.01 s): "
+        "the next start resumes or rolls it back"]
 
 
 # --- the server's stop, the broker away --------------------------------------
@@ -251,10 +329,8 @@ class Server:
     """The host's RPC server, whose stop() returns only when ``gate``
     opens: its listener's connection being made again."""
 
-    def __init__(self, gate: threading.Event | None = None,
-                 in_flight: CallsInFlight | None = None) -> None:
+    def __init__(self, gate: threading.Event | None = None) -> None:
         self.gate = gate
-        self.in_flight = in_flight or CallsInFlight()
         self.stopped = self.waited = False
 
     def stop(self) -> None:
@@ -272,31 +348,13 @@ def test_a_server_that_stops_is_stopped_and_waited_for():
     assert server.stopped and server.waited
 
 
-def test_a_listener_that_cannot_stop_is_left_once_the_calls_in_flight_are_done(monkeypatch):
+def test_a_listener_that_cannot_stop_is_left_behind(monkeypatch):
     """SIGTERM while the broker was away took 3 s and more (up to the
-    driver's 30 s back-off): the stop now waits for the calls being
-    served, which the store must outlive, not for the listener."""
+    driver's 30 s back-off): the calls in flight are answered by then
+    (drain), and the stop goes on without the listener."""
     monkeypatch.setattr(daemon, "SERVER_STOP_SECONDS", 0.01)
     gate = threading.Event()
-    in_flight = CallsInFlight()
-    call_started, call_may_end = threading.Event(), threading.Event()
-    finished: list[str] = []
-
-    def serve_one_call() -> None:
-        with in_flight.one():
-            call_started.set()
-            call_may_end.wait()
-            finished.append("call")
-
-    caller = threading.Thread(target=serve_one_call)
-    caller.start()
-    call_started.wait()
-    # The call ends once the stop has given up on the listener: an event,
-    # not a timer.
-    monkeypatch.setattr(daemon.LOG, "warning", lambda *args: call_may_end.set())
     try:
-        assert stop_server(Server(gate, in_flight)) is False  # type: ignore[arg-type]
-        assert call_may_end.is_set() and finished == ["call"] and in_flight.count == 0
+        assert stop_server(Server(gate)) is False  # type: ignore[arg-type]
     finally:
         gate.set()
-        caller.join()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import types
 import uuid
 
@@ -18,6 +19,7 @@ from compute_agent.dependencies import Dependencies, Dependency, Probe, Unknown
 from compute_agent.messaging import TOPIC
 from compute_agent.rpc import broker, heartbeat, host_server
 from compute_agent.rpc.client import ComputeAgentAPI
+from compute_agent.rpc.errors import NoAnswer
 from compute_agent.rpc.host_server import DEAF, LISTENER_DOWN, ServerWatch
 from tests.waiting import wait_for
 
@@ -228,3 +230,69 @@ def test_bug_a_broker_gone_before_the_listener_saw_it_was_said_as_a_cast_not_tak
     # A broker that takes logins and not the cast is said so.
     monkeypatch.setattr(broker, "probe", lambda conf, timeout: Probe(Dependency.BROKER, url))
     assert watch.probe().problem.startswith("did not take a message")
+
+
+# --- the stop's drain: calls counted to their reply, none taken once closed ---
+
+class HeldHostInfo:
+    """An agent whose get_host_info waits until ``release``: a call in
+    flight."""
+
+    def __init__(self) -> None:
+        self._served = served_agent()
+        self.policy, self.manager = self._served.policy, self._served.manager
+        self.asked = threading.Event()
+        self.release = threading.Event()
+
+    @property
+    def last_tree(self) -> list:
+        self.asked.set()
+        self.release.wait(10)
+        return []
+
+
+def test_a_call_is_in_flight_until_answered_and_the_drain_waits_for_it(memory_broker):
+    conf = memory_conf()
+    agent = HeldHostInfo()
+    server = host_server.make_server(conf, agent)  # type: ignore[arg-type]
+    server.start()
+    api = ComputeAgentAPI(conf, timeout=10)
+    answers: list[dict] = []
+    caller = threading.Thread(target=lambda: answers.append(api.get_host_info(HOST)))
+    try:
+        caller.start()
+        assert agent.asked.wait(10)
+        assert server.in_flight.close() == 1
+        agent.release.set()
+        assert server.in_flight.wait(10) == ()
+        # Counted until its reply was sent: the caller has it.
+        caller.join(10)
+        assert answers and answers[0]["host"] == HOST
+    finally:
+        agent.release.set()
+        api.close()
+        server.stop()
+        server.wait()
+
+
+def test_once_closed_the_heartbeat_is_answered_and_an_api_call_is_not_served(
+        memory_broker):
+    """A host that drains is up; a call that came after the stop began is
+    not served (on RabbitMQ the next start serves it:
+    tests/functional/test_graceful_stop.py)."""
+    conf = memory_conf()
+    server = host_server.make_server(conf, served_agent())  # type: ignore[arg-type]
+    server.start()
+    api = ComputeAgentAPI(conf, timeout=1)
+    beats = heartbeat.Heartbeat(conf, down_after=5)
+    try:
+        server.in_flight.close()
+        with pytest.raises(NoAnswer):
+            api.get_host_info(HOST)
+        assert beats.check(HOST).up
+        assert server.in_flight.count == 0
+    finally:
+        beats.close()
+        api.close()
+        server.stop()
+        server.wait()
