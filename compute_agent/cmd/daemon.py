@@ -139,9 +139,8 @@ def checked_agent(conf: cfg.ConfigOpts, supervisor: Supervisor) -> Agent:
     lock.acquire(conf.state_path)
     # Before the store or compute_id is made: a mistyped state_path is
     # refused with nothing written.
-    placement_check = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
-    return compose(conf, placement_check=placement_check,
-                   dead_threads=supervisor.dead_threads)
+    start = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
+    return compose(conf, start=start, dead_threads=supervisor.dead_threads)
 
 
 def serve(conf: cfg.ConfigOpts, agent: Agent, supervisor: Supervisor) -> int:

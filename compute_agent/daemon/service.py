@@ -360,10 +360,13 @@ class Agent:
 
     def _check_placement_once(self) -> None:
         """The start could not ask Placement whether another agent serves
-        this host: ask now (one request). AnotherAgentServesHost ends the
-        daemon; when Placement does not answer, the next cycle asks."""
+        this host: ask now, with the tree read that this cycle then uses.
+        AnotherAgentServesHost ends the daemon; when Placement does not
+        answer, the next cycle asks."""
         if self.placement_check is not None:
-            self.placement_check.run(self.sync.client, self.sync.root_uuid)
+            tree = self.placement_check.run(self.sync.client, self.sync.root_uuid)
+            if tree is not None:
+                self.sync.prime(tree)
             self.placement_check = None
 
     def observe_broker(self) -> None:

@@ -58,8 +58,7 @@ class FleetHost:
         self.conf = conf
         self.name = conf.host
         self._lock = lock.acquire(conf.state_path)
-        check = check_one_agent_per_host(conf, ask_the_bus=True)
-        agent = compose(conf, placement_check=check)
+        agent = compose(conf, start=check_one_agent_per_host(conf, ask_the_bus=True))
         agent.start()
         self.agent = agent
         self._server = host_server.make_server(conf, agent)
