@@ -57,12 +57,21 @@ class TreeSync:
         self.hold = hold
         # The tree the start's check read, for the next refresh (prime).
         self._primed: list[dict] | None = None
+        # The view an earlier run saved, while it is still the cache.
+        self._restored: pt.ProviderTree | None = None
         self.invalidate()
 
     def restore(self, view: pt.ProviderTree) -> None:
         """Start from a view saved by an earlier run: its providers are
         trusted as long as their generation has not moved."""
-        self.cache = view
+        self.cache = self._restored = view
+
+    @property
+    def read_this_run(self) -> bool:
+        """Whether the cache holds what this process read of Placement, not
+        only the view an earlier run saved (restore): its generations are
+        no answer of Placement's."""
+        return self.cache is not self._restored
 
     def prime(self, tree: list[dict]) -> None:
         """The tree as the start's one-agent check just read it

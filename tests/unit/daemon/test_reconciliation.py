@@ -56,9 +56,9 @@ def cell(placement: FakePlacement) -> str:
 
 def cycle(agent: Agent, placement: FakePlacement) -> None:
     """What a cycle leaves the reconciliation: a new read of Placement's tree."""
-    agent.sync.restore(ProviderTree.parents_first([
+    agent.sync.cache = ProviderTree.parents_first([
         Provider(row["uuid"], row["name"], row["parent_provider_uuid"],
-                 generation=row["generation"]) for row in placement.tree]))
+                 generation=row["generation"]) for row in placement.tree])
 
 
 def found(agent: Agent, at_start: bool = False) -> list[tuple[str, str, bool]]:
@@ -288,3 +288,27 @@ def test_an_audit_beside_the_agent_reads_every_allocation_afresh(tmp_path, agent
         assert sorted(placement.provider_reads) == sorted(row["uuid"] for row in placement.tree)
     finally:
         reader.manager.tracker.store.close()
+
+
+def test_a_restart_s_saved_allocations_wait_for_a_cycle_of_its_own(tmp_path, agent,
+                                                                    placement, caplog):
+    """The view saved matches the allocations saved: taken as they are
+    before a cycle read the tree, a Placement away at the start would look
+    like one that answered."""
+    placement.held["stray"] = {cell(placement): {"VCPU": 1}}
+    assert agent.run_cycle().ok  # its view of the tree saved, as the allocations next
+    found(agent, at_start=True)
+    agent.manager.tracker.store.close()
+    placement.provider_reads.clear()
+    placement.down = True
+    again = agent_on_fake_host(tmp_path, client=placement)
+    try:
+        assert again.reconcile(at_start=True).unknown == ["Placement's allocations"]
+        assert ("WARNING", "Reconciling without Placement's allocations: Placement's tree "
+                "is not read yet") in [(r.levelname, r.getMessage()) for r in caplog.records]
+        placement.down = False
+        cycle(again, placement)
+        assert found(again, at_start=True) == [("allocation_without_record", "stray", False)]
+        assert placement.provider_reads == []
+    finally:
+        again.manager.tracker.store.close()

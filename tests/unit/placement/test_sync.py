@@ -374,6 +374,16 @@ def test_a_restart_s_first_cycle_takes_the_tree_the_start_read_and_sends_nothing
     assert placement.calls == [("get_tree", ROOT)]
 
 
+def test_a_restored_view_is_no_read_of_this_run_until_a_refresh(placement, clock):
+    first = synced(placement)
+    assert first.read_this_run
+    again = tree_sync(placement)
+    again.restore(first.cache.copy())
+    assert not again.read_this_run
+    again.refresh()
+    assert again.read_this_run
+
+
 def test_a_primed_tree_is_dropped_by_an_invalidate(placement, clock):
     """SIGHUP during start-up: the first cycle reads Placement afresh."""
     first = synced(placement)
