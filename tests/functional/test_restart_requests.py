@@ -28,7 +28,7 @@ SPEC = {"name": "vm", "vcpus": 1, "memory_mb": 512}
 PF, GPU = "0000:3B:00.0", "pci_0000_af_00_0"
 
 
-def agent_conf(tmp_path: Path, url: str, refresh_interval: float) -> Path:
+def agent_conf(tmp_path: Path, url: str, refresh_interval: int) -> Path:
     """A host whose guests outlive its agent (the fake hypervisor's state
     file), its loop's own cycles out of the way of the counts."""
     return write_conf(tmp_path, url, f"host-{uuid4().hex[:8]}", HOST, **POLICY,
@@ -94,7 +94,7 @@ def test_what_changed_while_the_agent_was_down_is_found_within_the_refresh_inter
     """Placement moves no generation where allocations are deleted: the
     restart's view of them is trusted until read again by age, within
     allocation_refresh_interval of the start."""
-    refresh_interval = 6.0
+    refresh_interval = 6
     conf = agent_conf(tmp_path, placement.url, refresh_interval)
     first = started(conf)
     try:
