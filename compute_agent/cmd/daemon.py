@@ -141,12 +141,11 @@ def checked_agent(conf: cfg.ConfigOpts, supervisor: Supervisor) -> Agent:
     lock.acquire(conf.state_path)
     # Before the store or compute_id is made: a mistyped state_path is
     # refused with nothing written.
-    placement_check = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
+    start = check_one_agent_per_host(conf, ask_the_bus=not conf.once)
     # The state directory is this host's (compute_agent/daemon/renamed_host.py),
     # unless Placement is still to tell the name an older store belongs to.
-    learning = placement_check is not None and placement_check.learns_name
-    return compose(conf, placement_check=placement_check,
-                   dead_threads=supervisor.dead_threads,
+    learning = start.pending is not None and start.pending.learns_name
+    return compose(conf, start=start, dead_threads=supervisor.dead_threads,
                    host_name=None if learning else conf.host)
 
 

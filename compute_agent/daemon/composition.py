@@ -16,7 +16,7 @@ from oslo_config import cfg
 from compute_agent.cleaning.run import Cleaner
 from compute_agent.compute.manager import ComputeManager
 from compute_agent.compute.tracker import Tracker
-from compute_agent.daemon.one_agent_run import PlacementCheck
+from compute_agent.daemon.one_agent_run import PlacementCheck, StartCheck
 from compute_agent.daemon.reconciliation import Reconciliation
 from compute_agent.daemon.service import Agent, AgentSettings
 from compute_agent.dependencies import Dependencies
@@ -240,7 +240,7 @@ def assemble(driver: ComputeDriver, policy: TreePolicy, sync: TreeSync,
 
 
 def compose(conf: cfg.ConfigOpts, holder: bool = True,
-            placement_check: PlacementCheck | None = None,
+            start: StartCheck | None = None,
             dead_threads: Callable[[], tuple[str, ...]] = tuple,
             host_name: str | None = None) -> Agent:
     """The agent the config describes. Raises ConfigError for a bad value,
@@ -248,19 +248,22 @@ def compose(conf: cfg.ConfigOpts, holder: bool = True,
     Asks the hypervisor and Placement only when the store is missing or
     empty. ``holder``: the caller holds the state directory's lock
     (compute_agent/store/lock.py), and may write there; otherwise it only
-    reads. ``placement_check``: Placement's half of the one-agent check,
-    when the start could not ask it; ``dead_threads``: the daemon's
-    threads that died, for the probes; ``host_name``: the host name the
-    start found the state directory belongs to, which the store records
-    (None: not checked, nothing recorded)."""
+    reads. ``start``: what the start's one-agent check leaves
+    (compute_agent/daemon/one_agent_run.py): its client, which the agent
+    uses, the tree it read, which the first cycle uses, and Placement's
+    half of the check when it could not be asked; ``dead_threads``: the
+    daemon's threads that died, for the probes; ``host_name``: the host
+    name the start found the state directory belongs to, which the store
+    records (None: not checked, nothing recorded)."""
     conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
     compute_id = node_identity.load(conf.state_path)
     if compute_id is None and not holder:
         raise StoreRefused(
             f"{conf.state_path}/{node_identity.FILENAME} does not exist: "
             "the agent has not run on this host yet")
-    metrics = Metrics()
-    client = PlacementClient(adapter_from_conf(conf), metrics)
+    client = (start.client if start is not None
+              else PlacementClient(adapter_from_conf(conf), Metrics()))
+    metrics = client.metrics
     driver = load_driver(conf)
     # Written only once the store is judged (open_store): nothing is
     # written before the start's decision.
@@ -270,6 +273,8 @@ def compose(conf: cfg.ConfigOpts, holder: bool = True,
     sync, allocations = placement_sync(
         client, root_uuid, lambda p: p.name == host or p.name.startswith(host + "_"),
         conf.allocation_refresh_interval)
+    if start is not None and start.tree is not None:
+        sync.prime(start.tree)
     store = open_store(HostAtStart(Path(conf.state_path) / STORE_FILE, root_uuid,
                                    compute_id is not None, driver, client, host_name),
                        holder, policy)
@@ -279,4 +284,4 @@ def compose(conf: cfg.ConfigOpts, holder: bool = True,
     return assemble(driver, policy, sync, allocations, manager, metrics,
                     AgentSettings.from_conf(conf, holder),
                     ServerWatch(conf, BROKER_PROBE_TIMEOUT_SECONDS),
-                    placement_check, dead_threads)
+                    None if start is None else start.pending, dead_threads)

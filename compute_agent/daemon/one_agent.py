@@ -12,6 +12,10 @@ same host name, often the same compute_id). So a start is refused (exit
   state path's compute_id (``root_of_another_agent``). A host nova-compute
   ran is adopted with nova's compute_id, which is its root's UUID, so it
   is never taken for another agent's.
+  Placement's tree of this state path's compute_id answers it when its
+  root is there, named as the host (``roots_named_from_tree``): names are
+  unique, so no other root has the name, and a restart asks nothing more
+  than the tree read its first cycle needs anyway.
 - Another agent answers the host's heartbeat on the bus
   (``agent_answering_for_host``): any answer is a live agent.
 
@@ -77,6 +81,22 @@ def root_of_another_agent(me: ThisAgent, roots: frozenset[str]) -> str | None:
         return None
     return (f"another agent serves host {me.host}: Placement's root provider "
             f"{others[0]} has that name, but {_ours(me)}; {HINT}")
+
+
+def roots_named_from_tree(me: ThisAgent, tree: list[dict[str, Any]]
+                          ) -> frozenset[str] | None:
+    """The roots named as the host, as ``tree`` (Placement's providers in
+    the tree of ``me.compute_id``: GET /resource_providers?in_tree=) tells
+    them: that root alone when it is there and named as the host, since
+    Placement's names are unique. None when the tree cannot tell (no
+    compute_id, its root not in Placement or named otherwise): Placement
+    is then asked by name."""
+    if me.compute_id is None:
+        return None
+    for row in tree:
+        if row["uuid"] == me.compute_id:
+            return frozenset({me.compute_id}) if row["name"] == me.host else None
+    return None
 
 
 def agent_answering_for_host(me: ThisAgent, other: AnsweringAgent | None) -> str | None:

@@ -3,10 +3,15 @@ rules judge, gathered before the start writes anything in the state
 directory (a mistyped ``state_path`` is refused before it gets a store or
 a compute_id).
 
-Placement is asked first (one request, by the host's name). When it cannot
-be asked, the agent starts all the same and its first cycle that reaches
-Placement asks (``PlacementCheck`` on the Agent): a conflict found then
-stops the daemon the same way. The daemon then asks the bus, once, for at
+Placement is asked first, in one request on a restart: the tree of the
+state path's compute_id, which the first cycle then takes as its own tree
+read (``StartCheck.tree``); by the host's name only when that tree cannot
+tell (a new host, a root not in Placement or named otherwise). The client
+that asked is the agent's (``StartCheck.client``): its microversion is
+negotiated once a process. When Placement cannot be asked, the agent
+starts all the same and its first cycle that reaches Placement asks
+(``PlacementCheck`` on the Agent): a conflict found then stops the daemon
+the same way. The daemon then asks the bus, once, for at
 most PROBE_DEADLINE_SECONDS (compute_agent/rpc/heartbeat.py's agent_serving).
 
 The host name the state directory belongs to (compute_agent/daemon/renamed_host.py)
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from oslo_config import cfg
 
@@ -27,6 +33,7 @@ from compute_agent.daemon.one_agent import (
     ThisAgent,
     agent_answering_for_host,
     root_of_another_agent,
+    roots_named_from_tree,
 )
 from compute_agent.daemon.renamed_host import (
     StateOwner,
@@ -36,6 +43,7 @@ from compute_agent.daemon.renamed_host import (
 )
 from compute_agent.dependencies import Unknown
 from compute_agent.exception import DependencyUnavailable, PlacementError
+from compute_agent.metrics import Metrics
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS, PlacementClient, adapter_from_conf
 from compute_agent.rpc.heartbeat import agent_serving
 from compute_agent.store import node_identity
@@ -62,25 +70,29 @@ class PlacementCheck:
     learns_name: bool = False
 
     def run(self, client: PlacementClient, compute_id: str | None,
-            store_root: str | None = None) -> None:
-        """One request, two when the name is learnt and the root is not
-        named as the host. ``compute_id``: the state path's now (None: none
-        yet), ``store_root`` as ThisAgent's. Raises AnotherAgentServesHost
-        (StateOfAnotherHost) with the line, or the client's errors when
-        Placement cannot be asked."""
+            store_root: str | None = None) -> list[dict[str, Any]] | None:
+        """One request on a restart (the tree of ``compute_id``), two when
+        that tree cannot tell (roots_named_from_tree). ``compute_id``: the
+        state path's now (None: none yet), ``store_root`` as ThisAgent's.
+        When the name is learnt, the tree's root names the host the state
+        belongs to. Returns the tree read (None: not read, no compute_id).
+        Raises AnotherAgentServesHost (StateOfAnotherHost) with the line,
+        or the client's errors when Placement cannot be asked."""
         me = ThisAgent(self.host, self.state_path, compute_id, store_root)
-        roots = frozenset(client.get_roots_named(self.host))
+        tree = None if compute_id is None else client.get_tree(compute_id)
+        roots = None if tree is None else roots_named_from_tree(me, tree)
+        if roots is None:
+            roots = frozenset(client.get_roots_named(self.host))
         refused = root_of_another_agent(me, roots)
         if refused:
             raise AnotherAgentServesHost(refused)
         if self.learns_name and compute_id is not None:
-            root_name = (self.host if compute_id in roots
-                         else next((p["name"] for p in client.get_providers(uuid=compute_id)),
-                                   None))
+            root_name = next((p["name"] for p in tree or [] if p["uuid"] == compute_id), None)
             owner = owner_of_state(None, True, root_name)
             refuse_state_of_another_host(self.host, self.state_path, compute_id, owner)
             LOG.info("State path %s records no host name: it belongs to host %s (%s)",
                      self.state_path, self.host, owner.source.value)
+        return tree
 
 
 def refuse_state_of_another_host(host: str, state_path: str, compute_id: str | None,
@@ -92,13 +104,24 @@ def refuse_state_of_another_host(host: str, state_path: str, compute_id: str | N
         raise StateOfAnotherHost(refused)
 
 
-def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
-                             ) -> PlacementCheck | None:
+@dataclass(frozen=True)
+class StartCheck:
+    """What the start's check hands the agent it composes: the Placement
+    client it asked with (the agent's: one microversion negotiation a
+    process), the tree it read (None: not read), for the first cycle, and
+    Placement's check still to run when Placement could not be asked."""
+
+    client: PlacementClient
+    tree: list[dict[str, Any]] | None = None
+    pending: PlacementCheck | None = None
+
+
+def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool) -> StartCheck:
     """Raises AnotherAgentServesHost (the one line) when another agent
-    serves ``[DEFAULT] host``. Returns the Placement check still to run
-    (at the first cycle that reaches Placement) when Placement could not
-    be asked, else None. ``ask_the_bus``: the daemon, which joins the
-    host's queues (``--once`` does not)."""
+    serves ``[DEFAULT] host``. Returns the client, the tree it read and the
+    Placement check still to run (at the first cycle that reaches
+    Placement) when Placement could not be asked. ``ask_the_bus``: the
+    daemon, which joins the host's queues (``--once`` does not)."""
     compute_id = node_identity.load(conf.state_path)
     path = Path(conf.state_path) / STORE_FILE
     stored = stored_host(path)
@@ -110,14 +133,14 @@ def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
     me = ThisAgent(conf.host, conf.state_path, compute_id, store_root)
     conf.set_default("timeout", DEFAULT_TIMEOUT_SECONDS, group="placement")
     check = PlacementCheck(me.host, me.state_path, learns_name)
-    pending: PlacementCheck | None = None
+    client = PlacementClient(adapter_from_conf(conf), Metrics())
     try:
-        check.run(PlacementClient(adapter_from_conf(conf)), me.compute_id, me.store_root)
+        start = StartCheck(client, check.run(client, me.compute_id, me.store_root))
     except (DependencyUnavailable, PlacementError) as e:
         # The first cycle says that Placement is away, once.
         LOG.debug("Whether another agent serves host %s is asked of Placement at the "
                   "first cycle that reaches it: %s", me.host, e)
-        pending = check
+        start = StartCheck(client, pending=check)
     if ask_the_bus:
         answer = agent_serving(conf, me.host, PROBE_DEADLINE_SECONDS)
         if isinstance(answer, Unknown):
@@ -128,4 +151,4 @@ def check_one_agent_per_host(conf: cfg.ConfigOpts, ask_the_bus: bool
                 me, None if answer is None else AnsweringAgent.from_report(answer))
             if refused:
                 raise AnotherAgentServesHost(refused)
-    return pending
+    return start

@@ -65,8 +65,12 @@ class Reconciliation:
         tree, or, when no cycle has read it since the last reconciliation
         (they failed), from a read of our own (one request): generations
         no newer than those a reconciliation already used would hide a
-        change."""
+        change. None before any cycle of this process has read it: the
+        view an earlier run saved matches the allocations it saved, and
+        would be taken for Placement's answer while Placement is away."""
         view = self.sync.cache
+        if not self.sync.read_this_run:
+            return {}
         if view is self._reconciled_view:
             return {row["uuid"]: row["generation"]
                     for row in self.sync.client.get_tree(self.sync.root_uuid)}

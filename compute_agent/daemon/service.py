@@ -42,7 +42,12 @@ from compute_agent.placement.sync import SyncResult, TreeSync
 from compute_agent.rpc import broker
 from compute_agent.rpc.host_server import ServerWatch
 from compute_agent.store.errors import StoreError
-from compute_agent.store.queries import placement_view, put_placement_view_sql
+from compute_agent.store.queries import (
+    allocation_view,
+    placement_view,
+    put_allocation_view_sql,
+    put_placement_view_sql,
+)
 from compute_agent.store.store import Store
 from compute_agent.tree.host_tree import BuiltTree, TreePolicy, build_tree
 from compute_agent.tree.provider_tree import Provider, ProviderTree
@@ -155,6 +160,13 @@ class Agent:
         sync.restore(saved.copy())
         self._saved_view = saved.depth_first()
         self._view_saved = True
+        # Placement's allocations as last read: a restart reads again only
+        # where they may have changed (compute_agent/placement/allocations.py). A
+        # reader beside the agent (audit) reads them afresh.
+        store = manager.tracker.store
+        if not store.read_only:
+            allocations.restore(store.read(allocation_view))
+        self._saved_allocations = allocations.saved()
         self.stopping = threading.Event()
         self._wake = wake
         self._drop_cache = threading.Event()
@@ -281,11 +293,28 @@ class Agent:
                             "again: %s", e)
         self._saved_view = view
 
+    def _save_allocations(self) -> None:
+        """Keep the allocations as last read in the store for the next
+        start: a cache, as the view of Placement is (_save_view)."""
+        reads = self.allocations.saved()
+        store = self.manager.tracker.store
+        if reads == self._saved_allocations or store.read_only:
+            return
+        try:
+            store.write(put_allocation_view_sql(reads))
+            self._saved_allocations = reads
+        except StoreError as e:
+            LOG.warning("Placement's allocations not saved; the next reconciliation "
+                        "tries again: %s", e)
+
     def reconcile(self, at_start: bool, fix: bool = True) -> Report:
-        """Compare store, guests and Placement (compute_agent/daemon/reconciliation.py)."""
-        return self.reconciliation.run(self.manager, at_start, fix, TimeBounds(
+        """Compare store, guests and Placement (compute_agent/daemon/reconciliation.py),
+        then save the allocations read."""
+        report = self.reconciliation.run(self.manager, at_start, fix, TimeBounds(
             self.settings.orphan_grace_period,
             self.settings.live_migration_announced_timeout, self.wall_clock))
+        self._save_allocations()
+        return report
 
     def capacity(self) -> list[ProviderCapacity]:
         """Each provider's inventories and usage, from what the loop last
@@ -360,10 +389,13 @@ class Agent:
 
     def _check_placement_once(self) -> None:
         """The start could not ask Placement whether another agent serves
-        this host: ask now (one request). AnotherAgentServesHost ends the
-        daemon; when Placement does not answer, the next cycle asks."""
+        this host: ask now, with the tree read that this cycle then uses.
+        AnotherAgentServesHost ends the daemon; when Placement does not
+        answer, the next cycle asks."""
         if self.placement_check is not None:
-            self.placement_check.run(self.sync.client, self.sync.root_uuid)
+            tree = self.placement_check.run(self.sync.client, self.sync.root_uuid)
+            if tree is not None:
+                self.sync.prime(tree)
             self.placement_check = None
 
     def observe_broker(self) -> None:

@@ -12,6 +12,13 @@ are read again when its generation moved since they were read, when a local
 claim or release touched it (the conductor writes allocations just before
 it asks us to claim), or when the last read found allocations and is older
 than the refresh interval: the bound within which a deletion is seen.
+
+The reads are saved in the store, and a restart starts from them
+(``AllocationView.restore``): a provider whose generation has not moved is
+not read again at once, and those that held allocations are read by age,
+their reads spread over the refresh interval from the start, so that a
+deletion made while the agent was down is seen within that interval and a
+restart costs no read per provider.
 """
 from __future__ import annotations
 
@@ -76,6 +83,18 @@ def refresh_due(last: ProviderRead, now: float, refresh_interval: float) -> bool
             and (bool(last.allocations) or refresh_interval == 0))
 
 
+def restored_read_times(holding: list[str], now: float, refresh_interval: float
+                        ) -> dict[str, float]:
+    """When each restored read of a provider holding allocations is taken
+    to have been made: the k-th of n (in the given order) due by age at
+    ``now + refresh_interval * k / n``, so that none is read at the start
+    and all within one refresh interval of it (with an interval of 0,
+    every one at once, as always)."""
+    count = len(holding)
+    return {uuid: now + refresh_interval * (k / count - 1)
+            for k, uuid in enumerate(holding, start=1)}
+
+
 class AllocationView:
     def __init__(self, client: PlacementClient, refresh_interval: float,
                  clock: Callable[[], float] = time.monotonic):
@@ -90,6 +109,26 @@ class AllocationView:
         # Touched by a claim or release and not read since: kept across a
         # failed reconcile, so no hint is lost.
         self._touched: set[str] = set()
+
+    def restore(self, saved: Mapping[str, tuple[int | None, Mapping[str, Mapping[str, int]]]]
+                ) -> None:
+        """Start from the reads an earlier run saved (``saved``: provider
+        uuid -> generation, consumer -> class -> amount): each trusted while
+        its provider's generation has not moved; those holding allocations
+        read again by age, spread over the refresh interval from now
+        (restored_read_times). A read without allocations needs none:
+        whatever is written on its provider moves its generation."""
+        now = self.clock()
+        read_at = restored_read_times(sorted(u for u, (_, a) in saved.items() if a), now,
+                                      self.refresh_interval)
+        self._reads = {uuid: ProviderRead(generation, allocations, read_at.get(uuid, now))
+                       for uuid, (generation, allocations) in saved.items()}
+
+    def saved(self) -> dict[str, tuple[int | None, dict[str, dict[str, int]]]]:
+        """The reads, to save for the next start (restore)."""
+        return {uuid: (read.generation, {consumer: dict(resources) for consumer, resources
+                                         in read.allocations.items()})
+                for uuid, read in dict(self._reads).items()}
 
     def touch(self, providers: set[str]) -> None:
         """Claims or releases changed assignments on these providers."""

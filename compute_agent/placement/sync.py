@@ -55,16 +55,37 @@ class TreeSync:
         self.root_uuid = root_uuid
         self.owned = owned
         self.hold = hold
+        # The tree the start's check read, for the next refresh (prime).
+        self._primed: list[dict] | None = None
+        # The view an earlier run saved, while it is still the cache.
+        self._restored: pt.ProviderTree | None = None
         self.invalidate()
 
     def restore(self, view: pt.ProviderTree) -> None:
         """Start from a view saved by an earlier run: its providers are
         trusted as long as their generation has not moved."""
-        self.cache = view
+        self.cache = self._restored = view
+
+    @property
+    def read_this_run(self) -> bool:
+        """Whether the cache holds what this process read of Placement, not
+        only the view an earlier run saved (restore): its generations are
+        no answer of Placement's."""
+        return self.cache is not self._restored
+
+    def prime(self, tree: list[dict]) -> None:
+        """The tree as the start's one-agent check just read it
+        (compute_agent/daemon/one_agent_run.py): the next refresh takes it rather than
+        reading it again, so that a restart's check and its first cycle
+        cost one request. Read a moment before that cycle, it is safe as
+        any tree read is: what changed since moves a generation that the
+        next read shows, and a write on a stale generation is refused."""
+        self._primed = tree
 
     def invalidate(self) -> None:
         """Forget everything learnt from Placement (SIGHUP)."""
         self.cache = pt.ProviderTree()
+        self._primed = None
         self._known_names: set[tuple[str, str]] = set()  # ("rc" or "trait", name)
         # uuid -> (generation, monotonic time) when Placement refused to
         # delete it.
@@ -81,9 +102,13 @@ class TreeSync:
         raise GenerationConflict(f"provider {name} kept changing while read")
 
     def refresh(self) -> None:
-        """One GET for the tree; read only providers whose generation moved."""
+        """One GET for the tree (none when primed); read only providers
+        whose generation moved."""
+        rows, self._primed = self._primed, None
+        if rows is None:
+            rows = self.client.get_tree(self.root_uuid)
         providers = []
-        for row in self.client.get_tree(self.root_uuid):
+        for row in rows:
             cached = self.cache.get(row["uuid"])
             if (cached is not None and cached.generation == row["generation"]
                     and cached.name == row["name"]

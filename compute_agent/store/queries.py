@@ -192,6 +192,24 @@ def put_placement_view_sql(providers: list[Provider]) -> list[Statement]:
               for p in providers])]
 
 
+# provider uuid -> (its generation in the tree read before its allocations
+# were, consumer -> class -> amount): AllocationView's reads, saved.
+SavedAllocations = dict[str, tuple[int | None, dict[str, dict[str, int]]]]
+
+
+def allocation_view(conn: sqlite3.Connection) -> SavedAllocations:
+    """Each provider's allocations as the agent last read them."""
+    return {r["provider_uuid"]: (r["generation"], json.loads(r["allocations"]))
+            for r in conn.execute("SELECT * FROM allocation_view")}
+
+
+def put_allocation_view_sql(reads: SavedAllocations) -> list[Statement]:
+    return [("DELETE FROM allocation_view", [()]),
+            ("INSERT INTO allocation_view VALUES (?,?,?)",
+             [(uuid, generation, _to_json(allocations))
+              for uuid, (generation, allocations) in sorted(reads.items())])]
+
+
 def meta_value(key: str) -> Callable[[sqlite3.Connection], str | None]:
     """A reader of one meta row's value (None when absent)."""
     def read(conn: sqlite3.Connection) -> str | None:

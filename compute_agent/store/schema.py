@@ -8,7 +8,7 @@ import sqlite3
 from compute_agent.store.errors import StoreError
 from compute_agent.store.migrations import MIGRATIONS
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Meta keys the agent that holds the state directory writes (Store opened
 # with ``root_uuid``). Plain meta rows: the table is there since v1.

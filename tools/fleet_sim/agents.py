@@ -52,15 +52,18 @@ class FleetHost:
         self.error = ""
         self.cycles_before = 0
         self.name: str | None = None  # its host name, once started
+        # The Placement requests its last start sent, until its loop began
+        # (the one-agent check, the first cycle, the start's reconciliation).
+        self.start_requests: int | None = None
 
     def start(self) -> None:
         conf = load_config(["--config-file", str(self.conf_path)], placement_required=True)
         self.conf = conf
         self.name = conf.host
         self._lock = lock.acquire(conf.state_path)
-        check = check_one_agent_per_host(conf, ask_the_bus=True)
-        agent = compose(conf, placement_check=check)
+        agent = compose(conf, start=check_one_agent_per_host(conf, ask_the_bus=True))
         agent.start()
+        self.start_requests = agent.sync.client.requests_sent
         self.agent = agent
         self._server = host_server.make_server(conf, agent)
         self._server.start()
@@ -102,7 +105,8 @@ class FleetHost:
                 "cycles": self.cycles_before + agent._cycles,
                 "reconcile_interval": agent.settings.reconcile_interval,
                 "serving": self._server is not None and self._server._started,
-                "expected": self.expected, "error": self.error}
+                "expected": self.expected, "error": self.error,
+                "start_requests": self.start_requests}
 
     def build_half(self, placement_url: str) -> int:
         """As a scheduler and conductor would: one instance holding half

@@ -12,7 +12,7 @@ from compute_agent.compute.tracker import Tracker
 from compute_agent.drivers.base import DeviceKind
 from compute_agent.exception import ClaimFailed, InvalidRequest
 from compute_agent.store.queries import device_uses
-from compute_agent.store.schema import migrate, schema_version
+from compute_agent.store.schema import SCHEMA_VERSION, migrate, schema_version
 from compute_agent.store.store import Store
 from tests.unit.cleaning.devices import GPU, THE_GPU, VF0, VF1, WHOLE, build, pools
 
@@ -103,7 +103,7 @@ def test_schema_7_adds_the_device_uses_to_a_schema_6_store(tmp_path):
     conn.close()
     store = Store(path)
     try:
-        assert store.read(schema_version) == 7
+        assert store.read(schema_version) == SCHEMA_VERSION  # and on to the latest
         assert store.read(device_uses) == {}
         t = Tracker(store, "boot-1")
         t.set_pools(pools())

@@ -14,11 +14,13 @@ import pytest
 from compute_agent.cmd import daemon
 from compute_agent.cmd.daemon import drain, once_summary, stop_server
 from compute_agent.daemon.errors import AnotherAgentServesHost
-from compute_agent.daemon.one_agent_run import PlacementCheck
+from compute_agent.daemon.one_agent_run import PlacementCheck, StartCheck
 from compute_agent.daemon.probes import Phase
 from compute_agent.daemon.reload_signal import ReloadSignal
 from compute_agent.daemon.service import Agent, CycleOutcome
 from compute_agent.daemon.supervisor import EXIT_THREAD_DIED, Supervisor, ThreadDeath
+from compute_agent.metrics import Metrics
+from compute_agent.placement.client import PlacementClient, adapter_from_conf
 from compute_agent.placement.sync import SyncResult
 from compute_agent.rpc.in_flight import Call, CallsInFlight
 from compute_agent.store import lock
@@ -136,12 +138,18 @@ def test_a_state_directory_in_use_is_exit_2(tmp_path, capsys):
     assert "is in use by another agent" in capsys.readouterr().err
 
 
+def start_check(conf, pending: PlacementCheck | None = None) -> StartCheck:
+    """What check_one_agent_per_host leaves when it lets the start go on."""
+    return StartCheck(PlacementClient(adapter_from_conf(conf), Metrics()), pending=pending)
+
+
 def test_once_runs_one_cycle_of_the_agent_an_early_sighup_reached(tmp_path, monkeypatch,
                                                                   capsys):
     """Placement's check is the test's; the cycle meets no Placement."""
     checked = []
     monkeypatch.setattr(daemon, "check_one_agent_per_host",
-                        lambda conf, ask_the_bus: checked.append(ask_the_bus))
+                        lambda conf, ask_the_bus: checked.append(ask_the_bus)
+                        or start_check(conf))
     ran = []
     monkeypatch.setattr(daemon, "run_once", lambda agent: ran.append(agent) or 1)
     signal = Deliveries(early=True)
@@ -162,7 +170,8 @@ def test_the_store_records_the_host_name_unless_placement_is_still_to_tell_it(
     conf_file = fake_agent_conf_file(tmp_path)
     pending = PlacementCheck("node1", str(tmp_path / "state"), learns_name=True)
     monkeypatch.setattr(daemon, "check_one_agent_per_host",
-                        lambda conf, ask_the_bus: pending if learning else None)
+                        lambda conf, ask_the_bus: start_check(conf, pending if learning
+                                                              else None))
     ran = []
     monkeypatch.setattr(daemon, "run_once", lambda agent: ran.append(agent) or 0)
     assert daemon.main(Deliveries(early=False), ["--config-file", str(conf_file),
@@ -172,7 +181,8 @@ def test_the_store_records_the_host_name_unless_placement_is_still_to_tell_it(
 
 
 def test_another_agent_found_by_once_s_cycle_is_exit_2(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(daemon, "check_one_agent_per_host", lambda conf, ask_the_bus: None)
+    monkeypatch.setattr(daemon, "check_one_agent_per_host",
+                        lambda conf, ask_the_bus: start_check(conf))
 
     def found(agent):
         agent.manager.tracker.store.close()

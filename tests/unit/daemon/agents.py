@@ -54,11 +54,13 @@ class UnusedClient:
 
 
 def agent_on_fake_host(state_dir: Path, settings: AgentSettings = AgentSettings(),
-                       client: Any = None) -> Agent:
-    """``client``: the Placement client (a fake one); by default one never asked."""
+                       client: Any = None, read_only: bool = False) -> Agent:
+    """``client``: the Placement client (a fake one); by default one never
+    asked. ``read_only``: a reader's, beside the agent of ``state_dir``."""
     driver = FakeDriver(HOST)
-    manager = ComputeManager(Tracker(Store(state_dir / STORE_FILE, ROOT), driver.boot_id()),
-                             driver)
+    store = (Store(state_dir / STORE_FILE, read_only=True) if read_only
+             else Store(state_dir / STORE_FILE, ROOT))
+    manager = ComputeManager(Tracker(store, driver.boot_id()), driver)
     sync, allocations = placement_sync(client or UnusedClient(), ROOT, lambda p: True, 300)
     return assemble(driver, TreePolicy(host="h", root_uuid=ROOT), sync, allocations, manager,
                     Metrics(), settings)

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from compute_agent.daemon import composition
+from compute_agent.daemon.one_agent_run import PlacementCheck, StartCheck
 from compute_agent.daemon.service import Agent
 from compute_agent.drivers.base import ForeignGuest
 from compute_agent.drivers.errors import DriverUnavailable, InvalidHostData
 from compute_agent.drivers.fake import FakeDriver
+from compute_agent.metrics import Metrics
 from compute_agent.placement.client import DEFAULT_TIMEOUT_SECONDS
 from compute_agent.store import node_identity
 from compute_agent.store.errors import StoreRefused
@@ -227,6 +229,22 @@ def test_the_store_records_the_host_name_only_the_start_checked(tmp_path):
     assert stored_host(path).name is None
     composition.compose(conf, host_name="node1").stop()
     assert stored_host(path).name == "node1"
+
+
+def test_the_agent_speaks_with_the_start_check_s_client_and_its_tree(tmp_path):
+    """One client a process, so one microversion negotiation; the tree the
+    check read is the first cycle's, the check it could not run the
+    first cycle's to run."""
+    conf = fake_agent_conf(tmp_path)
+    placement = FakePlacement()
+    placement.metrics = Metrics()  # type: ignore[attr-defined]
+    check = PlacementCheck("node1", conf.state_path)
+    start = StartCheck(placement, tree=[], pending=check)  # type: ignore[arg-type]
+    agent = composition.compose(conf, start=start)
+    assert agent.sync.client is placement and agent.metrics is placement.metrics
+    assert agent.placement_check is check
+    assert agent.sync._primed == []
+    agent.stop()
 
 
 def test_a_reader_beside_no_agent_is_refused_before_anything_is_made(tmp_path):

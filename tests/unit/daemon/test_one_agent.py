@@ -7,6 +7,7 @@ from compute_agent.daemon.one_agent import (
     ThisAgent,
     agent_answering_for_host,
     root_of_another_agent,
+    roots_named_from_tree,
 )
 
 OURS = "5e1c0c5a-8a4e-4d4b-9c0e-2f1d6b7a9c31"
@@ -48,6 +49,25 @@ def test_bug_a_deleted_compute_id_beside_the_roots_store_was_called_another_agen
     assert root_of_another_agent(lost_id, frozenset({THEIRS})) is None
     elsewhere = ThisAgent("node1", "/var/lib/compute-agent", None, store_root=OURS)
     assert root_of_another_agent(elsewhere, frozenset({THEIRS})) is not None
+
+
+def row(uuid: str, name: str) -> dict:
+    return {"uuid": uuid, "name": name, "root_provider_uuid": OURS}
+
+
+def test_our_root_named_as_the_host_in_our_tree_answers_the_check():
+    """Placement's names are unique: our root holding the name leaves no
+    other root with it, so a restart's tree read is the check."""
+    tree = [row(OURS, "node1"), row(THEIRS, "node1_numa_0")]
+    assert roots_named_from_tree(ME, tree) == frozenset({OURS})
+
+
+def test_a_tree_that_cannot_tell_leaves_the_check_to_a_read_by_name():
+    assert roots_named_from_tree(ME, []) is None  # our root not in Placement
+    assert roots_named_from_tree(ME, [row(OURS, "node1.example.org")]) is None
+    assert roots_named_from_tree(ME, [row(THEIRS, "node1")]) is None
+    fresh = ThisAgent("node1", "/var/lib/compute-agent", None)
+    assert roots_named_from_tree(fresh, [row(OURS, "node1")]) is None
 
 
 def test_any_answer_on_the_bus_is_another_agent():

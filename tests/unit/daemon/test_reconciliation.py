@@ -56,9 +56,9 @@ def cell(placement: FakePlacement) -> str:
 
 def cycle(agent: Agent, placement: FakePlacement) -> None:
     """What a cycle leaves the reconciliation: a new read of Placement's tree."""
-    agent.sync.restore(ProviderTree.parents_first([
+    agent.sync.cache = ProviderTree.parents_first([
         Provider(row["uuid"], row["name"], row["parent_provider_uuid"],
-                 generation=row["generation"]) for row in placement.tree]))
+                 generation=row["generation"]) for row in placement.tree])
 
 
 def found(agent: Agent, at_start: bool = False) -> list[tuple[str, str, bool]]:
@@ -232,3 +232,83 @@ def test_a_live_migration_announced_and_left_gives_its_allocations_back_and_ends
     assert [m.state for m in moves] == [MigrationState.REVERTED]
     assert {a.migration_uuid for a in rows} == {None}  # the instance's devices, still
     agent.manager.tracker.store.close()
+
+
+# --- a restart ----------------------------------------------------------------------
+
+def restarted(tmp_path, agent: Agent, placement: FakePlacement) -> Agent:
+    """The agent stopped and started again on its state directory, with
+    Placement's tree, as it now is, read by its first cycle."""
+    agent.manager.tracker.store.close()
+    placement.provider_reads.clear()
+    again = agent_on_fake_host(tmp_path, client=placement)
+    cycle(again, placement)
+    return again
+
+
+def test_a_restart_reads_no_allocations_where_nothing_moved(tmp_path, agent, placement):
+    placement.held["stray"] = {cell(placement): {"VCPU": 1}}
+    cycle(agent, placement)
+    assert found(agent, at_start=True) == [("allocation_without_record", "stray", False)]
+    assert len(placement.provider_reads) == 2
+    again = restarted(tmp_path, agent, placement)
+    try:
+        # Known from the reads saved: none made again.
+        assert found(again, at_start=True) == [("allocation_without_record", "stray", False)]
+        assert placement.provider_reads == []
+    finally:
+        again.manager.tracker.store.close()
+
+
+def test_a_restart_reads_the_allocations_of_a_provider_whose_generation_moved(
+        tmp_path, agent, placement):
+    cycle(agent, placement)
+    found(agent, at_start=True)
+    placement.held["stray"] = {cell(placement): {"VCPU": 1}}
+    placement.generation_moves(cell(placement))
+    again = restarted(tmp_path, agent, placement)
+    try:
+        assert found(again, at_start=True) == [("allocation_without_record", "stray", False)]
+        assert placement.provider_reads == [cell(placement)]
+    finally:
+        again.manager.tracker.store.close()
+
+
+def test_an_audit_beside_the_agent_reads_every_allocation_afresh(tmp_path, agent, placement):
+    """A reader (manage audit) does not take the agent's saved reads for
+    Placement's: it has no refresh interval behind it."""
+    placement.held["stray"] = {cell(placement): {"VCPU": 1}}
+    cycle(agent, placement)
+    found(agent, at_start=True)
+    placement.provider_reads.clear()
+    reader = agent_on_fake_host(tmp_path, client=placement, read_only=True)
+    cycle(reader, placement)
+    try:
+        assert found(reader, at_start=True) == [("allocation_without_record", "stray", False)]
+        assert sorted(placement.provider_reads) == sorted(row["uuid"] for row in placement.tree)
+    finally:
+        reader.manager.tracker.store.close()
+
+
+def test_a_restart_s_saved_allocations_wait_for_a_cycle_of_its_own(tmp_path, agent,
+                                                                    placement, caplog):
+    """The view saved matches the allocations saved: taken as they are
+    before a cycle read the tree, a Placement away at the start would look
+    like one that answered."""
+    placement.held["stray"] = {cell(placement): {"VCPU": 1}}
+    assert agent.run_cycle().ok  # its view of the tree saved, as the allocations next
+    found(agent, at_start=True)
+    agent.manager.tracker.store.close()
+    placement.provider_reads.clear()
+    placement.down = True
+    again = agent_on_fake_host(tmp_path, client=placement)
+    try:
+        assert again.reconcile(at_start=True).unknown == ["Placement's allocations"]
+        assert ("WARNING", "Reconciling without Placement's allocations: Placement's tree "
+                "is not read yet") in [(r.levelname, r.getMessage()) for r in caplog.records]
+        placement.down = False
+        cycle(again, placement)
+        assert found(again, at_start=True) == [("allocation_without_record", "stray", False)]
+        assert placement.provider_reads == []
+    finally:
+        again.manager.tracker.store.close()

@@ -287,6 +287,10 @@ def test_the_cycle_of_a_keystone_user_asks_keystone_between_libvirt_and_placemen
     agent.manager.tracker.store.close()
 
 
+# The tree a check that passed read, which its cycle then uses.
+CHECKED_TREE = [{"uuid": ROOT, "name": "node1", "generation": 1, "parent_provider_uuid": None}]
+
+
 class PlacementCheckSeen:
     """The one-agent check the start could not run: asked with what the
     agent has, its answers given in order (an error, or None: no other
@@ -301,6 +305,7 @@ class PlacementCheckSeen:
         answer = self.answers.pop(0)
         if answer is not None:
             raise answer
+        return CHECKED_TREE
 
 
 def test_the_start_s_one_agent_check_is_asked_until_placement_answers_it(agent):
@@ -308,7 +313,10 @@ def test_the_start_s_one_agent_check_is_asked_until_placement_answers_it(agent):
     check = PlacementCheckSeen(PlacementUnavailable(PLACEMENT, "did not answer (x)"), None)
     agent.placement_check = check
     assert agent.run_cycle().kind is CycleResult.PLACEMENT_UNAVAILABLE
+    primed: list[list[dict]] = []
+    agent.sync.prime = primed.append
     assert agent.run_cycle().ok
+    assert primed == [CHECKED_TREE]  # the check's tree read is the cycle's
     assert agent.run_cycle().ok
     assert check.asked == [(agent.sync.client, ROOT)] * 2
 

@@ -6,9 +6,14 @@ from __future__ import annotations
 import pytest
 
 from compute_agent.exception import PlacementUnavailable
-from compute_agent.placement.allocations import AllocationView, ProviderRead, needs_reading
+from compute_agent.placement.allocations import (
+    AllocationView,
+    ProviderRead,
+    needs_reading,
+    restored_read_times,
+)
 
-ROOT, CELL = "root", "cell"
+ROOT, CELL, GPU = "root", "cell", "gpu"
 
 
 class FakeClient:
@@ -155,3 +160,66 @@ def test_read_usages_gives_what_was_last_read_and_asks_nothing(setup):
     assert view.read_usages() == {ROOT: {}, CELL: {}} and client.reads == []
     view.consumers({ROOT: 1, CELL: 2}, ROOT)
     assert view.read_usages()[CELL] == {"VCPU": 2}
+
+
+# --- a restart: the reads an earlier run saved ----------------------------------
+
+def restarted(saved, refresh_interval: float = 60):
+    """A view of a new process (its clock at 1000) restored from ``saved``."""
+    client, clock = FakeClient(), Clock()
+    client.allocations[GPU] = {}
+    view = AllocationView(client, refresh_interval, clock=clock)
+    view.restore(saved)
+    return view, client, clock
+
+
+HELD = {"c1": {"VGPU": 1}}
+
+
+def test_the_reads_saved_are_what_a_restart_starts_from(setup):
+    view, client, _ = setup
+    client.allocations[CELL] = {"c1": {"resources": {"VCPU": 2}}}
+    view.consumers({ROOT: 1, CELL: 2}, ROOT)
+    saved = view.saved()
+    assert saved == {ROOT: (1, {}), CELL: (2, {"c1": {"VCPU": 2}})}
+    again, client, _ = restarted(saved)
+    assert again.consumers({ROOT: 1, CELL: 2}, ROOT) == {"c1": {CELL}}
+    assert client.reads == []  # nothing moved: nothing read
+
+
+def test_a_restored_provider_whose_generation_moved_is_read_at_once():
+    view, client, _ = restarted({ROOT: (1, {}), CELL: (2, HELD)})
+    client.allocations[ROOT] = {"c2": {"resources": {"VCPU": 1}}}
+    assert view.consumers({ROOT: 2, CELL: 2}, ROOT) == {"c1": {CELL}, "c2": {ROOT}}
+    assert client.reads == [ROOT]
+
+
+def test_a_provider_deleted_while_down_takes_its_restored_consumers_with_it():
+    view, client, _ = restarted({ROOT: (1, {}), CELL: (2, HELD)})
+    assert view.consumers({ROOT: 1}, ROOT) == {}
+    assert client.reads == []
+
+
+def test_a_deletion_made_while_down_is_read_within_the_refresh_interval_spread():
+    """Deleting allocations moves no generation: the providers that held
+    some are read again by age, one after another over the interval."""
+    view, client, clock = restarted({ROOT: (1, {}), CELL: (2, HELD), GPU: (3, HELD)})
+    generations = {ROOT: 1, CELL: 2, GPU: 3}
+    assert view.consumers(generations, ROOT) == {"c1": {CELL, GPU}}
+    clock.now += 29.9
+    view.consumers(generations, ROOT)
+    assert client.reads == []
+    clock.now += 0.1
+    assert view.consumers(generations, ROOT) == {"c1": {GPU}}
+    assert client.reads == [CELL]
+    clock.now += 30
+    assert view.consumers(generations, ROOT) == {}
+    assert client.reads == [CELL, GPU]  # the root, read empty, is never read by age
+
+
+def test_restored_reads_fall_due_spread_over_one_refresh_interval():
+    read_at = restored_read_times(["a", "b", "c", "d"], 1000.0, 60)
+    assert {uuid: at + 60 for uuid, at in read_at.items()} == {
+        "a": 1015.0, "b": 1030.0, "c": 1045.0, "d": 1060.0}
+    assert restored_read_times([], 1000.0, 60) == {}
+    assert restored_read_times(["a", "b"], 1000.0, 0) == {"a": 1000.0, "b": 1000.0}

@@ -361,6 +361,41 @@ def test_a_saved_view_is_trusted_until_invalidated(placement, clock):
         ("get_inventories", CELL), ("get_inventories", GPU), ("get_inventories", ROOT)]
 
 
+def test_a_restart_s_first_cycle_takes_the_tree_the_start_read_and_sends_nothing(
+        placement, clock):
+    first = synced(placement)
+    again = tree_sync(placement)
+    again.restore(first.cache.copy())
+    again.prime(placement.get_tree(ROOT))
+    placement.calls.clear()
+    again.sync(host())
+    assert placement.calls == []
+    again.sync(host())  # the tree the start read serves one cycle only
+    assert placement.calls == [("get_tree", ROOT)]
+
+
+def test_a_restored_view_is_no_read_of_this_run_until_a_refresh(placement, clock):
+    first = synced(placement)
+    assert first.read_this_run
+    again = tree_sync(placement)
+    again.restore(first.cache.copy())
+    assert not again.read_this_run
+    again.refresh()
+    assert again.read_this_run
+
+
+def test_a_primed_tree_is_dropped_by_an_invalidate(placement, clock):
+    """SIGHUP during start-up: the first cycle reads Placement afresh."""
+    first = synced(placement)
+    again = tree_sync(placement)
+    again.restore(first.cache.copy())
+    again.prime(placement.get_tree(ROOT))
+    again.invalidate()
+    placement.calls.clear()
+    again.sync(host())
+    assert placement.calls[0] == ("get_tree", ROOT)
+
+
 # --- lost races ---------------------------------------------------------------------
 
 def test_a_lost_race_is_written_again_after_a_fresh_read_of_that_provider(placement, clock):

@@ -191,3 +191,12 @@ def test_a_meta_value_is_replaced_and_an_absent_one_is_none(conn):
     write(conn, queries.put_meta_sql("sriov_record", "1"))
     write(conn, queries.put_meta_sql("sriov_record", "2"))
     assert read(conn) == "2"
+
+
+def test_the_allocation_view_is_kept_whole_unknown_generation_included(conn):
+    reads = {PROVIDER: (4, {"c1": {"VGPU": 1}, "c2": {"VCPU": 2, "MEMORY_MB": 512}}),
+             OTHER_PROVIDER: (None, {})}
+    write(conn, queries.put_allocation_view_sql(reads))
+    assert queries.allocation_view(conn) == reads
+    write(conn, queries.put_allocation_view_sql({OTHER_PROVIDER: (1, {})}))
+    assert queries.allocation_view(conn) == {OTHER_PROVIDER: (1, {})}
