@@ -364,6 +364,12 @@ def another_move_to_refuse(call: Call, moves: dict[str, Migration],
 
 RETRIED = {"build_instance": schemas.validator(schemas.CLAIM),
            "prep_resize": PREP_RESIZE}
+# The steps that end a resize, by the state each leaves the move in: on a
+# move ended the other way, each is refused as no retry of that step
+# (RetryMismatch naming the method: compute_agent/compute/resize.py).
+ENDS_AS = {"confirm_resize": MigrationState.CONFIRMED,
+           "revert_resize": MigrationState.REVERTED}
+ENDING = schemas.validator(schemas.MOVE)
 
 
 @dataclass(frozen=True)
@@ -379,7 +385,10 @@ def differing_from_record(call: Call, records: Records) -> list[str] | None:
     """For a build_instance or prep_resize that passes its checks and names
     a record an earlier call made, which the agent answers from the record
     only for a retry: the fields it asks other than that call ([] for a
-    true retry). None when the call is not judged so."""
+    true retry); for a step that ends a resize ended the other way,
+    ["method"]. None when the call is not judged so."""
+    if call.method in ENDS_AS:
+        return ended_otherwise(call, records)
     if call.method not in RETRIED:
         return None
     try:
@@ -401,6 +410,20 @@ def differing_from_record(call: Call, records: Records) -> list[str] | None:
             return None
         recorded = m.request
     return None if recorded is None else recorded.differing(asked)
+
+
+def ended_otherwise(call: Call, records: Records) -> list[str] | None:
+    """["method"] for a confirm_resize of a move reverted here, or a
+    revert_resize of one confirmed; None otherwise."""
+    try:
+        payload = schemas.checked(ENDING, call.payload)
+    except InvalidRequest:
+        return None
+    m = records.moves.get(payload["migration_uuid"])
+    if m is None or m.instance_uuid != payload["instance_uuid"]:
+        return None
+    ended = m.state in ENDS_AS.values() and m.state is not ENDS_AS[call.method]
+    return ["method"] if ended else None
 
 
 # --- the daemon --------------------------------------------------------------
