@@ -25,7 +25,12 @@ def answered(api: ComputeAgentAPI, host: str) -> bool:
 
 def test_a_caller_that_missed_its_reply_queues_deletion_declares_it_again(
         tmp_path, placement, private_rabbitmq, monkeypatch):
-    host, conf, log, agent = start_agent(tmp_path, placement.url, private_rabbitmq.url)
+    # The answer to the call sent while the queue was gone waits in the
+    # agent's reply sending (oslo.messaging tries a missing reply queue for
+    # up to 60 s), and a stop waits for it up to graceful_shutdown_timeout:
+    # a short one, so that the stop below is within its wait.
+    host, conf, log, agent = start_agent(tmp_path, placement.url, private_rabbitmq.url,
+                                         graceful_shutdown_timeout=5)
     # The driver's connections in this process read a consumer's cancel,
     # and drop it.
     monkeypatch.setattr(Channel, "_on_basic_cancel", lambda self, tag: self._remove_tag(tag))
