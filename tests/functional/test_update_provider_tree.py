@@ -331,6 +331,9 @@ def test_the_loop_survives_placement_going_away_and_catches_up(
             placement.start()
             wait_for(lambda: totals(tree_of(agent, placement)[f"{h}_0000:3B:00.0"])
                      == {"CUSTOM_PCI_8086_154C": 4})
+            # The return is said at the end of the cycle that wrote the
+            # change: seen after it.
+            wait_for(lambda: any("is back after" in r.getMessage() for r in caplog.records))
         said = [r.getMessage() for r in caplog.records if "Placement at" in r.getMessage()]
         # Once going away, once coming back, whatever the cycles between.
         # (Refused, or closed when it stopped in the middle of a request.)
