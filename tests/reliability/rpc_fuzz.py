@@ -51,6 +51,7 @@ from oslo_messaging._utils import version_is_compatible
 from compute_agent.claims.choice import InstanceSpec
 from compute_agent.claims.model import Migration, MigrationRole, MigrationState, MoveKind, RequestDigest
 from compute_agent.cmd.common import load_config
+from compute_agent.compute.resize import ENDING_STEPS
 from compute_agent.compute.tracker import claim_request
 from compute_agent.exception import (
     AgentError,
@@ -367,8 +368,7 @@ RETRIED = {"build_instance": schemas.validator(schemas.CLAIM),
 # The steps that end a resize, by the state each leaves the move in: on a
 # move ended the other way, each is refused as no retry of that step
 # (RetryMismatch naming the method: compute_agent/compute/resize.py).
-ENDS_AS = {"confirm_resize": MigrationState.CONFIRMED,
-           "revert_resize": MigrationState.REVERTED}
+ENDS_AS = {step: state for state, step in ENDING_STEPS.items()}
 ENDING = schemas.validator(schemas.MOVE)
 
 
